@@ -4,15 +4,20 @@ package main
 import (
 	"fmt"
 	"os"
+
+	"github.com/enforcerd/enforcerd/container"
 )
 
 var version = "0.1.0-dev"
 
 func main() {
-	if len(os.Args) > 1 && os.Args[1] == "version" {
-		fmt.Println("enforcerd", version)
-		return
+	// libcontainer re-executes this binary as "enforcerd init" inside a new
+	// sandbox (nsenter's C constructor has already run): hand it over
+	// before any flag parsing or other set-up. Init never returns.
+	if len(os.Args) > 1 && os.Args[1] == "init" {
+		container.Init()
+		fmt.Fprintln(os.Stderr, "enforcerd init: the sandbox init returned")
+		os.Exit(exitEnforcerd)
 	}
-	fmt.Fprintln(os.Stderr, "usage: enforcerd version")
-	os.Exit(2)
+	os.Exit(newCLI().run(os.Args[1:]))
 }

@@ -12,6 +12,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/enforcerd/enforcerd/nsmgr"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 )
@@ -108,6 +109,12 @@ func Build() (w *World, err error) {
 			w = nil
 		}
 	}()
+	// Make /run/netns a shared mount point first, as `ip netns add` would:
+	// if a later `ip netns add` (a test's, say) bind-mounted it over netns
+	// already mounted there, their removal would fail with EBUSY.
+	if err = nsmgr.PrepareNetnsDir(NetnsDir); err != nil {
+		return w, err
+	}
 	if w.Host, err = w.newNamedNetns(w.HostName); err != nil {
 		return w, err
 	}

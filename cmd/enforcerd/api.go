@@ -1,0 +1,442 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+	"unicode/utf8"
+)
+
+// maxRequestBody bounds every request body; larger ones get 413.
+const maxRequestBody = 1 << 20
+
+// api serves the /v1 routes over an Engine. It holds no state of its own.
+type api struct {
+	e   Engine
+	log *slog.Logger
+	m   *Metrics // may be nil
+}
+
+// newAPIHandler returns the HTTP handler of the /v1 API. m may be nil. It
+// does not check credentials: serveAPI wraps it with the SO_PEERCRED check.
+func newAPIHandler(e Engine, log *slog.Logger, m *Metrics) http.Handler {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	a := &api{e: e, log: log, m: m}
+	mux := http.NewServeMux()
+	mux.HandleFunc(apiPrefix+"/healthz", a.methods(map[string]http.HandlerFunc{"GET": a.healthz}))
+	mux.HandleFunc(apiPrefix+"/version", a.methods(map[string]http.HandlerFunc{"GET": a.version}))
+	mux.HandleFunc(apiPrefix+"/sessions", a.methods(map[string]http.HandlerFunc{
+		"GET": a.list, "POST": a.create, "DELETE": a.deleteByLabel,
+	}))
+	mux.HandleFunc(apiPrefix+"/sessions/{name}", a.methods(map[string]http.HandlerFunc{
+		"GET": a.inspect, "DELETE": a.delete,
+	}))
+	mux.HandleFunc(apiPrefix+"/sessions/{name}/exec", a.methods(map[string]http.HandlerFunc{"POST": a.exec}))
+	mux.HandleFunc(apiPrefix+"/sessions/{name}/events", a.methods(map[string]http.HandlerFunc{"GET": a.events}))
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, http.StatusNotFound, fmt.Sprintf("no route %s %s", r.Method, r.URL.Path))
+	})
+	return &apiHandler{Handler: mux, log: log}
+}
+
+// apiHandler is the API's handler; it carries its logger so serveAPI logs
+// refused callers to the same place.
+type apiHandler struct {
+	http.Handler
+	log *slog.Logger
+}
+
+func (h *apiHandler) logger() *slog.Logger { return h.log }
+
+// methods dispatches by method; others get 405 with an Allow header.
+// HEAD is served like GET where GET exists.
+func (a *api) methods(h map[string]http.HandlerFunc) http.HandlerFunc {
+	allowed := make([]string, 0, len(h))
+	for _, m := range []string{"GET", "POST", "DELETE"} {
+		if h[m] != nil {
+			allowed = append(allowed, m)
+		}
+	}
+	allow := strings.Join(allowed, ", ")
+	return func(w http.ResponseWriter, r *http.Request) {
+		method := r.Method
+		if method == http.MethodHead {
+			method = http.MethodGet
+		}
+		if f := h[method]; f != nil {
+			f(w, r)
+			return
+		}
+		w.Header().Set("Allow", allow)
+		writeError(w, http.StatusMethodNotAllowed, fmt.Sprintf("method %s not allowed on %s (allowed: %s)", r.Method, r.URL.Path, allow))
+	}
+}
+
+// ---- responses ------------------------------------------------------------
+
+type errorBody struct {
+	Error string `json:"error"`
+}
+
+func writeJSONStatus(w http.ResponseWriter, status int, v any) {
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(v); err != nil {
+		status = http.StatusInternalServerError
+		buf.Reset()
+		buf.WriteString(`{"error":"encode response failed"}` + "\n")
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Length", fmt.Sprint(buf.Len()))
+	w.WriteHeader(status)
+	_, _ = w.Write(buf.Bytes())
+}
+
+func writeError(w http.ResponseWriter, status int, msg string) {
+	writeJSONStatus(w, status, errorBody{Error: oneLine(msg)})
+}
+
+// statusOf maps an engine error to its HTTP status.
+func statusOf(err error) int {
+	switch {
+	case errors.Is(err, ErrBadRequest):
+		return http.StatusBadRequest
+	case errors.Is(err, ErrNotFound):
+		return http.StatusNotFound
+	case errors.Is(err, ErrNameTaken), errors.Is(err, ErrNoSandbox):
+		return http.StatusConflict
+	case errors.Is(err, ErrPoolExhausted):
+		return http.StatusServiceUnavailable
+	case errors.Is(err, ErrExecTimeout):
+		return http.StatusGatewayTimeout
+	case errors.Is(err, context.Canceled):
+		return 499 // the client went away (nginx's convention; never seen by it)
+	}
+	return http.StatusInternalServerError
+}
+
+func (a *api) fail(w http.ResponseWriter, r *http.Request, err error) {
+	status := statusOf(err)
+	if status >= 500 && status != 499 {
+		a.log.Error("api request failed", "method", r.Method, "path", r.URL.Path, "err", err)
+	}
+	writeError(w, status, err.Error())
+}
+
+// decodeBody decodes a JSON body strictly: one object, no unknown fields,
+// at most maxRequestBody bytes. The error is the response to send.
+func decodeBody(w http.ResponseWriter, r *http.Request, v any) (int, error) {
+	body := http.MaxBytesReader(w, r.Body, maxRequestBody)
+	dec := json.NewDecoder(body)
+	dec.DisallowUnknownFields()
+	err := dec.Decode(v)
+	if err == nil {
+		// Anything but whitespace after the object is malformed.
+		if _, terr := dec.Token(); !errors.Is(terr, io.EOF) {
+			err = errors.New("trailing data after the JSON object")
+			var mbe *http.MaxBytesError
+			if errors.As(terr, &mbe) {
+				err = terr
+			}
+		}
+	}
+	if err == nil {
+		return 0, nil
+	}
+	var (
+		mbe *http.MaxBytesError
+		se  *json.SyntaxError
+		te  *json.UnmarshalTypeError
+	)
+	switch {
+	case errors.As(err, &mbe):
+		return http.StatusRequestEntityTooLarge, fmt.Errorf("request body larger than %d bytes", mbe.Limit)
+	case errors.Is(err, io.EOF):
+		return http.StatusBadRequest, errors.New("empty request body: want a JSON object")
+	case errors.As(err, &se), errors.Is(err, io.ErrUnexpectedEOF):
+		return http.StatusBadRequest, fmt.Errorf("malformed JSON: %v", err)
+	case errors.As(err, &te):
+		field := te.Field
+		if field == "" {
+			field = "(body)"
+		}
+		return http.StatusBadRequest, fmt.Errorf("field %q: want %s, got JSON %s", field, te.Type, te.Value)
+	case strings.HasPrefix(err.Error(), "json: unknown field "):
+		return http.StatusBadRequest, fmt.Errorf("unknown field %s", strings.TrimPrefix(err.Error(), "json: unknown field "))
+	}
+	return http.StatusBadRequest, fmt.Errorf("malformed JSON: %v", err)
+}
+
+// labelFilter parses ?label=KEY=VALUE ("" when absent).
+func labelFilter(r *http.Request) (key, value string, ok bool, err error) {
+	vals, present := r.URL.Query()["label"]
+	if !present {
+		return "", "", false, nil
+	}
+	if len(vals) != 1 {
+		return "", "", false, errors.New("label: give one KEY=VALUE filter")
+	}
+	key, value, err = splitKV(vals[0])
+	if err != nil {
+		return "", "", false, fmt.Errorf("label %q: %v", vals[0], err)
+	}
+	return key, value, true, nil
+}
+
+// ---- handlers -------------------------------------------------------------
+
+func (a *api) healthz(w http.ResponseWriter, r *http.Request) {
+	if err := a.e.Healthy(); err != nil {
+		writeError(w, http.StatusServiceUnavailable, "unhealthy: "+err.Error())
+		return
+	}
+	writeJSONStatus(w, http.StatusOK, map[string]string{"status": "ok"})
+}
+
+func (a *api) version(w http.ResponseWriter, r *http.Request) {
+	writeJSONStatus(w, http.StatusOK, map[string]string{"version": version, "api": strings.TrimPrefix(apiPrefix, "/")})
+}
+
+func (a *api) create(w http.ResponseWriter, r *http.Request) {
+	var req CreateRequest
+	if status, err := decodeBody(w, r, &req); err != nil {
+		a.m.observeCreate(0, fmt.Errorf("%w: %v", ErrBadRequest, err))
+		writeError(w, status, err.Error())
+		return
+	}
+	info, err := a.e.Create(r.Context(), req) // the engine records its metrics
+	if err != nil {
+		a.log.Info("create refused", "session", req.Name, "err", err)
+		a.fail(w, r, err)
+		return
+	}
+	writeJSONStatus(w, http.StatusCreated, info)
+}
+
+func (a *api) list(w http.ResponseWriter, r *http.Request) {
+	key, value, _, err := labelFilter(r)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return
+	}
+	list := a.e.List(key, value)
+	if list == nil {
+		list = []SessionInfo{}
+	}
+	writeJSONStatus(w, http.StatusOK, list)
+}
+
+func (a *api) inspect(w http.ResponseWriter, r *http.Request) {
+	info, err := a.e.Inspect(r.PathValue("name"))
+	if err != nil {
+		a.fail(w, r, err)
+		return
+	}
+	writeJSONStatus(w, http.StatusOK, info)
+}
+
+func (a *api) delete(w http.ResponseWriter, r *http.Request) {
+	name := r.PathValue("name")
+	if err := a.e.Delete(r.Context(), name); err != nil {
+		a.fail(w, r, err)
+		return
+	}
+	writeJSONStatus(w, http.StatusOK, deleteResponse{Deleted: []string{name}})
+}
+
+func (a *api) deleteByLabel(w http.ResponseWriter, r *http.Request) {
+	key, value, ok, err := labelFilter(r)
+	if err == nil && !ok {
+		err = errors.New("label: deleting sessions in bulk needs ?label=KEY=VALUE")
+	}
+	if err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return
+	}
+	names, err := a.e.DeleteByLabel(r.Context(), key, value)
+	if names == nil {
+		names = []string{}
+	}
+	if err != nil {
+		// Report what went before the failure along with it.
+		msg := err.Error()
+		if len(names) > 0 {
+			msg = fmt.Sprintf("%s (deleted before the failure: %s)", msg, strings.Join(names, ", "))
+		}
+		a.fail(w, r, &wrappedMsg{msg: msg, err: err})
+		return
+	}
+	writeJSONStatus(w, http.StatusOK, deleteResponse{Deleted: names})
+}
+
+// wrappedMsg replaces an error's text but keeps its chain for errors.Is.
+type wrappedMsg struct {
+	msg string
+	err error
+}
+
+func (w *wrappedMsg) Error() string { return w.msg }
+func (w *wrappedMsg) Unwrap() error { return w.err }
+
+func (a *api) events(w http.ResponseWriter, r *http.Request) {
+	var follow bool
+	switch v := r.URL.Query().Get("follow"); v {
+	case "", "0", "false":
+	case "1", "true":
+		follow = true
+	default:
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("follow %q: want 1 or 0", v))
+		return
+	}
+	recorded, ch, err := a.e.Events(r.Context(), r.PathValue("name"), follow)
+	if err != nil {
+		a.fail(w, r, err)
+		return
+	}
+	w.Header().Set("Content-Type", "application/x-ndjson")
+	w.WriteHeader(http.StatusOK)
+	rc := http.NewResponseController(w)
+	enc := json.NewEncoder(w)
+	enc.SetEscapeHTML(false)
+	for _, ev := range recorded {
+		if enc.Encode(ev) != nil {
+			return
+		}
+	}
+	_ = rc.Flush()
+	if !follow || ch == nil {
+		return
+	}
+	for {
+		select {
+		case <-r.Context().Done():
+			return
+		case ev, ok := <-ch:
+			if !ok {
+				return
+			}
+			if enc.Encode(ev) != nil || rc.Flush() != nil {
+				return
+			}
+		}
+	}
+}
+
+// ---- exec -----------------------------------------------------------------
+
+// frameWriter turns the engine's stdout and stderr writes into NDJSON exec
+// frames, flushed as produced. The 200 header goes out with the first
+// frame, so an error before any output can still get its own status.
+// mu serialises the two streams and the final frame.
+type frameWriter struct {
+	mu      sync.Mutex
+	w       http.ResponseWriter
+	rc      *http.ResponseController
+	enc     *json.Encoder
+	started bool
+	err     error // first write error: the client is gone
+}
+
+func newFrameWriter(w http.ResponseWriter) *frameWriter {
+	enc := json.NewEncoder(w)
+	enc.SetEscapeHTML(false)
+	return &frameWriter{w: w, rc: http.NewResponseController(w), enc: enc}
+}
+
+func (f *frameWriter) frame(fr execFrame) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.err != nil {
+		return f.err
+	}
+	if !f.started {
+		f.started = true
+		f.w.Header().Set("Content-Type", "application/x-ndjson")
+		f.w.WriteHeader(http.StatusOK)
+	}
+	if err := f.enc.Encode(fr); err != nil {
+		f.err = err
+		return err
+	}
+	if err := f.rc.Flush(); err != nil {
+		f.err = err
+		return err
+	}
+	return nil
+}
+
+func (f *frameWriter) hasStarted() bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.started
+}
+
+// streamWriter is the io.Writer of one stream.
+type streamWriter struct {
+	f      *frameWriter
+	stream string
+}
+
+func (s streamWriter) Write(p []byte) (int, error) {
+	if len(p) == 0 {
+		return 0, nil
+	}
+	fr := execFrame{Stream: s.stream}
+	if utf8.Valid(p) {
+		fr.Data = string(p)
+	} else {
+		fr.DataB64 = base64.StdEncoding.EncodeToString(p)
+	}
+	if err := s.f.frame(fr); err != nil {
+		return 0, err
+	}
+	return len(p), nil
+}
+
+func (a *api) exec(w http.ResponseWriter, r *http.Request) {
+	var req ExecRequest
+	if status, err := decodeBody(w, r, &req); err != nil {
+		writeError(w, status, err.Error())
+		return
+	}
+	if len(req.Args) == 0 || req.Args[0] == "" {
+		writeError(w, http.StatusBadRequest, "args: want the command and its arguments, e.g. [\"sh\", \"-c\", \"id\"]")
+		return
+	}
+	if req.Timeout != "" {
+		if d, err := time.ParseDuration(req.Timeout); err != nil || d <= 0 {
+			writeError(w, http.StatusBadRequest, fmt.Sprintf("timeout %q: want a positive duration such as 30s", req.Timeout))
+			return
+		}
+	}
+	name := r.PathValue("name")
+	fw := newFrameWriter(w)
+	code, err := a.e.Exec(r.Context(), name, req, streamWriter{fw, "stdout"}, streamWriter{fw, "stderr"})
+	switch {
+	case err == nil:
+		_ = fw.frame(execFrame{Exit: &code})
+	case errors.Is(err, ErrExecTimeout):
+		exit := exitTimeout
+		_ = fw.frame(execFrame{Error: oneLine(err.Error()), Exit: &exit})
+	case !fw.hasStarted() && statusOf(err) < 500:
+		a.fail(w, r, err) // refused before anything ran: a plain JSON error
+	default:
+		if r.Context().Err() == nil {
+			a.log.Error("exec failed", "session", name, "err", err)
+		}
+		exit := exitEnforcerd
+		_ = fw.frame(execFrame{Error: oneLine(err.Error()), Exit: &exit})
+	}
+}

@@ -1,0 +1,283 @@
+package main
+
+import (
+	"bytes"
+	"errors"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+)
+
+// testCLI is a cli with buffers, an environment map and fake daemon entry
+// points that record what they were given.
+type testCLI struct {
+	*cli
+	out, errOut bytes.Buffer
+	env         map[string]string
+	served      *ServeConfig
+	reaped      []string
+}
+
+func newTestCLI(t *testing.T) *testCLI {
+	t.Helper()
+	rc := filepath.Join(t.TempDir(), "resolv.conf")
+	if err := os.WriteFile(rc, []byte("# test\nnameserver 192.0.2.53\nsearch example\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	tc := &testCLI{env: map[string]string{}}
+	tc.cli = &cli{
+		stdin:      strings.NewReader(""),
+		stdout:     &tc.out,
+		stderr:     &tc.errOut,
+		getenv:     func(k string) string { return tc.env[k] },
+		now:        func() time.Time { return time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC) },
+		resolvConf: rc,
+		serve: func(cfg ServeConfig) error {
+			tc.served = &cfg
+			return nil
+		},
+		reap: func(prefix, stateDir string, pool netip.Prefix) error {
+			tc.reaped = []string{prefix, stateDir, pool.String()}
+			return nil
+		},
+	}
+	return tc
+}
+
+func (tc *testCLI) run(args ...string) int {
+	tc.out.Reset()
+	tc.errOut.Reset()
+	return tc.cli.run(args)
+}
+
+// TestCLIUsageErrors: every malformed command line exits 2 with exactly one
+// line on stderr naming the problem, before any daemon is contacted (the
+// default socket does not exist here, and the env names none).
+func TestCLIUsageErrors(t *testing.T) {
+	cases := []struct {
+		args []string
+		want string // the whole stderr line
+	}{
+		{nil, "enforcerd: missing command (run 'enforcerd help')"},
+		{[]string{"bogus"}, `enforcerd: unknown command "bogus" (run 'enforcerd help')`},
+		{[]string{"--bogus"}, "enforcerd: flag provided but not defined: -bogus"},
+		{[]string{"init"}, "enforcerd: init is internal to the sandbox runtime and must be the first argument"},
+		{[]string{"version", "x"}, `enforcerd version: unexpected argument "x"`},
+		{[]string{"serve", "--bogus"}, "enforcerd serve: flag provided but not defined: -bogus"},
+		{[]string{"serve", "now"}, `enforcerd serve: unexpected argument "now" (serve takes options only)`},
+		{[]string{"serve", "--pool"}, "enforcerd serve: flag needs an argument: -pool"},
+		{[]string{"reap", "--name-prefix", "Enf"}, `enforcerd reap: --name-prefix "Enf": want 1 to 6 lower-case letters and digits, starting with a letter`},
+		{[]string{"reap", "x"}, `enforcerd reap: unexpected argument "x" (reap takes options only)`},
+		{[]string{"session"}, "enforcerd session: missing subcommand (create, exec, ls, inspect, rm or events)"},
+		{[]string{"session", "bogus"}, `enforcerd session: unknown subcommand "bogus" (create, exec, ls, inspect, rm or events)`},
+		{[]string{"session", "--json", "ls"}, "enforcerd session: flag --json before the subcommand (flags go after it)"},
+		{[]string{"session", "create"}, "enforcerd session create: missing session NAME"},
+		{[]string{"session", "create", "--network-only"}, "enforcerd session create: missing session NAME"},
+		{[]string{"session", "create", "s1"}, "enforcerd session create: missing --rootfs DIR or --network-only"},
+		{[]string{"session", "create", "s1", "s2", "--network-only"}, `enforcerd session create: unexpected argument "s2" after NAME "s1"`},
+		{[]string{"session", "create", "s1", "--rootfs", "/r", "--network-only"}, `enforcerd session create: --rootfs "/r" and --network-only exclude each other`},
+		{[]string{"session", "create", "s1", "--rootfs="}, `enforcerd session create: invalid value "" for flag -rootfs: want a directory`},
+		{[]string{"session", "create", "s1", "--network-only", "--bogus"}, "enforcerd session create: flag provided but not defined: -bogus"},
+		{[]string{"session", "create", "s1", "--network-only", "--allow"}, "enforcerd session create: flag needs an argument: -allow"},
+		{[]string{"session", "create", "s1", "--network-only", "--label", "novalue"}, `enforcerd session create: invalid value "novalue" for flag -label: want KEY=VALUE with a non-empty KEY`},
+		{[]string{"session", "create", "s1", "--network-only", "--label", "=v"}, `enforcerd session create: invalid value "=v" for flag -label: want KEY=VALUE with a non-empty KEY`},
+		{[]string{"session", "create", "s1", "--network-only", "--label", "a=1", "--label", "a=2"}, `enforcerd session create: invalid value "a=2" for flag -label: key "a" given twice`},
+		{[]string{"session", "create", "s1", "--network-only", "--memory", "12X"}, `enforcerd session create: invalid value "12X" for flag -memory: want a positive size such as 512M, 2G or 1048576`},
+		{[]string{"session", "create", "s1", "--network-only", "--memory", "0"}, `enforcerd session create: invalid value "0" for flag -memory: want a positive size such as 512M, 2G or 1048576`},
+		{[]string{"session", "create", "s1", "--network-only", "--pids", "many"}, `enforcerd session create: invalid value "many" for flag -pids: parse error`},
+		{[]string{"session", "create", "s1", "--network-only", "--pids", "0"}, `enforcerd session create: invalid value "0" for flag -pids: want a positive number`},
+		{[]string{"session", "create", "s1", "--network-only", "--egress", "open"}, `enforcerd session create: invalid value "open" for flag -egress: want none, allowlist, public`},
+		{[]string{"session", "create", "s1", "--network-only", "--json=maybe"}, `enforcerd session create: invalid boolean value "maybe" for -json: parse error`},
+		{[]string{"session", "exec"}, "enforcerd session exec: missing session NAME"},
+		{[]string{"session", "exec", "s1"}, `enforcerd session exec: missing command after NAME "s1" (enforcerd session exec NAME -- CMD [ARG]...)`},
+		{[]string{"session", "exec", "s1", "--"}, `enforcerd session exec: missing command after NAME "s1" (enforcerd session exec NAME -- CMD [ARG]...)`},
+		{[]string{"session", "exec", "s1", "--timeout", "soon", "--", "ls"}, `enforcerd session exec: invalid value "soon" for flag -timeout: parse error`},
+		{[]string{"session", "exec", "s1", "--timeout", "-1s", "--", "ls"}, `enforcerd session exec: invalid value "-1s" for flag -timeout: want a positive duration`},
+		{[]string{"session", "exec", "s1", "--env", "X", "--", "ls"}, `enforcerd session exec: invalid value "X" for flag -env: want KEY=VALUE with a non-empty KEY`},
+		{[]string{"session", "ls", "x"}, `enforcerd session ls: unexpected argument "x" (filter with --label KEY=VALUE)`},
+		{[]string{"session", "ls", "--label", "a"}, `enforcerd session ls: invalid value "a" for flag -label: want KEY=VALUE with a non-empty KEY`},
+		{[]string{"session", "ls", "--label", "a=1", "--label", "b=2"}, `enforcerd session ls: invalid value "b=2" for flag -label: given twice; only one KEY=VALUE filter is accepted`},
+		{[]string{"session", "inspect"}, "enforcerd session inspect: missing session NAME"},
+		{[]string{"session", "inspect", "a", "b"}, `enforcerd session inspect: unexpected argument "b" after NAME "a"`},
+		{[]string{"session", "inspect", "a", "--json"}, "enforcerd session inspect: flag provided but not defined: -json"},
+		{[]string{"session", "rm"}, "enforcerd session rm: missing session NAME or --label KEY=VALUE"},
+		{[]string{"session", "rm", "a", "--label", "k=v"}, `enforcerd session rm: NAME "a" and --label exclude each other`},
+		{[]string{"session", "rm", "--label", "k"}, `enforcerd session rm: invalid value "k" for flag -label: want KEY=VALUE with a non-empty KEY`},
+		{[]string{"session", "events"}, "enforcerd session events: missing session NAME"},
+		{[]string{"session", "events", "a", "--follow=x"}, `enforcerd session events: invalid boolean value "x" for -follow: parse error`},
+	}
+	for _, tc := range cases {
+		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
+			c := newTestCLI(t)
+			c.env["ENFORCERD_SOCKET"] = filepath.Join(t.TempDir(), "nobody.sock")
+			code := c.run(tc.args...)
+			if code != exitUsage {
+				t.Errorf("exit %d, want 2 (stderr %q)", code, c.errOut.String())
+			}
+			if got := c.errOut.String(); got != tc.want+"\n" {
+				t.Errorf("stderr\n got %q\nwant %q", got, tc.want+"\n")
+			}
+			if c.out.Len() != 0 {
+				t.Errorf("stdout not empty: %q", c.out.String())
+			}
+			if c.served != nil || c.reaped != nil {
+				t.Errorf("daemon entry point called")
+			}
+		})
+	}
+}
+
+// TestCLIHelp: --help, -h and help COMMAND print usage on stdout, exit 0.
+func TestCLIHelp(t *testing.T) {
+	cases := []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--help"}, "usage: enforcerd [--socket PATH] COMMAND"},
+		{[]string{"-h"}, "usage: enforcerd [--socket PATH] COMMAND"},
+		{[]string{"help"}, "usage: enforcerd [--socket PATH] COMMAND"},
+		{[]string{"help", "serve"}, "usage: enforcerd serve [options]"},
+		{[]string{"help", "session", "exec"}, "usage: enforcerd session exec NAME"},
+		{[]string{"version", "--help"}, "usage: enforcerd version"},
+		{[]string{"serve", "--help"}, "--public-override CIDR..."},
+		{[]string{"serve", "-h"}, "--dns-min-ttl DURATION"},
+		{[]string{"reap", "--help"}, "usage: enforcerd reap"},
+		{[]string{"session", "--help"}, "usage: enforcerd session SUBCOMMAND"},
+		{[]string{"session", "help"}, "usage: enforcerd session SUBCOMMAND"},
+		{[]string{"session", "create", "--help"}, "--allow ENTRY..."},
+		{[]string{"session", "create", "s1", "--allow", "x", "-h"}, "usage: enforcerd session create NAME"},
+		{[]string{"session", "exec", "--help"}, "--timeout DURATION"},
+		{[]string{"session", "ls", "--help"}, "usage: enforcerd session ls"},
+		{[]string{"session", "inspect", "--help"}, "usage: enforcerd session inspect NAME"},
+		{[]string{"session", "rm", "--help"}, "usage: enforcerd session rm NAME..."},
+		{[]string{"session", "events", "--help"}, "--follow"},
+	}
+	for _, tc := range cases {
+		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
+			c := newTestCLI(t)
+			if code := c.run(tc.args...); code != 0 {
+				t.Fatalf("exit %d, stderr %q", code, c.errOut.String())
+			}
+			if !strings.Contains(c.out.String(), tc.want) {
+				t.Errorf("stdout lacks %q:\n%s", tc.want, c.out.String())
+			}
+			if c.errOut.Len() != 0 {
+				t.Errorf("stderr not empty: %q", c.errOut.String())
+			}
+		})
+	}
+}
+
+func TestCLIVersion(t *testing.T) {
+	c := newTestCLI(t)
+	if code := c.run("version"); code != 0 || c.out.String() != "enforcerd "+version+"\n" {
+		t.Fatalf("exit %d, stdout %q", code, c.out.String())
+	}
+}
+
+// TestParseInterleaved: flags may come before or after positionals; "--"
+// ends flags; exec's command starts at the first non-flag after NAME.
+func TestParseInterleaved(t *testing.T) {
+	type result struct {
+		pos, rest []string
+		allow     []string
+		json      bool
+		env       string
+	}
+	cases := []struct {
+		name      string
+		args      []string
+		stopAfter int
+		want      result
+	}{
+		{"flags after name", []string{"s1", "--allow", "a.test", "--json"}, 0,
+			result{pos: []string{"s1"}, allow: []string{"a.test"}, json: true}},
+		{"flags around name", []string{"--allow=a.test", "s1", "--allow", "b.test"}, 0,
+			result{pos: []string{"s1"}, allow: []string{"a.test", "b.test"}}},
+		{"single dash", []string{"-json", "s1", "-allow", "c"}, 0,
+			result{pos: []string{"s1"}, allow: []string{"c"}, json: true}},
+		{"value looks like a flag", []string{"s1", "--allow", "--json"}, 0,
+			result{pos: []string{"s1"}, allow: []string{"--json"}}},
+		{"dash dash", []string{"s1", "--", "--json", "x"}, 0,
+			result{pos: []string{"s1"}, rest: []string{"--json", "x"}}},
+		{"exec with --", []string{"s1", "--env", "A=1", "--", "sh", "-c", "echo --json"}, 1,
+			result{pos: []string{"s1"}, rest: []string{"sh", "-c", "echo --json"}, env: "A=1"}},
+		{"exec flags before name", []string{"--env", "A=1", "s1", "--", "ls"}, 1,
+			result{pos: []string{"s1"}, rest: []string{"ls"}, env: "A=1"}},
+		{"exec without --", []string{"s1", "ls", "-la", "--json"}, 1,
+			result{pos: []string{"s1"}, rest: []string{"ls", "-la", "--json"}}},
+		{"exec flag after name, no --", []string{"s1", "--json", "ls"}, 1,
+			result{pos: []string{"s1"}, rest: []string{"ls"}, json: true}},
+		{"single dash positional", []string{"-", "s1"}, 0,
+			result{pos: []string{"-", "s1"}}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			c := newTestCLI(t)
+			fs := newFlagSet("t")
+			var allow listFlag
+			var env kvFlag
+			js := fs.Bool("json", false, "")
+			fs.Var(&allow, "allow", "")
+			fs.Var(&env, "env", "")
+			pos, rest, err := c.parse(fs, "t", "usage", tc.args, tc.stopAfter)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := result{pos: pos, rest: rest, allow: allow.values, json: *js, env: env.String()}
+			if !reflect.DeepEqual(got, tc.want) {
+				t.Errorf("got %+v\nwant %+v", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestParseSize(t *testing.T) {
+	ok := map[string]int64{
+		"1": 1, "512M": 512 << 20, "512m": 512 << 20, "512MiB": 512 << 20, "512MB": 512 << 20,
+		"2G": 2 << 30, "2g": 2 << 30, "64k": 64 << 10, "1T": 1 << 40, "1048576": 1 << 20, "100b": 100,
+	}
+	for in, want := range ok {
+		got, err := parseSize(in)
+		if err != nil || got != want {
+			t.Errorf("parseSize(%q) = %d, %v; want %d", in, got, err, want)
+		}
+	}
+	for _, in := range []string{"", "M", "0", "-1", "1.5G", "12X", "99999999999T"} {
+		if _, err := parseSize(in); err == nil {
+			t.Errorf("parseSize(%q): no error", in)
+		}
+	}
+}
+
+// TestCLIServeRuntimeError: a failing daemon exits 1 with one line.
+func TestCLIServeRuntimeError(t *testing.T) {
+	c := newTestCLI(t)
+	c.cli.serve = func(ServeConfig) error { return errors.New("listen /x: permission denied\nmore") }
+	if code := c.run("serve"); code != exitRefused {
+		t.Fatalf("exit %d", code)
+	}
+	if got := c.errOut.String(); got != "enforcerd serve: listen /x: permission denied more\n" {
+		t.Fatalf("stderr %q", got)
+	}
+}
+
+func TestCLIReap(t *testing.T) {
+	c := newTestCLI(t)
+	if code := c.run("reap", "--name-prefix", "t1", "--state-dir", "/tmp/st", "--pool", "10.30.0.0/24"); code != 0 {
+		t.Fatalf("exit %d: %s", code, c.errOut.String())
+	}
+	if want := []string{"t1", "/tmp/st", "10.30.0.0/24"}; !reflect.DeepEqual(c.reaped, want) {
+		t.Fatalf("reaped %v, want %v", c.reaped, want)
+	}
+	if code := c.run("reap"); code != 0 {
+		t.Fatalf("exit %d: %s", code, c.errOut.String())
+	}
+	if want := []string{"enf", "/var/lib/enforcerd", "10.20.0.0/16"}; !reflect.DeepEqual(c.reaped, want) {
+		t.Fatalf("reaped %v, want %v", c.reaped, want)
+	}
+}

@@ -1,0 +1,433 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/BurntSushi/toml"
+)
+
+// ServeConfig is the validated configuration of `enforcerd serve`.
+// Invariants after buildServeConfig: Socket and StateDir are absolute paths;
+// NamePrefix is 1-6 of [a-z0-9] starting with a letter; Pool is a masked IPv4
+// prefix of /30 or wider; Upstreams is non-empty; PublicOverrides are masked;
+// DNSMinTTL >= 0; LogFormat is "text" or "json".
+type ServeConfig struct {
+	Socket          string           // unix socket of the API
+	SocketGroup     string           // group name or gid allowed on the socket; "" = root only (mode 0600)
+	StateDir        string           // holds sessions/<name>.json
+	NamePrefix      string           // tags every kernel object
+	Pool            netip.Prefix     // the /30s of the sessions come from here
+	Upstreams       []netip.AddrPort // DNS resolvers the proxy forwards to
+	PublicOverrides []netip.Prefix   // special-purpose ranges treated as public (labs, tests)
+	DNSMinTTL       time.Duration    // floor of an attested address's lifetime
+	MetricsListen   string           // host:port of the Prometheus endpoint; "" = off
+	LogFormat       string           // "text" or "json"
+	ConfigFile      string           // the --config file, "" if none (for the start-up log)
+}
+
+// Defaults of the serve options.
+const (
+	defaultStateDir   = "/var/lib/enforcerd"
+	defaultNamePrefix = "enf"
+	defaultPool       = "10.20.0.0/16"
+	defaultDNSMinTTL  = "60s"
+)
+
+// The option names, shared by the flags and the TOML keys.
+const (
+	optConfig         = "config"
+	optSocket         = "socket"
+	optSocketGroup    = "socket-group"
+	optStateDir       = "state-dir"
+	optNamePrefix     = "name-prefix"
+	optPool           = "pool"
+	optUpstream       = "upstream"
+	optPublicOverride = "public-override"
+	optDNSMinTTL      = "dns-min-ttl"
+	optMetricsListen  = "metrics-listen"
+	optLogFormat      = "log-format"
+)
+
+// fileConfig is the TOML configuration file; its keys are the flag names.
+type fileConfig struct {
+	Socket         string   `toml:"socket"`
+	SocketGroup    string   `toml:"socket-group"`
+	StateDir       string   `toml:"state-dir"`
+	NamePrefix     string   `toml:"name-prefix"`
+	Pool           string   `toml:"pool"`
+	Upstream       []string `toml:"upstream"`
+	PublicOverride []string `toml:"public-override"`
+	DNSMinTTL      string   `toml:"dns-min-ttl"`
+	MetricsListen  string   `toml:"metrics-listen"`
+	LogFormat      string   `toml:"log-format"`
+}
+
+// rawOption is one option's unvalidated values and where they came from:
+// origin prefixes its error messages ("--pool" or "/etc/enforcerd.toml: pool").
+type rawOption struct {
+	values []string
+	origin string
+}
+
+// serveOptions are the raw options by name, before defaults and validation.
+type serveOptions struct {
+	opts       map[string]rawOption
+	configFile string
+}
+
+func (o serveOptions) get(name string) (rawOption, bool) {
+	r, ok := o.opts[name]
+	return r, ok
+}
+
+// serveFlags holds the flag variables of serve and reap.
+type serveFlags struct {
+	config string
+	single map[string]*string
+	lists  map[string]*listFlag
+}
+
+func defineServeFlags(fs *flag.FlagSet) *serveFlags {
+	f := &serveFlags{single: map[string]*string{}, lists: map[string]*listFlag{}}
+	fs.StringVar(&f.config, optConfig, "", "read options from the TOML `FILE` (flags win)")
+	f.single[optSocket] = fs.String(optSocket, "", "the API's unix socket `PATH` (default "+defaultSocket+")")
+	f.single[optSocketGroup] = fs.String(optSocketGroup, "", "`GROUP` allowed on the socket besides root (default: root only, mode 0600)")
+	f.single[optStateDir] = fs.String(optStateDir, "", "state `DIR` (default "+defaultStateDir+")")
+	f.single[optNamePrefix] = fs.String(optNamePrefix, "", "prefix `P` of every kernel object, 1-6 of [a-z0-9] (default "+defaultNamePrefix+")")
+	f.single[optPool] = fs.String(optPool, "", "address pool `CIDR` of the sessions' /30s (default "+defaultPool+")")
+	f.lists[optUpstream] = &listFlag{}
+	fs.Var(f.lists[optUpstream], optUpstream, "upstream DNS resolver `IP[:PORT]`, repeatable (default: /etc/resolv.conf nameservers)")
+	f.lists[optPublicOverride] = &listFlag{}
+	fs.Var(f.lists[optPublicOverride], optPublicOverride, "treat the special-purpose `CIDR` as public (labs, tests), repeatable")
+	f.single[optDNSMinTTL] = fs.String(optDNSMinTTL, "", "minimum lifetime `DURATION` of an attested address (default "+defaultDNSMinTTL+")")
+	f.single[optMetricsListen] = fs.String(optMetricsListen, "", "serve Prometheus metrics on `ADDR` (host:port; default off)")
+	f.single[optLogFormat] = fs.String(optLogFormat, "", "log `FORMAT`: text or json (default json under systemd, else text)")
+	return f
+}
+
+func defineReapFlags(fs *flag.FlagSet) *serveFlags {
+	f := &serveFlags{single: map[string]*string{}, lists: map[string]*listFlag{}}
+	fs.StringVar(&f.config, optConfig, "", "read options from the TOML `FILE` (flags win)")
+	f.single[optNamePrefix] = fs.String(optNamePrefix, "", "prefix `P` of the objects to remove (default "+defaultNamePrefix+")")
+	f.single[optStateDir] = fs.String(optStateDir, "", "state `DIR` (default "+defaultStateDir+")")
+	f.single[optPool] = fs.String(optPool, "", "address pool `CIDR` (default "+defaultPool+")")
+	return f
+}
+
+// collectServeOptions merges the config file, the global --socket and the
+// flags that were set (in that order; later wins).
+func collectServeOptions(fs *flag.FlagSet, f *serveFlags, glob globalOpts) (serveOptions, error) {
+	o := serveOptions{opts: map[string]rawOption{}}
+	if f.config != "" {
+		fileOpts, err := loadConfigFile(f.config)
+		if err != nil {
+			return o, err
+		}
+		o.opts = fileOpts
+		o.configFile = f.config
+	}
+	if glob.socket != "" {
+		o.opts[optSocket] = rawOption{values: []string{glob.socket}, origin: "--socket"}
+	}
+	fs.Visit(func(fl *flag.Flag) {
+		if p, ok := f.single[fl.Name]; ok {
+			o.opts[fl.Name] = rawOption{values: []string{*p}, origin: "--" + fl.Name}
+		}
+		if l, ok := f.lists[fl.Name]; ok {
+			o.opts[fl.Name] = rawOption{values: l.values, origin: "--" + fl.Name}
+		}
+	})
+	return o, nil
+}
+
+// loadConfigFile reads a TOML config; unknown keys are an error naming them.
+func loadConfigFile(path string) (map[string]rawOption, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("read config: %w", err)
+	}
+	var fc fileConfig
+	md, err := toml.Decode(string(data), &fc)
+	if err != nil {
+		return nil, fmt.Errorf("config %s: %v", path, err)
+	}
+	if und := md.Undecoded(); len(und) > 0 {
+		keys := make([]string, len(und))
+		for i, k := range und {
+			keys[i] = strconv.Quote(k.String())
+		}
+		return nil, fmt.Errorf("config %s: unknown key %s (keys are the serve option names, e.g. state-dir)", path, strings.Join(keys, ", "))
+	}
+	out := map[string]rawOption{}
+	add := func(key string, vals ...string) {
+		if md.IsDefined(key) {
+			out[key] = rawOption{values: vals, origin: path + ": " + key}
+		}
+	}
+	add(optSocket, fc.Socket)
+	add(optSocketGroup, fc.SocketGroup)
+	add(optStateDir, fc.StateDir)
+	add(optNamePrefix, fc.NamePrefix)
+	add(optPool, fc.Pool)
+	add(optUpstream, fc.Upstream...)
+	add(optPublicOverride, fc.PublicOverride...)
+	add(optDNSMinTTL, fc.DNSMinTTL)
+	add(optMetricsListen, fc.MetricsListen)
+	add(optLogFormat, fc.LogFormat)
+	return out, nil
+}
+
+// single returns an option's one value, or def (with origin "default").
+func (o serveOptions) single(name, def string) (string, string) {
+	if r, ok := o.get(name); ok && len(r.values) > 0 {
+		return r.values[0], r.origin
+	}
+	return def, "default " + name
+}
+
+// buildServeConfig applies defaults and validates every option. getenv
+// supplies ENFORCERD_SOCKET (below the config file, above the default) and
+// the systemd markers that make json the default log format; resolvConf is
+// read only when no upstream is configured.
+func buildServeConfig(o serveOptions, getenv func(string) string, resolvConf string) (ServeConfig, error) {
+	cfg := ServeConfig{ConfigFile: o.configFile}
+	var err error
+
+	sock, origin := o.single(optSocket, "")
+	if sock == "" {
+		if env := getenv("ENFORCERD_SOCKET"); env != "" {
+			sock, origin = env, "ENFORCERD_SOCKET"
+		} else {
+			sock = defaultSocket
+		}
+	}
+	if cfg.Socket, err = absPath(origin, sock); err != nil {
+		return cfg, err
+	}
+
+	group, origin := o.single(optSocketGroup, "")
+	if strings.ContainsAny(group, " \t\n:/") {
+		return cfg, fmt.Errorf("%s %q: want a group name or numeric gid", origin, group)
+	}
+	cfg.SocketGroup = group
+
+	dir, origin := o.single(optStateDir, defaultStateDir)
+	if cfg.StateDir, err = absPath(origin, dir); err != nil {
+		return cfg, err
+	}
+
+	prefix, origin := o.single(optNamePrefix, defaultNamePrefix)
+	if cfg.NamePrefix, err = parseNamePrefix(origin, prefix); err != nil {
+		return cfg, err
+	}
+
+	pool, origin := o.single(optPool, defaultPool)
+	if cfg.Pool, err = parsePool(origin, pool); err != nil {
+		return cfg, err
+	}
+
+	if r, ok := o.get(optUpstream); ok && len(r.values) > 0 {
+		for _, v := range r.values {
+			ap, err := parseUpstream(r.origin, v)
+			if err != nil {
+				return cfg, err
+			}
+			cfg.Upstreams = append(cfg.Upstreams, ap)
+		}
+	} else {
+		if cfg.Upstreams, err = resolvConfNameservers(resolvConf); err != nil {
+			return cfg, err
+		}
+	}
+
+	if r, ok := o.get(optPublicOverride); ok {
+		for _, v := range r.values {
+			p, err := netip.ParsePrefix(v)
+			if err != nil || p != p.Masked() {
+				return cfg, fmt.Errorf("%s %q: want a network CIDR such as 198.18.0.0/15", r.origin, v)
+			}
+			cfg.PublicOverrides = append(cfg.PublicOverrides, p)
+		}
+	}
+
+	ttl, origin := o.single(optDNSMinTTL, defaultDNSMinTTL)
+	d, err := time.ParseDuration(ttl)
+	if err != nil || d < 0 {
+		return cfg, fmt.Errorf("%s %q: want a non-negative duration such as 60s or 5m", origin, ttl)
+	}
+	cfg.DNSMinTTL = d
+
+	ml, origin := o.single(optMetricsListen, "")
+	if ml != "" {
+		if err := checkListenAddr(ml); err != nil {
+			return cfg, fmt.Errorf("%s %q: %v", origin, ml, err)
+		}
+	}
+	cfg.MetricsListen = ml
+
+	lf, origin := o.single(optLogFormat, "")
+	switch lf {
+	case "":
+		lf = "text"
+		if getenv("INVOCATION_ID") != "" || getenv("JOURNAL_STREAM") != "" {
+			lf = "json"
+		}
+	case "text", "json":
+	default:
+		return cfg, fmt.Errorf("%s %q: want text or json", origin, lf)
+	}
+	cfg.LogFormat = lf
+	return cfg, nil
+}
+
+// buildReapConfig validates the three options of reap.
+func buildReapConfig(o serveOptions) (prefix, stateDir string, pool netip.Prefix, err error) {
+	p, origin := o.single(optNamePrefix, defaultNamePrefix)
+	if prefix, err = parseNamePrefix(origin, p); err != nil {
+		return
+	}
+	d, origin := o.single(optStateDir, defaultStateDir)
+	if stateDir, err = absPath(origin, d); err != nil {
+		return
+	}
+	c, origin := o.single(optPool, defaultPool)
+	pool, err = parsePool(origin, c)
+	return
+}
+
+func absPath(origin, p string) (string, error) {
+	if p == "" {
+		return "", fmt.Errorf("%s: empty path", origin)
+	}
+	a, err := filepath.Abs(p)
+	if err != nil {
+		return "", fmt.Errorf("%s %q: %v", origin, p, err)
+	}
+	return a, nil
+}
+
+// parseNamePrefix accepts 1 to 6 of [a-z0-9] starting with a letter.
+func parseNamePrefix(origin, p string) (string, error) {
+	ok := len(p) >= 1 && len(p) <= 6 && p[0] >= 'a' && p[0] <= 'z'
+	for i := 0; ok && i < len(p); i++ {
+		c := p[i]
+		ok = (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9')
+	}
+	if !ok {
+		return "", fmt.Errorf("%s %q: want 1 to 6 lower-case letters and digits, starting with a letter", origin, p)
+	}
+	return p, nil
+}
+
+// parsePool accepts a masked IPv4 CIDR with room for at least one /30.
+func parsePool(origin, s string) (netip.Prefix, error) {
+	p, err := netip.ParsePrefix(s)
+	if err != nil || !p.Addr().Is4() {
+		return netip.Prefix{}, fmt.Errorf("%s %q: want an IPv4 CIDR such as %s", origin, s, defaultPool)
+	}
+	if p != p.Masked() {
+		return netip.Prefix{}, fmt.Errorf("%s %q: host bits set; did you mean %s", origin, s, p.Masked())
+	}
+	if p.Bits() > 30 {
+		return netip.Prefix{}, fmt.Errorf("%s %q: too small; want /30 or wider", origin, s)
+	}
+	return p, nil
+}
+
+// parseUpstream accepts IP, IP:PORT or [IPv6]:PORT; the port defaults to 53.
+func parseUpstream(origin, s string) (netip.AddrPort, error) {
+	if ap, err := netip.ParseAddrPort(s); err == nil && ap.Port() != 0 {
+		return ap, nil
+	}
+	if a, err := netip.ParseAddr(s); err == nil {
+		return netip.AddrPortFrom(a, 53), nil
+	}
+	return netip.AddrPort{}, fmt.Errorf("%s %q: want IP or IP:PORT such as 192.0.2.53 or 192.0.2.53:5353", origin, s)
+}
+
+// checkListenAddr accepts host:port with a numeric port (host may be empty).
+func checkListenAddr(s string) error {
+	_, port, err := net.SplitHostPort(s)
+	if err != nil {
+		return errors.New("want host:port such as 127.0.0.1:9323 or :9323")
+	}
+	if n, err := strconv.Atoi(port); err != nil || n < 0 || n > 65535 {
+		return errors.New("want a numeric port 0-65535")
+	}
+	return nil
+}
+
+// resolvConfNameservers returns the nameservers of a resolv.conf, port 53.
+func resolvConfNameservers(path string) ([]netip.AddrPort, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("default upstream: %w (set --upstream)", err)
+	}
+	ups := parseResolvConf(bytes.NewReader(data))
+	if len(ups) == 0 {
+		return nil, fmt.Errorf("default upstream: %s lists no nameserver (set --upstream)", path)
+	}
+	return ups, nil
+}
+
+func parseResolvConf(r io.Reader) []netip.AddrPort {
+	var out []netip.AddrPort
+	seen := map[netip.AddrPort]bool{}
+	sc := bufio.NewScanner(r)
+	for sc.Scan() {
+		f := strings.Fields(sc.Text())
+		if len(f) < 2 || f[0] != "nameserver" {
+			continue
+		}
+		a, err := netip.ParseAddr(f[1])
+		if err != nil {
+			continue
+		}
+		ap := netip.AddrPortFrom(a, 53)
+		if !seen[ap] {
+			seen[ap] = true
+			out = append(out, ap)
+		}
+	}
+	return out
+}
+
+// LogValue makes a ServeConfig loggable in one start-up line.
+func (c ServeConfig) LogValue() slog.Value {
+	ups := make([]string, len(c.Upstreams))
+	for i, u := range c.Upstreams {
+		ups[i] = u.String()
+	}
+	ovs := make([]string, len(c.PublicOverrides))
+	for i, p := range c.PublicOverrides {
+		ovs[i] = p.String()
+	}
+	sort.Strings(ovs)
+	return slog.GroupValue(
+		slog.String("config", c.ConfigFile),
+		slog.String("socket", c.Socket),
+		slog.String("socket_group", c.SocketGroup),
+		slog.String("state_dir", c.StateDir),
+		slog.String("name_prefix", c.NamePrefix),
+		slog.String("pool", c.Pool.String()),
+		slog.String("upstreams", strings.Join(ups, ",")),
+		slog.String("public_overrides", strings.Join(ovs, ",")),
+		slog.Duration("dns_min_ttl", c.DNSMinTTL),
+		slog.String("metrics_listen", c.MetricsListen),
+		slog.String("log_format", c.LogFormat),
+	)
+}

@@ -1,0 +1,217 @@
+package main
+
+import (
+	"net/netip"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+)
+
+func writeTOML(t *testing.T, text string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "enforcerd.toml")
+	if err := os.WriteFile(p, []byte(text), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// serveCfg runs `enforcerd serve ARGS` against the fake and returns the
+// configuration it was given.
+func serveConfigOf(t *testing.T, c *testCLI, args ...string) ServeConfig {
+	t.Helper()
+	if code := c.run(append([]string{"serve"}, args...)...); code != 0 {
+		t.Fatalf("serve %v: exit %d: %s", args, code, c.errOut.String())
+	}
+	if c.served == nil {
+		t.Fatal("serve not called")
+	}
+	return *c.served
+}
+
+func TestServeDefaults(t *testing.T) {
+	c := newTestCLI(t)
+	got := serveConfigOf(t, c)
+	want := ServeConfig{
+		Socket:     defaultSocket,
+		StateDir:   "/var/lib/enforcerd",
+		NamePrefix: "enf",
+		Pool:       netip.MustParsePrefix("10.20.0.0/16"),
+		Upstreams:  []netip.AddrPort{netip.MustParseAddrPort("192.0.2.53:53")},
+		DNSMinTTL:  60 * time.Second,
+		LogFormat:  "text",
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("got  %+v\nwant %+v", got, want)
+	}
+	// Under systemd the default log format is json.
+	for _, env := range []string{"INVOCATION_ID", "JOURNAL_STREAM"} {
+		c := newTestCLI(t)
+		c.env[env] = "x"
+		if got := serveConfigOf(t, c); got.LogFormat != "json" {
+			t.Errorf("%s set: log format %q, want json", env, got.LogFormat)
+		}
+	}
+}
+
+// TestServeConfigPrecedence: defaults < ENFORCERD_SOCKET < config file <
+// global --socket < flags; lists from flags replace lists from the file.
+func TestServeConfigPrecedence(t *testing.T) {
+	file := writeTOML(t, `
+socket = "/file/enforcerd.sock"
+socket-group = "enforcerd"
+state-dir = "/file/state"
+name-prefix = "fil"
+pool = "10.40.0.0/16"
+upstream = ["198.51.100.1", "198.51.100.2:5353", "[2001:db8::53]:53"]
+public-override = ["198.18.0.0/15"]
+dns-min-ttl = "5m"
+metrics-listen = "127.0.0.1:9323"
+log-format = "json"
+`)
+	c := newTestCLI(t)
+	c.env["ENFORCERD_SOCKET"] = "/env/enforcerd.sock"
+	fromFile := serveConfigOf(t, c, "--config", file)
+	want := ServeConfig{
+		Socket:      "/file/enforcerd.sock",
+		SocketGroup: "enforcerd",
+		StateDir:    "/file/state",
+		NamePrefix:  "fil",
+		Pool:        netip.MustParsePrefix("10.40.0.0/16"),
+		Upstreams: []netip.AddrPort{netip.MustParseAddrPort("198.51.100.1:53"),
+			netip.MustParseAddrPort("198.51.100.2:5353"), netip.MustParseAddrPort("[2001:db8::53]:53")},
+		PublicOverrides: []netip.Prefix{netip.MustParsePrefix("198.18.0.0/15")},
+		DNSMinTTL:       5 * time.Minute,
+		MetricsListen:   "127.0.0.1:9323",
+		LogFormat:       "json",
+		ConfigFile:      file,
+	}
+	if !reflect.DeepEqual(fromFile, want) {
+		t.Fatalf("config file:\n got  %+v\nwant %+v", fromFile, want)
+	}
+
+	flags := serveConfigOf(t, c, "--config", file, "--pool", "10.50.0.0/24", "--upstream", "203.0.113.9",
+		"--name-prefix", "flg", "--log-format", "text", "--dns-min-ttl", "0s", "--socket", "/flag/s.sock")
+	want.Pool = netip.MustParsePrefix("10.50.0.0/24")
+	want.Upstreams = []netip.AddrPort{netip.MustParseAddrPort("203.0.113.9:53")}
+	want.NamePrefix = "flg"
+	want.LogFormat = "text"
+	want.DNSMinTTL = 0
+	want.Socket = "/flag/s.sock"
+	if !reflect.DeepEqual(flags, want) {
+		t.Fatalf("flags over config:\n got  %+v\nwant %+v", flags, want)
+	}
+
+	// The global --socket beats the file, the serve flag beats the global.
+	if got := serveConfigOf(t, c, "--config", file).Socket; got != "/file/enforcerd.sock" {
+		t.Errorf("file socket: %q", got)
+	}
+	c.run("--socket", "/global.sock", "serve", "--config", file)
+	if got := c.served.Socket; got != "/global.sock" {
+		t.Errorf("global socket over file: %q", got)
+	}
+	c.run("--socket", "/global.sock", "serve", "--socket", "/serve.sock")
+	if got := c.served.Socket; got != "/serve.sock" {
+		t.Errorf("serve socket over global: %q", got)
+	}
+	// ENFORCERD_SOCKET applies when nothing else names a socket.
+	if got := serveConfigOf(t, c).Socket; got != "/env/enforcerd.sock" {
+		t.Errorf("env socket: %q", got)
+	}
+	// A relative path is made absolute (the daemon's cwd is not the caller's).
+	wd, _ := os.Getwd()
+	if got := serveConfigOf(t, c, "--state-dir", "rel/state").StateDir; got != filepath.Join(wd, "rel/state") {
+		t.Errorf("relative state dir: %q", got)
+	}
+}
+
+func TestServeConfigErrors(t *testing.T) {
+	unknown := writeTOML(t, "pool = \"10.20.0.0/16\"\nbogus = 1\n[extra]\nx = 2\n")
+	badType := writeTOML(t, "pool = 5\n")
+	badSyntax := writeTOML(t, "pool = \n")
+	badValue := writeTOML(t, "pool = \"10.20.0.1/16\"\n")
+	noNS := writeTOML(t, "")
+	cases := []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--name-prefix", "toolong"}, `--name-prefix "toolong": want 1 to 6 lower-case letters and digits, starting with a letter`},
+		{[]string{"--name-prefix", "1ab"}, `--name-prefix "1ab": want 1 to 6 lower-case letters and digits, starting with a letter`},
+		{[]string{"--name-prefix", "a-b"}, `--name-prefix "a-b": want 1 to 6 lower-case letters and digits, starting with a letter`},
+		{[]string{"--name-prefix", ""}, `--name-prefix "": want 1 to 6 lower-case letters and digits, starting with a letter`},
+		{[]string{"--pool", "10.20.0.1/16"}, `--pool "10.20.0.1/16": host bits set; did you mean 10.20.0.0/16`},
+		{[]string{"--pool", "fd00::/64"}, `--pool "fd00::/64": want an IPv4 CIDR such as 10.20.0.0/16`},
+		{[]string{"--pool", "10.20.0.0/31"}, `--pool "10.20.0.0/31": too small; want /30 or wider`},
+		{[]string{"--pool", "ten"}, `--pool "ten": want an IPv4 CIDR such as 10.20.0.0/16`},
+		{[]string{"--upstream", "192.0.2.1", "--upstream", "dns.google"}, `--upstream "dns.google": want IP or IP:PORT such as 192.0.2.53 or 192.0.2.53:5353`},
+		{[]string{"--upstream", "192.0.2.1:0"}, `--upstream "192.0.2.1:0": want IP or IP:PORT such as 192.0.2.53 or 192.0.2.53:5353`},
+		{[]string{"--public-override", "198.18.0.1/15"}, `--public-override "198.18.0.1/15": want a network CIDR such as 198.18.0.0/15`},
+		{[]string{"--dns-min-ttl", "-1s"}, `--dns-min-ttl "-1s": want a non-negative duration such as 60s or 5m`},
+		{[]string{"--dns-min-ttl", "60"}, `--dns-min-ttl "60": want a non-negative duration such as 60s or 5m`},
+		{[]string{"--metrics-listen", "9323"}, `--metrics-listen "9323": want host:port such as 127.0.0.1:9323 or :9323`},
+		{[]string{"--metrics-listen", "localhost:http"}, `--metrics-listen "localhost:http": want a numeric port 0-65535`},
+		{[]string{"--log-format", "xml"}, `--log-format "xml": want text or json`},
+		{[]string{"--socket-group", "a b"}, `--socket-group "a b": want a group name or numeric gid`},
+		{[]string{"--socket", ""}, ""}, // empty flag value: falls back (not an error)
+		{[]string{"--config", "/nonexistent/enforcerd.toml"}, "read config: open /nonexistent/enforcerd.toml: no such file or directory"},
+		{[]string{"--config", unknown}, "config " + unknown + `: unknown key "bogus", "extra", "extra.x" (keys are the serve option names, e.g. state-dir)`},
+		{[]string{"--config", badType}, "config " + badType + `: toml: line 1 (last key "pool"): incompatible types: TOML value has type int64; destination has type string`},
+		{[]string{"--config", badSyntax}, "config " + badSyntax + `: toml: line 1 (last key "pool"): expected value but found '\n' instead`},
+		{[]string{"--config", badValue}, badValue + `: pool "10.20.0.1/16": host bits set; did you mean 10.20.0.0/16`},
+		{[]string{"--config", noNS}, ""},
+	}
+	for _, tc := range cases {
+		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
+			c := newTestCLI(t)
+			code := c.run(append([]string{"serve"}, tc.args...)...)
+			if tc.want == "" {
+				if code != 0 {
+					t.Fatalf("exit %d: %s", code, c.errOut.String())
+				}
+				return
+			}
+			if code != exitUsage {
+				t.Errorf("exit %d, want 2", code)
+			}
+			if got, want := c.errOut.String(), "enforcerd serve: "+tc.want+"\n"; got != want {
+				t.Errorf("stderr\n got %q\nwant %q", got, want)
+			}
+		})
+	}
+}
+
+func TestDefaultUpstreams(t *testing.T) {
+	c := newTestCLI(t)
+	rc := filepath.Join(t.TempDir(), "resolv.conf")
+	os.WriteFile(rc, []byte("nameserver 127.0.0.53\nnameserver 2001:db8::1\nnameserver 127.0.0.53\nnameserver bogus\noptions edns0\n"), 0o644)
+	c.cli.resolvConf = rc
+	got := serveConfigOf(t, c).Upstreams
+	want := []netip.AddrPort{netip.MustParseAddrPort("127.0.0.53:53"), netip.MustParseAddrPort("[2001:db8::1]:53")}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("got %v, want %v", got, want)
+	}
+
+	os.WriteFile(rc, []byte("search example\n"), 0o644)
+	if code := c.run("serve"); code != exitUsage || c.errOut.String() != "enforcerd serve: default upstream: "+rc+" lists no nameserver (set --upstream)\n" {
+		t.Fatalf("exit %d, stderr %q", code, c.errOut.String())
+	}
+	// An explicit upstream does not need resolv.conf at all.
+	c.cli.resolvConf = "/nonexistent"
+	if got := serveConfigOf(t, c, "--upstream", "192.0.2.1:5353").Upstreams; len(got) != 1 {
+		t.Fatalf("upstreams %v", got)
+	}
+}
+
+func TestReapConfig(t *testing.T) {
+	file := writeTOML(t, "name-prefix = \"fil\"\nstate-dir = \"/file/state\"\npool = \"10.40.0.0/16\"\nupstream = [\"192.0.2.1\"]\n")
+	c := newTestCLI(t)
+	if code := c.run("reap", "--config", file, "--pool", "10.41.0.0/16"); code != 0 {
+		t.Fatalf("exit %d: %s", code, c.errOut.String())
+	}
+	if want := []string{"fil", "/file/state", "10.41.0.0/16"}; !reflect.DeepEqual(c.reaped, want) {
+		t.Fatalf("reaped %v, want %v", c.reaped, want)
+	}
+}

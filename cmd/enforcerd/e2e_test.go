@@ -1,0 +1,270 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+)
+
+// startAPI serves a fake engine on a unix socket in a temp dir, as the
+// daemon does (same listener, same SO_PEERCRED check), and returns a CLI
+// whose ENFORCERD_SOCKET points at it.
+func startAPI(t *testing.T) (*fakeEngine, *testCLI, string) {
+	t.Helper()
+	sock := filepath.Join(t.TempDir(), "enforcerd.sock")
+	f := newFakeEngine()
+	ctx, cancel := context.WithCancel(context.Background())
+	ready := make(chan struct{})
+	done := make(chan error, 1)
+	go func() {
+		done <- serveAPI(ctx, ServeConfig{Socket: sock}, newAPIHandler(f, discardLogger(), NewMetrics()), func() { close(ready) })
+	}()
+	select {
+	case <-ready:
+	case err := <-done:
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cancel()
+		<-done
+	})
+	c := newTestCLI(t)
+	c.env["ENFORCERD_SOCKET"] = sock
+	return f, c, sock
+}
+
+// expect runs the CLI and checks the exit status and that stderr is empty
+// or exactly one line.
+func (c *testCLI) expect(t *testing.T, want int, args ...string) (string, string) {
+	t.Helper()
+	code := c.run(args...)
+	out, errOut := c.out.String(), c.errOut.String()
+	if code != want {
+		t.Fatalf("enforcerd %s: exit %d, want %d\nstdout %q\nstderr %q", strings.Join(args, " "), code, want, out, errOut)
+	}
+	if errOut != "" && (strings.Count(errOut, "\n") != 1 || !strings.HasSuffix(errOut, "\n")) {
+		t.Fatalf("enforcerd %s: stderr is not one line: %q", strings.Join(args, " "), errOut)
+	}
+	return out, errOut
+}
+
+func TestEndToEndSessions(t *testing.T) {
+	f, c, sock := startAPI(t)
+
+	// create: interleaved and repeatable flags reach the engine as given.
+	out, _ := c.expect(t, 0, "session", "create", "s1", "--allow", "a.test", "--rootfs", "rel/root",
+		"--allow=*.b.test:443", "--scope", "https://c.test/x", "--pin", "--egress", "allowlist",
+		"--lab-peer", "lab1", "--lab-peer", "lab2", "--net-raw", "--memory", "256M", "--pids", "64",
+		"--label", "run=7", "--label", "owner=me", "--writable")
+	wd, _ := os.Getwd()
+	want := CreateRequest{Name: "s1", Rootfs: filepath.Join(wd, "rel/root"), Writable: true, Egress: "allowlist",
+		Allow: []string{"a.test", "*.b.test:443"}, Scope: []string{"https://c.test/x"}, Pin: true,
+		LabPeers: []string{"lab1", "lab2"}, NetRaw: true, MemoryBytes: 256 << 20, Pids: 64,
+		Labels: map[string]string{"run": "7", "owner": "me"}}
+	if !reflect.DeepEqual(f.creates[0], want) {
+		t.Fatalf("engine got\n %+v\nwant\n %+v", f.creates[0], want)
+	}
+	if out != "created s1: netns enf-s1, guest 10.20.0.2, gateway 10.20.0.1, egress allowlist, sandbox yes\n" {
+		t.Fatalf("create output %q", out)
+	}
+
+	out, _ = c.expect(t, 0, "session", "create", "--json", "s2", "--network-only", "--label", "run=8")
+	var info SessionInfo
+	if err := json.Unmarshal([]byte(out), &info); err != nil || info.Name != "s2" || info.Sandbox {
+		t.Fatalf("create --json: %q %v", out, err)
+	}
+
+	// refusals: exit 1 and the daemon's one line.
+	_, errOut := c.expect(t, 1, "session", "create", "s1", "--network-only")
+	if errOut != "enforcerd session create: session \"s1\" already exists: session name taken\n" {
+		t.Fatalf("taken: %q", errOut)
+	}
+	_, errOut = c.expect(t, 1, "session", "create", "bad-1", "--network-only")
+	if errOut != "enforcerd session create: allow entry \"x y\": not a name, wildcard or CIDR: bad request\n" {
+		t.Fatalf("bad: %q", errOut)
+	}
+	c.expect(t, 1, "session", "create", "full-1", "--network-only")
+
+	// ls, human and JSON, with and without a label.
+	out, _ = c.expect(t, 0, "session", "ls")
+	lines := strings.Split(strings.TrimSuffix(out, "\n"), "\n")
+	if len(lines) != 3 || !strings.HasPrefix(lines[0], "NAME") || !strings.HasPrefix(lines[1], "s1 ") ||
+		!strings.Contains(lines[1], "owner=me,run=7") || !strings.Contains(lines[2], "s2 ") {
+		t.Fatalf("ls:\n%s", out)
+	}
+	out, _ = c.expect(t, 0, "session", "ls", "--json", "--label", "run=8")
+	var list []SessionInfo
+	if err := json.Unmarshal([]byte(out), &list); err != nil || len(list) != 1 || list[0].Name != "s2" {
+		t.Fatalf("ls --json --label: %q %v", out, err)
+	}
+	if out, _ = c.expect(t, 0, "session", "ls", "--json", "--label", "run=none"); out != "[]\n" {
+		t.Fatalf("empty ls --json: %q", out)
+	}
+
+	// inspect prints JSON; unknown is exit 1.
+	out, _ = c.expect(t, 0, "session", "inspect", "s1")
+	var m map[string]any
+	if err := json.Unmarshal([]byte(out), &m); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{"name", "netns", "guest_ip", "gateway_ip", "host_veth", "egress", "policy", "attested", "counters", "labels"} {
+		if _, ok := m[k]; !ok {
+			t.Errorf("inspect lacks %q", k)
+		}
+	}
+	_, errOut = c.expect(t, 1, "session", "inspect", "nope")
+	if errOut != "enforcerd session inspect: session \"nope\": unknown session\n" {
+		t.Fatalf("inspect unknown: %q", errOut)
+	}
+
+	// --socket flag and global --socket beat the environment.
+	c.env["ENFORCERD_SOCKET"] = "/nonexistent.sock"
+	c.expect(t, 0, "session", "ls", "--socket", sock)
+	c.expect(t, 0, "--socket", sock, "session", "ls")
+	c.env["ENFORCERD_SOCKET"] = sock
+
+	// events.
+	out, _ = c.expect(t, 0, "session", "events", "s1")
+	if !strings.Contains(out, `"action":"created"`) || strings.Count(out, "\n") != 1 {
+		t.Fatalf("events: %q", out)
+	}
+	c.expect(t, 1, "session", "events", "nope")
+
+	// rm: an unknown name is reported, the others still go.
+	c.expect(t, 0, "session", "create", "s3", "--network-only")
+	out, errOut = c.expect(t, 1, "session", "rm", "s1", "nope", "s3")
+	if out != "s1\ns3\n" || errOut != "enforcerd session rm: session \"nope\": unknown session\n" {
+		t.Fatalf("rm: stdout %q stderr %q", out, errOut)
+	}
+	if out, _ = c.expect(t, 0, "session", "rm", "--label", "run=8"); out != "s2\n" {
+		t.Fatalf("rm --label: %q", out)
+	}
+	if out, _ = c.expect(t, 0, "session", "rm", "--label", "run=8"); out != "" {
+		t.Fatalf("rm --label again: %q", out)
+	}
+	if out, _ = c.expect(t, 0, "session", "ls", "--json"); out != "[]\n" {
+		t.Fatalf("after rm: %q", out)
+	}
+}
+
+func TestEndToEndExec(t *testing.T) {
+	f, c, _ := startAPI(t)
+	c.expect(t, 0, "session", "create", "box", "--rootfs", "/r")
+	c.expect(t, 0, "session", "create", "net", "--network-only")
+
+	f.execFn = func(_ context.Context, _ string, req ExecRequest, o, e io.Writer) (int, error) {
+		fmt.Fprintf(o, "args=%q env=%q dir=%s user=%s stdin=%q\n", req.Args, req.Env, req.Dir, req.User, req.Stdin)
+		io.WriteString(e, "warning\n")
+		o.Write([]byte{0xff, '\n'})
+		return 3, nil
+	}
+	c.cli.stdin = strings.NewReader("input")
+	if code := c.run("session", "exec", "box", "--env", "A=1", "--workdir", "/tmp", "--user", "nobody", "--stdin",
+		"--timeout", "5s", "--", "sh", "-c", "echo --json"); code != 3 {
+		t.Fatalf("exit %d, stderr %q", code, c.errOut.String())
+	}
+	if got := c.out.String(); got != "args=[\"sh\" \"-c\" \"echo --json\"] env=[\"A=1\"] dir=/tmp user=nobody stdin=\"input\"\n\xff\n" {
+		t.Fatalf("stdout %q", got)
+	}
+	if got := c.errOut.String(); got != "warning\n" {
+		t.Fatalf("stderr %q", got)
+	}
+	if f.execs[0].Timeout != "5s" {
+		t.Fatalf("exec request %+v", f.execs[0])
+	}
+
+	// Without "--": the command starts at the first non-flag after NAME.
+	f.execFn = nil
+	if out, _ := c.expect(t, 0, "session", "exec", "box", "ls", "-la"); out != "ran ls -la\n" {
+		t.Fatalf("no --: %q", out)
+	}
+
+	// Timeout: 124 and one line.
+	f.execFn = func(_ context.Context, _ string, _ ExecRequest, o, _ io.Writer) (int, error) {
+		io.WriteString(o, "partial\n")
+		return 124, fmt.Errorf("exec in box: %w after 1s", ErrExecTimeout)
+	}
+	out, errOut := c.expect(t, exitTimeout, "session", "exec", "box", "--timeout", "1s", "--", "sleep", "9")
+	if out != "partial\n" || errOut != "enforcerd session exec: exec in box: command timed out after 1s\n" {
+		t.Fatalf("timeout: %q %q", out, errOut)
+	}
+
+	// enforcerd failures: 125 with one line.
+	_, errOut = c.expect(t, exitEnforcerd, "session", "exec", "nope", "--", "id")
+	if errOut != "enforcerd session exec: session \"nope\": unknown session\n" {
+		t.Fatalf("unknown: %q", errOut)
+	}
+	_, errOut = c.expect(t, exitEnforcerd, "session", "exec", "net", "--", "id")
+	if errOut != "enforcerd session exec: session \"net\" was created with --network-only: session has no sandbox\n" {
+		t.Fatalf("network-only: %q", errOut)
+	}
+	f.execFn = func(context.Context, string, ExecRequest, io.Writer, io.Writer) (int, error) {
+		return 125, fmt.Errorf("exec in box: start: permission denied")
+	}
+	_, errOut = c.expect(t, exitEnforcerd, "session", "exec", "box", "--", "id")
+	if errOut != "enforcerd session exec: exec in box: start: permission denied\n" {
+		t.Fatalf("failure: %q", errOut)
+	}
+	c.cli.stdin = strings.NewReader(strings.Repeat("x", maxExecStdin+1))
+	_, errOut = c.expect(t, exitUsage, "session", "exec", "box", "--stdin", "--", "cat")
+	if errOut != fmt.Sprintf("enforcerd session exec: --stdin: input larger than %d bytes\n", maxExecStdin) {
+		t.Fatalf("big stdin: %q", errOut)
+	}
+}
+
+func TestEndToEndEventsFollow(t *testing.T) {
+	f, c, _ := startAPI(t)
+	c.expect(t, 0, "session", "create", "s1", "--network-only")
+	done := make(chan int, 1)
+	var out strings.Builder
+	pr, pw := io.Pipe()
+	c.cli.stdout = pw
+	copied := make(chan struct{})
+	go func() {
+		io.Copy(&out, pr)
+		close(copied)
+	}()
+	go func() { done <- c.cli.run([]string{"session", "events", "s1", "--follow"}) }()
+	time.Sleep(200 * time.Millisecond)
+	f.events.Record(Event{Session: "s1", Kind: "dns", Action: "allowed"})
+	time.Sleep(100 * time.Millisecond)
+	f.Delete(context.Background(), "s1") // closes the follow stream
+	select {
+	case code := <-done:
+		if code != 0 {
+			t.Fatalf("exit %d: %s", code, c.errOut.String())
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("events --follow did not end with the session")
+	}
+	pw.Close()
+	<-copied
+	if got := out.String(); strings.Count(got, "\n") != 2 || !strings.Contains(got, `"action":"allowed"`) {
+		t.Fatalf("followed:\n%s", got)
+	}
+}
+
+// TestEndToEndNoDaemon: a missing daemon is exit 1 (125 for exec), one line.
+func TestEndToEndNoDaemon(t *testing.T) {
+	c := newTestCLI(t)
+	sock := filepath.Join(t.TempDir(), "none.sock")
+	c.env["ENFORCERD_SOCKET"] = sock
+	_, errOut := c.expect(t, 1, "session", "ls")
+	want := "enforcerd session ls: cannot reach enforcerd at " + sock + ": dial unix " + sock +
+		": connect: no such file or directory (is the daemon running? set --socket or ENFORCERD_SOCKET)\n"
+	if errOut != want {
+		t.Fatalf("stderr\n got %q\nwant %q", errOut, want)
+	}
+	c.expect(t, exitEnforcerd, "session", "exec", "s1", "--", "id")
+	_, errOut = c.expect(t, 1, "session", "rm", "a", "b")
+	if !strings.HasPrefix(errOut, "enforcerd session rm: cannot reach enforcerd") {
+		t.Fatalf("rm: %q", errOut)
+	}
+}

@@ -1,0 +1,638 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/enforcerd/enforcerd/container"
+	"github.com/enforcerd/enforcerd/dnsproxy"
+	"github.com/enforcerd/enforcerd/netpolicy"
+	"github.com/enforcerd/enforcerd/nsmgr"
+)
+
+// engine composes the four packages into the session lifecycle the API
+// serves. It owns the order of every multi-package operation:
+//
+//	create: network (nsmgr) -> rules (netpolicy) -> DNS registration
+//	        (dnsproxy) -> sandbox (container) -> state record
+//	delete: sandbox -> DNS registration -> rules -> network -> record
+//
+// The record is written last, so a crash in the middle of a create leaves
+// kernel objects without a record, and the next start reaps them as
+// orphans: a create is complete or it is gone.
+type engine struct {
+	cfg     ServeConfig
+	log     *slog.Logger
+	nets    *nsmgr.Manager
+	guard   *netpolicy.Guard
+	fw      *netpolicy.Firewall
+	dns     *dnsproxy.Proxy
+	boxes   *container.Manager
+	state   *StateStore
+	events  *EventLog
+	metrics *Metrics
+	dnsAddr netip.Addr
+	pin     func(ctx context.Context, host string) ([]netip.Addr, error)
+
+	mu       sync.Mutex // protects sessions and pending
+	sessions map[string]*liveSession
+	pending  map[string]bool // names whose create or delete is in flight
+}
+
+// liveSession is one adopted or created session. Immutable after it is
+// published in engine.sessions.
+type liveSession struct {
+	rec    SessionRecord
+	policy netpolicy.Policy
+	rules  netpolicy.SessionRules
+}
+
+func (s *liveSession) hasNIC() bool { return s.rec.Slot >= 0 }
+
+// reserve claims a name for a create or delete; release gives it back.
+func (e *engine) reserve(name string, mustExist bool) (*liveSession, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.pending[name] {
+		return nil, fmt.Errorf("session %q: another operation on it is in progress: %w", name, ErrNameTaken)
+	}
+	s, exists := e.sessions[name]
+	if mustExist && !exists {
+		return nil, fmt.Errorf("session %q: %w", name, ErrNotFound)
+	}
+	if !mustExist && exists {
+		return nil, fmt.Errorf("session %q already exists: %w", name, ErrNameTaken)
+	}
+	e.pending[name] = true
+	return s, nil
+}
+
+func (e *engine) release(name string) {
+	e.mu.Lock()
+	delete(e.pending, name)
+	e.mu.Unlock()
+}
+
+// badRequest wraps a validation error so the API answers 400 with the
+// error's own one-line text.
+func badRequest(err error) error { return &requestError{err} }
+
+type requestError struct{ err error }
+
+func (r *requestError) Error() string { return r.err.Error() }
+func (r *requestError) Unwrap() []error {
+	return []error{r.err, ErrBadRequest}
+}
+
+// buildPolicy turns a request into a validated policy. It touches nothing.
+func (e *engine) buildPolicy(req CreateRequest) (netpolicy.Policy, error) {
+	var p netpolicy.Policy
+	for _, s := range req.Allow {
+		ent, err := netpolicy.ParseEntry(s, e.guard)
+		if err != nil {
+			return p, badRequest(err)
+		}
+		p.Allow = append(p.Allow, ent)
+	}
+	for _, s := range req.Scope {
+		ent, err := netpolicy.ParseScope(s, e.guard)
+		if err != nil {
+			return p, badRequest(err)
+		}
+		p.Allow = append(p.Allow, ent)
+	}
+	p.Allow = netpolicy.DedupEntries(p.Allow)
+	p.LabPeers = req.LabPeers
+	p.Lab = req.Lab
+	switch {
+	case req.Egress != "":
+		m, err := netpolicy.ParseMode(req.Egress)
+		if err != nil {
+			return p, badRequest(err)
+		}
+		p.Egress = m
+	case len(p.Allow) > 0 || len(p.LabPeers) > 0 || req.Lab:
+		// A lab target gets a NIC and an address but no egress unless it
+		// is given more: an allowlist with nothing in it.
+		p.Egress = netpolicy.ModeAllowlist
+	default:
+		p.Egress = netpolicy.ModeNone
+	}
+	if p.Egress == netpolicy.ModeNone && req.Lab {
+		return p, badRequest(errors.New("--lab needs a network: a lab target cannot have egress none"))
+	}
+	if err := p.Validate(); err != nil {
+		return p, badRequest(err)
+	}
+	if req.Pin {
+		if p.Egress != netpolicy.ModeAllowlist {
+			return p, badRequest(fmt.Errorf("--pin needs egress allowlist, not %s", p.Egress))
+		}
+		for _, ent := range p.Allow {
+			if ent.Kind == netpolicy.KindWildcard || ent.Kind == netpolicy.KindMultiWildcard {
+				return p, badRequest(fmt.Errorf("--pin: wildcard %q cannot be resolved once; name each host", ent.String()))
+			}
+		}
+	}
+	return p, nil
+}
+
+func (e *engine) validateRequest(req CreateRequest) error {
+	if err := nsmgr.ValidateSessionName(req.Name); err != nil {
+		return badRequest(err)
+	}
+	if req.NetworkOnly == (req.Rootfs != "") {
+		return badRequest(errors.New("give exactly one of --rootfs DIR or --network-only"))
+	}
+	if req.Rootfs != "" {
+		if !filepath.IsAbs(req.Rootfs) {
+			return badRequest(fmt.Errorf("rootfs %q: give an absolute directory", req.Rootfs))
+		}
+		if fi, err := os.Stat(filepath.Join(req.Rootfs, "bin")); err != nil || !fi.IsDir() {
+			return badRequest(fmt.Errorf("rootfs %q: not a root filesystem (no bin directory)", req.Rootfs))
+		}
+	}
+	if req.MemoryBytes < 0 {
+		return badRequest(fmt.Errorf("memory %d: must be positive", req.MemoryBytes))
+	}
+	if req.Pids < 0 {
+		return badRequest(fmt.Errorf("pids %d: must be positive", req.Pids))
+	}
+	for k := range req.Labels {
+		if k == "" || strings.ContainsAny(k, "=,") {
+			return badRequest(fmt.Errorf("label key %q: must be non-empty without '=' or ','", k))
+		}
+	}
+	return nil
+}
+
+// resolvePeers maps lab peer names to their guest addresses. Each must be a
+// live lab target.
+func (e *engine) resolvePeers(names []string) ([]netip.Addr, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	var out []netip.Addr
+	for _, n := range names {
+		s, ok := e.sessions[n]
+		if !ok {
+			return nil, badRequest(fmt.Errorf("lab peer %q: no such session", n))
+		}
+		if !s.rec.Request.Lab {
+			return nil, badRequest(fmt.Errorf("lab peer %q: not a lab target (create it with --lab)", n))
+		}
+		out = append(out, s.rec.Guest)
+	}
+	return out, nil
+}
+
+// Create provisions a session: network, rules, DNS registration, sandbox,
+// record. Any failure unwinds what was done, in reverse.
+func (e *engine) Create(ctx context.Context, req CreateRequest) (info SessionInfo, err error) {
+	start := time.Now()
+	defer func() { e.metrics.observeCreate(time.Since(start), err) }()
+	if err := e.validateRequest(req); err != nil {
+		return info, err
+	}
+	policy, err := e.buildPolicy(req)
+	if err != nil {
+		return info, err
+	}
+	if _, err := e.reserve(req.Name, false); err != nil {
+		return info, err
+	}
+	defer e.release(req.Name)
+
+	peers, err := e.resolvePeers(policy.LabPeers)
+	if err != nil {
+		return info, err
+	}
+	var pinned map[string][]netip.Addr
+	if req.Pin {
+		if pinned, err = e.resolvePins(ctx, policy); err != nil {
+			return info, err
+		}
+	}
+
+	var undo []func()
+	defer func() {
+		if err != nil {
+			for i := len(undo) - 1; i >= 0; i-- {
+				undo[i]()
+			}
+		}
+	}()
+
+	nicNeeded := policy.Egress != netpolicy.ModeNone
+	netSess, err := e.nets.Create(req.Name, nicNeeded)
+	if err != nil {
+		var ex *nsmgr.ExhaustedError
+		if errors.As(err, &ex) {
+			return info, fmt.Errorf("%w: %v", ErrPoolExhausted, err)
+		}
+		return info, fmt.Errorf("create network of %s: %w", req.Name, err)
+	}
+	undo = append(undo, func() { e.logErr("undo network", req.Name, e.nets.Delete(req.Name, netSess.Slot)) })
+
+	rec := SessionRecord{
+		Name:      req.Name,
+		Created:   time.Now().UTC(),
+		Request:   req,
+		Slot:      netSess.Slot,
+		Netns:     netSess.Netns,
+		NetnsPath: netSess.NetnsPath,
+		HostIface: netSess.HostIface,
+		Guest:     netSess.Guest,
+		Gateway:   netSess.Gateway,
+		Pinned:    pinned,
+		Sandbox:   !req.NetworkOnly,
+	}
+	s := &liveSession{rec: rec, policy: policy}
+	if nicNeeded {
+		s.rules = e.sessionRules(rec, policy, peers)
+		if err = e.fw.AddSession(s.rules); err != nil {
+			return info, fmt.Errorf("add rules of %s: %w", req.Name, err)
+		}
+		undo = append(undo, func() { e.logErr("undo rules", req.Name, e.fw.RemoveSession(s.rules)) })
+		if err = e.dns.Register(e.dnsPolicy(s)); err != nil {
+			return info, fmt.Errorf("register %s with the dns proxy: %w", req.Name, err)
+		}
+		undo = append(undo, func() { e.dns.Unregister(rec.Guest) })
+	}
+	if rec.Sandbox {
+		if err = e.boxes.Create(e.sandboxSpec(s)); err != nil {
+			return info, fmt.Errorf("start sandbox of %s: %w", req.Name, err)
+		}
+		undo = append(undo, func() { e.logErr("undo sandbox", req.Name, e.boxes.Destroy(req.Name)) })
+	}
+	if err = e.state.Save(rec); err != nil {
+		return info, fmt.Errorf("save record of %s: %w", req.Name, err)
+	}
+
+	e.mu.Lock()
+	e.sessions[req.Name] = s
+	e.mu.Unlock()
+	e.lifecycle(req.Name, "created", map[string]any{
+		"egress": string(policy.Egress), "guest_ip": addrString(rec.Guest),
+		"allow": entryStrings(policy.Allow), "sandbox": rec.Sandbox,
+	})
+	e.log.Info("session created", "session", req.Name, "egress", policy.Egress,
+		"guest", addrString(rec.Guest), "allow", entryStrings(policy.Allow),
+		"pinned", len(pinned), "sandbox", rec.Sandbox, "took", time.Since(start))
+	return e.info(s), nil
+}
+
+func (e *engine) sessionRules(rec SessionRecord, p netpolicy.Policy, peers []netip.Addr) netpolicy.SessionRules {
+	return netpolicy.SessionRules{
+		Name:      rec.Name,
+		HostIface: rec.HostIface,
+		Guest:     rec.Guest,
+		Egress:    p.Egress,
+		Static:    netpolicy.StaticTargets(p, rec.Pinned),
+		Peers:     peers,
+	}
+}
+
+func (e *engine) dnsPolicy(s *liveSession) dnsproxy.SessionPolicy {
+	return dnsproxy.SessionPolicy{
+		Name:   s.rec.Name,
+		Guest:  s.rec.Guest,
+		Mode:   s.policy.Egress,
+		Allow:  s.policy.Allow,
+		Pinned: s.rec.Pinned,
+	}
+}
+
+func (e *engine) sandboxSpec(s *liveSession) container.Spec {
+	req := s.rec.Request
+	spec := container.Spec{
+		Name:        s.rec.Name,
+		Rootfs:      req.Rootfs,
+		Writable:    req.Writable,
+		NetnsPath:   s.rec.NetnsPath,
+		NetRaw:      req.NetRaw,
+		MemoryBytes: req.MemoryBytes,
+		PidsMax:     req.Pids,
+		Hostname:    s.rec.Name,
+		Hosts:       s.rec.Pinned,
+	}
+	if s.hasNIC() {
+		spec.DNS = e.dnsAddr
+	}
+	return spec
+}
+
+// Delete tears a session down in the fixed order; every step tolerates
+// "already gone", so a partial failure never blocks the rest.
+func (e *engine) Delete(ctx context.Context, name string) error {
+	s, err := e.reserve(name, true)
+	if err != nil {
+		return err
+	}
+	defer e.release(name)
+	if err := e.teardown(s.rec, s.rules); err != nil {
+		return err
+	}
+	e.mu.Lock()
+	delete(e.sessions, name)
+	e.mu.Unlock()
+	e.lifecycle(name, "deleted", nil)
+	e.events.Close(name)
+	e.log.Info("session deleted", "session", name)
+	return nil
+}
+
+// teardown removes every part of a session that may exist, in order, and
+// reports all failures together.
+func (e *engine) teardown(rec SessionRecord, rules netpolicy.SessionRules) error {
+	var errs []error
+	if rec.Sandbox {
+		if err := e.boxes.Destroy(rec.Name); err != nil {
+			errs = append(errs, fmt.Errorf("destroy sandbox: %w", err))
+		}
+	}
+	if rec.Slot >= 0 {
+		e.dns.Unregister(rec.Guest)
+		if rules.Guest.IsValid() {
+			if err := e.fw.RemoveSession(rules); err != nil {
+				errs = append(errs, fmt.Errorf("remove rules: %w", err))
+			}
+		}
+	}
+	if err := e.nets.Delete(rec.Name, rec.Slot); err != nil {
+		errs = append(errs, fmt.Errorf("delete network: %w", err))
+	}
+	if len(errs) == 0 {
+		if err := e.state.Remove(rec.Name); err != nil {
+			errs = append(errs, fmt.Errorf("remove record: %w", err))
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("delete session %s: %w", rec.Name, err)
+	}
+	return nil
+}
+
+// DeleteByLabel deletes every session carrying the label.
+func (e *engine) DeleteByLabel(ctx context.Context, key, value string) ([]string, error) {
+	var names []string
+	for _, s := range e.List(key, value) {
+		names = append(names, s.Name)
+	}
+	var deleted []string
+	var errs []error
+	for _, n := range names {
+		if err := e.Delete(ctx, n); err != nil && !errors.Is(err, ErrNotFound) {
+			errs = append(errs, err)
+			continue
+		}
+		deleted = append(deleted, n)
+	}
+	return deleted, errors.Join(errs...)
+}
+
+// List returns the sessions, filtered by a label when key is set, by name.
+func (e *engine) List(key, value string) []SessionInfo {
+	e.mu.Lock()
+	var ss []*liveSession
+	for _, s := range e.sessions {
+		if key == "" || s.rec.Request.Labels[key] == value {
+			if _, ok := s.rec.Request.Labels[key]; key == "" || ok {
+				ss = append(ss, s)
+			}
+		}
+	}
+	e.mu.Unlock()
+	sort.Slice(ss, func(i, j int) bool { return ss[i].rec.Name < ss[j].rec.Name })
+	out := make([]SessionInfo, 0, len(ss))
+	for _, s := range ss {
+		out = append(out, e.summary(s))
+	}
+	return out
+}
+
+// Inspect returns a session with its attested set and counters.
+func (e *engine) Inspect(name string) (SessionInfo, error) {
+	e.mu.Lock()
+	s, ok := e.sessions[name]
+	e.mu.Unlock()
+	if !ok {
+		return SessionInfo{}, fmt.Errorf("session %q: %w", name, ErrNotFound)
+	}
+	return e.info(s), nil
+}
+
+// summary is a session without kernel reads (for list).
+func (e *engine) summary(s *liveSession) SessionInfo {
+	pinned := map[string][]string{}
+	for h, as := range s.rec.Pinned {
+		for _, a := range as {
+			pinned[h] = append(pinned[h], a.String())
+		}
+	}
+	labels := s.rec.Request.Labels
+	if labels == nil {
+		labels = map[string]string{}
+	}
+	return SessionInfo{
+		Name:      s.rec.Name,
+		Netns:     s.rec.Netns,
+		GuestIP:   addrString(s.rec.Guest),
+		GatewayIP: addrString(s.rec.Gateway),
+		HostVeth:  s.rec.HostIface,
+		Egress:    string(s.policy.Egress),
+		Policy: PolicyView{
+			Allow:    entryStrings(s.policy.Allow),
+			LabPeers: s.policy.LabPeers,
+			Lab:      s.policy.Lab,
+			Pinned:   pinned,
+		},
+		Sandbox:  s.rec.Sandbox,
+		Rootfs:   s.rec.Request.Rootfs,
+		Attested: []AttestedAddr{},
+		Labels:   labels,
+		Created:  s.rec.Created,
+	}
+}
+
+// info is summary plus the kernel's view: attested set and counters.
+func (e *engine) info(s *liveSession) SessionInfo {
+	in := e.summary(s)
+	if !s.hasNIC() {
+		return in
+	}
+	now := time.Now().UTC()
+	if att, err := e.fw.Attested(s.rec.Guest); err == nil {
+		for _, a := range att {
+			in.Attested = append(in.Attested, AttestedAddr{IP: attestedString(a), Expires: now.Add(a.Expires).Truncate(time.Millisecond)})
+		}
+	} else {
+		e.log.Warn("read attested set", "session", s.rec.Name, "err", err)
+	}
+	if c, err := e.fw.Counters(s.rec.Guest); err == nil {
+		in.Counters = Counters{
+			AcceptedPackets: c.AcceptedPackets, AcceptedBytes: c.AcceptedBytes,
+			DroppedPackets: c.DroppedPackets, DroppedBytes: c.DroppedBytes,
+		}
+	} else {
+		e.log.Warn("read counters", "session", s.rec.Name, "err", err)
+	}
+	return in
+}
+
+// Exec runs a command in a session's sandbox.
+func (e *engine) Exec(ctx context.Context, name string, req ExecRequest, stdout, stderr io.Writer) (int, error) {
+	e.mu.Lock()
+	s, ok := e.sessions[name]
+	e.mu.Unlock()
+	if !ok {
+		return 125, fmt.Errorf("session %q: %w", name, ErrNotFound)
+	}
+	if !s.rec.Sandbox {
+		return 125, fmt.Errorf("session %q was created with --network-only; join its netns with ip netns exec %s: %w", name, s.rec.Netns, ErrNoSandbox)
+	}
+	if len(req.Args) == 0 {
+		return 125, badRequest(errors.New("exec: no command given"))
+	}
+	var timeout time.Duration
+	if req.Timeout != "" {
+		d, err := time.ParseDuration(req.Timeout)
+		if err != nil || d <= 0 {
+			return 125, badRequest(fmt.Errorf("timeout %q: give a positive duration such as 30s", req.Timeout))
+		}
+		timeout = d
+	}
+	spec := container.ExecSpec{
+		Args: req.Args, Env: req.Env, Dir: req.Dir, User: req.User,
+		Stdout: stdout, Stderr: stderr, Timeout: timeout,
+	}
+	if req.Stdin != "" {
+		spec.Stdin = strings.NewReader(req.Stdin)
+	}
+	code, err := e.boxes.Exec(ctx, name, spec)
+	if errors.Is(err, container.ErrTimeout) {
+		e.lifecycle(name, "exec_timeout", map[string]any{"args": req.Args, "timeout": req.Timeout})
+		return 124, fmt.Errorf("exec in %s: %w after %s", name, ErrExecTimeout, timeout)
+	}
+	if err != nil {
+		return 125, fmt.Errorf("exec in %s: %w", name, err)
+	}
+	e.lifecycle(name, "exec", map[string]any{"args": req.Args, "exit": code})
+	return code, nil
+}
+
+// Events returns a session's recorded events and, with follow, new ones.
+func (e *engine) Events(ctx context.Context, name string, follow bool) ([]Event, <-chan Event, error) {
+	e.mu.Lock()
+	_, ok := e.sessions[name]
+	e.mu.Unlock()
+	if !ok {
+		return nil, nil, fmt.Errorf("session %q: %w", name, ErrNotFound)
+	}
+	return e.events.Read(ctx, name, follow)
+}
+
+// Healthy reports whether the daemon can serve.
+func (e *engine) Healthy() error { return nil }
+
+func (e *engine) lifecycle(name, action string, detail map[string]any) {
+	e.events.Record(Event{Time: time.Now().UTC(), Session: name, Kind: "lifecycle", Action: action, Detail: detail})
+}
+
+// Record receives the DNS proxy's decisions (dnsproxy.EventSink).
+func (e *engine) Record(ev dnsproxy.Event) {
+	detail := map[string]any{"name": ev.Name, "type": ev.Type}
+	if len(ev.Addrs) > 0 {
+		detail["addrs"] = addrStrings(ev.Addrs)
+	}
+	if len(ev.Dropped) > 0 {
+		detail["dropped"] = addrStrings(ev.Dropped)
+	}
+	if ev.Upstream != "" {
+		detail["upstream"] = ev.Upstream
+		detail["upstream_ms"] = float64(ev.Latency.Microseconds()) / 1000
+	}
+	if ev.Err != "" {
+		detail["error"] = ev.Err
+	}
+	if ev.Session != "" {
+		e.events.Record(Event{Time: ev.Time.UTC(), Session: ev.Session, Kind: "dns", Action: ev.Verdict, Detail: detail})
+	}
+	e.metrics.dnsQuery(ev.Verdict)
+}
+
+func (e *engine) logErr(what, name string, err error) {
+	if err != nil {
+		e.log.Error(what, "session", name, "err", err)
+	}
+}
+
+func addrString(a netip.Addr) string {
+	if !a.IsValid() {
+		return ""
+	}
+	return a.String()
+}
+
+func addrStrings(as []netip.Addr) []string {
+	out := make([]string, len(as))
+	for i, a := range as {
+		out[i] = a.String()
+	}
+	return out
+}
+
+func entryStrings(es []netpolicy.Entry) []string {
+	out := make([]string, 0, len(es))
+	for _, e := range es {
+		out = append(out, e.String())
+	}
+	slices.Sort(out)
+	return out
+}
+
+// attestedString renders an attested element: "198.18.1.10" or, for a
+// port-constrained name, "198.18.1.10:443/tcp".
+func attestedString(a netpolicy.AttestedAddr) string {
+	if a.Port == 0 {
+		return a.IP.String()
+	}
+	return fmt.Sprintf("%s:%d/%s", a.IP, a.Port, a.Proto)
+}
+
+// SessionCount is the number of live sessions (for the metrics).
+func (e *engine) SessionCount() int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return len(e.sessions)
+}
+
+// DroppedPackets reads every session's drop counter (for the metrics).
+func (e *engine) DroppedPackets() map[string]uint64 {
+	e.mu.Lock()
+	ss := make([]*liveSession, 0, len(e.sessions))
+	for _, s := range e.sessions {
+		ss = append(ss, s)
+	}
+	e.mu.Unlock()
+	out := map[string]uint64{}
+	for _, s := range ss {
+		if !s.hasNIC() {
+			continue
+		}
+		if c, err := e.fw.Counters(s.rec.Guest); err == nil {
+			out[s.rec.Name] = c.DroppedPackets
+		}
+	}
+	return out
+}

@@ -1,0 +1,196 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// Metrics are the daemon's Prometheus metrics in their own registry. Every
+// method is safe on a nil *Metrics (tests and callers without metrics).
+// The session gauge and the per-session dropped packets are read from the
+// engine at scrape time (SetSessionSource), so they are never stale.
+type Metrics struct {
+	Registry       *prometheus.Registry
+	Creates        *prometheus.CounterVec // {result="ok"|"error"}
+	CreateFailures *prometheus.CounterVec // {reason}
+	CreateSeconds  prometheus.Histogram
+	DNSQueries     *prometheus.CounterVec // {verdict}
+	AttestSeconds  prometheus.Histogram
+
+	src *sourceCollector
+}
+
+// sessionSource is what the metrics read from the engine at every scrape.
+type sessionSource interface {
+	// SessionCount is the number of sessions that exist now.
+	SessionCount() int
+	// DroppedPackets maps each session with a NIC to the packets its
+	// policy dropped (the nftables counter).
+	DroppedPackets() map[string]uint64
+}
+
+// NewMetrics registers every metric, the Go runtime's and the process's.
+func NewMetrics() *Metrics {
+	m := &Metrics{
+		Registry: prometheus.NewRegistry(),
+		Creates: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "enforcerd_session_creates_total", Help: "Session creates by result (ok or error).",
+		}, []string{"result"}),
+		CreateFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "enforcerd_session_create_failures_total", Help: "Failed session creates by reason.",
+		}, []string{"reason"}),
+		CreateSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "enforcerd_session_create_seconds", Help: "Latency of successful session creates.",
+			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10},
+		}),
+		DNSQueries: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "enforcerd_dns_queries_total", Help: "DNS queries from sessions by verdict.",
+		}, []string{"verdict"}),
+		AttestSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "enforcerd_dns_attest_seconds", Help: "Time to put an answer's addresses into the session's set.",
+			Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25},
+		}),
+		src: &sourceCollector{
+			sessions: prometheus.NewDesc("enforcerd_sessions", "Sessions that exist now.", nil, nil),
+			dropped: prometheus.NewDesc("enforcerd_session_dropped_packets",
+				"Packets the session's policy dropped (from the nftables counters).", []string{"session"}, nil),
+		},
+	}
+	m.Registry.MustRegister(m.Creates, m.CreateFailures, m.CreateSeconds,
+		m.DNSQueries, m.AttestSeconds, m.src,
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	for _, r := range []string{"ok", "error"} {
+		m.Creates.WithLabelValues(r) // export zeros from the start
+	}
+	return m
+}
+
+// SetSessionSource installs the engine the scrape-time metrics read.
+func (m *Metrics) SetSessionSource(src sessionSource) {
+	if m == nil {
+		return
+	}
+	m.src.mu.Lock()
+	m.src.source = src
+	m.src.mu.Unlock()
+}
+
+// observeCreate records one create: its result, and its latency when it
+// succeeded, or its failure reason (from the error's sentinel).
+func (m *Metrics) observeCreate(d time.Duration, err error) {
+	if m == nil {
+		return
+	}
+	if err != nil {
+		m.Creates.WithLabelValues("error").Inc()
+		m.CreateFailures.WithLabelValues(failureReason(err)).Inc()
+		return
+	}
+	m.Creates.WithLabelValues("ok").Inc()
+	m.CreateSeconds.Observe(d.Seconds())
+}
+
+// failureReason is the {reason} label of a failed create.
+func failureReason(err error) string {
+	switch {
+	case errors.Is(err, ErrBadRequest):
+		return "bad_request"
+	case errors.Is(err, ErrNameTaken):
+		return "name_taken"
+	case errors.Is(err, ErrPoolExhausted):
+		return "pool_exhausted"
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		return "canceled"
+	}
+	return "internal"
+}
+
+// dnsQuery counts one query with its verdict (the dnsproxy's verdict).
+func (m *Metrics) dnsQuery(verdict string) {
+	if m != nil {
+		m.DNSQueries.WithLabelValues(verdict).Inc()
+	}
+}
+
+// observeAttest records one attestation latency.
+func (m *Metrics) observeAttest(d time.Duration) {
+	if m != nil {
+		m.AttestSeconds.Observe(d.Seconds())
+	}
+}
+
+// sourceCollector reads the session count and per-session dropped packets
+// from the engine at scrape time, so sessions that went leave no series.
+// mu guards source.
+type sourceCollector struct {
+	sessions *prometheus.Desc
+	dropped  *prometheus.Desc
+	mu       sync.Mutex
+	source   sessionSource
+}
+
+func (c *sourceCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.sessions
+	ch <- c.dropped
+}
+
+func (c *sourceCollector) Collect(ch chan<- prometheus.Metric) {
+	c.mu.Lock()
+	src := c.source
+	c.mu.Unlock()
+	if src == nil {
+		ch <- prometheus.MustNewConstMetric(c.sessions, prometheus.GaugeValue, 0)
+		return
+	}
+	ch <- prometheus.MustNewConstMetric(c.sessions, prometheus.GaugeValue, float64(src.SessionCount()))
+	for name, n := range src.DroppedPackets() {
+		ch <- prometheus.MustNewConstMetric(c.dropped, prometheus.GaugeValue, float64(n), name)
+	}
+}
+
+// handler serves the registry at /metrics.
+func (m *Metrics) handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{}))
+	return mux
+}
+
+// serveMetrics serves m at http://addr/metrics until ctx ends.
+func serveMetrics(ctx context.Context, addr string, m *Metrics) error {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("listen for metrics on %s: %w", addr, err)
+	}
+	return serveMetricsOn(ctx, ln, m)
+}
+
+// serveMetricsOn serves m on ln at /metrics until ctx ends.
+func serveMetricsOn(ctx context.Context, ln net.Listener, m *Metrics) error {
+	srv := &http.Server{Handler: m.handler(), ReadHeaderTimeout: 10 * time.Second}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	select {
+	case err := <-errc:
+		if errors.Is(err, http.ErrServerClosed) {
+			return nil
+		}
+		return fmt.Errorf("serve metrics: %w", err)
+	case <-ctx.Done():
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if err := srv.Shutdown(sctx); err != nil {
+		_ = srv.Close()
+	}
+	<-errc
+	return nil
+}

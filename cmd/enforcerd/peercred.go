@@ -1,0 +1,337 @@
+package main
+
+// The API's unix socket and who may use it. Filesystem permissions are the
+// first gate (mode 0600 root only, or 0660 with the --socket-group); every
+// connection's SO_PEERCRED is checked again so that a socket left with
+// looser permissions, or a group change, never opens the API.
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/user"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// peerCred is the credentials of the process at the other end of a
+// connection: pid, effective uid and gid from SO_PEERCRED, and its
+// supplementary groups from /proc/<pid>/status (read only when needed).
+type peerCred struct {
+	PID    int32
+	UID    uint32
+	GID    uint32
+	Groups []uint32
+}
+
+// accessPolicy says who may use the API: root, the daemon's own uid (the
+// socket's owner), and, when Group is set, members of that group (primary
+// or supplementary).
+type accessPolicy struct {
+	OwnerUID uint32
+	Group    string // as configured (name or gid); "" = no group
+	GID      uint32 // Group resolved
+}
+
+// allows is the pure decision.
+func (p accessPolicy) allows(c peerCred) bool {
+	if c.UID == 0 || c.UID == p.OwnerUID {
+		return true
+	}
+	if p.Group == "" {
+		return false
+	}
+	if c.GID == p.GID {
+		return true
+	}
+	for _, g := range c.Groups {
+		if g == p.GID {
+			return true
+		}
+	}
+	return false
+}
+
+// denial is the one-line refusal of a caller that is not allowed.
+func (p accessPolicy) denial(c peerCred) string {
+	if p.Group == "" {
+		return fmt.Sprintf("caller uid %d is not root (the socket has no --socket-group)", c.UID)
+	}
+	return fmt.Sprintf("caller uid %d is not root and not in group %s", c.UID, p.Group)
+}
+
+// credKey carries a connection's credentials in its context.
+type credKey struct{}
+
+type credResult struct {
+	cred peerCred
+	err  error
+}
+
+// connContext reads SO_PEERCRED once per connection (http.Server.ConnContext).
+func connContext(ctx context.Context, c net.Conn) context.Context {
+	uc, ok := c.(*net.UnixConn)
+	if !ok {
+		return context.WithValue(ctx, credKey{}, credResult{err: errors.New("not a unix socket connection")})
+	}
+	cred, err := peerCredOf(uc)
+	return context.WithValue(ctx, credKey{}, credResult{cred: cred, err: err})
+}
+
+func peerCredOf(uc *net.UnixConn) (peerCred, error) {
+	raw, err := uc.SyscallConn()
+	if err != nil {
+		return peerCred{}, fmt.Errorf("peer credentials: %w", err)
+	}
+	var (
+		uc2  *unix.Ucred
+		serr error
+	)
+	if err := raw.Control(func(fd uintptr) {
+		uc2, serr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
+	}); err != nil {
+		return peerCred{}, fmt.Errorf("peer credentials: %w", err)
+	}
+	if serr != nil {
+		return peerCred{}, fmt.Errorf("peer credentials: getsockopt SO_PEERCRED: %w", serr)
+	}
+	return peerCred{PID: uc2.Pid, UID: uc2.Uid, GID: uc2.Gid}, nil
+}
+
+// procGroups returns the supplementary groups of pid, provided the process
+// still has the effective uid the socket reported (so a reused pid is not
+// mistaken for the caller).
+func procGroups(pid int32, euid uint32) ([]uint32, error) {
+	if pid <= 0 {
+		return nil, fmt.Errorf("caller pid %d is not visible", pid)
+	}
+	f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return parseStatusGroups(f, euid)
+}
+
+// parseStatusGroups reads the Groups line of /proc/<pid>/status after
+// checking that the Uid line's effective uid is euid.
+func parseStatusGroups(r io.Reader, euid uint32) ([]uint32, error) {
+	var (
+		groups  []uint32
+		uidSeen bool
+	)
+	sc := bufio.NewScanner(r)
+	for sc.Scan() {
+		key, val, ok := strings.Cut(sc.Text(), ":")
+		if !ok {
+			continue
+		}
+		f := strings.Fields(val)
+		switch key {
+		case "Uid":
+			if len(f) < 2 {
+				return nil, errors.New("status: malformed Uid line")
+			}
+			if f[1] != strconv.FormatUint(uint64(euid), 10) {
+				return nil, fmt.Errorf("status: effective uid %s, not the caller's %d", f[1], euid)
+			}
+			uidSeen = true
+		case "Groups":
+			for _, g := range f {
+				n, err := strconv.ParseUint(g, 10, 32)
+				if err != nil {
+					return nil, fmt.Errorf("status: malformed Groups entry %q", g)
+				}
+				groups = append(groups, uint32(n))
+			}
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return nil, err
+	}
+	if !uidSeen {
+		return nil, errors.New("status: no Uid line")
+	}
+	return groups, nil
+}
+
+// authorize wraps the API handler with the access check; a refused caller
+// gets 403 {"error": "caller uid N is not root and not in group G"}.
+// groupsOf is the supplementary-group lookup (procGroups in production).
+func (p accessPolicy) authorize(next http.Handler, log *slog.Logger, groupsOf func(pid int32, euid uint32) ([]uint32, error)) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		cr, ok := r.Context().Value(credKey{}).(credResult)
+		if !ok || cr.err != nil {
+			msg := "cannot read the caller's credentials"
+			if ok {
+				msg += ": " + cr.err.Error()
+			}
+			writeError(w, http.StatusForbidden, msg)
+			return
+		}
+		c := cr.cred
+		if !p.allows(c) && p.Group != "" {
+			if groups, err := groupsOf(c.PID, c.UID); err == nil {
+				c.Groups = groups
+			}
+		}
+		if !p.allows(c) {
+			log.Warn("api caller refused", "uid", c.UID, "gid", c.GID, "pid", c.PID, "method", r.Method, "path", r.URL.Path)
+			writeError(w, http.StatusForbidden, p.denial(c))
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// lookupGroupID resolves a group name or numeric gid.
+func lookupGroupID(group string) (uint32, error) {
+	if n, err := strconv.ParseUint(group, 10, 32); err == nil {
+		return uint32(n), nil
+	}
+	g, err := user.LookupGroup(group)
+	if err != nil {
+		return 0, fmt.Errorf("socket group %q: %w", group, err)
+	}
+	n, err := strconv.ParseUint(g.Gid, 10, 32)
+	if err != nil {
+		return 0, fmt.Errorf("socket group %q: gid %q: %w", group, g.Gid, err)
+	}
+	return uint32(n), nil
+}
+
+// apiListener is the bound API socket and the policy of its callers.
+type apiListener struct {
+	net.Listener
+	Policy accessPolicy
+	path   string
+	info   os.FileInfo // the socket file we created, to remove only ours
+}
+
+// Close stops listening and removes the socket file if it is still ours.
+func (l *apiListener) Close() error {
+	err := l.Listener.Close()
+	if fi, serr := os.Lstat(l.path); serr == nil && os.SameFile(fi, l.info) {
+		_ = os.Remove(l.path)
+	}
+	return err
+}
+
+// listenAPI binds the API socket at cfg.Socket: it creates the parent
+// directory (0755), refuses if another daemon answers on the path, binds a
+// temporary name, sets mode 0600 (or 0660 and the group) and renames it
+// into place, so the socket is never reachable with looser permissions. A
+// stale socket nobody answers on is replaced.
+func listenAPI(cfg ServeConfig) (*apiListener, error) {
+	path := cfg.Socket
+	pol := accessPolicy{OwnerUID: uint32(os.Geteuid()), Group: cfg.SocketGroup}
+	if cfg.SocketGroup != "" {
+		gid, err := lookupGroupID(cfg.SocketGroup)
+		if err != nil {
+			return nil, err
+		}
+		pol.GID = gid
+	}
+	dir := filepath.Dir(path)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("create socket directory %s: %w", dir, err)
+	}
+	if fi, err := os.Lstat(path); err == nil {
+		if fi.Mode()&os.ModeSocket == 0 {
+			return nil, fmt.Errorf("listen %s: the path exists and is not a socket", path)
+		}
+		if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
+			c.Close()
+			return nil, fmt.Errorf("listen %s: another daemon is serving on it", path)
+		}
+	}
+	tmp := filepath.Join(dir, fmt.Sprintf(".enforcerd-%d.sock", os.Getpid()))
+	_ = os.Remove(tmp)
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: tmp, Net: "unix"})
+	if err != nil {
+		return nil, fmt.Errorf("listen %s: %w", path, err)
+	}
+	ln.SetUnlinkOnClose(false)
+	fail := func(err error) (*apiListener, error) {
+		ln.Close()
+		_ = os.Remove(tmp)
+		return nil, err
+	}
+	mode := os.FileMode(0o600)
+	if cfg.SocketGroup != "" {
+		mode = 0o660
+		if err := os.Chown(tmp, -1, int(pol.GID)); err != nil {
+			return fail(fmt.Errorf("chown socket %s to group %s: %w", path, cfg.SocketGroup, err))
+		}
+	}
+	if err := os.Chmod(tmp, mode); err != nil {
+		return fail(fmt.Errorf("chmod socket %s: %w", path, err))
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return fail(fmt.Errorf("move socket into place at %s: %w", path, err))
+	}
+	fi, err := os.Lstat(path)
+	if err != nil {
+		return fail(fmt.Errorf("stat socket %s: %w", path, err))
+	}
+	return &apiListener{Listener: ln, Policy: pol, path: path, info: fi}, nil
+}
+
+// shutdownGrace bounds how long serveAPI waits for requests on shutdown.
+const shutdownGrace = 5 * time.Second
+
+// serveAPI binds the socket (listenAPI), calls ready (sd_notify READY=1)
+// once it accepts connections, and serves h, checking every caller's
+// SO_PEERCRED, until ctx ends. Request contexts derive from ctx, so streams
+// (events --follow, exec) end with it. On return the socket file is gone.
+// It returns nil after a shutdown by ctx.
+func serveAPI(ctx context.Context, cfg ServeConfig, h http.Handler, ready func()) error {
+	ln, err := listenAPI(cfg)
+	if err != nil {
+		return err
+	}
+	log := slog.New(slog.DiscardHandler)
+	if lh, ok := h.(interface{ logger() *slog.Logger }); ok {
+		log = lh.logger()
+	}
+	if ready != nil {
+		ready()
+	}
+	return serveAPIOn(ctx, ln, h, log)
+}
+
+// serveAPIOn serves h on a bound listener until ctx ends.
+func serveAPIOn(ctx context.Context, ln *apiListener, h http.Handler, log *slog.Logger) error {
+	srv := &http.Server{
+		Handler:           ln.Policy.authorize(h, log, procGroups),
+		ConnContext:       connContext,
+		BaseContext:       func(net.Listener) context.Context { return ctx },
+		ReadHeaderTimeout: 10 * time.Second,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	select {
+	case err := <-errc:
+		ln.Close()
+		return fmt.Errorf("serve api on %s: %w", ln.path, err)
+	case <-ctx.Done():
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), shutdownGrace)
+	defer cancel()
+	if err := srv.Shutdown(sctx); err != nil {
+		_ = srv.Close()
+	}
+	<-errc // http.ErrServerClosed
+	return nil
+}

@@ -1,0 +1,267 @@
+package main
+
+import (
+	"context"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"reflect"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+func TestAccessPolicy(t *testing.T) {
+	withGroup := accessPolicy{OwnerUID: 0, Group: "enforcerd", GID: 990}
+	rootOnly := accessPolicy{OwnerUID: 0}
+	ownedBy := accessPolicy{OwnerUID: 1000}
+	cases := []struct {
+		name string
+		pol  accessPolicy
+		peer peerCred
+		want bool
+	}{
+		{"root", rootOnly, peerCred{UID: 0, GID: 0}, true},
+		{"root with group policy", withGroup, peerCred{UID: 0, GID: 5}, true},
+		{"stranger, root only", rootOnly, peerCred{UID: 1000, GID: 990}, false},
+		{"primary group", withGroup, peerCred{UID: 1000, GID: 990}, true},
+		{"supplementary group", withGroup, peerCred{UID: 1000, GID: 100, Groups: []uint32{4, 990}}, true},
+		{"other groups", withGroup, peerCred{UID: 1000, GID: 100, Groups: []uint32{4, 991}}, false},
+		{"no groups", withGroup, peerCred{UID: 1000, GID: 100}, false},
+		{"the daemon's own uid", ownedBy, peerCred{UID: 1000, GID: 1000}, true},
+		{"another uid of a non-root daemon", ownedBy, peerCred{UID: 1001, GID: 1000}, false},
+	}
+	for _, tc := range cases {
+		if got := tc.pol.allows(tc.peer); got != tc.want {
+			t.Errorf("%s: allows = %v, want %v", tc.name, got, tc.want)
+		}
+	}
+	if got := withGroup.denial(peerCred{UID: 1000}); got != "caller uid 1000 is not root and not in group enforcerd" {
+		t.Errorf("denial %q", got)
+	}
+	if got := rootOnly.denial(peerCred{UID: 1000}); got != "caller uid 1000 is not root (the socket has no --socket-group)" {
+		t.Errorf("denial %q", got)
+	}
+}
+
+func TestParseStatusGroups(t *testing.T) {
+	status := "Name:\tsh\nUid:\t1000\t1001\t1000\t1000\nGid:\t100\t100\t100\t100\nGroups:\t4 24 990 \n"
+	got, err := parseStatusGroups(strings.NewReader(status), 1001)
+	if err != nil || !reflect.DeepEqual(got, []uint32{4, 24, 990}) {
+		t.Fatalf("groups %v, %v", got, err)
+	}
+	if _, err := parseStatusGroups(strings.NewReader(status), 1000); err == nil || err.Error() != "status: effective uid 1001, not the caller's 1000" {
+		t.Fatalf("uid mismatch: %v", err)
+	}
+	if got, err := parseStatusGroups(strings.NewReader("Uid:\t0\t0\t0\t0\nGroups:\n"), 0); err != nil || len(got) != 0 {
+		t.Fatalf("no groups: %v %v", got, err)
+	}
+	if _, err := parseStatusGroups(strings.NewReader("Groups:\t1\n"), 0); err == nil {
+		t.Fatal("no Uid line: no error")
+	}
+	if _, err := parseStatusGroups(strings.NewReader("Uid:\t0\t0\nGroups:\tx\n"), 0); err == nil {
+		t.Fatal("bad group: no error")
+	}
+	// Our own process: the groups the kernel reports.
+	own, err := procGroups(int32(os.Getpid()), uint32(os.Geteuid()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, _ := os.Getgroups()
+	var wantU []uint32
+	for _, g := range want {
+		wantU = append(wantU, uint32(g))
+	}
+	sort.Slice(own, func(i, j int) bool { return own[i] < own[j] })
+	sort.Slice(wantU, func(i, j int) bool { return wantU[i] < wantU[j] })
+	if len(own) != len(wantU) || (len(own) > 0 && !reflect.DeepEqual(own, wantU)) {
+		t.Fatalf("own groups %v, want %v", own, wantU)
+	}
+}
+
+// TestAuthorize: the middleware refuses with 403 and the one-line error;
+// supplementary groups are looked up only when needed.
+func TestAuthorize(t *testing.T) {
+	ok := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(204) })
+	pol := accessPolicy{OwnerUID: 0, Group: "enforcerd", GID: 990}
+	lookups := 0
+	groups := func(pid int32, euid uint32) ([]uint32, error) {
+		lookups++
+		if pid == 42 {
+			return []uint32{990}, nil
+		}
+		return []uint32{1}, nil
+	}
+	h := pol.authorize(ok, discardLogger(), groups)
+	call := func(cr *credResult) (int, string) {
+		req := httptest.NewRequest("GET", "/v1/sessions", nil)
+		if cr != nil {
+			req = req.WithContext(context.WithValue(req.Context(), credKey{}, *cr))
+		}
+		rr := httptest.NewRecorder()
+		h.ServeHTTP(rr, req)
+		return rr.Code, rr.Body.String()
+	}
+	if code, _ := call(&credResult{cred: peerCred{PID: 7, UID: 0}}); code != 204 || lookups != 0 {
+		t.Fatalf("root: %d, lookups %d", code, lookups)
+	}
+	if code, _ := call(&credResult{cred: peerCred{PID: 42, UID: 1000, GID: 100}}); code != 204 || lookups != 1 {
+		t.Fatalf("member: %d, lookups %d", code, lookups)
+	}
+	code, body := call(&credResult{cred: peerCred{PID: 43, UID: 1000, GID: 100}})
+	if code != 403 || body != errorJSON("caller uid 1000 is not root and not in group enforcerd") {
+		t.Fatalf("stranger: %d %s", code, body)
+	}
+	code, body = call(nil)
+	if code != 403 || body != errorJSON("cannot read the caller's credentials") {
+		t.Fatalf("no credentials: %d %s", code, body)
+	}
+}
+
+// TestPeerCredOverSocket reads SO_PEERCRED of a real connection.
+func TestPeerCredOverSocket(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "s.sock")
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		c, err := net.Dial("unix", path)
+		if err == nil {
+			time.Sleep(100 * time.Millisecond)
+			c.Close()
+		}
+	}()
+	c, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	cr := connContext(context.Background(), c).Value(credKey{}).(credResult)
+	if cr.err != nil {
+		t.Fatal(cr.err)
+	}
+	if cr.cred.UID != uint32(os.Geteuid()) || cr.cred.GID != uint32(os.Getegid()) || cr.cred.PID != int32(os.Getpid()) {
+		t.Fatalf("cred %+v", cr.cred)
+	}
+}
+
+func TestListenAPI(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "run", "enforcerd") // parent made by listenAPI
+	sock := filepath.Join(dir, "enforcerd.sock")
+	cfg := ServeConfig{Socket: sock}
+
+	// A stale socket (nobody answers) is replaced.
+	os.MkdirAll(dir, 0o755)
+	stale, err := net.ListenUnix("unix", &net.UnixAddr{Name: sock, Net: "unix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stale.SetUnlinkOnClose(false)
+	stale.Close()
+
+	ln, err := listenAPI(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fi, err := os.Lstat(sock)
+	if err != nil || fi.Mode()&os.ModeSocket == 0 || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("socket %v %v", fi.Mode(), err)
+	}
+	if names := listDir(t, dir); !reflect.DeepEqual(names, []string{"enforcerd.sock"}) {
+		t.Fatalf("dir holds %v", names)
+	}
+	// A live socket is not taken over.
+	acceptor := ln
+	go func() {
+		for {
+			c, err := acceptor.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
+	if _, err := listenAPI(cfg); err == nil || err.Error() != "listen "+sock+": another daemon is serving on it" {
+		t.Fatalf("second listen: %v", err)
+	}
+	ln.Close()
+	if _, err := os.Lstat(sock); !os.IsNotExist(err) {
+		t.Fatalf("socket left after close: %v", err)
+	}
+
+	// Not a socket: refused, left alone.
+	os.WriteFile(sock, []byte("x"), 0o644)
+	if _, err := listenAPI(cfg); err == nil || err.Error() != "listen "+sock+": the path exists and is not a socket" {
+		t.Fatalf("file in the way: %v", err)
+	}
+	os.Remove(sock)
+
+	// With a group: 0660 and the group set (our own gid: allowed unprivileged).
+	gid := os.Getegid()
+	cfg.SocketGroup = strconv.Itoa(gid)
+	ln, err = listenAPI(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	fi, _ = os.Lstat(sock)
+	if fi.Mode().Perm() != 0o660 || fi.Sys().(*syscall.Stat_t).Gid != uint32(gid) || ln.Policy.GID != uint32(gid) {
+		t.Fatalf("group socket: %v gid %d policy %+v", fi.Mode(), fi.Sys().(*syscall.Stat_t).Gid, ln.Policy)
+	}
+	ln.Close()
+
+	cfg.SocketGroup = "no-such-group-enforcerd"
+	if _, err := listenAPI(cfg); err == nil || !strings.HasPrefix(err.Error(), `socket group "no-such-group-enforcerd": `) {
+		t.Fatalf("unknown group: %v", err)
+	}
+}
+
+// TestServeAPILifecycle: ready is called once listening; ctx end stops the
+// server, ends follow streams and removes the socket.
+func TestServeAPILifecycle(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "e.sock")
+	f := newFakeEngine()
+	f.Create(context.Background(), CreateRequest{Name: "s1", NetworkOnly: true})
+	ctx, cancel := context.WithCancel(context.Background())
+	ready := make(chan struct{})
+	done := make(chan error, 1)
+	go func() {
+		done <- serveAPI(ctx, ServeConfig{Socket: sock}, newAPIHandler(f, discardLogger(), nil), func() { close(ready) })
+	}()
+	select {
+	case <-ready:
+	case err := <-done:
+		t.Fatal(err)
+	}
+	cl := newClient(sock)
+	if err := cl.healthz(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	follow := make(chan error, 1)
+	go func() { follow <- cl.events(context.Background(), "s1", true, &strings.Builder{}) }()
+	time.Sleep(100 * time.Millisecond)
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(shutdownGrace + 2*time.Second):
+		t.Fatal("serveAPI did not return")
+	}
+	select {
+	case <-follow:
+	case <-time.After(2 * time.Second):
+		t.Fatal("follow stream did not end")
+	}
+	if _, err := os.Lstat(sock); !os.IsNotExist(err) {
+		t.Fatalf("socket left: %v", err)
+	}
+}

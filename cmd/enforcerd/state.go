@@ -1,0 +1,274 @@
+package main
+
+// State: one JSON record per session under <state-dir>/sessions/<name>.json,
+// written atomically (temp file in the same directory, fsync, rename, fsync
+// of the directory), so after a crash a record is either the old or the new
+// one, never half of either. The record holds everything needed to re-adopt
+// a session after a restart without asking the kernel what it meant.
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+)
+
+// stateVersion is the schema version of SessionRecord.
+const stateVersion = 1
+
+// SessionRecord is the persisted state of one session: everything the
+// engine needs to re-adopt it after a restart. Name is also the file name.
+// Request is the create request as accepted (the policy is fixed at create,
+// so it is the policy); the rest are the objects and addresses the engine
+// chose. Slot is -1 for a session without a NIC (egress none). Fields are
+// only ever added (with omitempty), so older records still load.
+type SessionRecord struct {
+	Version   int                     `json:"version"`
+	Name      string                  `json:"name"`
+	Created   time.Time               `json:"created"`
+	Request   CreateRequest           `json:"request"`
+	Slot      int                     `json:"slot"`                 // index of the session's /30 in the pool; -1 = no NIC
+	Netns     string                  `json:"netns"`                // named netns, <prefix>-<name>
+	NetnsPath string                  `json:"netns_path,omitempty"` // its bind mount
+	HostIface string                  `json:"host_iface,omitempty"` // host end of the veth
+	Guest     netip.Addr              `json:"guest,omitzero"`       // the sandbox's address
+	Gateway   netip.Addr              `json:"gateway,omitzero"`     // the host end's address
+	Pinned    map[string][]netip.Addr `json:"pinned,omitempty"`     // --pin: host -> IPv4 addresses
+	Sandbox   bool                    `json:"sandbox"`              // a container runs (not --network-only)
+}
+
+// BadRecord is a file in the sessions directory that could not be loaded.
+// Name is the session name from the file name ("" when the file name is not
+// a session name). A bad *.json record is quarantined (renamed to
+// <name>.json.bad, kept for the operator, never loaded again) so its
+// session's kernel objects are reaped as orphans.
+type BadRecord struct {
+	Name string
+	Path string
+	Err  error
+}
+
+// StateStore reads and writes the records in <state-dir>/sessions. It has
+// no lock: the engine never writes one session's record concurrently.
+type StateStore struct {
+	dir string
+}
+
+// NewStateStore creates <stateDir>/sessions (0700) if missing.
+func NewStateStore(stateDir string) (*StateStore, error) {
+	dir := filepath.Join(stateDir, "sessions")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("create state directory %s: %w", dir, err)
+	}
+	return &StateStore{dir: dir}, nil
+}
+
+// Dir is the sessions directory.
+func (s *StateStore) Dir() string { return s.dir }
+
+func (s *StateStore) path(name string) string { return filepath.Join(s.dir, name+".json") }
+
+// sessionNameValid: 1 to 32 of [a-z0-9-], starting with a letter or digit
+// (the contract's session name; it is also the record's file name).
+func sessionNameValid(name string) bool {
+	if len(name) < 1 || len(name) > 32 || name[0] == '-' {
+		return false
+	}
+	for i := 0; i < len(name); i++ {
+		c := name[i]
+		if !((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-') {
+			return false
+		}
+	}
+	return true
+}
+
+// Save writes rec atomically, replacing any earlier record of rec.Name.
+func (s *StateStore) Save(rec SessionRecord) error {
+	if !sessionNameValid(rec.Name) {
+		return fmt.Errorf("save state of session %q: invalid name", rec.Name)
+	}
+	if rec.Version == 0 {
+		rec.Version = stateVersion
+	}
+	data, err := json.MarshalIndent(rec, "", "  ")
+	if err != nil {
+		return fmt.Errorf("save state of session %s: %w", rec.Name, err)
+	}
+	data = append(data, '\n')
+	if err := writeFileAtomic(s.path(rec.Name), data, 0o600); err != nil {
+		return fmt.Errorf("save state of session %s: %w", rec.Name, err)
+	}
+	return nil
+}
+
+// writeFileAtomic writes data to path via a temp file in the same
+// directory: write, fsync, rename, fsync the directory.
+func writeFileAtomic(path string, data []byte, mode os.FileMode) error {
+	dir, base := filepath.Split(path)
+	f, err := os.CreateTemp(dir, "."+base+".tmp-*")
+	if err != nil {
+		return err
+	}
+	tmp := f.Name()
+	ok := false
+	defer func() {
+		if !ok {
+			f.Close()
+			os.Remove(tmp)
+		}
+	}()
+	if err := f.Chmod(mode); err != nil {
+		return err
+	}
+	if _, err := f.Write(data); err != nil {
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return err
+	}
+	ok = true
+	return syncDir(dir)
+}
+
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	if err := d.Sync(); err != nil {
+		return fmt.Errorf("fsync %s: %w", dir, err)
+	}
+	return nil
+}
+
+// Load reads one record; a missing one is an error wrapping os.ErrNotExist.
+func (s *StateStore) Load(name string) (SessionRecord, error) {
+	if !sessionNameValid(name) {
+		return SessionRecord{}, fmt.Errorf("load state of session %q: invalid name", name)
+	}
+	return s.load(name, s.path(name))
+}
+
+func (s *StateStore) load(name, path string) (SessionRecord, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return SessionRecord{}, fmt.Errorf("load state of session %s: %w", name, err)
+	}
+	var rec SessionRecord
+	if err := json.Unmarshal(data, &rec); err != nil {
+		return SessionRecord{}, fmt.Errorf("load state of session %s: %w", name, err)
+	}
+	switch {
+	case rec.Version != stateVersion:
+		return SessionRecord{}, fmt.Errorf("load state of session %s: schema version %d, want %d", name, rec.Version, stateVersion)
+	case rec.Name != name:
+		return SessionRecord{}, fmt.Errorf("load state of session %s: record names %q", name, rec.Name)
+	}
+	return rec, nil
+}
+
+// LoadAll loads every record, sorted by name; records that cannot be
+// loaded are quarantined (see BadRecord) and skipped. The error is only for
+// an unreadable directory. It removes temp files a crash left behind, so
+// call it at start-up before any Save.
+func (s *StateStore) LoadAll() ([]SessionRecord, error) {
+	recs, _, err := s.LoadAllReport()
+	return recs, err
+}
+
+// LoadAllReport is LoadAll that also returns what it quarantined or could
+// not read, for one log line each.
+func (s *StateStore) LoadAllReport() (recs []SessionRecord, bad []BadRecord, err error) {
+	entries, err := os.ReadDir(s.dir)
+	if err != nil {
+		return nil, nil, fmt.Errorf("read state directory %s: %w", s.dir, err)
+	}
+	for _, e := range entries {
+		fn := e.Name()
+		path := filepath.Join(s.dir, fn)
+		if strings.HasPrefix(fn, ".") && strings.Contains(fn, ".tmp-") {
+			_ = os.Remove(path) // an interrupted Save: the rename never happened
+			continue
+		}
+		if strings.HasSuffix(fn, ".json.bad") {
+			continue // quarantined earlier
+		}
+		name, isJSON := strings.CutSuffix(fn, ".json")
+		if !isJSON || !sessionNameValid(name) || !e.Type().IsRegular() {
+			bad = append(bad, BadRecord{Path: path, Err: fmt.Errorf("state directory %s: unexpected entry %q", s.dir, fn)})
+			continue
+		}
+		rec, err := s.load(name, path)
+		if err != nil {
+			if qerr := os.Rename(path, path+".bad"); qerr == nil {
+				path += ".bad"
+			} else {
+				err = errors.Join(err, fmt.Errorf("quarantine: %w", qerr))
+			}
+			bad = append(bad, BadRecord{Name: name, Path: path, Err: err})
+			continue
+		}
+		recs = append(recs, rec)
+	}
+	sort.Slice(recs, func(i, j int) bool { return recs[i].Name < recs[j].Name })
+	return recs, bad, nil
+}
+
+// Remove deletes a session's record; a missing record is success.
+func (s *StateStore) Remove(name string) error {
+	if !sessionNameValid(name) {
+		return fmt.Errorf("remove state of session %q: invalid name", name)
+	}
+	return s.removePath(s.path(name))
+}
+
+// RemoveAll deletes every file of the sessions directory: records,
+// quarantined records and temp files (for reap). Missing is success.
+func (s *StateStore) RemoveAll() error {
+	entries, err := os.ReadDir(s.dir)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil
+		}
+		return fmt.Errorf("read state directory %s: %w", s.dir, err)
+	}
+	var errs []error
+	for _, e := range entries {
+		if e.Type().IsRegular() {
+			if err := os.Remove(filepath.Join(s.dir, e.Name())); err != nil && !errors.Is(err, os.ErrNotExist) {
+				errs = append(errs, fmt.Errorf("remove state file %s: %w", e.Name(), err))
+			}
+		}
+	}
+	errs = append(errs, syncDir(s.dir))
+	return errors.Join(errs...)
+}
+
+// RemovePath deletes a file of the sessions directory by path (for bad
+// records, whose names may not be session names); missing is success.
+func (s *StateStore) RemovePath(path string) error {
+	if filepath.Dir(path) != filepath.Clean(s.dir) {
+		return fmt.Errorf("remove state file %s: not in %s", path, s.dir)
+	}
+	return s.removePath(path)
+}
+
+func (s *StateStore) removePath(path string) error {
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("remove state file %s: %w", path, err)
+	}
+	return syncDir(s.dir)
+}

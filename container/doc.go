@@ -1,0 +1,37 @@
+// Package container runs enforcerd's sandboxes under runc's libcontainer.
+//
+// It owns, per session: the libcontainer container (state under Config.StateDir, id
+// "<prefix>-<name>"), its cgroup ("<prefix>/<prefix>-<name>" relative to the daemon's own cgroup,
+// on cgroup v1 and v2), and its layer directory under Config.LayerDir (the overlay upper/work
+// dirs, the host-side overlay mount the sandbox uses as its root, and the per-session
+// resolv.conf, hosts and hostname files bind-mounted over the image's).
+//
+// It does not own the network: the sandbox joins a network namespace it is given
+// (Spec.NetnsPath, made by nsmgr) and holds no capability that could change it. The rules that
+// confine the session live in the daemon's netns, which the sandbox cannot see or enter.
+//
+// Security model, in one place (each part is a tested value in this package):
+//   - namespaces: mount, pid, ipc, uts, cgroup, network (the session's), user (optional);
+//   - capabilities: DefaultCapabilities, plus NET_RAW only when Spec.NetRaw, minus
+//     ForbiddenCapabilities whatever the request says;
+//   - NoNewPrivileges; masked /proc and /sys paths; read-only /proc/sys, /proc/sysrq-trigger,
+//     /proc/irq, /proc/bus, /proc/fs and /sys;
+//   - seccomp: default allow, DeniedSyscalls fail with EPERM (clone3 with ENOSYS, so that libc
+//     falls back to clone, whose CLONE_NEWUSER flag is refused);
+//   - cgroups: memory (no swap) and pids limits per session;
+//   - the image directory is only ever an overlay lower layer: it is never written.
+//
+// Limits, stated: a writable session's upper layer lives on the filesystem under LayerDir with
+// no quota (a read-only session's /tmp is a tmpfs charged to its memory limit); the user
+// namespace maps every sandbox to the same host range; the built-in keeper exists for amd64
+// only (New fails elsewhere).
+//
+// The process model: libcontainer re-executes the current binary (/proc/self/exe) with the
+// argument "init" to set a container up; a binary that uses this package must call MaybeInit
+// first thing in main (before flag parsing). The sandbox's long-lived pid 1 (the keeper) is a
+// 76-byte static program this package builds in memory (keeper.go) and hands to the init as a
+// sealed memfd: it reaps orphans and ignores every signal from inside, so the sandbox stays up
+// until Destroy kills it from outside, whatever image it runs (even one without a shell). Init
+// and exec'd processes are children of the daemon (nsexec uses CLONE_PARENT); the Manager waits
+// on every one of them so no zombie remains.
+package container

@@ -1,0 +1,164 @@
+package dnsproxy
+
+import (
+	"net"
+	"net/netip"
+	"slices"
+
+	"github.com/miekg/dns"
+)
+
+// filtered is an upstream answer reduced to what a session may see.
+//
+// Invariant: every address left in answer, ns or extra (A records and SVCB
+// ipv4hint values) is in kept, and only those of them that belong to the
+// chain started by the query name; kept must be attested before the
+// records are released.
+type filtered struct {
+	answer, ns, extra []dns.RR
+	kept              []netip.Addr // deduplicated, in answer order
+	dropped           []netip.Addr // removed by the guard
+	minTTL            uint32       // lowest TTL among records that carry a kept address
+}
+
+// filterResponse applies the answer rules to up, the upstream's answer to a
+// query for qname:
+//   - the chain is qname plus every CNAME target reachable from it in the
+//     answer section (the targets need not be allowed);
+//   - A records of the chain are kept when public(addr), others dropped; A
+//     records outside the chain are removed;
+//   - AAAA records are removed everywhere (IPv4 only);
+//   - SVCB/HTTPS records lose ipv6hint; ipv4hint keeps only public
+//     addresses, and only for records of the chain;
+//   - the authority and additional sections lose every address record and
+//     every hint, and the OPT record (the reply gets its own);
+//   - every other record passes unchanged.
+func filterResponse(qname string, up *dns.Msg, public func(netip.Addr) bool) filtered {
+	chain := map[string]bool{dns.CanonicalName(qname): true}
+	for grew := true; grew; {
+		grew = false
+		for _, rr := range up.Answer {
+			if c, ok := rr.(*dns.CNAME); ok && chain[dns.CanonicalName(c.Hdr.Name)] {
+				t := dns.CanonicalName(c.Target)
+				if !chain[t] {
+					chain[t] = true
+					grew = true
+				}
+			}
+		}
+	}
+	var f filtered
+	first := true
+	keep := func(a netip.Addr, ttl uint32) {
+		if !slices.Contains(f.kept, a) {
+			f.kept = append(f.kept, a)
+		}
+		if first || ttl < f.minTTL {
+			f.minTTL = ttl
+			first = false
+		}
+	}
+	for _, rr := range up.Answer {
+		inChain := chain[dns.CanonicalName(rr.Header().Name)]
+		switch r := rr.(type) {
+		case *dns.A:
+			a, ok := netip.AddrFromSlice(r.A.To4())
+			if !ok || !inChain {
+				continue
+			}
+			if !public(a) {
+				f.dropped = append(f.dropped, a)
+				continue
+			}
+			keep(a, r.Hdr.Ttl)
+			f.answer = append(f.answer, r)
+		case *dns.AAAA:
+		case *dns.SVCB:
+			c := dns.Copy(r).(*dns.SVCB)
+			c.Value = f.filterHints(c.Value, c.Hdr.Ttl, inChain, public, keep)
+			f.answer = append(f.answer, c)
+		case *dns.HTTPS:
+			c := dns.Copy(r).(*dns.HTTPS)
+			c.Value = f.filterHints(c.Value, c.Hdr.Ttl, inChain, public, keep)
+			f.answer = append(f.answer, c)
+		default:
+			f.answer = append(f.answer, rr)
+		}
+	}
+	f.ns = stripAddresses(up.Ns)
+	f.extra = stripAddresses(up.Extra)
+	return f
+}
+
+// filterHints drops ipv6hint and keeps the public ipv4hint addresses of a
+// record of the chain (none for a record outside it).
+func (f *filtered) filterHints(kvs []dns.SVCBKeyValue, ttl uint32, inChain bool, public func(netip.Addr) bool, keep func(netip.Addr, uint32)) []dns.SVCBKeyValue {
+	out := kvs[:0]
+	for _, kv := range kvs {
+		switch h := kv.(type) {
+		case *dns.SVCBIPv6Hint:
+			continue
+		case *dns.SVCBIPv4Hint:
+			if !inChain {
+				continue
+			}
+			var hints []net.IP
+			for _, ip := range h.Hint {
+				a, ok := netip.AddrFromSlice(ip.To4())
+				if !ok {
+					continue
+				}
+				if !public(a) {
+					f.dropped = append(f.dropped, a)
+					continue
+				}
+				keep(a, ttl)
+				hints = append(hints, ip)
+			}
+			if len(hints) == 0 {
+				continue // an empty ipv4hint is not valid on the wire
+			}
+			h.Hint = hints
+		}
+		out = append(out, kv)
+	}
+	return out
+}
+
+// stripAddresses removes what a session must not see outside the answer's
+// chain: A and AAAA records, SVCB/HTTPS hints and the OPT record.
+func stripAddresses(rrs []dns.RR) []dns.RR {
+	var out []dns.RR
+	for _, rr := range rrs {
+		switch r := rr.(type) {
+		case *dns.A, *dns.AAAA, *dns.OPT:
+		case *dns.SVCB:
+			c := dns.Copy(r).(*dns.SVCB)
+			c.Value = withoutHints(c.Value)
+			out = append(out, c)
+		case *dns.HTTPS:
+			c := dns.Copy(r).(*dns.HTTPS)
+			c.Value = withoutHints(c.Value)
+			out = append(out, c)
+		default:
+			out = append(out, rr)
+		}
+	}
+	return out
+}
+
+func withoutHints(kvs []dns.SVCBKeyValue) []dns.SVCBKeyValue {
+	return slices.DeleteFunc(kvs, func(kv dns.SVCBKeyValue) bool {
+		k := kv.Key()
+		return k == dns.SVCB_IPV4HINT || k == dns.SVCB_IPV6HINT
+	})
+}
+
+// capTTLs lowers every TTL in rrs to at most max.
+func capTTLs(rrs []dns.RR, max uint32) {
+	for _, rr := range rrs {
+		if h := rr.Header(); h.Ttl > max {
+			h.Ttl = max
+		}
+	}
+}

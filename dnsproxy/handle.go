@@ -1,0 +1,225 @@
+package dnsproxy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"time"
+
+	"github.com/miekg/dns"
+
+	"github.com/enforcerd/enforcerd/netpolicy"
+)
+
+const (
+	// maxUDPResponse caps the UDP payload size the proxy sends, whatever
+	// the client advertises.
+	maxUDPResponse = 4096
+	// ednsSize is the UDP payload size the proxy advertises to clients and
+	// upstreams (the DNS flag day 2020 value).
+	ednsSize = 1232
+	// ttlMargin is kept between the attestation's expiry and the TTL a
+	// client sees: the answer leaves after the set insert, and TTLs are whole
+	// seconds, so a cache entry must end at least this much earlier.
+	ttlMargin = time.Second
+)
+
+// ErrAttest is wrapped by the error recorded in an Event when the Attester
+// failed and the answer became SERVFAIL.
+var ErrAttest = errors.New("attest failed")
+
+// handle answers one raw query that arrived from src over UDP (tcp=false)
+// or TCP. It returns the packed reply, or nil when the packet must be
+// dropped without an answer (it did not parse, or it was not a query). Every
+// decision is counted, logged at debug level and sent to the event sink.
+//
+// handle is the seam unit tests and the fuzz target drive directly: it does
+// no socket I/O of its own except through the upstream Dial function.
+func (p *Proxy) handle(ctx context.Context, src netip.Addr, raw []byte, tcp bool) []byte {
+	req := new(dns.Msg)
+	if err := req.Unpack(raw); err != nil || req.Response {
+		p.stats.malformed.Add(1)
+		if p.log.Enabled(ctx, slog.LevelDebug) {
+			p.log.Debug("dnsproxy: dropped malformed packet", "client", src, "len", len(raw), "err", err)
+		}
+		return nil
+	}
+	ev := Event{Time: time.Now(), Client: src}
+	if len(req.Question) > 0 {
+		ev.Name = req.Question[0].Name
+		ev.Type = dns.TypeToString[req.Question[0].Qtype]
+	}
+	resp := p.answer(ctx, p.session(src), req, &ev)
+	ev.Rcode = dns.RcodeToString[resp.Rcode]
+
+	size := dns.MaxMsgSize
+	if !tcp {
+		size = dns.MinMsgSize
+		if opt := req.IsEdns0(); opt != nil {
+			size = min(max(int(opt.UDPSize()), dns.MinMsgSize), maxUDPResponse)
+		}
+	}
+	resp.Truncate(size)
+	out, err := resp.Pack()
+	if err != nil {
+		// An upstream record we cannot re-encode: fail closed.
+		ev.Verdict, ev.Rcode, ev.Err, ev.Addrs = VerdictServfail, "SERVFAIL", "pack reply: "+err.Error(), nil
+		fail := new(dns.Msg)
+		fail.SetRcode(req, dns.RcodeServerFailure)
+		fail.RecursionAvailable = true
+		out, _ = fail.Pack()
+	}
+	p.record(ctx, ev)
+	return out
+}
+
+// answer decides and builds the reply to req from session s (nil: unknown
+// source), filling in ev.
+func (p *Proxy) answer(ctx context.Context, s *compiledSession, req *dns.Msg, ev *Event) *dns.Msg {
+	resp := new(dns.Msg)
+	resp.SetReply(req)
+	resp.RecursionAvailable = true
+	reply := func(verdict string, rcode int) *dns.Msg {
+		ev.Verdict = verdict
+		resp.Rcode = rcode
+		return resp
+	}
+	if s == nil {
+		return reply(VerdictRefused, dns.RcodeRefused)
+	}
+	ev.Session = s.name
+	if req.Opcode != dns.OpcodeQuery {
+		return reply(VerdictNotImp, dns.RcodeNotImplemented)
+	}
+	if len(req.Question) != 1 {
+		return reply(VerdictFormerr, dns.RcodeFormatError)
+	}
+	opt := req.IsEdns0()
+	if opt != nil {
+		resp.SetEdns0(ednsSize, false)
+		if opt.Version() != 0 {
+			return reply(VerdictFormerr, dns.RcodeBadVers)
+		}
+	}
+	q := req.Question[0]
+	if q.Qclass != dns.ClassINET || q.Qtype == dns.TypeAXFR || q.Qtype == dns.TypeIXFR {
+		return reply(VerdictRefused, dns.RcodeRefused)
+	}
+
+	key := lowerASCII(q.Name)
+	if len(key) > 1 {
+		key = key[:len(key)-1]
+	}
+	if addrs, ok := s.pinned[key]; ok {
+		return p.answerPinned(ctx, s, q, addrs, resp, ev)
+	}
+	var ports []netpolicy.PortSpec
+	switch s.mode {
+	case netpolicy.ModePublic:
+	case netpolicy.ModeAllowlist:
+		ok, pp := s.match.match(q.Name)
+		if !ok {
+			return reply(VerdictDenied, dns.RcodeNameError)
+		}
+		ports = pp
+	default:
+		return reply(VerdictDenied, dns.RcodeNameError)
+	}
+
+	up, server, rtt, err := p.forward(ctx, q, req.CheckingDisabled)
+	if err != nil {
+		ev.Err = err.Error()
+		return reply(VerdictServfail, dns.RcodeServerFailure)
+	}
+	ev.Upstream, ev.Latency = server.String(), rtt
+	f := filterResponse(q.Name, up, p.cfg.Guard.IsPublicUnicast)
+	ev.Dropped = f.dropped
+	if len(f.kept) > 0 {
+		ttl := max(time.Duration(f.minTTL)*time.Second, p.cfg.MinTTL)
+		eff, err := p.attest(s, f.kept, ttl, ports)
+		if err != nil {
+			ev.Err = err.Error()
+			return reply(VerdictServfail, dns.RcodeServerFailure)
+		}
+		ev.Addrs, ev.TTL = f.kept, eff
+		capTTLs(f.answer, ttlCap(eff))
+	}
+	resp.Answer, resp.Ns = f.answer, f.ns
+	resp.Extra = append(f.extra, resp.Extra...) // keeps our OPT last
+	resp.Rcode = up.Rcode
+	ev.Verdict = VerdictAllowed
+	return resp
+}
+
+// answerPinned answers a pinned name from its pinned addresses: A queries
+// get them (after the guard, attested like any answer); every other type an
+// empty answer.
+func (p *Proxy) answerPinned(ctx context.Context, s *compiledSession, q dns.Question, addrs []netip.Addr, resp *dns.Msg, ev *Event) *dns.Msg {
+	ev.Verdict = VerdictPinned
+	if q.Qtype != dns.TypeA {
+		return resp
+	}
+	var kept []netip.Addr
+	for _, a := range addrs {
+		if p.cfg.Guard.IsPublicUnicast(a) {
+			kept = append(kept, a)
+		} else {
+			ev.Dropped = append(ev.Dropped, a)
+		}
+	}
+	if len(kept) == 0 {
+		return resp
+	}
+	eff, err := p.attest(s, kept, p.cfg.MinTTL, nil)
+	if err != nil {
+		ev.Verdict, ev.Err = VerdictServfail, err.Error()
+		resp.Rcode = dns.RcodeServerFailure
+		return resp
+	}
+	ttl := ttlCap(eff)
+	for _, a := range kept {
+		resp.Answer = append(resp.Answer, &dns.A{
+			Hdr: dns.RR_Header{Name: q.Name, Rrtype: dns.TypeA, Class: dns.ClassINET, Ttl: ttl},
+			A:   a.AsSlice(),
+		})
+	}
+	ev.Addrs, ev.TTL = kept, eff
+	return resp
+}
+
+// attest inserts addrs into the session's set through the Attester and
+// returns the effective element timeout.
+func (p *Proxy) attest(s *compiledSession, addrs []netip.Addr, ttl time.Duration, ports []netpolicy.PortSpec) (time.Duration, error) {
+	start := time.Now()
+	eff, err := p.cfg.Attester.Attest(s.guest, addrs, ttl, ports)
+	p.stats.attest.observe(time.Since(start))
+	if err != nil {
+		p.stats.attestErrors.Add(1)
+		return 0, fmt.Errorf("%w: %d addresses for %s: %w", ErrAttest, len(addrs), s.guest, err)
+	}
+	return eff, nil
+}
+
+// ttlCap is the highest TTL a client may see for an address attested with
+// element timeout eff.
+func ttlCap(eff time.Duration) uint32 {
+	if eff <= ttlMargin {
+		return 0
+	}
+	return uint32((eff - ttlMargin) / time.Second)
+}
+
+// record counts, logs and publishes one decision.
+func (p *Proxy) record(ctx context.Context, ev Event) {
+	p.stats.countVerdict(ev.Verdict)
+	if p.log.Enabled(ctx, slog.LevelDebug) {
+		p.log.Debug("dnsproxy: decision", "session", ev.Session, "client", ev.Client, "name", ev.Name,
+			"type", ev.Type, "verdict", ev.Verdict, "rcode", ev.Rcode, "addrs", ev.Addrs, "dropped", ev.Dropped,
+			"upstream", ev.Upstream, "latency", ev.Latency, "ttl", ev.TTL, "err", ev.Err)
+	}
+	if p.cfg.Events != nil {
+		p.cfg.Events.Record(ev)
+	}
+}

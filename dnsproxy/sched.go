@@ -1,0 +1,233 @@
+package dnsproxy
+
+import (
+	"net/netip"
+	"sync"
+	"time"
+)
+
+// scheduler bounds the work in flight and shares it fairly between
+// sessions.
+//
+// At most max jobs run at once. A session running fewer than share jobs
+// takes any free slot. A session already running share jobs or more takes a
+// free slot only while it is the only active session (so a lone busy
+// session may use the whole proxy) or while more than share slots stay
+// free (the headroom that lets a newly active session start at once). A job
+// that may not start waits in its session's queue (bounded: a full queue
+// sheds the job). When a slot frees it goes to a waiting session that may
+// start, chosen round-robin, those below their share first. So under
+// contention no session grows beyond share while another waits, and a
+// flooding session cannot starve the others.
+//
+// mu protects every field below it; it is held only to count and to pick
+// the next job, never while a job runs.
+type scheduler struct {
+	max, share, queueCap, totalQueueCap int
+	maxWait                             time.Duration
+	onShed                              func()
+
+	mu      sync.Mutex
+	idle    sync.Cond // signalled when running drops to zero
+	closed  bool      // set by drain: new jobs are shed
+	running int
+	queued  int
+	flows   map[netip.Addr]*flow // sessions with running or queued jobs
+	waiting []*flow              // sessions with queued jobs, in round-robin order
+	next    int                  // round-robin cursor into waiting
+}
+
+// flow is one session's share of the scheduler.
+type flow struct {
+	key     netip.Addr
+	running int
+	queue   []queuedJob
+}
+
+type queuedJob struct {
+	run, shed func()
+	at        time.Time
+}
+
+func newScheduler(limit, share int, maxWait time.Duration, onShed func()) *scheduler {
+	s := &scheduler{
+		max:           limit,
+		share:         min(share, limit-1),
+		queueCap:      max(2*share, 8),
+		totalQueueCap: 4 * limit,
+		maxWait:       maxWait,
+		onShed:        onShed,
+		flows:         map[netip.Addr]*flow{},
+	}
+	s.idle.L = &s.mu
+	return s
+}
+
+// submit runs job for session key now, or later, or never: then it calls
+// shed instead (and onShed). It never blocks.
+func (s *scheduler) submit(key netip.Addr, job, shed func()) {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		s.shed(shed)
+		return
+	}
+	f := s.flows[key]
+	if f == nil {
+		f = &flow{key: key}
+		s.flows[key] = f
+	}
+	if len(f.queue) == 0 && s.mayStartLocked(f) {
+		s.startLocked(f, job)
+		s.mu.Unlock()
+		return
+	}
+	if len(f.queue) >= s.queueCap || s.queued >= s.totalQueueCap {
+		s.dropIfIdleLocked(f)
+		s.mu.Unlock()
+		s.shed(shed)
+		return
+	}
+	if len(f.queue) == 0 {
+		s.waiting = append(s.waiting, f)
+	}
+	f.queue = append(f.queue, queuedJob{run: job, shed: shed, at: time.Now()})
+	s.queued++
+	s.mu.Unlock()
+}
+
+// startLocked starts job for f in its own goroutine.
+func (s *scheduler) startLocked(f *flow, job func()) {
+	s.running++
+	f.running++
+	go func() {
+		job()
+		s.done(f)
+	}()
+}
+
+// done releases f's slot and hands free slots to waiting sessions.
+func (s *scheduler) done(f *flow) {
+	var shed []func()
+	s.mu.Lock()
+	s.running--
+	f.running--
+	s.dropIfIdleLocked(f)
+	now := time.Now()
+	for len(s.waiting) > 0 {
+		w := s.pickLocked()
+		if w == nil {
+			break
+		}
+		j := w.queue[0]
+		w.queue[0] = queuedJob{}
+		w.queue = w.queue[1:]
+		s.queued--
+		if len(w.queue) == 0 {
+			s.removeWaitingLocked(w)
+		}
+		if now.Sub(j.at) > s.maxWait {
+			shed = append(shed, j.shed) // the client has given up on it
+			s.dropIfIdleLocked(w)
+			continue
+		}
+		s.startLocked(w, j.run)
+	}
+	if s.running == 0 {
+		s.idle.Broadcast()
+	}
+	s.mu.Unlock()
+	for _, fn := range shed {
+		s.shed(fn)
+	}
+}
+
+func (s *scheduler) shed(fn func()) {
+	s.onShed()
+	if fn != nil {
+		fn()
+	}
+}
+
+// drain sheds every queued job and every later submission, and waits until
+// no job runs.
+func (s *scheduler) drain() {
+	var shed []func()
+	s.mu.Lock()
+	s.closed = true
+	for _, w := range s.waiting {
+		for _, j := range w.queue {
+			shed = append(shed, j.shed)
+		}
+		w.queue = nil
+		s.dropIfIdleLocked(w)
+	}
+	s.waiting, s.next, s.queued = nil, 0, 0
+	s.mu.Unlock()
+	for _, fn := range shed {
+		s.shed(fn)
+	}
+	s.mu.Lock()
+	for s.running > 0 {
+		s.idle.Wait()
+	}
+	s.mu.Unlock()
+}
+
+// mayStartLocked reports whether a job of f may take a slot now.
+func (s *scheduler) mayStartLocked(f *flow) bool {
+	free := s.max - s.running
+	return free > 0 && (f.running < s.share || len(s.flows) == 1 || free > s.share)
+}
+
+// pickLocked chooses the next waiting session that may start, round-robin
+// from the cursor, preferring one below its share; nil if none may.
+func (s *scheduler) pickLocked() *flow {
+	if s.running >= s.max {
+		return nil
+	}
+	n := len(s.waiting)
+	for i := range n {
+		w := s.waiting[(s.next+i)%n]
+		if w.running < s.share {
+			s.next = (s.next + i + 1) % n
+			return w
+		}
+	}
+	for i := range n {
+		w := s.waiting[(s.next+i)%n]
+		if s.mayStartLocked(w) {
+			s.next = (s.next + i + 1) % n
+			return w
+		}
+	}
+	return nil
+}
+
+func (s *scheduler) removeWaitingLocked(w *flow) {
+	for i, x := range s.waiting {
+		if x == w {
+			s.waiting = append(s.waiting[:i], s.waiting[i+1:]...)
+			if s.next > i {
+				s.next--
+			}
+			if len(s.waiting) == 0 || s.next >= len(s.waiting) {
+				s.next = 0
+			}
+			return
+		}
+	}
+}
+
+func (s *scheduler) dropIfIdleLocked(f *flow) {
+	if f.running == 0 && len(f.queue) == 0 {
+		delete(s.flows, f.key)
+	}
+}
+
+// load reports the jobs running and waiting.
+func (s *scheduler) load() (running, queued int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.running, s.queued
+}

@@ -1,0 +1,181 @@
+package dnsproxy
+
+import (
+	"net/netip"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// gate is a job that blocks until released.
+type gate struct {
+	started chan string
+	release chan struct{}
+}
+
+func newGate() *gate { return &gate{started: make(chan string, 100), release: make(chan struct{})} }
+
+func (g *gate) job(name string) func() {
+	return func() {
+		g.started <- name
+		<-g.release
+	}
+}
+
+func (g *gate) next(t *testing.T) string {
+	t.Helper()
+	select {
+	case n := <-g.started:
+		return n
+	case <-time.After(2 * time.Second):
+		t.Fatal("no job started")
+		return ""
+	}
+}
+
+func (g *gate) none(t *testing.T) {
+	t.Helper()
+	select {
+	case n := <-g.started:
+		t.Fatalf("job %s started", n)
+	case <-time.After(30 * time.Millisecond):
+	}
+}
+
+var (
+	flowA = netip.MustParseAddr("10.20.0.2")
+	flowB = netip.MustParseAddr("10.20.0.6")
+)
+
+func TestSchedulerLoneSessionUsesEverySlot(t *testing.T) {
+	var shed atomic.Int64
+	s := newScheduler(4, 1, time.Minute, func() { shed.Add(1) })
+	g := newGate()
+	for range 4 {
+		s.submit(flowA, g.job("a"), nil)
+	}
+	for range 4 {
+		g.next(t)
+	}
+	if running, _ := s.load(); running != 4 {
+		t.Fatalf("running %d, want 4", running)
+	}
+	close(g.release)
+	s.drain()
+}
+
+func TestSchedulerSharesUnderContention(t *testing.T) {
+	var shed atomic.Int64
+	s := newScheduler(4, 1, time.Minute, func() { shed.Add(1) })
+	g := newGate()
+	for range 4 {
+		s.submit(flowA, g.job("a"), nil) // A alone: takes every slot
+	}
+	for range 4 {
+		g.next(t)
+	}
+	for range 3 {
+		s.submit(flowA, g.job("a"), nil) // queued
+	}
+	s.submit(flowB, g.job("b"), nil) // queued behind nobody of its own
+	g.none(t)
+	if _, queued := s.load(); queued != 4 {
+		t.Fatalf("queued %d, want 4", queued)
+	}
+	g.release <- struct{}{} // one A job ends: the slot goes to B, not to A's queue
+	if n := g.next(t); n != "b" {
+		t.Fatalf("freed slot went to %s, want b", n)
+	}
+	// A runs 3 and B 1: A is over its share while B is active, so A's
+	// queued jobs wait until more than share slots are free.
+	g.release <- struct{}{} // A 2, B 1: one slot free, kept as headroom
+	g.none(t)
+	g.release <- struct{}{} // two free now (A 1 or 2, B 0 or 1): A may take one
+	if n := g.next(t); n != "a" {
+		t.Fatalf("got %s", n)
+	}
+	close(g.release)
+	s.drain() // sheds what still waits
+	if shed.Load() > 2 {
+		t.Fatalf("shed %d, want at most the 2 still queued", shed.Load())
+	}
+}
+
+func TestSchedulerHeadroomForNewSession(t *testing.T) {
+	s := newScheduler(8, 2, time.Minute, func() {})
+	g := newGate()
+	s.submit(flowB, g.job("b"), nil) // B is active with one job
+	g.next(t)
+	for range 10 {
+		s.submit(flowA, g.job("a"), nil)
+	}
+	// A may grow while more than share (2) slots stay free: 8-1-2 = 5 jobs.
+	for range 5 {
+		if n := g.next(t); n != "a" {
+			t.Fatalf("got %s", n)
+		}
+	}
+	g.none(t)
+	s.submit(flowB, g.job("b"), nil) // B below its share starts at once
+	if n := g.next(t); n != "b" {
+		t.Fatalf("got %s", n)
+	}
+	close(g.release)
+	s.drain()
+}
+
+func TestSchedulerShedsFullQueueAndStaleJobs(t *testing.T) {
+	var shed atomic.Int64
+	s := newScheduler(2, 1, 50*time.Millisecond, func() { shed.Add(1) })
+	g := newGate()
+	s.submit(flowA, g.job("a"), nil)
+	s.submit(flowA, g.job("a"), nil)
+	g.next(t)
+	g.next(t)
+	var shedCB atomic.Int64
+	for range 20 { // queue cap is max(2*share, 8) = 8
+		s.submit(flowA, g.job("queued"), func() { shedCB.Add(1) })
+	}
+	if shed.Load() != 12 || shedCB.Load() != 12 {
+		t.Fatalf("shed %d (callbacks %d), want 12", shed.Load(), shedCB.Load())
+	}
+	time.Sleep(80 * time.Millisecond) // the queued jobs go stale
+	g.release <- struct{}{}
+	g.none(t)
+	if shed.Load() != 20 || shedCB.Load() != 20 {
+		t.Fatalf("shed %d (callbacks %d), want 20", shed.Load(), shedCB.Load())
+	}
+	close(g.release)
+	s.drain()
+	if running, queued := s.load(); running != 0 || queued != 0 || len(s.flows) != 0 {
+		t.Fatalf("after drain: running %d queued %d flows %d", running, queued, len(s.flows))
+	}
+}
+
+func TestSchedulerDrain(t *testing.T) {
+	var shed atomic.Int64
+	s := newScheduler(2, 1, time.Minute, func() { shed.Add(1) })
+	g := newGate()
+	s.submit(flowA, g.job("a"), nil)
+	s.submit(flowB, g.job("b"), nil)
+	g.next(t)
+	g.next(t)
+	s.submit(flowA, g.job("late"), nil)
+	drained := make(chan struct{})
+	go func() {
+		s.drain()
+		close(drained)
+	}()
+	select {
+	case <-drained:
+		t.Fatal("drain returned with jobs running")
+	case <-time.After(30 * time.Millisecond):
+	}
+	s.submit(flowB, g.job("after"), nil)
+	close(g.release)
+	<-drained
+	g.none(t)
+	if shed.Load() != 2 {
+		t.Fatalf("shed %d, want 2 (the queued job and the one after drain)", shed.Load())
+	}
+}

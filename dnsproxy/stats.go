@@ -1,0 +1,136 @@
+package dnsproxy
+
+import (
+	"sync/atomic"
+	"time"
+)
+
+// latencyBounds are the upper bounds of the histogram buckets used for
+// attestation and upstream latencies (the last bucket is +Inf).
+var latencyBounds = []time.Duration{
+	100 * time.Microsecond, 250 * time.Microsecond, 500 * time.Microsecond,
+	time.Millisecond, 2500 * time.Microsecond, 5 * time.Millisecond,
+	10 * time.Millisecond, 25 * time.Millisecond, 50 * time.Millisecond,
+	100 * time.Millisecond, 250 * time.Millisecond, 500 * time.Millisecond,
+	time.Second, 2500 * time.Millisecond, 5 * time.Second,
+}
+
+// Stats is a point-in-time copy of the proxy's counters, shaped for
+// Prometheus (counters and cumulative histograms).
+type Stats struct {
+	// Verdicts counts answered queries by verdict (see the Verdict constants).
+	Verdicts map[string]uint64
+	// Malformed counts packets dropped because they did not parse (or were
+	// responses, not queries).
+	Malformed uint64
+	// Shed counts queries dropped unanswered by the fairness limits: a full
+	// per-session queue, or a query that waited longer than the timeout.
+	Shed uint64
+	// AttestErrors counts failed Attest calls (each also gave a SERVFAIL).
+	AttestErrors uint64
+	// UpstreamErrors counts failed upstream tries (each try, not each query).
+	UpstreamErrors uint64
+	// InFlight is the number of queries being worked on now; Queued the
+	// number waiting for a slot.
+	InFlight, Queued int
+	// Sessions is the number of registered sessions.
+	Sessions int
+	// Attest and Upstream are latency histograms of Attest calls and of
+	// successful upstream exchanges.
+	Attest, Upstream Histogram
+}
+
+// Histogram is a cumulative latency histogram: Counts[i] is the number of
+// observations <= Bounds[i]; Count includes the +Inf bucket.
+type Histogram struct {
+	Bounds []time.Duration
+	Counts []uint64
+	Count  uint64
+	Sum    time.Duration
+	Max    time.Duration
+}
+
+// histogram is a lock-free latency histogram.
+type histogram struct {
+	buckets [16]atomic.Uint64 // len(latencyBounds)+1
+	count   atomic.Uint64
+	sumNs   atomic.Int64
+	maxNs   atomic.Int64
+}
+
+func (h *histogram) observe(d time.Duration) {
+	i := 0
+	for i < len(latencyBounds) && d > latencyBounds[i] {
+		i++
+	}
+	h.buckets[i].Add(1)
+	h.count.Add(1)
+	h.sumNs.Add(int64(d))
+	for {
+		m := h.maxNs.Load()
+		if int64(d) <= m || h.maxNs.CompareAndSwap(m, int64(d)) {
+			return
+		}
+	}
+}
+
+func (h *histogram) snapshot() Histogram {
+	out := Histogram{
+		Bounds: append([]time.Duration(nil), latencyBounds...),
+		Counts: make([]uint64, len(latencyBounds)),
+		Count:  h.count.Load(),
+		Sum:    time.Duration(h.sumNs.Load()),
+		Max:    time.Duration(h.maxNs.Load()),
+	}
+	var cum uint64
+	for i := range latencyBounds {
+		cum += h.buckets[i].Load()
+		out.Counts[i] = cum
+	}
+	return out
+}
+
+// counters are the proxy's metrics; every field is updated atomically.
+type counters struct {
+	verdicts       [len(verdictIndex)]atomic.Uint64
+	malformed      atomic.Uint64
+	shed           atomic.Uint64
+	attestErrors   atomic.Uint64
+	upstreamErrors atomic.Uint64
+	attest         histogram
+	upstream       histogram
+}
+
+var verdictIndex = [...]string{
+	VerdictAllowed, VerdictDenied, VerdictRefused, VerdictServfail,
+	VerdictPinned, VerdictFormerr, VerdictNotImp,
+}
+
+func (c *counters) countVerdict(v string) {
+	for i, name := range verdictIndex {
+		if name == v {
+			c.verdicts[i].Add(1)
+			return
+		}
+	}
+}
+
+// Stats returns a copy of the counters.
+func (p *Proxy) Stats() Stats {
+	c := &p.stats
+	s := Stats{
+		Verdicts:       make(map[string]uint64, len(verdictIndex)),
+		Malformed:      c.malformed.Load(),
+		Shed:           c.shed.Load(),
+		AttestErrors:   c.attestErrors.Load(),
+		UpstreamErrors: c.upstreamErrors.Load(),
+		Sessions:       len(*p.sessions.Load()),
+		Attest:         c.attest.snapshot(),
+		Upstream:       c.upstream.snapshot(),
+	}
+	for i, name := range verdictIndex {
+		s.Verdicts[name] = c.verdicts[i].Load()
+	}
+	s.InFlight, s.Queued = p.sched.load()
+	return s
+}

@@ -1,0 +1,307 @@
+// Command demo is `make demo`: it builds a self-contained world (a simulated
+// host and a simulated internet in network namespaces, nothing touching the
+// machine's real network), starts enforcerd in the simulated host, creates
+// sessions in each mode, probes every destination from inside each sandbox
+// and prints a reachability matrix with the reason for each verdict. Then it
+// removes everything it made, by name.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"os"
+	"sort"
+	"strings"
+	"sync"
+	"text/tabwriter"
+
+	"github.com/enforcerd/enforcerd/integration/daemon"
+	"github.com/enforcerd/enforcerd/integration/world"
+)
+
+type session struct {
+	name string
+	args []string
+	what string
+}
+
+// dest is one thing a session tries to reach.
+type dest struct {
+	label string // column text
+	name  string // DNS name to resolve first ("" = literal address)
+	addr  string // literal address (when name is "")
+	port  string
+	proto string // "http" or "dns"
+}
+
+type verdict struct {
+	ok     bool
+	reason string
+}
+
+func main() {
+	bin := flag.String("bin", "bin/enforcerd", "the enforcerd binary")
+	rootfs := flag.String("rootfs", ".cache/rootfs", "a busybox rootfs (scripts/mkrootfs.sh)")
+	flag.Parse()
+	if os.Geteuid() != 0 {
+		fatal("the demo builds network namespaces: run it as root")
+	}
+	if err := run(*bin, *rootfs); err != nil {
+		fatal(err.Error())
+	}
+}
+
+func fatal(msg string) {
+	fmt.Fprintln(os.Stderr, "demo:", msg)
+	os.Exit(1)
+}
+
+func step(format string, a ...any) { fmt.Printf("\n==> "+format+"\n", a...) }
+
+func run(bin, rootfs string) (err error) {
+	step("building a world: a simulated host and a simulated internet (198.18.0.0/15), in network namespaces")
+	w, err := world.Build()
+	if err != nil {
+		return err
+	}
+	defer func() {
+		step("removing the world %s (namespaces %s, %s)", w.ID, w.HostName, w.NetName)
+		w.Close()
+	}()
+	for _, rr := range []string{
+		"api.demo.test. 300 IN A 198.18.1.10",
+		"docs.demo.test. 300 IN A 198.18.1.11",
+		"cdn.demo.test. 300 IN CNAME edge.cdn-provider.test.",
+		"edge.cdn-provider.test. 300 IN A 198.18.2.10",
+		"rebind.demo.test. 300 IN A 169.254.169.254",
+	} {
+		w.DNS.AddRR(rr)
+	}
+	fmt.Printf("    DNS zone at %s:\n", w.DNS.Addr())
+	fmt.Println("      api.demo.test -> 198.18.1.10     docs.demo.test -> 198.18.1.11")
+	fmt.Println("      cdn.demo.test -> CNAME edge.cdn-provider.test -> 198.18.2.10")
+	fmt.Println("      rebind.demo.test -> 169.254.169.254 (a DNS-rebinding attempt)")
+	fmt.Println("    web servers on 198.18.1.10, 198.18.1.11, 198.18.2.10; a metadata look-alike on 169.254.169.254; a private server on 10.99.0.10")
+
+	dir, err := os.MkdirTemp("", "enforcerd-demo-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	d := daemon.New(bin, w, dir)
+	step("starting enforcerd in the simulated host: nsenter --net=%s %s %s", w.HostPath, bin, strings.Join(d.ServeArgs(), " "))
+	if err := d.Start(); err != nil {
+		return err
+	}
+	defer func() {
+		step("stopping enforcerd and reaping prefix %q", d.Prefix)
+		d.Stop()
+		if out, err := d.Reap(); err != nil {
+			fmt.Print(out)
+		}
+	}()
+
+	sessions := []session{
+		{"agent", []string{"--allow", "api.demo.test", "--allow", "cdn.demo.test", "--allow", "rebind.demo.test"}, "allowlist of three names"},
+		{"pinned", []string{"--scope", "https://API.demo.test/app/#/login", "--pin"}, "scope URL, pinned at create"},
+		{"cidr", []string{"--allow", "198.18.1.11/32:80"}, "one address, port 80 only"},
+		{"open", []string{"--egress", "public"}, "every public destination"},
+		{"sealed", nil, "egress none: only lo"},
+		{"lab", []string{"--lab"}, "a lab target"},
+		{"tester", []string{"--lab-peer", "lab"}, "may reach the lab target only"},
+	}
+	step("creating sessions (each a libcontainer sandbox in its own netns)")
+	for _, s := range sessions {
+		args := append([]string{"session", "create", s.name, "--rootfs", rootfs}, s.args...)
+		fmt.Printf("    enforcerd %s\n", strings.Join(args, " "))
+		if _, _, err := d.CLI(args...); err != nil {
+			return err
+		}
+	}
+	defer func() {
+		step("removing sessions")
+		for _, s := range sessions {
+			d.CLI("session", "rm", s.name)
+		}
+	}()
+	labIP, err := guestIP(d, "lab")
+	if err != nil {
+		return err
+	}
+	// The lab target serves HTTP on port 80 from inside its sandbox.
+	if _, _, err := d.CLI("session", "exec", "lab", "--", "sh", "-c",
+		"mkdir -p /tmp/www && echo lab > /tmp/www/index.html && httpd -p 80 -h /tmp/www"); err != nil {
+		return err
+	}
+
+	dests := []dest{
+		{label: "api.demo.test", name: "api.demo.test", port: "80", proto: "http"},
+		{label: "docs.demo.test", name: "docs.demo.test", port: "80", proto: "http"},
+		{label: "cdn.demo.test", name: "cdn.demo.test", port: "80", proto: "http"},
+		{label: "rebind.demo.test", name: "rebind.demo.test", port: "80", proto: "http"},
+		{label: "198.18.1.11:80", addr: "198.18.1.11", port: "80", proto: "http"},
+		{label: "198.18.1.11:7", addr: "198.18.1.11", port: "7", proto: "tcp"},
+		{label: "169.254.169.254", addr: "169.254.169.254", port: "80", proto: "http"},
+		{label: "10.99.0.10", addr: "10.99.0.10", port: "80", proto: "http"},
+		{label: "DNS 198.18.0.53", addr: "198.18.0.53", port: "53", proto: "dns"},
+		{label: "lab target", addr: labIP, port: "80", proto: "http"},
+	}
+	step("probing every destination from inside every sandbox (busybox nslookup, wget, nc via enforcerd session exec)")
+	results := make([][]verdict, len(sessions))
+	var wg sync.WaitGroup
+	for i, s := range sessions {
+		results[i] = make([]verdict, len(dests))
+		for j, dst := range dests {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				results[i][j] = probe(d, s.name, dst)
+			}()
+		}
+	}
+	wg.Wait()
+
+	step("reachability matrix (✔ reached, ✘ blocked)")
+	tw := tabwriter.NewWriter(os.Stdout, 2, 4, 2, ' ', 0)
+	fmt.Fprint(tw, "    destination \\ session")
+	for _, s := range sessions {
+		fmt.Fprintf(tw, "\t%s", s.name)
+	}
+	fmt.Fprintln(tw)
+	for j, dst := range dests {
+		fmt.Fprintf(tw, "    %s", dst.label)
+		for i := range sessions {
+			mark := "✘"
+			if results[i][j].ok {
+				mark = "✔"
+			}
+			fmt.Fprintf(tw, "\t%s", mark)
+		}
+		fmt.Fprintln(tw)
+	}
+	tw.Flush()
+
+	step("why, session by session")
+	for i, s := range sessions {
+		fmt.Printf("\n  %s (%s)\n", s.name, s.what)
+		tw := tabwriter.NewWriter(os.Stdout, 2, 4, 2, ' ', 0)
+		for j, dst := range dests {
+			v := results[i][j]
+			word := "blocked"
+			if v.ok {
+				word = "ALLOWED"
+			}
+			fmt.Fprintf(tw, "    %s\t%s\t%s\n", dst.label, word, v.reason)
+		}
+		tw.Flush()
+	}
+	step("what the kernel recorded for agent (enforcerd session inspect agent, abridged)")
+	if out, _, err := d.CLI("session", "inspect", "agent"); err == nil {
+		var in struct {
+			GuestIP  string `json:"guest_ip"`
+			HostVeth string `json:"host_veth"`
+			Attested []struct {
+				IP string `json:"ip"`
+			} `json:"attested"`
+			Counters map[string]uint64 `json:"counters"`
+		}
+		json.Unmarshal([]byte(out), &in)
+		var att []string
+		for _, a := range in.Attested {
+			att = append(att, a.IP)
+		}
+		sort.Strings(att)
+		fmt.Printf("    guest %s behind %s; attested: %s; counters: %v\n", in.GuestIP, in.HostVeth, strings.Join(att, ", "), in.Counters)
+	}
+	return nil
+}
+
+func guestIP(d *daemon.Daemon, name string) (string, error) {
+	out, _, err := d.CLI("session", "inspect", name)
+	if err != nil {
+		return "", err
+	}
+	var in struct {
+		GuestIP string `json:"guest_ip"`
+	}
+	if err := json.Unmarshal([]byte(out), &in); err != nil {
+		return "", fmt.Errorf("inspect %s: %w", name, err)
+	}
+	return in.GuestIP, nil
+}
+
+// probe resolves (when the destination is a name) and connects from inside
+// the session's sandbox, and explains the outcome.
+func probe(d *daemon.Daemon, sess string, dst dest) verdict {
+	if sess == "sealed" {
+		_, _, code, _ := d.CLIStatus(context.Background(), "session", "exec", sess, "--", "sh", "-c", "ip -o link | grep -v ' lo:' | grep -q .")
+		if code != 0 {
+			return verdict{false, "no network: the netns has only lo (no NIC, no route, no DNS)"}
+		}
+	}
+	addr := dst.addr
+	via := ""
+	if dst.name != "" {
+		out, _, _ := d.CLI("session", "exec", sess, "--timeout", "5s", "--", "nslookup", "-type=a", dst.name, "10.20.255.254")
+		addr = lastAddress(out)
+		switch {
+		case strings.Contains(out, "NXDOMAIN") || strings.Contains(out, "can't find"):
+			if addr == "" {
+				return verdict{false, "DNS: NXDOMAIN from the proxy (name not in policy; never sent upstream)"}
+			}
+		case addr == "" && strings.Contains(strings.ToLower(out), "timed out"):
+			return verdict{false, "DNS: no answer (no network: only lo)"}
+		}
+		if addr == "" {
+			return verdict{false, "DNS: no usable address (the special-purpose answer was filtered: rebinding guard)"}
+		}
+		via = fmt.Sprintf("DNS answered %s and attested it; ", addr)
+	}
+	var script string
+	switch dst.proto {
+	case "http":
+		script = fmt.Sprintf("timeout 2 wget -q -O /dev/null http://%s:%s/", addr, dst.port)
+	case "tcp":
+		script = fmt.Sprintf("echo ping | timeout 2 nc %s %s | grep -q ping", addr, dst.port)
+	case "dns":
+		script = fmt.Sprintf("timeout 2 nslookup api.demo.test %s", addr)
+	}
+	_, _, code, err := d.CLIStatus(context.Background(), "session", "exec", sess, "--", "sh", "-c", script)
+	if err != nil {
+		return verdict{false, "probe failed: " + err.Error()}
+	}
+	if code == 0 {
+		return verdict{true, via + "connection accepted"}
+	}
+	switch {
+	case strings.HasPrefix(addr, "169.254.") || strings.HasPrefix(addr, "10."):
+		if dst.label == "lab target" {
+			return verdict{false, "nft: the pool is special-purpose; only a --lab-peer session gets past it"}
+		}
+		return verdict{false, "nft: special-purpose destination (dropped in every mode)"}
+	case dst.proto == "dns":
+		return verdict{false, "nft: DNS to any resolver but the anycast proxy is dropped"}
+	default:
+		return verdict{false, via + "nft: destination not attested or allowed for this session: dropped"}
+	}
+}
+
+func lastAddress(out string) string {
+	// busybox nslookup prints the server first, then "Address: x" lines of
+	// the answer.
+	addr := ""
+	seenName := false
+	for _, line := range strings.Split(out, "\n") {
+		line = strings.TrimSpace(line)
+		if strings.HasPrefix(line, "Name:") {
+			seenName = true
+		}
+		if seenName && strings.HasPrefix(line, "Address") {
+			f := strings.Fields(line)
+			addr = f[len(f)-1]
+		}
+	}
+	return addr
+}

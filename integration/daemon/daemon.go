@@ -1,0 +1,207 @@
+// Package daemon runs the real enforcerd binary inside a test world's
+// simulated host, the way an operator runs it on a real host, and drives it
+// through its command-line client. The end-to-end tests and the demo share
+// it; product code never imports it.
+package daemon
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/enforcerd/enforcerd/integration/world"
+)
+
+// Daemon is one enforcerd serve process in a world's simulated host.
+type Daemon struct {
+	Bin      string // the enforcerd binary
+	Prefix   string // --name-prefix, unique per run
+	Dir      string // holds the socket, the state dir and the log
+	Socket   string
+	StateDir string
+	LogPath  string
+	World    *world.World
+	Args     []string // extra serve flags
+
+	cmd  *exec.Cmd
+	done chan error
+}
+
+// New describes a daemon for w; Start runs it. dir must exist.
+func New(bin string, w *world.World, dir string, extra ...string) *Daemon {
+	return &Daemon{
+		Bin:      bin,
+		Prefix:   "e" + w.ID[:5],
+		Dir:      dir,
+		Socket:   filepath.Join(dir, "enforcerd.sock"),
+		StateDir: filepath.Join(dir, "state"),
+		LogPath:  filepath.Join(dir, "enforcerd.log"),
+		World:    w,
+		Args:     extra,
+	}
+}
+
+// ServeArgs are the flags the daemon is started with.
+func (d *Daemon) ServeArgs() []string {
+	args := []string{"serve",
+		"--socket", d.Socket,
+		"--state-dir", d.StateDir,
+		"--name-prefix", d.Prefix,
+		"--upstream", d.World.DNS.Addr().String(),
+		"--public-override", d.World.PublicOverride.String(),
+		"--dns-min-ttl", "5s",
+	}
+	return append(args, d.Args...)
+}
+
+// Start runs `enforcerd serve` in the simulated host (entering only its
+// network namespace, so the netns bind mounts it makes are visible to the
+// rest of the machine) and waits until its API answers.
+func (d *Daemon) Start() error {
+	logf, err := os.OpenFile(d.LogPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return err
+	}
+	args := append([]string{"--net=" + d.World.HostPath, d.Bin}, d.ServeArgs()...)
+	d.cmd = exec.Command("nsenter", args...)
+	d.cmd.Stdout = logf
+	d.cmd.Stderr = logf
+	d.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := d.cmd.Start(); err != nil {
+		logf.Close()
+		return fmt.Errorf("start enforcerd: %w", err)
+	}
+	d.done = make(chan error, 1)
+	go func() { d.done <- d.cmd.Wait(); logf.Close() }()
+	deadline := time.Now().Add(20 * time.Second)
+	for time.Now().Before(deadline) {
+		select {
+		case err := <-d.done:
+			d.done <- err
+			return fmt.Errorf("enforcerd exited during start: %v\n%s", err, d.Log())
+		default:
+		}
+		if _, _, err := d.CLI("session", "ls"); err == nil {
+			return nil
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	d.Kill()
+	return fmt.Errorf("enforcerd did not answer within 20s\n%s", d.Log())
+}
+
+// PID is the daemon's process id (nsenter execs it, so the pid is the
+// daemon's own).
+func (d *Daemon) PID() int {
+	if d.cmd == nil || d.cmd.Process == nil {
+		return 0
+	}
+	return d.cmd.Process.Pid
+}
+
+// Stop sends SIGTERM and waits for the daemon to exit.
+func (d *Daemon) Stop() error { return d.signal(syscall.SIGTERM, 15*time.Second) }
+
+// Kill sends SIGKILL (by pid, to the process we started) and waits.
+func (d *Daemon) Kill() error { return d.signal(syscall.SIGKILL, 10*time.Second) }
+
+func (d *Daemon) signal(sig syscall.Signal, wait time.Duration) error {
+	if d.cmd == nil || d.cmd.Process == nil || d.done == nil {
+		return nil
+	}
+	select {
+	case err := <-d.done:
+		d.done <- err
+		return nil
+	default:
+	}
+	if err := d.cmd.Process.Signal(sig); err != nil && !errors.Is(err, os.ErrProcessDone) {
+		return err
+	}
+	select {
+	case err := <-d.done:
+		d.done <- err
+		return nil
+	case <-time.After(wait):
+		d.cmd.Process.Kill()
+		return fmt.Errorf("enforcerd did not exit within %s of %s", wait, sig)
+	}
+}
+
+// Exited reports whether the process has ended, and its error.
+func (d *Daemon) Exited() (bool, error) {
+	select {
+	case err := <-d.done:
+		d.done <- err
+		return true, err
+	default:
+		return false, nil
+	}
+}
+
+// CLI runs the enforcerd client against the daemon's socket and returns
+// stdout, stderr and the exit status (an error only when it did not run).
+func (d *Daemon) CLI(args ...string) (string, string, error) {
+	out, errOut, code, err := d.CLIStatus(context.Background(), args...)
+	if err != nil {
+		return out, errOut, err
+	}
+	if code != 0 {
+		return out, errOut, fmt.Errorf("enforcerd %s: exit %d: %s", strings.Join(args, " "), code, strings.TrimSpace(errOut))
+	}
+	return out, errOut, nil
+}
+
+// Command returns the client command line args against the daemon's socket,
+// not started, for callers that wire its streams (stdin, incremental
+// stdout) or its credentials themselves.
+func (d *Daemon) Command(ctx context.Context, args ...string) *exec.Cmd {
+	cmd := exec.CommandContext(ctx, d.Bin, args...)
+	cmd.Env = append(os.Environ(), "ENFORCERD_SOCKET="+d.Socket)
+	return cmd
+}
+
+// CLIStatus runs the client and returns its exit status.
+func (d *Daemon) CLIStatus(ctx context.Context, args ...string) (string, string, int, error) {
+	cmd := d.Command(ctx, args...)
+	var out, errOut bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errOut
+	err := cmd.Run()
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		return out.String(), errOut.String(), ee.ExitCode(), nil
+	}
+	if err != nil {
+		return out.String(), errOut.String(), -1, err
+	}
+	return out.String(), errOut.String(), 0, nil
+}
+
+// Log returns what the daemon logged so far.
+func (d *Daemon) Log() string {
+	b, _ := os.ReadFile(d.LogPath)
+	return string(b)
+}
+
+// Reap runs `enforcerd reap` for the daemon's prefix inside the simulated
+// host (the daemon must be stopped), with the daemon's --pool when it was
+// given one.
+func (d *Daemon) Reap() (string, error) {
+	args := []string{"--net=" + d.World.HostPath, d.Bin, "reap",
+		"--name-prefix", d.Prefix, "--state-dir", d.StateDir}
+	for i := 0; i+1 < len(d.Args); i++ {
+		if d.Args[i] == "--pool" {
+			args = append(args, "--pool", d.Args[i+1])
+		}
+	}
+	cmd := exec.Command("nsenter", args...)
+	out, err := cmd.CombinedOutput()
+	return string(out), err
+}

@@ -1,0 +1,46 @@
+// Package netpolicy owns the egress policy of a session network: the policy
+// language (modes, allow entries, scope URLs, lab peers) and its validation,
+// the SSRF guard (the single table of IPv4 special-purpose ranges), and the
+// nftables table that enforces all of it from the daemon's network namespace.
+//
+// The package has a pure core and a thin kernel layer:
+//
+//   - policy.go, entry.go, name.go, scope.go, validate.go: parsing and
+//     validation, no I/O.
+//   - ranges.go: the special-purpose table, the Guard built from it, and the
+//     interval arithmetic that turns it into the nftables drop set.
+//   - targets.go, elements.go, firewall_rules.go, firewall_sets.go: the
+//     desired kernel state (set elements and rule expressions) as plain
+//     values, unit-tested byte for byte.
+//   - firewall.go, firewall_conn.go, firewall_ensure.go, firewall_session.go:
+//     the only code that talks to the kernel, through google/nftables on
+//     netlink sockets bound to the daemon's netns by fd.
+//
+// # Enforcement model
+//
+// One table "inet <prefix>" whose chains never change per session (see
+// buildRules for every rule). Every per-session fact is an element of a set
+// shared by all sessions and keyed by the session's guest address: the
+// interface/address pair (anti-spoofing), public mode, lab peers, attested
+// addresses (with per-element timeouts), static targets, and per-session
+// counters. A packet therefore costs a fixed number of set lookups whatever
+// the number of sessions, an attest is one element insert, and adding or
+// removing a session is one batch of element changes that never touches
+// another session's state. Established and related traffic is accepted
+// first, so only the first packet of a connection walks the policy.
+//
+// # Choices beyond the brief
+//
+//   - Static targets are split by shape: single addresses in hash sets
+//     (static, static_ports), CIDRs in concatenated interval sets
+//     (static_cidr, static_cidr_ports). The kernel's concatenated interval
+//     type (pipapo) clones its lookup table on every change, which made
+//     AddSession grow with the number of sessions; hash inserts stay flat.
+//   - The input chain checks iifname . ip saddr against @sessions too, so a
+//     guest cannot query the DNS proxy under another session's address.
+//   - Accepted counters include established packets (a rule in forward
+//     updates the session's counter once iifname . ip saddr is known); they
+//     count traffic from the session, not replies to it.
+//   - ParseScope takes the Guard like ParseEntry, so an IPv4 scope host is
+//     judged by the daemon's public overrides.
+package netpolicy

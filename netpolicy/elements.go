@@ -1,0 +1,197 @@
+package netpolicy
+
+import (
+	"encoding/binary"
+	"net/netip"
+	"time"
+
+	"github.com/google/nftables"
+)
+
+// This file turns desired state into set elements: pure functions, unit
+// tested byte for byte. Key layouts follow the kernel's register rules: every
+// field of a concatenation starts on a 4-byte boundary, so a 1-byte protocol
+// and a 2-byte port are each padded with zeros to 4 bytes (the meta and
+// payload expressions zero the rest of their register), and an interface
+// name is IFNAMSIZ (16) bytes, zero padded.
+
+const ifNameSize = 16
+
+func ipKey(a netip.Addr) []byte {
+	b := a.Unmap().As4()
+	return b[:]
+}
+
+func protoKey(p Proto) []byte { return []byte{p.Number(), 0, 0, 0} }
+
+func portKey(port uint16) []byte {
+	b := make([]byte, 4)
+	binary.BigEndian.PutUint16(b, port)
+	return b
+}
+
+func ifnameKey(name string) []byte {
+	b := make([]byte, ifNameSize)
+	copy(b, name)
+	return b
+}
+
+func concat(parts ...[]byte) []byte {
+	var out []byte
+	for _, p := range parts {
+		out = append(out, p...)
+	}
+	return out
+}
+
+// setElems is a batch of elements for one set.
+type setElems struct {
+	set   string
+	elems []nftables.SetElement
+}
+
+// blockedElements returns the elements of the "blocked" interval set: for
+// each merged interval [first, last] a start element at first and, unless
+// last is 255.255.255.255, an interval-end element at last+1 (the kernel's
+// rbtree interval encoding: an address is in the set when the greatest
+// element at or below it is not an interval end).
+func blockedElements(g *Guard) []nftables.SetElement {
+	var out []nftables.SetElement
+	for _, iv := range g.mergedBlocked() {
+		out = append(out, nftables.SetElement{Key: ipKey(u32ToAddr(iv.first))})
+		if iv.last != ^uint32(0) {
+			out = append(out, nftables.SetElement{Key: ipKey(u32ToAddr(iv.last + 1)), IntervalEnd: true})
+		}
+	}
+	return out
+}
+
+// prefixBounds returns the first and last address of p.
+func prefixBounds(p netip.Prefix) (netip.Addr, netip.Addr) {
+	iv := toInterval(p)
+	return u32ToAddr(iv.first), u32ToAddr(iv.last)
+}
+
+// sessionElements returns every element AddSession inserts for r, grouped by
+// set in a fixed order. Static targets are normalised first so that the
+// concatenated interval sets never receive overlapping ranges; single
+// addresses go to the hash sets (see the set comments).
+func sessionElements(r SessionRules) []setElems {
+	g := ipKey(r.Guest)
+	out := []setElems{{set: setSessions, elems: []nftables.SetElement{{Key: concat(ifnameKey(r.HostIface), g)}}}}
+	if r.Egress == ModePublic {
+		out = append(out, setElems{setPublic, []nftables.SetElement{{Key: g}}})
+	}
+	var peers []nftables.SetElement
+	for _, p := range r.Peers {
+		if p = p.Unmap(); p.Is4() {
+			peers = append(peers, nftables.SetElement{Key: concat(g, ipKey(p))})
+		}
+	}
+	var static, staticPorts, cidr, cidrPorts []nftables.SetElement
+	for _, t := range expandProto(r.Static) {
+		first, last := prefixBounds(t.Prefix)
+		single := t.Prefix.IsSingleIP()
+		switch {
+		case t.Port == 0 && single:
+			static = append(static, nftables.SetElement{Key: concat(g, ipKey(first))})
+		case t.Port == 0:
+			cidr = append(cidr, nftables.SetElement{Key: concat(g, ipKey(first)), KeyEnd: concat(g, ipKey(last))})
+		case single:
+			staticPorts = append(staticPorts, nftables.SetElement{Key: concat(g, protoKey(t.Proto), ipKey(first), portKey(t.Port))})
+		default:
+			pr, po := protoKey(t.Proto), portKey(t.Port)
+			cidrPorts = append(cidrPorts, nftables.SetElement{
+				Key:    concat(g, pr, ipKey(first), po),
+				KeyEnd: concat(g, pr, ipKey(last), po),
+			})
+		}
+	}
+	for _, se := range []setElems{{setPeers, peers}, {setStatic, static}, {setStaticPorts, staticPorts}, {setStaticCIDR, cidr}, {setStaticCIDRPorts, cidrPorts}} {
+		if len(se.elems) > 0 {
+			out = append(out, se)
+		}
+	}
+	out = append(out,
+		setElems{setAcctAccept, []nftables.SetElement{{Key: g}}},
+		setElems{setAcctDrop, []nftables.SetElement{{Key: g}}},
+	)
+	return out
+}
+
+// attestElements returns the elements Attest inserts: guest . ip in
+// "attested" when ports is empty or contains a port-less spec, otherwise one
+// guest . proto . ip . port element per (ip, port, protocol) in
+// "attested_ports". Non-IPv4 addresses are skipped (IPv6 is not supported).
+func attestElements(guest netip.Addr, ips []netip.Addr, timeout time.Duration, ports []PortSpec) []setElems {
+	g := ipKey(guest)
+	anyPort := len(ports) == 0
+	for _, p := range ports {
+		if p.Port == 0 {
+			anyPort = true
+		}
+	}
+	var elems []nftables.SetElement
+	for _, ip := range ips {
+		if ip = ip.Unmap(); !ip.Is4() {
+			continue
+		}
+		if anyPort {
+			elems = append(elems, nftables.SetElement{Key: concat(g, ipKey(ip)), Timeout: timeout})
+			continue
+		}
+		for _, p := range ports {
+			for _, proto := range protosOf(p.Proto) {
+				elems = append(elems, nftables.SetElement{
+					Key:     concat(g, protoKey(proto), ipKey(ip), portKey(p.Port)),
+					Timeout: timeout,
+				})
+			}
+		}
+	}
+	if len(elems) == 0 {
+		return nil
+	}
+	if anyPort {
+		return []setElems{{setAttested, elems}}
+	}
+	return []setElems{{setAttestedPorts, elems}}
+}
+
+func protosOf(p Proto) []Proto {
+	if p == ProtoAny {
+		return []Proto{ProtoTCP, ProtoUDP}
+	}
+	return []Proto{p}
+}
+
+// decodeGuestPort splits a guest . proto . ip . port key.
+func decodeGuestPort(key []byte) (guest, ip netip.Addr, proto Proto, port uint16, ok bool) {
+	if len(key) != 16 {
+		return
+	}
+	guest = netip.AddrFrom4([4]byte(key[0:4]))
+	switch key[4] {
+	case 6:
+		proto = ProtoTCP
+	case 17:
+		proto = ProtoUDP
+	}
+	ip = netip.AddrFrom4([4]byte(key[8:12]))
+	port = binary.BigEndian.Uint16(key[12:14])
+	return guest, ip, proto, port, true
+}
+
+// keyGuest returns the guest address a session-keyed element belongs to: the
+// first 4 bytes of every per-session key except "sessions", whose guest
+// follows the interface name.
+func keyGuest(set string, key []byte) (netip.Addr, bool) {
+	off := 0
+	if set == setSessions {
+		off = ifNameSize
+	}
+	if len(key) < off+4 {
+		return netip.Addr{}, false
+	}
+	return netip.AddrFrom4([4]byte(key[off : off+4])), true
+}

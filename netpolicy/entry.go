@@ -1,0 +1,218 @@
+package netpolicy
+
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+	"strconv"
+	"strings"
+)
+
+// entryGrammar is what error messages say an entry may look like.
+const entryGrammar = "expected HOST, *.HOST, **.HOST, A.B.C.D or A.B.C.D/N, optionally followed by :PORT or :PORT/tcp or :PORT/udp"
+
+// ParseEntry parses one allow entry:
+//
+//	HOST | *.HOST | **.HOST | A.B.C.D | A.B.C.D/N   optionally :PORT   optionally /tcp|/udp after the port
+//
+// Names are normalised by NormalizeName. Addresses and CIDRs must be public
+// according to g (nil means DefaultGuard: no overrides, no pool). Surrounding
+// white space is ignored. Errors are one line: `allow entry "X": reason`.
+func ParseEntry(s string, g *Guard) (Entry, error) {
+	e, err := parseEntry(strings.TrimSpace(s), g)
+	if err != nil {
+		return Entry{}, fmt.Errorf("allow entry %q: %w", s, err)
+	}
+	return e, nil
+}
+
+// MustParseEntry is ParseEntry with the default guard for constants in tests
+// and examples: it panics on error, so it must never see user input.
+func MustParseEntry(s string) Entry {
+	e, err := ParseEntry(s, nil)
+	if err != nil {
+		panic(err)
+	}
+	return e
+}
+
+func parseEntry(s string, g *Guard) (Entry, error) {
+	if g == nil {
+		g = defaultGuard
+	}
+	if s == "" {
+		return Entry{}, fmt.Errorf("empty; %s", entryGrammar)
+	}
+	if strings.Contains(s, "://") {
+		return Entry{}, fmt.Errorf("a URL is not an allow entry; give its host, or list the URL as a scope")
+	}
+	if strings.ContainsAny(s, "[]") || strings.Count(s, ":") >= 2 {
+		return Entry{}, fmt.Errorf("IPv6 is not supported")
+	}
+	var e Entry
+	host := s
+	if h, portStr, ok := strings.Cut(s, ":"); ok {
+		host = h
+		ps, err := parsePortProto(portStr)
+		if err != nil {
+			return Entry{}, err
+		}
+		e.PortSpec = ps
+	} else if i := strings.LastIndexByte(s, '/'); i >= 0 {
+		if p := strings.ToLower(s[i+1:]); p == string(ProtoTCP) || p == string(ProtoUDP) {
+			return Entry{}, fmt.Errorf("protocol %q needs a port, as in HOST:PORT/%s", p, p)
+		}
+	}
+	if host == "" {
+		return Entry{}, fmt.Errorf("empty host; %s", entryGrammar)
+	}
+	if looksLikeIPv4(host) {
+		p, err := parseCIDR(host, g)
+		if err != nil {
+			return Entry{}, err
+		}
+		e.Kind, e.Prefix = KindCIDR, p
+		return e, nil
+	}
+	kind, rest := KindHost, host
+	switch {
+	case strings.HasPrefix(host, "**."):
+		kind, rest = KindMultiWildcard, host[3:]
+	case strings.HasPrefix(host, "*."):
+		kind, rest = KindWildcard, host[2:]
+	case host == "*" || host == "**":
+		return Entry{}, errWildcardLabels
+	}
+	if strings.Contains(rest, "*") {
+		return Entry{}, fmt.Errorf(`wildcard "*" is only allowed as the whole leftmost label, as in *.example.com or **.example.com`)
+	}
+	if kind != KindHost && strings.TrimSuffix(rest, ".") == "" {
+		return Entry{}, errWildcardLabels
+	}
+	name, err := NormalizeName(rest)
+	if err != nil {
+		return Entry{}, err
+	}
+	if kind != KindHost && !strings.Contains(name, ".") {
+		return Entry{}, errWildcardLabels
+	}
+	e.Kind, e.Name = kind, name
+	return e, nil
+}
+
+var errWildcardLabels = fmt.Errorf("a wildcard needs at least two labels after it, as in *.example.com")
+
+// parsePortProto parses "PORT" or "PORT/PROTO".
+func parsePortProto(s string) (PortSpec, error) {
+	portStr, protoStr, hasProto := strings.Cut(s, "/")
+	if portStr == "" {
+		return PortSpec{}, fmt.Errorf("empty port; expected a number from 1 to 65535")
+	}
+	n, err := strconv.ParseUint(portStr, 10, 64)
+	if err != nil {
+		if strings.Trim(portStr, "0123456789") == "" {
+			return PortSpec{}, fmt.Errorf("port %s is out of range; expected 1 to 65535", portStr)
+		}
+		return PortSpec{}, fmt.Errorf("port %q is not a number; expected 1 to 65535", portStr)
+	}
+	if n == 0 || n > 65535 {
+		return PortSpec{}, fmt.Errorf("port %d is out of range; expected 1 to 65535", n)
+	}
+	ps := PortSpec{Port: uint16(n)}
+	if hasProto {
+		if protoStr == "" {
+			return PortSpec{}, fmt.Errorf("empty protocol after the port; expected tcp or udp")
+		}
+		switch p := Proto(strings.ToLower(protoStr)); p {
+		case ProtoTCP, ProtoUDP:
+			ps.Proto = p
+		default:
+			return PortSpec{}, fmt.Errorf("unknown protocol %q; expected tcp or udp", protoStr)
+		}
+	}
+	return ps, nil
+}
+
+// looksLikeIPv4 is true for strings made only of digits, dots and at most a
+// "/N" suffix: they are addresses or mistakes, never host names (a top-level
+// label is never all-numeric).
+func looksLikeIPv4(s string) bool {
+	return strings.Trim(s, "0123456789./") == ""
+}
+
+// parseCIDR parses an IPv4 address (as a /32) or a CIDR and applies the guard.
+func parseCIDR(s string, g *Guard) (netip.Prefix, error) {
+	var p netip.Prefix
+	if strings.Contains(s, "/") {
+		var err error
+		if p, err = netip.ParsePrefix(s); err != nil || !p.Addr().Is4() {
+			return netip.Prefix{}, fmt.Errorf("invalid IPv4 CIDR %q; expected A.B.C.D/N with N from 0 to 32", s)
+		}
+		if p != p.Masked() {
+			return netip.Prefix{}, fmt.Errorf("host bits set in %s; did you mean %s?", p, p.Masked())
+		}
+	} else {
+		a, err := netip.ParseAddr(s)
+		if err != nil || !a.Is4() {
+			return netip.Prefix{}, fmt.Errorf("invalid IPv4 address %q; expected A.B.C.D", s)
+		}
+		p = netip.PrefixFrom(a, 32)
+	}
+	if r, bad := g.overlapping(p); bad {
+		what := p.String()
+		if p.IsSingleIP() {
+			what = p.Addr().String()
+		}
+		verb := "overlaps"
+		if r.Prefix.Bits() <= p.Bits() && r.Prefix.Contains(p.Addr()) {
+			verb = "is inside"
+		}
+		return netip.Prefix{}, fmt.Errorf("%s %s special-purpose range %s; only public unicast IPv4 is accepted", what, verb, r)
+	}
+	return p, nil
+}
+
+// String returns the canonical text of the entry, which ParseEntry accepts
+// and maps back to the same Entry.
+func (e Entry) String() string {
+	var host string
+	switch e.Kind {
+	case KindHost:
+		host = e.Name
+	case KindWildcard:
+		host = "*." + e.Name
+	case KindMultiWildcard:
+		host = "**." + e.Name
+	case KindCIDR:
+		host = e.Prefix.String()
+		if e.Prefix.IsSingleIP() {
+			host = e.Prefix.Addr().String()
+		}
+	}
+	return host + e.PortSpec.String()
+}
+
+// MarshalText implements encoding.TextMarshaler with the canonical text.
+func (e Entry) MarshalText() ([]byte, error) { return []byte(e.String()), nil }
+
+// MatchesName is the reference semantics of name matching (the DNS proxy keeps
+// its own index and cross-checks against this). name is compared
+// case-insensitively and may carry one trailing dot; internationalised names
+// must already be in punycode. CIDR entries match no name.
+func (e Entry) MatchesName(name string) bool {
+	name = strings.ToLower(strings.TrimSuffix(name, "."))
+	switch e.Kind {
+	case KindHost:
+		return name == e.Name
+	case KindWildcard, KindMultiWildcard:
+		head, ok := strings.CutSuffix(name, "."+e.Name)
+		if !ok || head == "" {
+			return false
+		}
+		if e.Kind == KindWildcard {
+			return !strings.Contains(head, ".")
+		}
+		return !slices.Contains(strings.Split(head, "."), "")
+	}
+	return false
+}

@@ -1,0 +1,237 @@
+package netpolicy
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"regexp"
+	"time"
+
+	"github.com/google/nftables"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+)
+
+const (
+	// DefaultAttestFloor is the shortest life of an attested address when
+	// FirewallConfig.AttestFloor is zero. DNS TTLs of 0 or a few seconds are
+	// common; the guest connects right after the answer, and established
+	// connections outlive the element anyway.
+	DefaultAttestFloor = 30 * time.Second
+	// MaxAttestTimeout caps an attested address's life (DNS TTLs go up to
+	// 2^31 s; an element should not outlive a day without a fresh answer).
+	MaxAttestTimeout = 24 * time.Hour
+	// elemChunk bounds the elements per netlink message: the element list
+	// is one attribute whose length is 16 bits.
+	elemChunk = 256
+)
+
+// prefixPattern: the prefix names the table and starts every session
+// interface name, so it is short and plain.
+var prefixPattern = regexp.MustCompile(`^[a-z][a-z0-9]{0,7}$`)
+
+// FirewallConfig configures the nftables table of one daemon.
+type FirewallConfig struct {
+	// NetNS is the daemon's (host) network namespace. The Firewall keeps its
+	// own duplicate of the handle; the caller may close theirs.
+	NetNS netns.NsHandle
+	// Prefix names the table ("inet <Prefix>") and is the prefix of every
+	// host-side session interface: 1 to 8 of [a-z0-9], starting with a letter.
+	Prefix string
+	// Pool is the session address pool: masqueraded on the way out, and
+	// always blocked as a destination except for lab peers.
+	Pool netip.Prefix
+	// DNSAddr is the DNS anycast address, the only local address sessions
+	// may reach (UDP and TCP port 53).
+	DNSAddr netip.Addr
+	// Guard defines the blocked destinations; nil means NewGuard(Pool, nil).
+	// Its pool must be Pool.
+	Guard *Guard
+	// AttestFloor is the minimum attest timeout (0: DefaultAttestFloor).
+	AttestFloor time.Duration
+}
+
+// SessionRules is what the firewall knows about one session. Every element
+// it produces is keyed by Guest, which is unique per live session (one /30
+// each), so sessions never share or rewrite each other's elements.
+type SessionRules struct {
+	Name      string     // for messages only
+	HostIface string     // host-side veth; must start with the firewall prefix
+	Guest     netip.Addr // the session's address, inside the pool
+	Egress    Mode
+	Static    []Target     // CIDR entries and pinned addresses (see StaticTargets)
+	Peers     []netip.Addr // guest addresses of the lab peers this session may reach
+}
+
+// SessionKey identifies a session in the kernel's "sessions" set.
+type SessionKey struct {
+	HostIface string
+	Guest     netip.Addr
+}
+
+// AttestedAddr is one live attested destination of a session.
+type AttestedAddr struct {
+	IP      netip.Addr
+	Port    uint16 // 0: any port and protocol
+	Proto   Proto  // with Port: ProtoTCP or ProtoUDP
+	Expires time.Duration
+}
+
+// Counters are a session's packet and byte counts: accepted counts every
+// forwarded packet from the session (new and established), dropped counts
+// packets from the session dropped by policy in forward or input. Packets
+// dropped before the session is identified (spoofed source, unknown
+// interface, IPv6) are not attributed to any session.
+type Counters struct {
+	AcceptedPackets, AcceptedBytes uint64
+	DroppedPackets, DroppedBytes   uint64
+}
+
+// Firewall owns the table "inet <prefix>" in the daemon's netns. It is safe
+// for concurrent use. Attest has its own netlink connection so the DNS hot
+// path never waits behind a session add/remove or a counter dump; the
+// kernel serialises the transactions themselves.
+type Firewall struct {
+	cfg    FirewallConfig
+	guard  *Guard
+	floor  time.Duration
+	nsFd   int // our duplicate of cfg.NetNS, closed by Close
+	schema *schema
+	admin  connSlot // Ensure, AddSession, RemoveSession, reads, DeleteTable
+	attest connSlot // Attest only
+}
+
+// OpenFirewall validates cfg and opens the netlink connections. It changes
+// nothing in the kernel; call Ensure.
+func OpenFirewall(cfg FirewallConfig) (*Firewall, error) {
+	if err := checkConfig(&cfg); err != nil {
+		return nil, fmt.Errorf("open firewall: %w", err)
+	}
+	fd, err := unix.FcntlInt(uintptr(cfg.NetNS), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("open firewall: duplicate netns handle: %w", err)
+	}
+	f := &Firewall{
+		cfg:    cfg,
+		guard:  cfg.Guard,
+		floor:  cfg.AttestFloor,
+		nsFd:   fd,
+		schema: newSchema(cfg.Prefix, cfg.Pool),
+	}
+	f.admin.nsFd, f.attest.nsFd = fd, fd
+	if err := f.admin.do(func(*nftables.Conn) error { return nil }); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("open firewall: %w", err)
+	}
+	return f, nil
+}
+
+func checkConfig(cfg *FirewallConfig) error {
+	if cfg.NetNS <= 0 {
+		return fmt.Errorf("netns handle is not set")
+	}
+	if !prefixPattern.MatchString(cfg.Prefix) {
+		return fmt.Errorf("prefix %q: expected 1 to 8 of a-z and 0-9, starting with a letter", cfg.Prefix)
+	}
+	if !cfg.Pool.IsValid() || !cfg.Pool.Addr().Is4() || cfg.Pool != cfg.Pool.Masked() {
+		return fmt.Errorf("pool %q: expected a masked IPv4 prefix such as 10.20.0.0/16", cfg.Pool)
+	}
+	if !cfg.DNSAddr.Is4() {
+		return fmt.Errorf("dns address %q: expected an IPv4 address", cfg.DNSAddr)
+	}
+	if cfg.Guard == nil {
+		g, err := NewGuard(cfg.Pool, nil)
+		if err != nil {
+			return err
+		}
+		cfg.Guard = g
+	}
+	if cfg.Guard.Pool() != cfg.Pool {
+		return fmt.Errorf("guard pool %s differs from firewall pool %s", cfg.Guard.Pool(), cfg.Pool)
+	}
+	if cfg.AttestFloor < 0 {
+		return fmt.Errorf("attest floor %s is negative", cfg.AttestFloor)
+	}
+	if cfg.AttestFloor == 0 {
+		cfg.AttestFloor = DefaultAttestFloor
+	}
+	return nil
+}
+
+// Close releases the netlink connections and the netns handle. The table and
+// its state stay in the kernel (and keep enforcing). Close must not run
+// concurrently with other methods; nothing may be called after it.
+func (f *Firewall) Close() error {
+	f.admin.close()
+	f.attest.close()
+	if f.nsFd > 0 {
+		err := unix.Close(f.nsFd)
+		f.nsFd = -1
+		if err != nil {
+			return fmt.Errorf("close firewall netns handle: %w", err)
+		}
+	}
+	return nil
+}
+
+// Table returns the table name.
+func (f *Firewall) Table() string { return f.cfg.Prefix }
+
+// AttestFloor returns the effective floor.
+func (f *Firewall) AttestFloor() time.Duration { return f.floor }
+
+func (f *Firewall) checkGuest(guest netip.Addr) error {
+	if !guest.Is4() || !f.cfg.Pool.Contains(guest) {
+		return fmt.Errorf("guest address %s is not inside the pool %s", guest, f.cfg.Pool)
+	}
+	return nil
+}
+
+// tableExists reports whether the table is present.
+func tableExists(c *nftables.Conn, t *nftables.Table) (bool, error) {
+	_, err := c.ListTableOfFamily(t.Name, t.Family)
+	if err == nil {
+		return true, nil
+	}
+	if isNotFound(err) {
+		return false, nil
+	}
+	return false, fmt.Errorf("look up table inet %s: %w", t.Name, err)
+}
+
+// DeleteTable removes the whole table with every session's state. It is for
+// an offline reap (no daemon running); deleting a missing table succeeds.
+func (f *Firewall) DeleteTable() error {
+	err := f.admin.do(func(c *nftables.Conn) error {
+		ok, err := tableExists(c, f.schema.table)
+		if err != nil || !ok {
+			return err
+		}
+		c.DelTable(f.schema.table)
+		return c.Flush()
+	})
+	if err != nil && !isNotFound(err) {
+		return fmt.Errorf("delete table inet %s: %w", f.cfg.Prefix, err)
+	}
+	return nil
+}
+
+// addElements queues elems for set in messages of at most elemChunk elements.
+func addElements(c *nftables.Conn, s *nftables.Set, elems []nftables.SetElement, del bool) error {
+	for len(elems) > 0 {
+		n := min(len(elems), elemChunk)
+		var err error
+		if del {
+			err = c.SetDeleteElements(s, elems[:n])
+		} else {
+			err = c.SetAddElements(s, elems[:n])
+		}
+		if err != nil {
+			return fmt.Errorf("encode elements of set %s: %w", s.Name, err)
+		}
+		elems = elems[n:]
+	}
+	return nil
+}
+
+var errNoTable = errors.New("table does not exist; call Ensure first")

@@ -1,0 +1,122 @@
+package netpolicy
+
+import (
+	"fmt"
+
+	"github.com/google/nftables"
+)
+
+// chainDef describes one chain of the table.
+type chainDef struct {
+	name     string
+	typ      nftables.ChainType
+	hook     *nftables.ChainHook
+	priority *nftables.ChainPriority
+}
+
+func chainDefs() []chainDef {
+	return []chainDef{
+		// Regular chains first: base chains' rules jump to them.
+		{name: chainAccept},
+		{name: chainDrop},
+		{name: chainFromSession},
+		{chainForward, nftables.ChainTypeFilter, nftables.ChainHookForward, nftables.ChainPriorityFilter},
+		{chainInput, nftables.ChainTypeFilter, nftables.ChainHookInput, nftables.ChainPriorityFilter},
+		{chainPostrouting, nftables.ChainTypeNAT, nftables.ChainHookPostrouting, nftables.ChainPriorityNATSource},
+	}
+}
+
+// Ensure makes the table match this package's design in one atomic batch:
+// it creates the table, every missing set and chain, replaces the rules of
+// its own chains and the contents of the "blocked" set (both derived from
+// configuration, not from sessions), and never touches session elements.
+// A daemon calls it on every start; sessions enforced before a restart keep
+// their elements and stay enforced throughout.
+//
+// An existing set whose type differs from the design (a table from another
+// version) is an error: delete the table offline (DeleteTable) to upgrade.
+func (f *Firewall) Ensure() error {
+	err := f.admin.do(func(c *nftables.Conn) error {
+		t := f.schema.table
+		exists, err := tableExists(c, t)
+		if err != nil {
+			return err
+		}
+		haveSets := map[string]*nftables.Set{}
+		haveChains := map[string]bool{}
+		if exists {
+			sets, err := c.GetSets(t)
+			if err != nil {
+				return fmt.Errorf("list sets: %w", err)
+			}
+			for _, s := range sets {
+				haveSets[s.Name] = s
+			}
+			chains, err := c.ListChainsOfTableFamily(t.Family)
+			if err != nil {
+				return fmt.Errorf("list chains: %w", err)
+			}
+			for _, ch := range chains {
+				if ch.Table.Name == t.Name {
+					haveChains[ch.Name] = true
+				}
+			}
+		}
+		c.AddTable(t)
+		batchSets := map[string]*nftables.Set{}
+		for _, name := range f.schema.order {
+			want := f.schema.sets[name]
+			if have, ok := haveSets[name]; ok {
+				if err := compatible(have, want); err != nil {
+					return err
+				}
+				batchSets[name] = want
+				continue
+			}
+			s := f.schema.fresh(name)
+			if err := c.AddSet(s, nil); err != nil {
+				return fmt.Errorf("encode set %s: %w", name, err)
+			}
+			batchSets[name] = s
+		}
+		blocked := batchSets[setBlocked]
+		if _, ok := haveSets[setBlocked]; ok {
+			c.FlushSet(blocked)
+		}
+		if err := addElements(c, blocked, blockedElements(f.guard), false); err != nil {
+			return err
+		}
+		chains := map[string]*nftables.Chain{}
+		for _, d := range chainDefs() {
+			ch := &nftables.Chain{Name: d.name, Table: t, Type: d.typ, Hooknum: d.hook, Priority: d.priority}
+			if d.hook != nil {
+				accept := nftables.ChainPolicyAccept
+				ch.Policy = &accept
+			}
+			chains[d.name] = ch
+			if haveChains[d.name] {
+				c.FlushChain(ch)
+			} else {
+				c.AddChain(ch)
+			}
+		}
+		env := ruleEnv{prefix: f.cfg.Prefix, pool: f.cfg.Pool, dns: f.cfg.DNSAddr, set: func(n string) *nftables.Set { return batchSets[n] }}
+		for _, r := range buildRules(env) {
+			c.AddRule(&nftables.Rule{Table: t, Chain: chains[r.chain], Exprs: r.exprs})
+		}
+		return c.Flush()
+	})
+	if err != nil {
+		return fmt.Errorf("ensure table inet %s: %w", f.cfg.Prefix, err)
+	}
+	return nil
+}
+
+// compatible checks that an existing set has the shape this version needs.
+func compatible(have, want *nftables.Set) error {
+	if have.KeyType.Name != want.KeyType.Name || have.Interval != want.Interval || have.HasTimeout != want.HasTimeout {
+		return fmt.Errorf("set %s exists with type %q (interval %t, timeout %t), want %q (interval %t, timeout %t); delete the table to upgrade",
+			have.Name, have.KeyType.Name, have.Interval, have.HasTimeout, want.KeyType.Name, want.Interval, want.HasTimeout)
+	}
+	return nil
+}

@@ -1,0 +1,270 @@
+package netpolicy
+
+import (
+	"bytes"
+	"fmt"
+	"net/netip"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/google/nftables"
+)
+
+// checkRules validates r against the firewall configuration.
+func (f *Firewall) checkRules(r SessionRules) error {
+	if _, err := ParseMode(string(r.Egress)); err != nil {
+		return err
+	}
+	if !strings.HasPrefix(r.HostIface, f.cfg.Prefix) || len(r.HostIface) >= ifNameSize {
+		// An interface without the prefix would bypass the forward chain.
+		return fmt.Errorf("host interface %q: must start with %q and be at most 15 characters", r.HostIface, f.cfg.Prefix)
+	}
+	if err := f.checkGuest(r.Guest); err != nil {
+		return err
+	}
+	for _, p := range r.Peers {
+		if err := f.checkGuest(p); err != nil {
+			return fmt.Errorf("lab peer: %w", err)
+		}
+	}
+	return nil
+}
+
+// AddSession inserts every element of a session in one batch: its interface
+// and address (anti-spoofing), public mode, lab peers, static targets and
+// zeroed counters. Adding the same rules again is harmless. It never changes
+// another session's elements. A ModeNone session has no interface, hence no
+// elements: AddSession does nothing. Policy changes are RemoveSession then
+// AddSession (elements are only ever added here, never replaced).
+func (f *Firewall) AddSession(r SessionRules) error {
+	if r.Egress == ModeNone {
+		return nil
+	}
+	if err := f.checkRules(r); err != nil {
+		return fmt.Errorf("add session %s: %w", r.Name, err)
+	}
+	plan := sessionElements(r)
+	err := f.admin.do(func(c *nftables.Conn) error {
+		for _, se := range plan {
+			if err := addElements(c, f.schema.sets[se.set], se.elems, false); err != nil {
+				return err
+			}
+		}
+		return c.Flush()
+	})
+	if err != nil {
+		return fmt.Errorf("add session %s (guest %s): %w", r.Name, r.Guest, err)
+	}
+	return nil
+}
+
+// sessionSets are the sets RemoveSession scans for a guest's elements.
+var sessionSets = []string{setSessions, setPublic, setPeers, setAttested, setAttestedPorts,
+	setStatic, setStaticPorts, setStaticCIDR, setStaticCIDRPorts, setAcctAccept, setAcctDrop}
+
+// RemoveSession deletes every element that belongs to r.Guest in one batch:
+// whatever it was added with, its attested addresses, its counters, and the
+// peer elements of other sessions that name it (so a reused address inherits
+// nothing). It lists the sets and deletes what is present, so it is
+// idempotent and needs nothing but the guest address; its cost grows with
+// the total number of elements (it is not on a hot path). Only r.Guest is
+// used; a zero Guest (egress none) has nothing to remove. An element that
+// expires between the listing and the delete makes the kernel reject the
+// batch with ENOENT; the removal is then retried.
+func (f *Firewall) RemoveSession(r SessionRules) error {
+	if !r.Guest.IsValid() {
+		return nil // a session without an address (egress none) has no elements
+	}
+	if !r.Guest.Is4() {
+		return fmt.Errorf("remove session %s: guest address %s is not IPv4", r.Name, r.Guest)
+	}
+	var err error
+	for attempt := 0; attempt < 4; attempt++ {
+		if err = f.admin.do(func(c *nftables.Conn) error { return f.removeGuestLocked(c, r.Guest) }); err == nil || !isNotFound(err) {
+			break
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("remove session %s (guest %s): %w", r.Name, r.Guest, err)
+	}
+	return nil
+}
+
+func (f *Firewall) removeGuestLocked(c *nftables.Conn, guest netip.Addr) error {
+	ok, err := tableExists(c, f.schema.table)
+	if err != nil || !ok {
+		return err
+	}
+	g := ipKey(guest)
+	queued := 0
+	for _, name := range sessionSets {
+		set := f.schema.sets[name]
+		elems, err := c.GetSetElements(set)
+		if err != nil {
+			return fmt.Errorf("list set %s: %w", name, err)
+		}
+		var del []nftables.SetElement
+		for _, e := range elems {
+			owner, ok := keyGuest(name, e.Key)
+			mine := ok && owner == guest
+			if name == setPeers && len(e.Key) == 8 && bytes.Equal(e.Key[4:8], g) {
+				mine = true // another session's permission to reach this one
+			}
+			if mine {
+				del = append(del, nftables.SetElement{Key: e.Key, KeyEnd: e.KeyEnd})
+			}
+		}
+		if err := addElements(c, set, del, true); err != nil {
+			return err
+		}
+		queued += len(del)
+	}
+	if queued == 0 {
+		return nil
+	}
+	return c.Flush()
+}
+
+// Attest makes ips reachable from the session whose guest address is guest
+// for ttl, clamped to [AttestFloor, MaxAttestTimeout]; it returns the
+// effective timeout. With no ports (or a port-less spec) every port and
+// protocol is allowed; otherwise only the given ports (ProtoAny = TCP and
+// UDP). It returns after the kernel acknowledged the batch, so a DNS answer
+// released afterwards can never race the rule. Attesting an address again
+// refreshes (sets) its expiry. Non-IPv4 addresses are ignored; attested
+// addresses in a blocked range stay unreachable (the guard is checked first).
+func (f *Firewall) Attest(guest netip.Addr, ips []netip.Addr, ttl time.Duration, ports []PortSpec) (time.Duration, error) {
+	timeout := min(max(ttl, f.floor), MaxAttestTimeout)
+	if err := f.checkGuest(guest); err != nil {
+		return 0, fmt.Errorf("attest for %s: %w", guest, err)
+	}
+	plan := attestElements(guest, ips, timeout, ports)
+	if len(plan) == 0 {
+		return timeout, nil
+	}
+	err := f.attest.do(func(c *nftables.Conn) error {
+		for _, se := range plan {
+			if err := addElements(c, f.schema.sets[se.set], se.elems, false); err != nil {
+				return err
+			}
+		}
+		return c.Flush()
+	})
+	if err != nil {
+		return 0, fmt.Errorf("attest %d addresses for %s: %w", len(ips), guest, err)
+	}
+	return timeout, nil
+}
+
+// listSet dumps one set's elements on the admin connection.
+func (f *Firewall) listSet(name string) ([]nftables.SetElement, error) {
+	var out []nftables.SetElement
+	err := f.admin.do(func(c *nftables.Conn) error {
+		ok, err := tableExists(c, f.schema.table)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			return errNoTable
+		}
+		out, err = c.GetSetElements(f.schema.sets[name])
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list set %s in table inet %s: %w", name, f.cfg.Prefix, err)
+	}
+	return out, nil
+}
+
+// Attested lists the live attested destinations of guest, sorted by address
+// and port. It dumps the shared sets (cost grows with all sessions'
+// elements); it is for diagnostics, not for a hot path.
+func (f *Firewall) Attested(guest netip.Addr) ([]AttestedAddr, error) {
+	var out []AttestedAddr
+	plain, err := f.listSet(setAttested)
+	if err != nil {
+		return nil, err
+	}
+	for _, e := range plain {
+		if g, ok := keyGuest(setAttested, e.Key); ok && g == guest && len(e.Key) == 8 {
+			out = append(out, AttestedAddr{IP: netip.AddrFrom4([4]byte(e.Key[4:8])), Expires: e.Expires})
+		}
+	}
+	ported, err := f.listSet(setAttestedPorts)
+	if err != nil {
+		return nil, err
+	}
+	for _, e := range ported {
+		if g, ip, proto, port, ok := decodeGuestPort(e.Key); ok && g == guest {
+			out = append(out, AttestedAddr{IP: ip, Port: port, Proto: proto, Expires: e.Expires})
+		}
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if c := out[i].IP.Compare(out[j].IP); c != 0 {
+			return c < 0
+		}
+		if out[i].Port != out[j].Port {
+			return out[i].Port < out[j].Port
+		}
+		return out[i].Proto < out[j].Proto
+	})
+	return out, nil
+}
+
+// AllCounters returns the counters of every session that has any, keyed by
+// guest address: two dumps whatever the number of sessions.
+func (f *Firewall) AllCounters() (map[netip.Addr]Counters, error) {
+	out := map[netip.Addr]Counters{}
+	for _, name := range []string{setAcctAccept, setAcctDrop} {
+		elems, err := f.listSet(name)
+		if err != nil {
+			return nil, err
+		}
+		for _, e := range elems {
+			g, ok := keyGuest(name, e.Key)
+			if !ok || e.Counter == nil {
+				continue
+			}
+			c := out[g]
+			if name == setAcctAccept {
+				c.AcceptedPackets, c.AcceptedBytes = e.Counter.Packets, e.Counter.Bytes
+			} else {
+				c.DroppedPackets, c.DroppedBytes = e.Counter.Packets, e.Counter.Bytes
+			}
+			out[g] = c
+		}
+	}
+	return out, nil
+}
+
+// Counters returns one session's counters (zero if it has none). It costs
+// what AllCounters costs; prefer AllCounters for many sessions.
+func (f *Firewall) Counters(guest netip.Addr) (Counters, error) {
+	all, err := f.AllCounters()
+	if err != nil {
+		return Counters{}, err
+	}
+	return all[guest], nil
+}
+
+// Sessions lists the sessions present in the kernel (host interface and
+// guest address), for reconciliation after a restart.
+func (f *Firewall) Sessions() ([]SessionKey, error) {
+	elems, err := f.listSet(setSessions)
+	if err != nil {
+		return nil, err
+	}
+	var out []SessionKey
+	for _, e := range elems {
+		if len(e.Key) != ifNameSize+4 {
+			continue
+		}
+		out = append(out, SessionKey{
+			HostIface: string(bytes.TrimRight(e.Key[:ifNameSize], "\x00")),
+			Guest:     netip.AddrFrom4([4]byte(e.Key[ifNameSize:])),
+		})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Guest.Less(out[j].Guest) })
+	return out, nil
+}

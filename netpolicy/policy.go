@@ -1,0 +1,128 @@
+package netpolicy
+
+import (
+	"fmt"
+	"net/netip"
+	"strconv"
+)
+
+// Mode is a session's egress mode.
+type Mode string
+
+const (
+	// ModeNone: the session has only a loopback interface; nothing leaves.
+	ModeNone Mode = "none"
+	// ModeAllowlist: only the allow entries (DNS-attested names, CIDRs,
+	// pinned addresses) and lab peers are reachable.
+	ModeAllowlist Mode = "allowlist"
+	// ModePublic: every public unicast IPv4 destination is reachable; the
+	// special-purpose ranges stay dropped.
+	ModePublic Mode = "public"
+)
+
+// ParseMode parses an egress mode name.
+func ParseMode(s string) (Mode, error) {
+	switch m := Mode(s); m {
+	case ModeNone, ModeAllowlist, ModePublic:
+		return m, nil
+	}
+	return "", fmt.Errorf("egress mode %q: expected none, allowlist or public", s)
+}
+
+// Proto is a transport protocol of a port constraint.
+type Proto string
+
+const (
+	// ProtoAny is TCP and UDP (with a port) or any protocol (without one).
+	ProtoAny Proto = ""
+	ProtoTCP Proto = "tcp"
+	ProtoUDP Proto = "udp"
+)
+
+// Number returns the IANA protocol number (0 for ProtoAny).
+func (p Proto) Number() uint8 {
+	switch p {
+	case ProtoTCP:
+		return 6
+	case ProtoUDP:
+		return 17
+	}
+	return 0
+}
+
+// PortSpec is one port constraint. Port 0 means "any port, any protocol"
+// and then Proto is ProtoAny.
+type PortSpec struct {
+	Port  uint16
+	Proto Proto
+}
+
+func (p PortSpec) String() string {
+	if p.Port == 0 {
+		return ""
+	}
+	s := ":" + strconv.Itoa(int(p.Port))
+	if p.Proto != ProtoAny {
+		s += "/" + string(p.Proto)
+	}
+	return s
+}
+
+// EntryKind says what an allow entry matches.
+type EntryKind int
+
+const (
+	// KindHost matches exactly one DNS name.
+	KindHost EntryKind = iota
+	// KindWildcard (*.example.com) matches names with exactly one more label.
+	KindWildcard
+	// KindMultiWildcard (**.example.com) matches names with one or more more labels.
+	KindMultiWildcard
+	// KindCIDR matches an IPv4 prefix (a bare address is a /32).
+	KindCIDR
+)
+
+func (k EntryKind) String() string {
+	switch k {
+	case KindHost:
+		return "host"
+	case KindWildcard:
+		return "wildcard"
+	case KindMultiWildcard:
+		return "multi-wildcard"
+	case KindCIDR:
+		return "cidr"
+	}
+	return "kind(" + strconv.Itoa(int(k)) + ")"
+}
+
+// Entry is one validated allow entry. Invariants (guaranteed by ParseEntry):
+// Name is a normalised ASCII name (lower-case, punycode, no trailing dot) for
+// the name kinds and empty for KindCIDR; for wildcards it is the suffix
+// without "*." or "**." and has at least two labels; Prefix is valid and
+// masked for KindCIDR and zero otherwise; Proto is ProtoAny when Port is 0.
+type Entry struct {
+	Kind   EntryKind
+	Name   string
+	Prefix netip.Prefix
+	PortSpec
+}
+
+// Policy is a session's egress policy.
+//
+// Decisions: ModeNone takes no allow entries and no lab peers (the session has
+// no interface, so they could never apply; saying so beats ignoring them).
+// ModePublic accepts allow entries although they add no reach: a profile can
+// switch between allowlist and public without editing its list, and the DNS
+// proxy may still use them. An empty allowlist allows nothing.
+type Policy struct {
+	Egress Mode
+	Allow  []Entry
+	// LabPeers names other sessions this one may open connections to (their
+	// guest addresses and every port); replies flow back, nothing else does.
+	LabPeers []string
+	// Lab marks this session as a lab target: other sessions may name it in
+	// their LabPeers. The daemon enforces the pairing; the firewall only sees
+	// addresses.
+	Lab bool
+}

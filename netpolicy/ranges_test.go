@@ -1,0 +1,232 @@
+package netpolicy
+
+import (
+	"bytes"
+	"math/rand/v2"
+	"net/netip"
+	"slices"
+	"testing"
+
+	"github.com/google/nftables"
+)
+
+var pool16 = netip.MustParsePrefix("10.20.0.0/16")
+
+// oracle is the definition, written independently of the interval code: a
+// special range not overridden, or the pool.
+func oracle(ip netip.Addr, pool netip.Prefix, overrides []netip.Prefix) bool {
+	ip = ip.Unmap()
+	if !ip.Is4() {
+		return true
+	}
+	if pool.IsValid() && pool.Contains(ip) {
+		return true
+	}
+	for _, r := range SpecialPurpose {
+		if r.Prefix.Contains(ip) {
+			for _, o := range overrides {
+				if o.Contains(ip) {
+					return false
+				}
+			}
+			return true
+		}
+	}
+	return false
+}
+
+// inIntervalSet evaluates an nftables (rbtree) interval set the way the
+// kernel does: an address matches when the greatest element at or below it
+// exists and is not an interval end. It also checks the element list is
+// well formed: strictly increasing keys, starts and ends alternating.
+func inIntervalSet(t *testing.T, elems []nftables.SetElement, ip netip.Addr) bool {
+	t.Helper()
+	key := ipKey(ip)
+	var match *nftables.SetElement
+	for i := range elems {
+		e := &elems[i]
+		if i > 0 {
+			if bytes.Compare(elems[i-1].Key, e.Key) >= 0 {
+				t.Fatalf("element keys not increasing at %d: %v then %v", i, elems[i-1].Key, e.Key)
+			}
+			if elems[i-1].IntervalEnd == e.IntervalEnd {
+				t.Fatalf("elements %d and %d do not alternate start/end", i-1, i)
+			}
+		} else if e.IntervalEnd {
+			t.Fatalf("first element is an interval end")
+		}
+		if bytes.Compare(e.Key, key) <= 0 {
+			match = e
+		}
+	}
+	return match != nil && !match.IntervalEnd
+}
+
+// boundaries returns first, last, first-1 and last+1 of every prefix.
+func boundaries(ps []netip.Prefix) []netip.Addr {
+	var out []netip.Addr
+	for _, p := range ps {
+		iv := toInterval(p)
+		out = append(out, u32ToAddr(iv.first), u32ToAddr(iv.last))
+		if iv.first > 0 {
+			out = append(out, u32ToAddr(iv.first-1))
+		}
+		if iv.last < ^uint32(0) {
+			out = append(out, u32ToAddr(iv.last+1))
+		}
+	}
+	return out
+}
+
+// TestGuardAgreesWithDropSet proves IsPublicUnicast, Blocked() and the
+// elements of the nftables drop set agree with the definition at every
+// range boundary (and on random addresses), with and without overrides.
+func TestGuardAgreesWithDropSet(t *testing.T) {
+	cases := []struct {
+		name      string
+		pool      netip.Prefix
+		overrides []netip.Prefix
+	}{
+		{"no pool, no overrides", netip.Prefix{}, nil},
+		{"default pool", pool16, nil},
+		{"test world override", pool16, []netip.Prefix{netip.MustParsePrefix("198.18.0.0/15")}},
+		{"overrides cutting ranges", pool16, []netip.Prefix{
+			netip.MustParsePrefix("10.99.0.0/16"), netip.MustParsePrefix("0.0.0.0/8"),
+			netip.MustParsePrefix("240.0.0.0/5"), netip.MustParsePrefix("255.255.255.255/32"),
+			netip.MustParsePrefix("100.64.0.0/10"), netip.MustParsePrefix("169.254.169.254/32"),
+		}},
+		{"pool outside the table", netip.MustParsePrefix("100.64.0.0/16"), []netip.Prefix{netip.MustParsePrefix("100.65.0.0/16")}},
+		{"public pool", netip.MustParsePrefix("44.0.0.0/16"), nil},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			g, err := NewGuard(c.pool, c.overrides)
+			if err != nil {
+				t.Fatal(err)
+			}
+			elems := blockedElements(g)
+			blocked := g.Blocked()
+			var edges []netip.Prefix
+			for _, r := range SpecialPurpose {
+				edges = append(edges, r.Prefix)
+			}
+			edges = append(edges, c.overrides...)
+			edges = append(edges, blocked...)
+			if c.pool.IsValid() {
+				edges = append(edges, c.pool)
+			}
+			points := boundaries(edges)
+			rng := rand.New(rand.NewPCG(1, 2))
+			for i := 0; i < 20000; i++ {
+				points = append(points, u32ToAddr(rng.Uint32()))
+			}
+			for _, ip := range points {
+				want := oracle(ip, c.pool, c.overrides)
+				if got := !g.IsPublicUnicast(ip); got != want {
+					t.Errorf("%s: guard blocked=%v, definition %v", ip, got, want)
+				}
+				if got := inIntervalSet(t, elems, ip); got != want {
+					t.Errorf("%s: nft drop set blocked=%v, definition %v", ip, got, want)
+				}
+				if got := slices.ContainsFunc(blocked, func(p netip.Prefix) bool { return p.Contains(ip) }); got != want {
+					t.Errorf("%s: Blocked() blocked=%v, definition %v", ip, got, want)
+				}
+				if c.pool == (netip.Prefix{}) && c.overrides == nil && IsPublicUnicast(ip) == want {
+					t.Errorf("%s: package IsPublicUnicast disagrees", ip)
+				}
+			}
+			for i := 1; i < len(blocked); i++ {
+				if blocked[i-1].Overlaps(blocked[i]) || blocked[i-1].Addr().Compare(blocked[i].Addr()) >= 0 {
+					t.Errorf("Blocked() not disjoint and sorted at %s, %s", blocked[i-1], blocked[i])
+				}
+			}
+		})
+	}
+}
+
+func TestIsPublicUnicast(t *testing.T) {
+	tests := []struct {
+		ip   string
+		want bool
+	}{
+		{"8.8.8.8", true}, {"1.1.1.1", true}, {"0.0.0.0", false}, {"0.255.255.255", false}, {"1.0.0.0", true},
+		{"9.255.255.255", true}, {"10.0.0.0", false}, {"11.0.0.0", true},
+		{"100.63.255.255", true}, {"100.64.0.0", false}, {"100.127.255.255", false}, {"100.128.0.0", true},
+		{"127.0.0.1", false}, {"169.254.169.254", false}, {"172.15.255.255", true}, {"172.16.0.0", false},
+		{"172.31.255.255", false}, {"172.32.0.0", true}, {"192.0.0.8", false}, {"192.0.2.1", false},
+		{"192.88.99.1", false}, {"192.168.1.1", false}, {"198.17.255.255", true}, {"198.18.0.0", false},
+		{"198.19.255.255", false}, {"198.20.0.0", true}, {"198.51.100.7", false}, {"203.0.113.9", false},
+		{"223.255.255.255", true}, {"224.0.0.1", false}, {"239.255.255.255", false}, {"240.0.0.1", false},
+		{"255.255.255.255", false},
+		{"::ffff:10.0.0.1", false}, {"::ffff:8.8.8.8", true}, {"2001:4860:4860::8888", false}, {"::1", false},
+	}
+	for _, tt := range tests {
+		if got := IsPublicUnicast(netip.MustParseAddr(tt.ip)); got != tt.want {
+			t.Errorf("IsPublicUnicast(%s) = %v, want %v", tt.ip, got, tt.want)
+		}
+	}
+	if IsPublicUnicast(netip.Addr{}) {
+		t.Errorf("the zero Addr is public")
+	}
+}
+
+func TestGuardBlockedPrefixes(t *testing.T) {
+	g, err := NewGuard(pool16, []netip.Prefix{netip.MustParsePrefix("198.18.0.0/15")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"0.0.0.0/8", "10.0.0.0/8", "100.64.0.0/10", "127.0.0.0/8", "169.254.0.0/16", "172.16.0.0/12",
+		"192.0.0.0/24", "192.0.2.0/24", "192.88.99.0/24", "192.168.0.0/16", "198.51.100.0/24", "203.0.113.0/24", "224.0.0.0/3"}
+	var got []string
+	for _, p := range g.Blocked() {
+		got = append(got, p.String())
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("Blocked() =\n%v\nwant\n%v", got, want)
+	}
+	// The last interval runs to 255.255.255.255: no end element after it.
+	elems := blockedElements(g)
+	if last := elems[len(elems)-1]; last.IntervalEnd || !bytes.Equal(last.Key, []byte{224, 0, 0, 0}) {
+		t.Errorf("last element = %+v, want an open start at 224.0.0.0", last)
+	}
+}
+
+func TestNewGuardErrors(t *testing.T) {
+	p := netip.MustParsePrefix
+	tests := []struct {
+		pool      netip.Prefix
+		overrides []netip.Prefix
+		want      string
+	}{
+		{p("fd00::/64"), nil, "session pool fd00::/64: IPv6 is not supported"},
+		{p("10.20.0.1/16"), nil, "session pool 10.20.0.1/16: host bits set; did you mean 10.20.0.0/16?"},
+		{pool16, []netip.Prefix{p("8.8.8.0/24")}, "public override 8.8.8.0/24: not inside a special-purpose range; only special-purpose ranges can be treated as public"},
+		{pool16, []netip.Prefix{p("10.0.0.0/7")}, "public override 10.0.0.0/7: not inside a special-purpose range; only special-purpose ranges can be treated as public"},
+		{pool16, []netip.Prefix{p("10.0.0.0/8")}, "public override 10.0.0.0/8: overlaps the session pool 10.20.0.0/16, which is never public"},
+		{pool16, []netip.Prefix{p("10.20.1.0/24")}, "public override 10.20.1.0/24: overlaps the session pool 10.20.0.0/16, which is never public"},
+		{pool16, []netip.Prefix{p("fe80::/10")}, "public override fe80::/10: IPv6 is not supported"},
+		{pool16, []netip.Prefix{p("198.18.0.1/15")}, "public override 198.18.0.1/15: host bits set; did you mean 198.18.0.0/15?"},
+		{pool16, []netip.Prefix{{}}, "public override: invalid prefix"},
+	}
+	for _, tt := range tests {
+		_, err := NewGuard(tt.pool, tt.overrides)
+		if err == nil || err.Error() != tt.want {
+			t.Errorf("NewGuard(%s, %v) = %v, want %q", tt.pool, tt.overrides, err, tt.want)
+		}
+	}
+}
+
+func TestIntervalPrefixes(t *testing.T) {
+	got := intervalPrefixes(interval{addrToU32(netip.MustParseAddr("10.0.0.0")), addrToU32(netip.MustParseAddr("10.98.255.255"))})
+	want := []string{"10.0.0.0/10", "10.64.0.0/11", "10.96.0.0/15", "10.98.0.0/16"}
+	var s []string
+	for _, p := range got {
+		s = append(s, p.String())
+	}
+	if !slices.Equal(s, want) {
+		t.Errorf("got %v, want %v", s, want)
+	}
+	if all := intervalPrefixes(interval{0, ^uint32(0)}); len(all) != 1 || all[0].String() != "0.0.0.0/0" {
+		t.Errorf("whole space = %v", all)
+	}
+}

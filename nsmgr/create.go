@@ -1,0 +1,305 @@
+package nsmgr
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"net"
+	"net/netip"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+)
+
+// The steps of Create, in order; Config.Fault is called with each name
+// before the step runs. A session without NIC runs only StepCreateNetns,
+// StepDisableIPv6 and StepLoUp.
+const (
+	StepAllocateSlot = "allocate-slot" // take a /30 slot
+	StepCreateNetns  = "create-netns"  // netns file, new netns bind-mounted on it
+	StepDisableIPv6  = "disable-ipv6"  // in the netns: net.ipv6.conf.{all,default}.disable_ipv6=1
+	StepLoUp         = "lo-up"         // in the netns: lo up
+	StepAddVeth      = "add-veth"      // veth <prefix><slot>h in the host netns, peer eth0 created in the session netns
+	StepTagVeth      = "tag-veth"      // alias "<prefix>-<session>" on the host side (its owner)
+	StepHostIPv6     = "host-ipv6"     // IPv6 disabled on the host side
+	StepHostAddr     = "host-addr"     // gateway/30 on the host side
+	StepHostUp       = "host-up"       // host side up
+	StepGuestAddr    = "guest-addr"    // guest/30 on eth0
+	StepGuestUp      = "guest-up"      // eth0 up
+	StepGuestRoute   = "guest-route"   // default route via the gateway
+)
+
+// CreateSteps lists every step of Create with a NIC, in order.
+var CreateSteps = []string{
+	StepAllocateSlot, StepCreateNetns, StepDisableIPv6, StepLoUp,
+	StepAddVeth, StepTagVeth, StepHostIPv6, StepHostAddr, StepHostUp,
+	StepGuestAddr, StepGuestUp, StepGuestRoute,
+}
+
+// Create builds the network of a session: a named netns with lo up and
+// IPv6 disabled and, if nic, a veth pair with the slot's addresses and the
+// guest's default route. Without nic (egress none) the netns has only lo.
+//
+// Create is a transaction: every step registers its undo, and a failure at
+// any step unwinds the steps before it in reverse, leaving no netns file,
+// mount, link or slot behind. Creating a name that exists fails.
+func (m *Manager) Create(name string, nic bool) (sess Session, err error) {
+	if err := ValidateSessionName(name); err != nil {
+		return Session{}, err
+	}
+	if err := m.begin(name); err != nil {
+		return Session{}, fmt.Errorf("create session %s: %w", name, err)
+	}
+	c := &creation{m: m, name: name, slot: -1, nsFD: netns.None()}
+	defer func() {
+		c.close()
+		if err != nil {
+			if uerr := c.undo.unwind(); uerr != nil {
+				err = errors.Join(err, uerr)
+			}
+			err = fmt.Errorf("create session %s: %w", name, err)
+		}
+		m.mu.Lock()
+		delete(m.creating, name)
+		if err == nil {
+			m.sessions[name] = sess
+		}
+		m.mu.Unlock()
+	}()
+	if err := c.run(nic); err != nil {
+		return Session{}, err
+	}
+	return m.session(name, c.slot), nil
+}
+
+// begin reserves name for a Create in flight.
+func (m *Manager) begin(name string) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	switch {
+	case m.closed:
+		return errors.New("manager closed")
+	case m.creating[name]:
+		return errors.New("already being created")
+	}
+	if _, ok := m.sessions[name]; ok {
+		return errors.New("session exists")
+	}
+	if err := m.prepareDirLocked(); err != nil {
+		return err
+	}
+	m.creating[name] = true
+	return nil
+}
+
+// creation is the state of one Create.
+type creation struct {
+	m     *Manager
+	name  string
+	slot  int
+	undo  undoStack
+	nsFD  netns.NsHandle  // the session netns, open while creating; netns.None() before (the zero value is fd 0!)
+	guest *netlink.Handle // rtnetlink socket in the session netns
+	host  netlink.Link    // the host-side veth once added
+	eth0  netlink.Link    // the guest side, found through guest
+
+	hostName      string     // <prefix><slot>h
+	gw, guestAddr netip.Addr // of the slot
+}
+
+func (c *creation) close() {
+	if c.guest != nil {
+		c.guest.Close()
+	}
+	if c.nsFD.IsOpen() {
+		c.nsFD.Close()
+	}
+}
+
+// step runs one step after asking the fault seam.
+func (c *creation) step(name string, fn func() error) error {
+	if f := c.m.cfg.Fault; f != nil {
+		if err := f(name); err != nil {
+			return fmt.Errorf("%s: %w", name, err)
+		}
+	}
+	return fn()
+}
+
+func (c *creation) run(nic bool) error {
+	m := c.m
+	if nic {
+		if err := c.step(StepAllocateSlot, c.allocate); err != nil {
+			return err
+		}
+	}
+	if err := c.step(StepCreateNetns, c.createNetns); err != nil {
+		return err
+	}
+	if !nic {
+		return nil
+	}
+	c.hostName = HostIfaceName(m.cfg.Prefix, c.slot)
+	_, c.gw, c.guestAddr = m.geo.SlotAddrs(c.slot)
+	steps := []struct {
+		name string
+		fn   func() error
+	}{
+		{StepAddVeth, c.addVeth},
+		{StepTagVeth, c.tagVeth},
+		{StepHostIPv6, c.disableHostIPv6},
+		{StepHostAddr, func() error { return addAddr(m.host, c.host, c.gw) }},
+		{StepHostUp, func() error { return setUp(m.host, c.host) }},
+		{StepGuestAddr, c.addGuestAddr},
+		{StepGuestUp, func() error { return setUp(c.guest, c.eth0) }},
+		{StepGuestRoute, c.addDefaultRoute},
+	}
+	for _, s := range steps {
+		if err := c.step(s.name, s.fn); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (c *creation) allocate() error {
+	m := c.m
+	m.mu.Lock()
+	slot, err := m.allocateLocked()
+	m.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	c.slot = slot
+	c.undo.push(fmt.Sprintf("slot %d", slot), func() error {
+		m.mu.Lock()
+		m.ipam.Release(slot)
+		m.mu.Unlock()
+		return nil
+	})
+	return nil
+}
+
+// createNetns creates the named netns and, while the locked thread is in
+// it, opens its fd and a netlink socket there, disables IPv6 (before any
+// interface but lo exists, so eth0 inherits "default") and brings lo up.
+func (c *creation) createNetns() error {
+	m := c.m
+	path := m.NetnsPath(c.name)
+	if err := createNetnsFile(path); err != nil {
+		return err
+	}
+	c.undo.push("netns "+path, func() error { return removeNetns(path) })
+	return inNewNetns(path, func() error {
+		var err error
+		if c.nsFD, err = netns.Get(); err != nil {
+			return fmt.Errorf("open netns %s: %w", path, err)
+		}
+		if c.guest, err = netlink.NewHandle(unix.NETLINK_ROUTE); err != nil {
+			return fmt.Errorf("open netlink socket in netns %s: %w", path, err)
+		}
+		err = c.step(StepDisableIPv6, func() error {
+			for _, iface := range []string{"all", "default"} {
+				if err := disableIPv6(iface); err != nil && !errors.Is(err, fs.ErrNotExist) {
+					return err // (no such file: a kernel without IPv6)
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+		return c.step(StepLoUp, func() error {
+			// lo is ifindex 1 in every netns (LOOPBACK_IFINDEX).
+			lo := &netlink.Device{LinkAttrs: netlink.LinkAttrs{Name: "lo", Index: 1}}
+			if err := c.guest.LinkSetUp(lo); err != nil {
+				return fmt.Errorf("set lo up in netns %s: %w", path, err)
+			}
+			return nil
+		})
+	})
+}
+
+// addVeth creates the veth pair from the host netns with its peer created
+// directly in the session netns: moving a link between namespaces holds
+// rtnl_lock through an RCU barrier, a scaling cliff under concurrent creates.
+func (c *creation) addVeth() error {
+	m, hostName := c.m, c.hostName
+	veth := &netlink.Veth{
+		LinkAttrs:     netlink.LinkAttrs{Name: hostName},
+		PeerName:      GuestIface,
+		PeerNamespace: netlink.NsFd(int(c.nsFD)),
+	}
+	if err := m.host.LinkAdd(veth); err != nil {
+		return fmt.Errorf("add veth %s: %w", hostName, err)
+	}
+	// Registered only now: if the add failed because the name exists, the
+	// link is not ours to delete.
+	c.undo.push("veth "+hostName, func() error {
+		_, err := deleteLinkByName(m.host, hostName)
+		return err
+	})
+	if veth.Index == 0 {
+		link, err := m.host.LinkByName(hostName)
+		if err != nil {
+			return fmt.Errorf("find veth %s: %w", hostName, err)
+		}
+		c.host = link
+		return nil
+	}
+	c.host = veth
+	return nil
+}
+
+// tagVeth names the owner session in the host veth's alias (the kernel
+// ignores IFLA_IFALIAS on create, hence a step of its own).
+func (c *creation) tagVeth() error {
+	if err := c.m.host.LinkSetAlias(c.host, NetnsName(c.m.cfg.Prefix, c.name)); err != nil {
+		return fmt.Errorf("set alias of %s: %w", c.hostName, err)
+	}
+	return nil
+}
+
+// disableHostIPv6 disables IPv6 on the host veth before it goes up (before
+// it would get a link-local address). A sysctl is the only interface for
+// it, written from a thread in the host netns.
+func (c *creation) disableHostIPv6() error {
+	err := Do(c.m.cfg.HostNS, func() error { return disableIPv6(c.hostName) })
+	if err != nil && !errors.Is(err, fs.ErrNotExist) { // (no such file: a kernel without IPv6)
+		return fmt.Errorf("disable ipv6 on %s: %w", c.hostName, err)
+	}
+	return nil
+}
+
+func (c *creation) addGuestAddr() error {
+	eth0, err := c.guest.LinkByName(GuestIface)
+	if err != nil {
+		return fmt.Errorf("find %s in netns %s: %w", GuestIface, NetnsName(c.m.cfg.Prefix, c.name), err)
+	}
+	c.eth0 = eth0
+	return addAddr(c.guest, eth0, c.guestAddr)
+}
+
+func (c *creation) addDefaultRoute() error {
+	route := &netlink.Route{LinkIndex: c.eth0.Attrs().Index, Gw: c.gw.AsSlice()} // Dst nil: default
+	if err := c.guest.RouteAdd(route); err != nil {
+		return fmt.Errorf("add default route via %s in netns %s: %w", c.gw, NetnsName(c.m.cfg.Prefix, c.name), err)
+	}
+	return nil
+}
+
+func addAddr(h *netlink.Handle, link netlink.Link, a netip.Addr) error {
+	ipnet := &net.IPNet{IP: a.AsSlice(), Mask: net.CIDRMask(30, 32)}
+	if err := h.AddrAdd(link, &netlink.Addr{IPNet: ipnet}); err != nil {
+		return fmt.Errorf("add address %s/30 to %s: %w", a, link.Attrs().Name, err)
+	}
+	return nil
+}
+
+func setUp(h *netlink.Handle, link netlink.Link) error {
+	if err := h.LinkSetUp(link); err != nil {
+		return fmt.Errorf("set %s up: %w", link.Attrs().Name, err)
+	}
+	return nil
+}

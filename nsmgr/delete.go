@@ -1,0 +1,44 @@
+package nsmgr
+
+import "fmt"
+
+// Delete removes a session's network from its name and slot alone (-1: no
+// NIC); it needs no live handle, so it works after a restart. Every step
+// treats "already gone" as success: calling Delete twice is fine.
+//
+// Fast path: it unmounts (MNT_DETACH) and removes the netns file, and the
+// kernel removes the veth pair in the background once nothing else holds
+// the netns (LinkDel would wait ~35 ms under the global network lock). The
+// slot is released but stays quarantined: it is handed out again only after
+// the allocator has wrapped around to it and its old host veth is gone. A
+// veth that lingers because something still holds the netns is removed by
+// Reap.
+func (m *Manager) Delete(name string, slot int) error {
+	if err := ValidateSessionName(name); err != nil {
+		return err
+	}
+	if slot < -1 || slot >= m.geo.Slots() {
+		return fmt.Errorf("delete session %s: slot %d outside the pool's 0..%d", name, slot, m.geo.Slots()-1)
+	}
+	m.mu.Lock()
+	if m.creating[name] {
+		m.mu.Unlock()
+		return fmt.Errorf("delete session %s: a create of it is in flight", name)
+	}
+	if s, ok := m.sessions[name]; ok && s.Slot != slot {
+		m.mu.Unlock()
+		return fmt.Errorf("delete session %s: slot %d given, but the session holds slot %d", name, slot, s.Slot)
+	}
+	m.mu.Unlock()
+
+	if err := removeNetns(m.NetnsPath(name)); err != nil {
+		return fmt.Errorf("delete session %s: %w", name, err)
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	delete(m.sessions, name)
+	if slot >= 0 {
+		m.ipam.Release(slot)
+	}
+	return nil
+}

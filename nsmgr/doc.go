@@ -1,0 +1,29 @@
+// Package nsmgr owns the per-session network plumbing of enforcerd: the IPAM
+// of /30 slots carved from the session pool, the named network namespace of
+// every session (bind-mounted under /run/netns so `ip netns exec` works on
+// it), the veth pair joining it to the daemon's netns, their addresses, the
+// guest's default route, the IPv6 and forwarding sysctls, the DNS anycast
+// interface, and the recovery and reaping of those objects by prefix.
+//
+// Everything nsmgr creates carries the prefix (Config.Prefix) and is found
+// and removed by exact name:
+//
+//	netns           <prefix>-<session>   (file under Config.NetnsDir)
+//	host-side veth  <prefix><slot>h      (in Config.HostNS, alias "<prefix>-<session>")
+//	guest-side veth eth0                 (in the session netns)
+//	DNS interface   <prefix>dns          (in Config.HostNS)
+//
+// The alias on the host-side veth names its owner: interface names of two
+// prefixes can collide ("enf" slot 25 and "enf2" slot 5 are both "enf25h"),
+// so Recover and Reap only claim a link whose alias carries "<prefix>-".
+//
+// nsmgr never assumes that the calling thread's netns is the host netns: it
+// takes the host netns as a handle and talks to every namespace through
+// netlink handles bound to it. The only place that switches a thread's netns
+// is netnsdo.go (Do and its sibling for creating a netns): the thread is
+// locked, and unlocked only after switching back succeeded.
+//
+// The pure core (name validation and derivation, the IPAM) has no I/O and is
+// unit-tested in this package; everything that touches the kernel is tested
+// live in integration/nsmgr_live_test.go.
+package nsmgr

@@ -1,0 +1,182 @@
+package nsmgr
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"path/filepath"
+	"sync"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+)
+
+// DefaultPool is the session pool enforcerd uses unless configured.
+var DefaultPool = netip.MustParsePrefix("10.20.0.0/16")
+
+// Config configures a Manager.
+type Config struct {
+	// Prefix tags every object the Manager creates (see ValidatePrefix).
+	Prefix string
+	// Pool is the IPv4 pool the /30 slots come from (see NewIPAM).
+	Pool netip.Prefix
+	// HostNS is the daemon's netns, where the host-side veths and the DNS
+	// interface live. The caller keeps it open while the Manager is used
+	// and closes it afterwards.
+	HostNS netns.NsHandle
+	// NetnsDir is where the session netns are bind-mounted (default
+	// /run/netns, where `ip netns` finds them).
+	NetnsDir string
+	// Fault is a test seam: when set, Create calls it before each step
+	// (see CreateSteps) and a non-nil error fails that step.
+	Fault func(step string) error
+}
+
+// Session describes the network of one session.
+type Session struct {
+	Name      string
+	Netns     string // "<prefix>-<name>"
+	NetnsPath string // NetnsDir/Netns
+	Slot      int    // -1: no NIC (egress none)
+	HostIface string // "<prefix><slot>h"; empty without NIC
+	Subnet    netip.Prefix
+	Gateway   netip.Addr // on HostIface
+	Guest     netip.Addr // on eth0 in the session netns
+}
+
+// Manager creates, deletes, recovers and reaps session networks. It is safe
+// for concurrent use; Creates of different sessions run their kernel steps
+// in parallel.
+//
+// Invariant: a slot is used in ipam from the moment a Create allocates it
+// until Delete or Reap releases it (or the Create unwinds); a released slot
+// is handed out again only once its host veth is gone from the kernel.
+type Manager struct {
+	cfg  Config
+	host *netlink.Handle // rtnetlink socket in cfg.HostNS, shared (the library serialises requests per socket)
+	geo  *IPAM           // address arithmetic only; never allocated from, so readable without mu
+
+	mu       sync.Mutex // protects the fields below
+	ipam     *IPAM
+	sessions map[string]Session
+	creating map[string]bool // names whose Create is in flight
+	dirReady bool            // NetnsDir prepared
+	closed   bool
+}
+
+// New validates cfg and returns a Manager. It changes nothing in the
+// kernel; call Recover before serving to learn what a previous run left.
+func New(cfg Config) (*Manager, error) {
+	if err := ValidatePrefix(cfg.Prefix); err != nil {
+		return nil, err
+	}
+	if !cfg.Pool.IsValid() {
+		cfg.Pool = DefaultPool
+	}
+	ipam, err := NewIPAM(cfg.Pool)
+	if err != nil {
+		return nil, err
+	}
+	geo, _ := NewIPAM(cfg.Pool)
+	if !cfg.HostNS.IsOpen() || cfg.HostNS == 0 { // 0: the zero value (stdin), never a netns here
+		return nil, errors.New("nsmgr config: HostNS is not an open netns handle")
+	}
+	if cfg.NetnsDir == "" {
+		cfg.NetnsDir = DefaultNetnsDir
+	}
+	h, err := handleIn(cfg.HostNS)
+	if err != nil {
+		return nil, fmt.Errorf("host netns: %w", err)
+	}
+	return &Manager{
+		cfg:      cfg,
+		host:     h,
+		geo:      geo,
+		ipam:     ipam,
+		sessions: map[string]Session{},
+		creating: map[string]bool{},
+	}, nil
+}
+
+// Close releases the Manager's netlink socket. It removes nothing; the
+// Manager is unusable afterwards.
+func (m *Manager) Close() error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if !m.closed {
+		m.closed = true
+		m.host.Close()
+	}
+	return nil
+}
+
+// Prefix returns the prefix.
+func (m *Manager) Prefix() string { return m.cfg.Prefix }
+
+// Pool returns the pool.
+func (m *Manager) Pool() netip.Prefix { return m.cfg.Pool }
+
+// DNSAddr returns the DNS anycast address of the pool.
+func (m *Manager) DNSAddr() netip.Addr { return m.geo.DNSAddr() }
+
+// NetnsPath returns the path of a session's netns file.
+func (m *Manager) NetnsPath(session string) string {
+	return filepath.Join(m.cfg.NetnsDir, NetnsName(m.cfg.Prefix, session))
+}
+
+// SlotOf returns the slot whose /30 holds addr.
+func (m *Manager) SlotOf(addr netip.Addr) (int, bool) { return m.geo.SlotOf(addr) }
+
+// SlotsInUse returns the number of slots handed out (for metrics and tests).
+func (m *Manager) SlotsInUse() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.ipam.InUse()
+}
+
+// Sessions returns the sessions the Manager knows (created, or found by
+// Recover), sorted by name.
+func (m *Manager) Sessions() []Session {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return sortedSessions(m.sessions)
+}
+
+// session builds the Session value of a name and slot.
+func (m *Manager) session(name string, slot int) Session {
+	s := Session{
+		Name:      name,
+		Netns:     NetnsName(m.cfg.Prefix, name),
+		NetnsPath: m.NetnsPath(name),
+		Slot:      -1,
+	}
+	if slot >= 0 {
+		s.Slot = slot
+		s.HostIface = HostIfaceName(m.cfg.Prefix, slot)
+		s.Subnet, s.Gateway, s.Guest = m.geo.SlotAddrs(slot)
+	}
+	return s
+}
+
+// allocateLocked hands out a slot whose host veth name is free in the
+// kernel: a dirty slot (released by Delete, whose veth the kernel removes in
+// the background) is checked with one link lookup and skipped while its old
+// veth lingers. Caller holds m.mu.
+func (m *Manager) allocateLocked() (int, error) {
+	return m.ipam.AllocateIf(func(slot int) bool {
+		_, err := m.host.LinkByName(HostIfaceName(m.cfg.Prefix, slot))
+		return isNotFound(err)
+	})
+}
+
+// prepareDirLocked prepares NetnsDir once. Caller holds m.mu.
+func (m *Manager) prepareDirLocked() error {
+	if m.dirReady {
+		return nil
+	}
+	if err := PrepareNetnsDir(m.cfg.NetnsDir); err != nil {
+		return err
+	}
+	m.dirReady = true
+	return nil
+}

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# install.sh: install a built enforcerd (make build) and its systemd unit. Run as root.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+[ "$(id -u)" -eq 0 ] || { echo "install.sh: run as root" >&2; exit 1; }
+[ -x bin/enforcerd ] || { echo "install.sh: bin/enforcerd missing; run make build first" >&2; exit 1; }
+install -m 0755 bin/enforcerd /usr/local/bin/enforcerd
+install -d -m 0755 /usr/local/share/doc/enforcerd
+install -m 0644 README.md docs/network-model.md /usr/local/share/doc/enforcerd/
+install -m 0644 scripts/enforcerd.service /etc/systemd/system/enforcerd.service
+if [ ! -e /etc/enforcerd.toml ]; then
+	cat >/etc/enforcerd.toml <<'TOML'
+# enforcerd configuration; every key is also a `enforcerd serve` flag (flags win).
+# socket-group = "enforcerd"
+# upstream = ["192.0.2.53"]
+# dns-min-ttl = "60s"
+TOML
+fi
+if command -v systemctl >/dev/null && [ -d /run/systemd/system ]; then
+	systemctl daemon-reload
+	echo "installed; start with: systemctl enable --now enforcerd"
+else
+	echo "installed /usr/local/bin/enforcerd; no systemd here: run 'enforcerd serve' under your supervisor"
+fi
