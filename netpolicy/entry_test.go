@@ -106,6 +106,8 @@ func TestParseEntryErrors(t *testing.T) {
 		{"a.com/path", `allow entry "a.com/path": bad character '/' in label "com/path"; labels use a-z, 0-9 and '-'`},
 		{"-a.com", `allow entry "-a.com": label "-a" starts or ends with '-'`},
 		{"a-.com", `allow entry "a-.com": label "a-" starts or ends with '-'`},
+		{"²", `allow entry "²": name "2" ends in an all-numeric label; write an address as A.B.C.D`},
+		{"host.123", `allow entry "host.123": name "host.123" ends in an all-numeric label; write an address as A.B.C.D`},
 		{long63 + "a.com", `allow entry "` + long63 + `a.com": label "` + long63 + `a" is 64 characters long; at most 63 are allowed`},
 		{tooLongName, `allow entry "` + tooLongName + `": name is 255 characters long; at most 253 are allowed`},
 		{"ä_ö.com", `allow entry "ä_ö.com": invalid internationalised name "ä_ö.com": idna: disallowed rune U+005F`},

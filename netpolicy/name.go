@@ -34,12 +34,28 @@ func NormalizeName(s string) (string, error) {
 	if len(name) > maxNameLen {
 		return "", fmt.Errorf("name is %d characters long; at most %d are allowed", len(name), maxNameLen)
 	}
-	for _, label := range strings.Split(name, ".") {
+	labels := strings.Split(name, ".")
+	for _, label := range labels {
 		if err := checkLabel(label, name); err != nil {
 			return "", err
 		}
 	}
+	// A name whose last label is all digits reads as (part of) an IPv4
+	// address, after IDNA too ("²" maps to "2"); top-level domains are
+	// never numeric, so refusing keeps names and addresses apart.
+	if allDigits(labels[len(labels)-1]) {
+		return "", fmt.Errorf("name %q ends in an all-numeric label; write an address as A.B.C.D", name)
+	}
 	return name, nil
+}
+
+func allDigits(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] < '0' || s[i] > '9' {
+			return false
+		}
+	}
+	return s != ""
 }
 
 func checkLabel(label, name string) error {
