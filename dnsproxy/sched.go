@@ -15,7 +15,7 @@ import (
 // session may use the whole proxy) or while more than share slots stay
 // free (the headroom that lets a newly active session start at once). A job
 // that may not start waits in its session's queue (bounded: a full queue
-// sheds the job). When a slot frees it goes to a waiting session that may
+// sheds its oldest job, whose client has most likely given up). When a slot frees it goes to a waiting session that may
 // start, chosen round-robin, those below their share first. So under
 // contention no session grows beyond share while another waits, and a
 // flooding session cannot starve the others.
@@ -82,7 +82,17 @@ func (s *scheduler) submit(key netip.Addr, job, shed func()) {
 		s.mu.Unlock()
 		return
 	}
-	if len(f.queue) >= s.queueCap || s.queued >= s.totalQueueCap {
+	if len(f.queue) >= s.queueCap || (s.queued >= s.totalQueueCap && len(f.queue) > 0) {
+		// Drop the session's oldest waiting query, not the new one: its
+		// client is the likeliest to have given up already.
+		old := f.queue[0]
+		f.queue[0] = queuedJob{}
+		f.queue = append(f.queue[1:], queuedJob{run: job, shed: shed, at: time.Now()})
+		s.mu.Unlock()
+		s.shed(old.shed)
+		return
+	}
+	if s.queued >= s.totalQueueCap {
 		s.dropIfIdleLocked(f)
 		s.mu.Unlock()
 		s.shed(shed)

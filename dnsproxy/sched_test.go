@@ -2,6 +2,8 @@ package dnsproxy
 
 import (
 	"net/netip"
+	"slices"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -133,12 +135,24 @@ func TestSchedulerShedsFullQueueAndStaleJobs(t *testing.T) {
 	g.next(t)
 	g.next(t)
 	var shedCB atomic.Int64
-	for range 20 { // queue cap is max(2*share, 8) = 8
-		s.submit(flowA, g.job("queued"), func() { shedCB.Add(1) })
+	var mu sync.Mutex
+	var shedIdx []int
+	for i := range 20 { // queue cap is max(2*share, 8) = 8
+		s.submit(flowA, g.job("queued"), func() {
+			shedCB.Add(1)
+			mu.Lock()
+			shedIdx = append(shedIdx, i)
+			mu.Unlock()
+		})
 	}
 	if shed.Load() != 12 || shedCB.Load() != 12 {
 		t.Fatalf("shed %d (callbacks %d), want 12", shed.Load(), shedCB.Load())
 	}
+	mu.Lock()
+	if want := []int{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11}; !slices.Equal(shedIdx, want) {
+		t.Fatalf("shed %v, want the oldest %v", shedIdx, want)
+	}
+	mu.Unlock()
 	time.Sleep(80 * time.Millisecond) // the queued jobs go stale
 	g.release <- struct{}{}
 	g.none(t)

@@ -201,7 +201,7 @@ func mounted(t *testing.T, path string) bool {
 // is path, or nil.
 func mountInfo(t *testing.T, path string) []string {
 	t.Helper()
-	b, err := os.ReadFile("/proc/self/mountinfo")
+	b, err := os.ReadFile("/proc/thread-self/mountinfo")
 	if err != nil {
 		t.Fatalf("read mountinfo: %v", err)
 	}

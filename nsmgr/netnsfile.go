@@ -51,7 +51,10 @@ func PrepareNetnsDir(dir string) error {
 
 // hasMountsBelow reports whether something is mounted inside dir.
 func hasMountsBelow(dir string) (bool, error) {
-	b, err := os.ReadFile("/proc/self/mountinfo")
+	// thread-self, not self: /proc/self is the main thread, which a library
+	// that locks a goroutine and setns()es it (libcontainer's mount-source
+	// thread) can leave wedged in a container's mount namespace for good.
+	b, err := os.ReadFile("/proc/thread-self/mountinfo")
 	if err != nil {
 		return false, fmt.Errorf("read mountinfo: %w", err)
 	}
