@@ -177,18 +177,27 @@ func (f *Firewall) listSet(name string) ([]nftables.SetElement, error) {
 	return out, nil
 }
 
-// Attested lists the live attested destinations of guest, sorted by address
-// and port. It dumps the shared sets (cost grows with all sessions'
-// elements); it is for diagnostics, not for a hot path.
+// Attested returns one session's attested elements with their remaining
+// lifetime (diagnostics: it dumps the attested sets).
 func (f *Firewall) Attested(guest netip.Addr) ([]AttestedAddr, error) {
-	var out []AttestedAddr
+	all, err := f.AllAttested()
+	if err != nil {
+		return nil, err
+	}
+	return all[guest], nil
+}
+
+// AllAttested returns every session's attested elements keyed by guest
+// address, each list sorted: two dumps whatever the number of sessions.
+func (f *Firewall) AllAttested() (map[netip.Addr][]AttestedAddr, error) {
+	out := map[netip.Addr][]AttestedAddr{}
 	plain, err := f.listSet(setAttested)
 	if err != nil {
 		return nil, err
 	}
 	for _, e := range plain {
-		if g, ok := keyGuest(setAttested, e.Key); ok && g == guest && len(e.Key) == 8 {
-			out = append(out, AttestedAddr{IP: netip.AddrFrom4([4]byte(e.Key[4:8])), Expires: e.Expires})
+		if g, ok := keyGuest(setAttested, e.Key); ok && len(e.Key) == 8 {
+			out[g] = append(out[g], AttestedAddr{IP: netip.AddrFrom4([4]byte(e.Key[4:8])), Expires: e.Expires})
 		}
 	}
 	ported, err := f.listSet(setAttestedPorts)
@@ -196,19 +205,21 @@ func (f *Firewall) Attested(guest netip.Addr) ([]AttestedAddr, error) {
 		return nil, err
 	}
 	for _, e := range ported {
-		if g, ip, proto, port, ok := decodeGuestPort(e.Key); ok && g == guest {
-			out = append(out, AttestedAddr{IP: ip, Port: port, Proto: proto, Expires: e.Expires})
+		if g, ip, proto, port, ok := decodeGuestPort(e.Key); ok {
+			out[g] = append(out[g], AttestedAddr{IP: ip, Port: port, Proto: proto, Expires: e.Expires})
 		}
 	}
-	sort.Slice(out, func(i, j int) bool {
-		if c := out[i].IP.Compare(out[j].IP); c != 0 {
-			return c < 0
-		}
-		if out[i].Port != out[j].Port {
-			return out[i].Port < out[j].Port
-		}
-		return out[i].Proto < out[j].Proto
-	})
+	for _, list := range out {
+		sort.Slice(list, func(i, j int) bool {
+			if c := list[i].IP.Compare(list[j].IP); c != 0 {
+				return c < 0
+			}
+			if list[i].Port != list[j].Port {
+				return list[i].Port < list[j].Port
+			}
+			return list[i].Proto < list[j].Proto
+		})
+	}
 	return out, nil
 }
 

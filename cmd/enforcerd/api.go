@@ -10,6 +10,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"reflect"
 	"strings"
 	"sync"
 	"time"
@@ -168,15 +169,34 @@ func decodeBody(w http.ResponseWriter, r *http.Request, v any) (int, error) {
 	case errors.As(err, &se), errors.Is(err, io.ErrUnexpectedEOF):
 		return http.StatusBadRequest, fmt.Errorf("malformed JSON: %v", err)
 	case errors.As(err, &te):
-		field := te.Field
-		if field == "" {
-			field = "(body)"
+		if te.Field == "" {
+			return http.StatusBadRequest, fmt.Errorf("request body: want a JSON object, got JSON %s", te.Value)
 		}
-		return http.StatusBadRequest, fmt.Errorf("field %q: want %s, got JSON %s", field, te.Type, te.Value)
+		return http.StatusBadRequest, fmt.Errorf("field %q: want %s, got JSON %s", te.Field, jsonKind(te.Type), te.Value)
 	case strings.HasPrefix(err.Error(), "json: unknown field "):
 		return http.StatusBadRequest, fmt.Errorf("unknown field %s", strings.TrimPrefix(err.Error(), "json: unknown field "))
 	}
 	return http.StatusBadRequest, fmt.Errorf("malformed JSON: %v", err)
+}
+
+// jsonKind names a Go type as the JSON a client should send.
+func jsonKind(t reflect.Type) string {
+	switch t.Kind() {
+	case reflect.String:
+		return "a string"
+	case reflect.Bool:
+		return "true or false"
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		return "an integer"
+	case reflect.Float32, reflect.Float64:
+		return "a number"
+	case reflect.Slice, reflect.Array:
+		return "an array of " + strings.TrimPrefix(strings.TrimPrefix(jsonKind(t.Elem()), "a "), "an ") + "s"
+	case reflect.Map, reflect.Struct:
+		return "an object"
+	}
+	return "another JSON type"
 }
 
 // labelFilter parses ?label=KEY=VALUE ("" when absent).

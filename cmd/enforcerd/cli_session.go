@@ -113,6 +113,20 @@ func (e *enumFlag) Set(v string) error {
 }
 
 // sizeFlag is a byte size such as 512M or 2G (binary multiples).
+// durationFlag is a positive Go duration; its error says what is accepted.
+type durationFlag time.Duration
+
+func (d *durationFlag) String() string { return time.Duration(*d).String() }
+
+func (d *durationFlag) Set(v string) error {
+	t, err := time.ParseDuration(v)
+	if err != nil || t <= 0 {
+		return errors.New("want a positive duration such as 30s")
+	}
+	*d = durationFlag(t)
+	return nil
+}
+
 type sizeFlag struct{ bytes int64 }
 
 func (s *sizeFlag) String() string {
@@ -258,10 +272,10 @@ func (c *cli) sessionExec(glob globalOpts, args []string) error {
 	var (
 		req       ExecRequest
 		env       kvFlag
-		timeout   time.Duration
+		timeout   durationFlag
 		withStdin bool
 	)
-	fs.DurationVar(&timeout, "timeout", 0, "kill the command's process group after `DURATION` (exit 124)")
+	fs.Var(&timeout, "timeout", "kill the command's process group after `DURATION` (exit 124)")
 	fs.Var(&env, "env", "set the environment variable `KEY=VALUE`, repeatable")
 	fs.StringVar(&req.Dir, "workdir", "", "run in the directory `DIR` of the sandbox")
 	fs.StringVar(&req.User, "user", "", "run as `USER` (name or uid[:gid]) of the sandbox")
@@ -277,11 +291,8 @@ func (c *cli) sessionExec(glob globalOpts, args []string) error {
 	if len(rest) == 0 {
 		return usageErr(cmd, "missing command after NAME %q (enforcerd session exec NAME -- CMD [ARG]...)", name)
 	}
-	if timeout < 0 {
-		return usageErr(cmd, "invalid value %q for flag -timeout: want a positive duration", timeout.String())
-	}
 	if timeout > 0 {
-		req.Timeout = timeout.String()
+		req.Timeout = time.Duration(timeout).String()
 	}
 	req.Args = rest
 	req.Env = env.pairs()

@@ -86,14 +86,16 @@ func (e *engine) release(name string) {
 
 // badRequest wraps a validation error so the API answers 400 with the
 // error's own one-line text.
-func badRequest(err error) error { return &requestError{err} }
+func badRequest(err error) error { return classify(err, ErrBadRequest) }
 
-type requestError struct{ err error }
+// classify tags err with one of the API's sentinels without changing its
+// text: errors.Is finds both, the caller reads only err's own message.
+func classify(err, sentinel error) error { return &classified{err, sentinel} }
 
-func (r *requestError) Error() string { return r.err.Error() }
-func (r *requestError) Unwrap() []error {
-	return []error{r.err, ErrBadRequest}
-}
+type classified struct{ err, sentinel error }
+
+func (c *classified) Error() string   { return c.err.Error() }
+func (c *classified) Unwrap() []error { return []error{c.err, c.sentinel} }
 
 // buildPolicy turns a request into a validated policy. It touches nothing.
 func (e *engine) buildPolicy(req CreateRequest) (netpolicy.Policy, error) {
@@ -177,12 +179,12 @@ func (e *engine) validateRequest(req CreateRequest) error {
 	return nil
 }
 
-// resolvePeers maps lab peer names to their guest addresses. Each must be a
-// live lab target.
-func (e *engine) resolvePeers(names []string) ([]netip.Addr, error) {
+// resolvePeers finds the lab targets a session names. Each must be a live
+// lab target.
+func (e *engine) resolvePeers(names []string) ([]PeerRecord, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	var out []netip.Addr
+	var out []PeerRecord
 	for _, n := range names {
 		s, ok := e.sessions[n]
 		if !ok {
@@ -191,9 +193,34 @@ func (e *engine) resolvePeers(names []string) ([]netip.Addr, error) {
 		if !s.rec.Request.Lab {
 			return nil, badRequest(fmt.Errorf("lab peer %q: not a lab target (create it with --lab)", n))
 		}
-		out = append(out, s.rec.Guest)
+		out = append(out, PeerRecord{Name: n, Guest: s.rec.Guest, Created: s.rec.Created})
 	}
 	return out, nil
+}
+
+// livePeers keeps the recorded peers that still exist as the very session
+// they were at create (same name, address and creation time).
+func (e *engine) livePeers(session string, recorded []PeerRecord) []PeerRecord {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	var out []PeerRecord
+	for _, p := range recorded {
+		s, ok := e.sessions[p.Name]
+		if ok && s.rec.Request.Lab && s.rec.Guest == p.Guest && s.rec.Created.Equal(p.Created) {
+			out = append(out, p)
+			continue
+		}
+		e.log.Warn("lab target gone since create; its peering is not restored", "session", session, "peer", p.Name)
+	}
+	return out
+}
+
+func peerGuests(ps []PeerRecord) []netip.Addr {
+	out := make([]netip.Addr, len(ps))
+	for i, p := range ps {
+		out[i] = p.Guest
+	}
+	return out
 }
 
 // Create provisions a session: network, rules, DNS registration, sandbox,
@@ -238,7 +265,7 @@ func (e *engine) Create(ctx context.Context, req CreateRequest) (info SessionInf
 	if err != nil {
 		var ex *nsmgr.ExhaustedError
 		if errors.As(err, &ex) {
-			return info, fmt.Errorf("%w: %v", ErrPoolExhausted, err)
+			return info, classify(ex, ErrPoolExhausted)
 		}
 		return info, fmt.Errorf("create network of %s: %w", req.Name, err)
 	}
@@ -256,10 +283,11 @@ func (e *engine) Create(ctx context.Context, req CreateRequest) (info SessionInf
 		Gateway:   netSess.Gateway,
 		Pinned:    pinned,
 		Sandbox:   !req.NetworkOnly,
+		Peers:     peers,
 	}
 	s := &liveSession{rec: rec, policy: policy}
 	if nicNeeded {
-		s.rules = e.sessionRules(rec, policy, peers)
+		s.rules = e.sessionRules(rec, policy, peerGuests(peers))
 		if err = e.fw.AddSession(s.rules); err != nil {
 			return info, fmt.Errorf("add rules of %s: %w", req.Name, err)
 		}
@@ -414,11 +442,41 @@ func (e *engine) List(key, value string) []SessionInfo {
 	}
 	e.mu.Unlock()
 	sort.Slice(ss, func(i, j int) bool { return ss[i].rec.Name < ss[j].rec.Name })
+	// One dump of the attested and counter sets serves every session.
+	attested, err := e.fw.AllAttested()
+	if err != nil {
+		e.log.Warn("read attested sets", "err", err)
+	}
+	counters, err := e.fw.AllCounters()
+	if err != nil {
+		e.log.Warn("read counters", "err", err)
+	}
 	out := make([]SessionInfo, 0, len(ss))
 	for _, s := range ss {
-		out = append(out, e.summary(s))
+		in := e.summary(s)
+		if s.hasNIC() {
+			in.Attested = attestedView(attested[s.rec.Guest])
+			in.Counters = countersView(counters[s.rec.Guest])
+		}
+		out = append(out, in)
 	}
 	return out
+}
+
+func attestedView(as []netpolicy.AttestedAddr) []AttestedAddr {
+	now := time.Now().UTC()
+	out := make([]AttestedAddr, 0, len(as))
+	for _, a := range as {
+		out = append(out, AttestedAddr{IP: attestedString(a), Expires: now.Add(a.Expires).Truncate(time.Millisecond)})
+	}
+	return out
+}
+
+func countersView(c netpolicy.Counters) Counters {
+	return Counters{
+		AcceptedPackets: c.AcceptedPackets, AcceptedBytes: c.AcceptedBytes,
+		DroppedPackets: c.DroppedPackets, DroppedBytes: c.DroppedBytes,
+	}
 }
 
 // Inspect returns a session with its attested set and counters.
@@ -471,19 +529,13 @@ func (e *engine) info(s *liveSession) SessionInfo {
 	if !s.hasNIC() {
 		return in
 	}
-	now := time.Now().UTC()
 	if att, err := e.fw.Attested(s.rec.Guest); err == nil {
-		for _, a := range att {
-			in.Attested = append(in.Attested, AttestedAddr{IP: attestedString(a), Expires: now.Add(a.Expires).Truncate(time.Millisecond)})
-		}
+		in.Attested = attestedView(att)
 	} else {
 		e.log.Warn("read attested set", "session", s.rec.Name, "err", err)
 	}
 	if c, err := e.fw.Counters(s.rec.Guest); err == nil {
-		in.Counters = Counters{
-			AcceptedPackets: c.AcceptedPackets, AcceptedBytes: c.AcceptedBytes,
-			DroppedPackets: c.DroppedPackets, DroppedBytes: c.DroppedBytes,
-		}
+		in.Counters = countersView(c)
 	} else {
 		e.log.Warn("read counters", "session", s.rec.Name, "err", err)
 	}
@@ -617,21 +669,20 @@ func (e *engine) SessionCount() int {
 	return len(e.sessions)
 }
 
-// DroppedPackets reads every session's drop counter (for the metrics).
+// DroppedPackets reads every session's drop counter (for the metrics), in
+// one dump of the counter sets.
 func (e *engine) DroppedPackets() map[string]uint64 {
-	e.mu.Lock()
-	ss := make([]*liveSession, 0, len(e.sessions))
-	for _, s := range e.sessions {
-		ss = append(ss, s)
+	all, err := e.fw.AllCounters()
+	if err != nil {
+		e.log.Warn("read counters", "err", err)
+		return nil
 	}
-	e.mu.Unlock()
+	e.mu.Lock()
+	defer e.mu.Unlock()
 	out := map[string]uint64{}
-	for _, s := range ss {
-		if !s.hasNIC() {
-			continue
-		}
-		if c, err := e.fw.Counters(s.rec.Guest); err == nil {
-			out[s.rec.Name] = c.DroppedPackets
+	for name, s := range e.sessions {
+		if s.hasNIC() {
+			out[name] = all[s.rec.Guest].DroppedPackets
 		}
 	}
 	return out

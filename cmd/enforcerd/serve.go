@@ -274,10 +274,10 @@ func (e *engine) adopt(rec SessionRecord) string {
 	}
 	s := &liveSession{rec: rec, policy: p}
 	if rec.Slot >= 0 {
-		peers, err := e.resolvePeers(p.LabPeers)
-		if err != nil {
-			return fmt.Sprintf("its lab peers are gone: %v", err)
-		}
+		// A lab target deleted while this session lived took its peering
+		// with it (RemoveSession removes the elements pointing at it); a new
+		// session that reused its name or address is not the one named.
+		peers := peerGuests(e.livePeers(rec.Name, rec.Peers))
 		s.rules = e.sessionRules(rec, p, peers)
 		if err := e.fw.AddSession(s.rules); err != nil {
 			return fmt.Sprintf("re-apply rules: %v", err)

@@ -40,6 +40,17 @@ type SessionRecord struct {
 	Gateway   netip.Addr              `json:"gateway,omitzero"`     // the host end's address
 	Pinned    map[string][]netip.Addr `json:"pinned,omitempty"`     // --pin: host -> IPv4 addresses
 	Sandbox   bool                    `json:"sandbox"`              // a container runs (not --network-only)
+	Peers     []PeerRecord            `json:"peers,omitempty"`      // the lab targets this session was peered with at create
+}
+
+// PeerRecord identifies the lab target a session was peered with at
+// create: its name, guest address and creation time. A restart restores a
+// peering only to that very session, never to a later one that reused the
+// name or the address.
+type PeerRecord struct {
+	Name    string     `json:"name"`
+	Guest   netip.Addr `json:"guest"`
+	Created time.Time  `json:"created"`
 }
 
 // BadRecord is a file in the sessions directory that could not be loaded.

@@ -112,6 +112,9 @@ func (d *Daemon) Stop() error { return d.signal(syscall.SIGTERM, 15*time.Second)
 // Kill sends SIGKILL (by pid, to the process we started) and waits.
 func (d *Daemon) Kill() error { return d.signal(syscall.SIGKILL, 10*time.Second) }
 
+// Signal sends sig to the daemon and waits up to 15s for it to exit.
+func (d *Daemon) Signal(sig syscall.Signal) error { return d.signal(sig, 15*time.Second) }
+
 func (d *Daemon) signal(sig syscall.Signal, wait time.Duration) error {
 	if d.cmd == nil || d.cmd.Process == nil || d.done == nil {
 		return nil

@@ -1,0 +1,197 @@
+package integration
+
+// Probes of the end-to-end tests. A probe runs from a session's network
+// namespace with the world's probes (a socket made inside the namespace,
+// the reply verified), which says precisely what was reached; or from
+// inside the sandbox with busybox through `enforcerd session exec`, which
+// is what a user's code does. A "blocked" probe must end in a timeout (a
+// silent drop by the host's table), never in just any error, unless it is
+// declared unroutable (egress none: no route at all).
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/miekg/dns"
+
+	"github.com/enforcerd/enforcerd/integration/world"
+)
+
+const (
+	e2eReachTimeout = 3 * time.Second
+	e2eBlockTimeout = 800 * time.Millisecond
+)
+
+// e2eAnycastDNS is the DNS proxy's address for the default pool.
+var e2eAnycastDNS = netip.MustParseAddrPort("10.20.255.254:53")
+
+// e2eWant is what a probe must find.
+type e2eWant int
+
+const (
+	e2eReach       e2eWant = iota // reached, reply verified
+	e2eDropped                    // a timeout: silently dropped
+	e2eUnreachable                // any error: no route, nothing to reach
+)
+
+func (w e2eWant) String() string { return [...]string{"reach", "dropped", "unreachable"}[w] }
+
+// e2eProbe is one attempt to reach something.
+type e2eProbe struct {
+	what string
+	want e2eWant
+	run  func(timeout time.Duration) error
+}
+
+// e2eTCP, e2eUDP, e2eHTTP and e2ePing reach a world echo server
+// (TCP/UDP :7), its HTTP server (:80, body checked) or answer pings, from
+// the namespace at ns.
+func e2eTCP(ns string, dst string, w e2eWant) e2eProbe {
+	ap := netip.MustParseAddrPort(dst)
+	return e2eProbe{fmt.Sprintf("tcp %s from %s", dst, ns), w, func(to time.Duration) error {
+		return world.TCPEcho(ns, ap, to)
+	}}
+}
+
+func e2eUDP(ns string, dst string, w e2eWant) e2eProbe {
+	ap := netip.MustParseAddrPort(dst)
+	return e2eProbe{fmt.Sprintf("udp %s from %s", dst, ns), w, func(to time.Duration) error {
+		return world.UDPEcho(ns, ap, to)
+	}}
+}
+
+func e2eHTTP(ns string, ip string, w e2eWant) e2eProbe {
+	return e2eProbe{fmt.Sprintf("http %s from %s", ip, ns), w, func(to time.Duration) error {
+		body, err := world.HTTPGet(ns, "http://"+ip+"/", to)
+		if err != nil {
+			return err
+		}
+		if body != "hello from "+ip+"\n" {
+			return fmt.Errorf("http %s: unexpected body %q", ip, body)
+		}
+		return nil
+	}}
+}
+
+func e2ePing(ns string, ip string, w e2eWant) e2eProbe {
+	a := netip.MustParseAddr(ip)
+	return e2eProbe{fmt.Sprintf("ping %s from %s", ip, ns), w, func(to time.Duration) error {
+		return world.Ping(ns, a, to)
+	}}
+}
+
+// e2eDNS asks the resolver at server for name's A records from ns; it
+// reaches when an answer (any rcode) comes back.
+func e2eDNS(ns string, server netip.AddrPort, name string, w e2eWant) e2eProbe {
+	return e2eProbe{fmt.Sprintf("dns %s via %s from %s", name, server, ns), w, func(to time.Duration) error {
+		_, err := world.Lookup(ns, server, name, dns.TypeA, false, to)
+		return err
+	}}
+}
+
+// e2eExpect runs the probes concurrently and checks each.
+func e2eExpect(t *testing.T, probes ...e2eProbe) {
+	t.Helper()
+	errs := make([]error, len(probes))
+	var wg sync.WaitGroup
+	for i, p := range probes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			to := e2eReachTimeout
+			if p.want == e2eDropped {
+				to = e2eBlockTimeout
+			}
+			errs[i] = p.run(to)
+		}()
+	}
+	wg.Wait()
+	for i, p := range probes {
+		err := errs[i]
+		switch {
+		case p.want == e2eReach && err != nil:
+			t.Errorf("%s: want reached, got %v", p.what, err)
+		case p.want != e2eReach && err == nil:
+			t.Errorf("%s: want %s, but it was reached", p.what, p.want)
+		case p.want == e2eDropped && !e2eIsTimeout(err):
+			t.Errorf("%s: want a silent drop (timeout), got %v", p.what, err)
+		}
+	}
+}
+
+func e2eIsTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
+
+// e2eLookup resolves name through the DNS proxy from ns and returns the
+// rcode and the A addresses.
+func e2eLookup(t *testing.T, ns, name string) (int, []string) {
+	t.Helper()
+	m, err := world.Lookup(ns, e2eAnycastDNS, name, dns.TypeA, false, e2eReachTimeout)
+	if err != nil {
+		t.Fatalf("look up %s through %s from %s: %v", name, e2eAnycastDNS, ns, err)
+	}
+	var addrs []string
+	for _, a := range world.AddrsOf(m) {
+		addrs = append(addrs, a.String())
+	}
+	return m.Rcode, addrs
+}
+
+// wget fetches http://ip/ from inside a session's sandbox with busybox
+// (wrapped in timeout: busybox 1.35's own wget -T crashes) and reports
+// whether the world's server answered.
+func (e *e2eEnv) wget(name, ip string) bool {
+	e.t.Helper()
+	out, _, code := e.sh(name, "timeout 2 wget -q -O - http://"+ip+"/")
+	return code == 0 && out == "hello from "+ip+"\n"
+}
+
+// nslookup resolves name inside a session's sandbox with busybox (through
+// the resolver of its /etc/resolv.conf) and returns the output and exit
+// status.
+func (e *e2eEnv) nslookup(session, name string) (string, int) {
+	e.t.Helper()
+	out, errOut, code := e.sh(session, "timeout 3 nslookup -type=a "+name)
+	return out + errOut, code
+}
+
+// e2eAnswerAddrs returns the addresses busybox nslookup printed for the
+// answer (after the first Name: line).
+func e2eAnswerAddrs(out string) []string {
+	var addrs []string
+	seenName := false
+	for _, line := range strings.Split(out, "\n") {
+		line = strings.TrimSpace(line)
+		if strings.HasPrefix(line, "Name:") {
+			seenName = true
+		}
+		if seenName && strings.HasPrefix(line, "Address") {
+			f := strings.Fields(line)
+			addrs = append(addrs, f[len(f)-1])
+		}
+	}
+	return addrs
+}
+
+// e2eServeTCPEcho runs a TCP echo server on addr inside the namespace at
+// ns until it is closed or the test ends (closed before the environment's
+// cleanup, so no socket keeps a removed namespace alive).
+func e2eServeTCPEcho(t *testing.T, ns string, addr netip.AddrPort) io.Closer {
+	t.Helper()
+	l, err := world.ListenTCP(ns, addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	go world.ServeTCPEcho(l)
+	return l
+}
