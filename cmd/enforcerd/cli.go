@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"os"
 	"os/signal"
+	"regexp"
 	"sort"
 	"strings"
 	"syscall"
@@ -43,7 +44,7 @@ var errHelpShown = errors.New("help shown")
 
 // usageErr is a malformed command line: exit status 2.
 func usageErr(cmd, format string, a ...any) error {
-	return &exitError{code: exitUsage, msg: cmd + ": " + fmt.Sprintf(format, a...)}
+	return &exitError{code: exitUsage, msg: cmd + ": " + doubleDash(fmt.Sprintf(format, a...))}
 }
 
 // refusedErr is a refusal (or failure) reported by or about the daemon: exit 1.
@@ -209,6 +210,13 @@ func newFlagSet(name string) *flag.FlagSet {
 // It returns the positionals and the rest (everything after "--" or the
 // stop). On --help it prints usage on stdout and returns errHelpShown; any
 // other error is a usage error (exit 2) naming the command.
+// flagInError matches a flag name as the flag package prints it ("-timeout").
+var flagInError = regexp.MustCompile(`(flag |: )-([a-z])`)
+
+// doubleDash spells flags in the flag package's errors the way the command
+// line contract does: --timeout, not -timeout.
+func doubleDash(msg string) string { return flagInError.ReplaceAllString(msg, "${1}--${2}") }
+
 func (c *cli) parse(fs *flag.FlagSet, cmd, usage string, args []string, stopAfter int) (pos, rest []string, err error) {
 	var flagArgs []string
 	rest = nil
