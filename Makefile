@@ -8,7 +8,7 @@ GO        ?= go
 TAGS      := seccomp
 BIN       := bin/enforcerd
 ROOTFS    ?= $(CURDIR)/.cache/rootfs
-FUZZTIME  ?= 10s
+FUZZTIME  ?= 30000x
 # Debian packages the build, the tests and the demo need.
 PKGS      := gcc libc6-dev pkg-config libseccomp-dev busybox-static iproute2 util-linux nftables
 # Extra packages only the benchmarks need (the peers we compare with).
