@@ -1,0 +1,202 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/enforcerd/enforcerd/integration/world"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+)
+
+// cniDir is where Debian's containernetworking-plugins installs the plugins.
+const cniDir = "/usr/lib/cni"
+
+// ptpPeer is the peer of a session network: the CNI ptp plugin with
+// host-local IPAM, one /30 per session from peerPool, doing ADD and DEL into
+// fresh named netns made beforehand with `ip netns add` (as a runtime would).
+// The plugin is started from a thread inside the simulated host, so its
+// host-side veth and routes land there, never in the real root netns.
+type ptpPeer struct {
+	host    netns.NsHandle
+	prefix  string // of the peer's netns names, unique per run
+	ipamDir string
+
+	mu   sync.Mutex
+	prev map[int][]byte // ADD result per session, passed to DEL as prevResult
+	made map[int]bool   // netns made and not yet removed
+}
+
+// peerPool is the peer's address pool: apart from enforcerd's 10.20.0.0/16,
+// so both can live in one simulated host.
+var peerPool = netip.MustParsePrefix("10.21.0.0/16")
+
+func newPtpPeer(host netns.NsHandle, prefix, tmp string) (*ptpPeer, error) {
+	if _, err := os.Stat(filepath.Join(cniDir, "ptp")); err != nil {
+		return nil, fmt.Errorf("cni ptp plugin: %w (install containernetworking-plugins)", err)
+	}
+	dir := filepath.Join(tmp, prefix+"-ipam")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, err
+	}
+	return &ptpPeer{host: host, prefix: prefix, ipamDir: dir, prev: map[int][]byte{}, made: map[int]bool{}}, nil
+}
+
+func (p *ptpPeer) nsName(i int) string { return fmt.Sprintf("%s-p%d", p.prefix, i) }
+
+// NewNetns makes the session's named netns (untimed, as in the peer's own
+// measurement: a runtime makes it before calling the plugin).
+func (p *ptpPeer) NewNetns(ctx context.Context, i int) error {
+	if _, err := run(ctx, 20*time.Second, "ip", "netns", "add", p.nsName(i)); err != nil {
+		return err
+	}
+	p.mu.Lock()
+	p.made[i] = true
+	p.mu.Unlock()
+	return nil
+}
+
+// DelNetns removes the session's named netns by exact name.
+func (p *ptpPeer) DelNetns(i int) error {
+	p.mu.Lock()
+	delete(p.made, i)
+	p.mu.Unlock()
+	return removeNetnsFile(filepath.Join(world.NetnsDir, p.nsName(i)))
+}
+
+func (p *ptpPeer) conf(i int) []byte {
+	base := peerPool.Addr().As4()
+	off := uint32(base[0])<<24 | uint32(base[1])<<16 | uint32(base[2])<<8 | uint32(base[3])
+	off += uint32(4 * i)
+	subnet := netip.PrefixFrom(netip.AddrFrom4([4]byte{byte(off >> 24), byte(off >> 16), byte(off >> 8), byte(off)}), 30)
+	return fmt.Appendf(nil, `{"cniVersion":"1.0.0","name":"%s-ptp","type":"ptp","ipMasq":false,"mtu":1500,`+
+		`"ipam":{"type":"host-local","dataDir":%q,"ranges":[[{"subnet":"%s"}]],"routes":[{"dst":"0.0.0.0/0"}]}}`,
+		p.prefix, p.ipamDir, subnet)
+}
+
+func (p *ptpPeer) plugin(command string, i int, stdin []byte) *exec.Cmd {
+	cmd := exec.Command(filepath.Join(cniDir, "ptp"))
+	cmd.Env = []string{
+		"CNI_COMMAND=" + command,
+		"CNI_CONTAINERID=" + p.nsName(i),
+		"CNI_NETNS=" + filepath.Join(world.NetnsDir, p.nsName(i)),
+		"CNI_IFNAME=eth0",
+		"CNI_PATH=" + cniDir,
+		"PATH=" + os.Getenv("PATH"),
+	}
+	cmd.Stdin = bytes.NewReader(stdin)
+	return cmd
+}
+
+// Add runs ptp ADD for session i and returns how long the plugin took.
+func (p *ptpPeer) Add(i int) (time.Duration, error) {
+	cmd := p.plugin("ADD", i, p.conf(i))
+	var out, errOut bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errOut
+	took, err := forkIn(p.host, cmd)
+	if err != nil {
+		return 0, fmt.Errorf("ptp ADD %s: %w: %s %s", p.nsName(i), err, out.String(), errOut.String())
+	}
+	p.mu.Lock()
+	p.prev[i] = out.Bytes()
+	p.mu.Unlock()
+	return took, nil
+}
+
+// Del runs ptp DEL for session i (with the ADD result as prevResult, as
+// libcni passes it).
+func (p *ptpPeer) Del(i int) (time.Duration, error) {
+	p.mu.Lock()
+	prev := p.prev[i]
+	delete(p.prev, i)
+	p.mu.Unlock()
+	conf := p.conf(i)
+	if len(prev) > 0 {
+		conf = append(conf[:len(conf)-1], `,"prevResult":`...)
+		conf = append(append(conf, bytes.TrimSpace(prev)...), '}')
+	}
+	cmd := p.plugin("DEL", i, conf)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	took, err := forkIn(p.host, cmd)
+	if err != nil {
+		return 0, fmt.Errorf("ptp DEL %s: %w: %s", p.nsName(i), err, out.String())
+	}
+	return took, nil
+}
+
+// Check verifies, after Add(i), that the host side of session i is in the
+// simulated host and not in the machine's root netns, and that the session
+// got its address.
+func (p *ptpPeer) Check(i int) error {
+	var res struct {
+		Interfaces []struct {
+			Name    string `json:"name"`
+			Sandbox string `json:"sandbox"`
+		} `json:"interfaces"`
+		IPs []struct {
+			Address string `json:"address"`
+		} `json:"ips"`
+	}
+	p.mu.Lock()
+	raw := p.prev[i]
+	p.mu.Unlock()
+	if err := json.Unmarshal(raw, &res); err != nil {
+		return fmt.Errorf("ptp ADD result: %w: %s", err, raw)
+	}
+	if len(res.IPs) == 0 || !strings.HasPrefix(res.IPs[0].Address, "10.21.") {
+		return fmt.Errorf("ptp ADD result has no 10.21 address: %s", raw)
+	}
+	for _, itf := range res.Interfaces {
+		if itf.Sandbox != "" {
+			continue
+		}
+		h, err := netlink.NewHandleAt(p.host)
+		if err != nil {
+			return err
+		}
+		_, inHost := h.LinkByName(itf.Name)
+		h.Close()
+		if inHost != nil {
+			return fmt.Errorf("ptp host veth %s is not in the simulated host: %v", itf.Name, inHost)
+		}
+		if _, err := netlink.LinkByName(itf.Name); err == nil {
+			return fmt.Errorf("ptp host veth %s appeared in the real root netns", itf.Name)
+		}
+		return nil
+	}
+	return fmt.Errorf("ptp ADD result names no host interface: %s", raw)
+}
+
+// Close removes every netns the peer made and its IPAM state.
+func (p *ptpPeer) Close() {
+	p.mu.Lock()
+	var left []int
+	for i := range p.made {
+		left = append(left, i)
+	}
+	p.mu.Unlock()
+	for _, i := range left {
+		if err := p.DelNetns(i); err != nil {
+			logf("cleanup: remove netns %s: %v", p.nsName(i), err)
+		}
+	}
+	os.RemoveAll(p.ipamDir)
+}
+
+// spawnFloor is one bare fork+exec of /bin/true from inside the simulated
+// host: the machine's process-spawn cost at that moment, which every plugin
+// exec pays at least once (in-process netlink does not).
+func spawnFloor(host netns.NsHandle) time.Duration {
+	d, _ := forkIn(host, exec.Command("/bin/true"))
+	return d
+}

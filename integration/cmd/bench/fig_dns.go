@@ -1,0 +1,381 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"math"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/enforcerd/enforcerd/integration/world"
+	"github.com/miekg/dns"
+)
+
+// upstreamAddr is where the upstream dnsmasq of figure 4 listens, in the
+// simulated internet (the world's own DNS server holds port 53 there).
+var upstreamAddr = netip.MustParseAddrPort("198.18.0.53:5353")
+
+// dnsRun is one dnsperf measurement of one scenario.
+type dnsRun struct {
+	qps      float64 // saturation run
+	lost     string
+	p50, p99 float64 // fixed-rate run, ms
+	n        int
+	rcodes   string
+	noerror  float64 // fraction of NOERROR answers in the fixed-rate run
+}
+
+// dnsBench holds figure 4's world: a session netns running dnsperf, an
+// upstream dnsmasq in the simulated internet, and the zone and query files.
+type dnsBench struct {
+	cfg     *config
+	e       *netEnv
+	client  string // netns path of the dnsperf session
+	guest   netip.Addr
+	iface   string
+	slot    int
+	dnsAddr netip.Addr
+	queries string
+	nftTbl  string // the peer's table in the simulated host
+}
+
+// figDNS is figure 4: dnsperf from inside a session against enforcerd's DNS
+// proxy and against dnsmasq with --nftset (no cache in either; both forward
+// to the same upstream and insert every answer into an nftables set in the
+// simulated host), plus the upstream queried directly.
+func figDNS(ctx context.Context, cfg *config, rep *Report) error {
+	section(fmt.Sprintf("4. DNS: enforcerd's proxy (10 and %d live sessions) vs dnsmasq --nftset, dnsperf", cfg.dnsHigh))
+	e, err := newNetEnv("d")
+	if err != nil {
+		return err
+	}
+	defer e.Close()
+	b := &dnsBench{cfg: cfg, e: e, nftTbl: "bdm" + e.w.ID}
+	s, _, err := e.create("dnsperf")
+	if err != nil {
+		return err
+	}
+	b.client, b.guest, b.iface, b.slot = s.NetnsPath, s.Guest, s.HostIface, s.Slot
+	// The helper process owns the table during our runs; none exists for the
+	// others (dnsmasq, direct).
+	if err := e.fw.DeleteTable(); err != nil {
+		return err
+	}
+	if b.dnsAddr, err = e.m.EnsureDNSInterface(); err != nil {
+		return err
+	}
+	if err := addReturnRoute(e.w); err != nil {
+		return err
+	}
+	defer removeReturnRoute(e.w)
+	if err := b.writeZone(); err != nil {
+		return err
+	}
+	up, err := startProc("upstream dnsmasq", filepath.Join(cfg.tmp, "dns-upstream.log"), inNS(e.w.NetPath,
+		"dnsmasq", "--keep-in-foreground", "--conf-file=/dev/null", "--user=root", "--pid-file=",
+		"--no-hosts", "--bind-interfaces", "--no-resolv", "--addn-hosts="+filepath.Join(cfg.tmp, "zone.hosts"),
+		"--local=/"+dnsZone+"/", "--local-ttl=300", "--listen-address="+upstreamAddr.Addr().String(),
+		"--port="+strconv.Itoa(int(upstreamAddr.Port())), "--dns-forward-max=10000")...)
+	if err != nil {
+		return err
+	}
+	defer up.stop(5 * time.Second)
+	if err := b.waitAnswer(upstreamAddr, up); err != nil {
+		return fmt.Errorf("upstream dnsmasq: %w", err)
+	}
+	if _, err := run(ctx, 10*time.Second, inNS(e.w.HostPath, "nft", "-f", b.writePeerTable())...); err != nil {
+		return err
+	}
+	defer run(context.Background(), 10*time.Second, inNS(e.w.HostPath, "nft", "delete", "table", "inet", b.nftTbl)...)
+
+	scen := []string{"direct", "dnsmasq", "ours10", "oursHigh"}
+	runs := map[string][]dnsRun{}
+	var peerElems, ourElems []string
+	for r := 0; r < cfg.dnsReps; r++ {
+		for _, sc := range scen {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			var res dnsRun
+			var err error
+			switch sc {
+			case "direct":
+				res, err = b.measure(ctx, upstreamAddr)
+			case "dnsmasq":
+				var elems int
+				res, elems, err = b.dnsmasq(ctx)
+				peerElems = append(peerElems, strconv.Itoa(elems))
+			case "ours10", "oursHigh":
+				extra := 9
+				if sc == "oursHigh" {
+					extra = cfg.dnsHigh - 1
+				}
+				var stats string
+				res, stats, err = b.ours(ctx, extra)
+				ourElems = append(ourElems, field(stats, "attested_elements"))
+				logf("helper %s", stats)
+			}
+			if err != nil {
+				return fmt.Errorf("%s: %w", sc, err)
+			}
+			if res.noerror < 0.99 {
+				return fmt.Errorf("%s: only %.1f%% NOERROR answers (%s)", sc, 100*res.noerror, res.rcodes)
+			}
+			logf("rep %d/%d %-8s: %8.0f q/s (lost %s) | at %d q/s p50 %.3f p99 %.3f ms (n=%d, %s)",
+				r+1, cfg.dnsReps, sc, res.qps, res.lost, cfg.dnsLatQPS, res.p50, res.p99, res.n, res.rcodes)
+			runs[sc] = append(runs[sc], res)
+		}
+	}
+	med := func(sc string, f func(dnsRun) float64) float64 {
+		var v []float64
+		for _, r := range runs[sc] {
+			v = append(v, f(r))
+		}
+		return median(v)
+	}
+	qps := func(r dnsRun) float64 { return r.qps }
+	p50 := func(r dnsRun) float64 { return r.p50 }
+	p99 := func(r dnsRun) float64 { return r.p99 }
+	common := []string{fmt.Sprintf("reps=%d", cfg.dnsReps), fmt.Sprintf("sat_s=%d", int(cfg.dnsSat/time.Second)),
+		fmt.Sprintf("lat_s=%d", int(cfg.dnsLat/time.Second)), fmt.Sprintf("names=%d", cfg.dnsNames),
+		fmt.Sprintf("direct_qps=%.0f", med("direct", qps))}
+	peerNote := "dnsmasq --nftset --cache-size=0, same upstream"
+	rep.Add(Result{Name: "dns-qps", Unit: "q/s", Ours: med("ours10", qps), Peer: med("dnsmasq", qps),
+		Goal: AtLeast, Target: 2.0, Note: peerNote,
+		Extra: append(common, "peer_set_elems="+strings.Join(peerElems, ","), "ours_attested_elems="+strings.Join(ourElems, ","))})
+	rep.Add(Result{Name: fmt.Sprintf("dns-p99-at-%dqps", cfg.dnsLatQPS), Unit: "ms", Ours: med("ours10", p99), Peer: med("dnsmasq", p99),
+		Goal: AtMost, Target: 0.5, Note: peerNote, Extra: append(common,
+			fmt.Sprintf("ours_p50_ms=%.3f", med("ours10", p50)), fmt.Sprintf("peer_p50_ms=%.3f", med("dnsmasq", p50)))})
+	high := fmt.Sprintf("ours with %d live vs ours with 10", cfg.dnsHigh)
+	rep.Add(Result{Name: fmt.Sprintf("dns-qps-%d-vs-10", cfg.dnsHigh), Unit: "q/s", Ours: med("oursHigh", qps), Peer: med("ours10", qps),
+		Goal: AtLeast, Target: math.Round(1/1.2*1000) / 1000, Note: high + " (no worse than 1.2x: >= 1/1.2)", Extra: common})
+	rep.Add(Result{Name: fmt.Sprintf("dns-p99-%d-vs-10", cfg.dnsHigh), Unit: "ms", Ours: med("oursHigh", p99), Peer: med("ours10", p99),
+		Goal: AtMost, Target: 1.2, Note: high, Extra: common})
+	for _, p := range []struct {
+		name string
+		f    func(dnsRun) float64
+	}{{"p50", p50}, {"p99", p99}} {
+		direct := med("direct", p.f)
+		rep.Add(Result{Name: "dns-added-latency-" + p.name, Unit: "ms", Ours: med("ours10", p.f) - direct,
+			Peer: med("dnsmasq", p.f) - direct, Note: fmt.Sprintf("over the upstream queried directly (%s %.3f ms); peer = dnsmasq's; no target", p.name, direct),
+			Extra: common})
+	}
+	return nil
+}
+
+// writeZone writes the upstream's hosts file (hN.allowed.test -> 198.18/15
+// addresses, which the world's guard treats as public) and dnsperf's query
+// file.
+func (b *dnsBench) writeZone() error {
+	var hosts, queries strings.Builder
+	for i := 0; i < b.cfg.dnsNames; i++ {
+		x := i + 256
+		fmt.Fprintf(&hosts, "198.%d.%d.%d h%d.%s\n", 18+x/65536, (x/256)%256, x%256, i, dnsZone)
+		fmt.Fprintf(&queries, "h%d.%s A\n", i, dnsZone)
+	}
+	b.queries = filepath.Join(b.cfg.tmp, "queries.txt")
+	if err := os.WriteFile(filepath.Join(b.cfg.tmp, "zone.hosts"), []byte(hosts.String()), 0o644); err != nil {
+		return err
+	}
+	return os.WriteFile(b.queries, []byte(queries.String()), 0o644)
+}
+
+// writePeerTable writes the nft file of dnsmasq's set (in the simulated
+// host) and returns its path.
+func (b *dnsBench) writePeerTable() string {
+	path := filepath.Join(b.cfg.tmp, "peer-dns.nft")
+	os.WriteFile(path, []byte(fmt.Sprintf("table inet %s {\n\tset allowed {\n\t\ttype ipv4_addr\n\t}\n}\n", b.nftTbl)), 0o644)
+	return path
+}
+
+// waitAnswer waits until server answers a query sent from the session.
+func (b *dnsBench) waitAnswer(server netip.AddrPort, p *proc) error {
+	var last error
+	ok := waitFor(10*time.Second, func() bool {
+		if p.exited() {
+			return true
+		}
+		var m *dns.Msg
+		m, last = world.Lookup(b.client, server, "h0."+dnsZone, dns.TypeA, false, 500*time.Millisecond)
+		return last == nil && m.Rcode == dns.RcodeSuccess
+	})
+	if p.exited() {
+		return fmt.Errorf("exited: %s", p.tail(10))
+	}
+	if !ok {
+		return fmt.Errorf("no answer from %s within 10s: %v", server, last)
+	}
+	return nil
+}
+
+// dnsmasq runs the peer: a forwarder in the simulated host on the anycast
+// address, no cache, inserting every answer into the peer's set.
+func (b *dnsBench) dnsmasq(ctx context.Context) (dnsRun, int, error) {
+	p, err := startProc("dnsmasq", filepath.Join(b.cfg.tmp, "dns-peer.log"), inNS(b.e.w.HostPath,
+		"dnsmasq", "--keep-in-foreground", "--conf-file=/dev/null", "--user=root", "--pid-file=",
+		"--no-hosts", "--bind-interfaces", "--no-resolv", "--server="+strings.Replace(upstreamAddr.String(), ":", "#", 1),
+		"--listen-address="+b.dnsAddr.String(), "--dns-forward-max=1000", "--cache-size=0",
+		"--nftset=/"+dnsZone+"/4#inet#"+b.nftTbl+"#allowed")...)
+	if err != nil {
+		return dnsRun{}, 0, err
+	}
+	defer p.stop(5 * time.Second)
+	if err := b.waitAnswer(netip.AddrPortFrom(b.dnsAddr, 53), p); err != nil {
+		return dnsRun{}, 0, fmt.Errorf("dnsmasq: %w", err)
+	}
+	res, err := b.measureFlushing(ctx, netip.AddrPortFrom(b.dnsAddr, 53), func() {
+		run(ctx, 10*time.Second, inNS(b.e.w.HostPath, "nft", "flush", "set", "inet", b.nftTbl, "allowed")...)
+	})
+	if err != nil {
+		return res, 0, err
+	}
+	out, err := run(ctx, 10*time.Second, inNS(b.e.w.HostPath, "nft", "-j", "list", "set", "inet", b.nftTbl, "allowed")...)
+	if err != nil {
+		return res, 0, err
+	}
+	var set struct {
+		Nftables []struct {
+			Set *struct {
+				Elem []json.RawMessage `json:"elem"`
+			} `json:"set"`
+		} `json:"nftables"`
+	}
+	json.Unmarshal([]byte(out), &set)
+	elems := 0
+	for _, o := range set.Nftables {
+		if o.Set != nil {
+			elems += len(o.Set.Elem)
+		}
+	}
+	if elems == 0 {
+		return res, 0, fmt.Errorf("dnsmasq inserted nothing into its set (check --nftset support)")
+	}
+	return res, elems, nil
+}
+
+// ours runs enforcerd's proxy (the helper process) with extra live
+// sessions besides the measured one, and returns its closing stats line.
+func (b *dnsBench) ours(ctx context.Context, extra int) (dnsRun, string, error) {
+	self, err := os.Executable()
+	if err != nil {
+		return dnsRun{}, "", err
+	}
+	log := filepath.Join(b.cfg.tmp, fmt.Sprintf("dns-ours-%d.log", extra))
+	os.Remove(log)
+	p, err := startProc("dnsproxy helper", log, inNS(b.e.w.HostPath, self, dnsHelperArg,
+		"-prefix", b.e.prefix, "-dns", b.dnsAddr.String(), "-upstream", upstreamAddr.String(),
+		"-override", b.e.w.PublicOverride.String(), "-iface", b.iface, "-guest", b.guest.String(),
+		"-slot", strconv.Itoa(b.slot), "-extra", strconv.Itoa(extra))...)
+	if err != nil {
+		return dnsRun{}, "", err
+	}
+	defer p.stop(10 * time.Second)
+	ready := waitFor(2*time.Minute, func() bool { return p.exited() || strings.Contains(p.tail(50), "ready") })
+	if !ready || p.exited() {
+		return dnsRun{}, "", fmt.Errorf("helper not ready: %s", p.tail(10))
+	}
+	logf("helper: %s", strings.TrimSpace(grepLine(p.tail(50), "ready")))
+	if err := b.waitAnswer(netip.AddrPortFrom(b.dnsAddr, 53), p); err != nil {
+		return dnsRun{}, "", err
+	}
+	res, err := b.measure(ctx, netip.AddrPortFrom(b.dnsAddr, 53))
+	p.stop(10 * time.Second)
+	stats := grepLine(p.tail(50), "stats ")
+	return res, stats, err
+}
+
+func (b *dnsBench) measure(ctx context.Context, server netip.AddrPort) (dnsRun, error) {
+	return b.measureFlushing(ctx, server, nil)
+}
+
+// measureFlushing runs a 2 s warm-up (then afterWarm), a saturation run
+// (100 queries outstanding) and a fixed-rate run with per-query times.
+func (b *dnsBench) measureFlushing(ctx context.Context, server netip.AddrPort, afterWarm func()) (dnsRun, error) {
+	perf := func(timeout time.Duration, args ...string) (string, error) {
+		base := []string{"dnsperf", "-c", "1", "-T", "1", "-d", b.queries,
+			"-s", server.Addr().String(), "-p", strconv.Itoa(int(server.Port()))}
+		return run(ctx, timeout, inNS(b.client, append(base, args...)...)...)
+	}
+	if _, err := perf(30*time.Second, "-l", "2", "-q", "100"); err != nil {
+		return dnsRun{}, fmt.Errorf("warm-up: %w", err)
+	}
+	if afterWarm != nil {
+		afterWarm()
+	}
+	var res dnsRun
+	sat, err := perf(b.cfg.dnsSat+30*time.Second, "-l", secs(b.cfg.dnsSat), "-q", "100")
+	if err != nil {
+		return res, err
+	}
+	res.qps, _ = strconv.ParseFloat(field(grepLine(sat, "Queries per second:"), "Queries per second:"), 64)
+	res.lost = strings.Fields(field(grepLine(sat, "Queries lost:"), "Queries lost:") + " NA")[0]
+	lat, err := perf(b.cfg.dnsLat+30*time.Second, "-l", secs(b.cfg.dnsLat), "-Q", strconv.Itoa(b.cfg.dnsLatQPS), "-v")
+	if err != nil {
+		return res, err
+	}
+	// -v prints one line per answer: "> RCODE name type seconds".
+	var lats []float64
+	codes := map[string]int{}
+	sc := bufio.NewScanner(strings.NewReader(lat))
+	for sc.Scan() {
+		f := strings.Fields(sc.Text())
+		if len(f) < 3 || f[0] != ">" {
+			continue
+		}
+		codes[f[1]]++
+		if v, err := strconv.ParseFloat(f[len(f)-1], 64); err == nil {
+			lats = append(lats, v*1000)
+		}
+	}
+	res.n = len(lats)
+	res.p50, res.p99 = pctFloat(lats, 50), pctFloat(lats, 99)
+	var parts []string
+	total := 0
+	for c, n := range codes {
+		parts = append(parts, fmt.Sprintf("%s:%d", c, n))
+		total += n
+	}
+	sort.Strings(parts)
+	res.rcodes = strings.Join(parts, ",")
+	if total > 0 {
+		res.noerror = float64(codes["NOERROR"]) / float64(total)
+	}
+	if res.n == 0 || res.qps == 0 {
+		return res, fmt.Errorf("dnsperf gave no figures: %s", lastLines(sat+lat, 8))
+	}
+	return res, nil
+}
+
+func secs(d time.Duration) string { return strconv.Itoa(int(d / time.Second)) }
+
+// grepLine returns the first line of s containing sub ("" if none).
+func grepLine(s, sub string) string {
+	for _, l := range strings.Split(s, "\n") {
+		if strings.Contains(l, sub) {
+			return l
+		}
+	}
+	return ""
+}
+
+// field returns what follows key in line: for "k=v" pairs the value, for a
+// "Label:" the rest of the line, trimmed.
+func field(line, key string) string {
+	if strings.HasSuffix(key, ":") {
+		_, after, _ := strings.Cut(line, key)
+		return strings.TrimSpace(after)
+	}
+	for _, f := range strings.Fields(line) {
+		if v, ok := strings.CutPrefix(f, key+"="); ok {
+			return v
+		}
+	}
+	return ""
+}
