@@ -317,7 +317,9 @@ func (e *engine) Create(ctx context.Context, req CreateRequest) (info SessionInf
 	e.log.Info("session created", "session", req.Name, "egress", policy.Egress,
 		"guest", addrString(rec.Guest), "allow", entryStrings(policy.Allow),
 		"pinned", len(pinned), "sandbox", rec.Sandbox, "took", time.Since(start))
-	return e.info(s), nil
+	// A session this new has nothing attested and zero counters: answer
+	// without dumping the kernel's sets.
+	return e.summary(s), nil
 }
 
 func (e *engine) sessionRules(rec SessionRecord, p netpolicy.Policy, peers []netip.Addr) netpolicy.SessionRules {
