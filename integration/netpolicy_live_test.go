@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -922,8 +923,8 @@ func TestNetpolicyLargeBatches(t *testing.T) {
 	}
 }
 
-// BenchmarkNetpolicyScaling measures AddSession+RemoveSession and Attest
-// with 10 and with 4000 sessions loaded (the design keeps both flat).
+// BenchmarkNetpolicyScaling measures Attest, AddSession and RemoveSession
+// with 10 and with 4000 sessions loaded (the design keeps them flat).
 func BenchmarkNetpolicyScaling(b *testing.B) {
 	for _, loaded := range []int{10, 4000} {
 		b.Run("sessions="+strconv.Itoa(loaded), func(b *testing.B) {
@@ -962,10 +963,43 @@ func BenchmarkNetpolicyScaling(b *testing.B) {
 					}
 				}
 			})
+			// attest-parallel: the DNS proxy's pattern, many answers in
+			// flight for many sessions (group-committed batches).
+			b.Run("attest-parallel", func(b *testing.B) {
+				var next atomic.Int32
+				b.SetParallelism(8)
+				b.RunParallel(func(pb *testing.PB) {
+					g := fakeSession(prefix, int(next.Add(1))%loaded).Guest
+					for pb.Next() {
+						if _, err := fw.Attest(g, ips, time.Minute, nil); err != nil {
+							b.Error(err)
+							return
+						}
+					}
+				})
+			})
 			b.Run("add-session", func(b *testing.B) {
 				for i := 0; i < b.N; i++ {
 					r := fakeSession(prefix, loaded+1+i%1000)
 					if err := fw.AddSession(r); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+			// remove-session: a session with 8 attested addresses, as the
+			// loaded ones have, removed with the rules it was added with.
+			b.Run("remove-session", func(b *testing.B) {
+				for i := 0; i < b.N; i++ {
+					b.StopTimer()
+					r := fakeSession(prefix, loaded+1+i%1000)
+					if err := fw.AddSession(r); err != nil {
+						b.Fatal(err)
+					}
+					if _, err := fw.Attest(r.Guest, publicAddrs(8), time.Minute, nil); err != nil {
+						b.Fatal(err)
+					}
+					b.StartTimer()
+					if err := fw.RemoveSession(r); err != nil {
 						b.Fatal(err)
 					}
 				}

@@ -43,4 +43,13 @@
 //     count traffic from the session, not replies to it.
 //   - ParseScope takes the Guard like ParseEntry, so an IPv4 scope host is
 //     judged by the daemon's public overrides.
+//   - Concurrent Attest calls are group-committed (groupCommit): one Flush
+//     per batch of calls that queued while the previous batch was in
+//     flight, each call returning after its batch's ack, each call's
+//     elements retried alone if a shared batch fails.
+//   - RemoveSession deletes by key (the rules it is given, an in-memory
+//     index of attested elements seeded at Ensure, a dump of the small
+//     peers set) and falls back to dumping every session set only when the
+//     kernel rejects that batch (ENOENT) or only the guest is known. The
+//     index assumes the Firewall is its table's only writer.
 package netpolicy

@@ -49,6 +49,11 @@ type FirewallConfig struct {
 	Guard *Guard
 	// AttestFloor is the minimum attest timeout (0: DefaultAttestFloor).
 	AttestFloor time.Duration
+	// AttestFault is a test seam (nil in production): when it returns an
+	// error for a guest, every attest batch holding that guest's elements
+	// fails with it before reaching the kernel, as a rejected batch would
+	// (and its connection is discarded).
+	AttestFault func(guest netip.Addr) error
 }
 
 // SessionRules is what the firewall knows about one session. Every element
@@ -90,15 +95,21 @@ type Counters struct {
 // Firewall owns the table "inet <prefix>" in the daemon's netns. It is safe
 // for concurrent use. Attest has its own netlink connection so the DNS hot
 // path never waits behind a session add/remove or a counter dump; the
-// kernel serialises the transactions themselves.
+// kernel serialises the transactions themselves. Concurrent Attest calls
+// are group-committed into one batch (attests). The Firewall assumes it is
+// the only writer of its table while open (one daemon per table): attested
+// records what it inserted into the attested sets, so that RemoveSession
+// need not dump them.
 type Firewall struct {
-	cfg    FirewallConfig
-	guard  *Guard
-	floor  time.Duration
-	nsFd   int // our duplicate of cfg.NetNS, closed by Close
-	schema *schema
-	admin  connSlot // Ensure, AddSession, RemoveSession, reads, DeleteTable
-	attest connSlot // Attest only
+	cfg      FirewallConfig
+	guard    *Guard
+	floor    time.Duration
+	nsFd     int // our duplicate of cfg.NetNS, closed by Close
+	schema   *schema
+	admin    connSlot // Ensure, AddSession, RemoveSession, reads, DeleteTable
+	attest   connSlot // Attest only, used by attests' leader
+	attests  *groupCommit[attestReq]
+	attested attestIndex
 }
 
 // OpenFirewall validates cfg and opens the netlink connections. It changes
@@ -119,6 +130,7 @@ func OpenFirewall(cfg FirewallConfig) (*Firewall, error) {
 		schema: newSchema(cfg.Prefix, cfg.Pool),
 	}
 	f.admin.nsFd, f.attest.nsFd = fd, fd
+	f.attests = newGroupCommit(attestBatchMax, f.flushAttests)
 	if err := f.admin.do(func(*nftables.Conn) error { return nil }); err != nil {
 		unix.Close(fd)
 		return nil, fmt.Errorf("open firewall: %w", err)
@@ -210,6 +222,7 @@ func (f *Firewall) DeleteTable() error {
 		c.DelTable(f.schema.table)
 		return c.Flush()
 	})
+	f.attested.reset()
 	if err != nil && !isNotFound(err) {
 		return fmt.Errorf("delete table inet %s: %w", f.cfg.Prefix, err)
 	}

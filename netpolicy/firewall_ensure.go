@@ -2,6 +2,7 @@ package netpolicy
 
 import (
 	"fmt"
+	"time"
 
 	"github.com/google/nftables"
 )
@@ -104,10 +105,33 @@ func (f *Firewall) Ensure() error {
 		for _, r := range buildRules(env) {
 			c.AddRule(&nftables.Rule{Table: t, Chain: chains[r.chain], Exprs: r.exprs})
 		}
-		return c.Flush()
+		if err := c.Flush(); err != nil {
+			return err
+		}
+		if exists {
+			return f.seedAttestedLocked(c)
+		}
+		return nil
 	})
 	if err != nil {
+		f.attested.setSeeded(false)
 		return fmt.Errorf("ensure table inet %s: %w", f.cfg.Prefix, err)
+	}
+	f.attested.setSeeded(true)
+	return nil
+}
+
+// seedAttestedLocked records the attested elements already in the kernel
+// (a restarted daemon's), so that the index is complete from now on.
+func (f *Firewall) seedAttestedLocked(c *nftables.Conn) error {
+	for _, name := range []string{setAttested, setAttestedPorts} {
+		elems, err := c.GetSetElements(f.schema.sets[name])
+		if err != nil {
+			return fmt.Errorf("list set %s: %w", name, err)
+		}
+		// Now, not before the dump: each element's remaining life was read
+		// before this instant, so now+remaining is never early.
+		f.attested.seed(name, elems, time.Now())
 	}
 	return nil
 }

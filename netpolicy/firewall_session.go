@@ -66,18 +66,43 @@ var sessionSets = []string{setSessions, setPublic, setPeers, setAttested, setAtt
 // RemoveSession deletes every element that belongs to r.Guest in one batch:
 // whatever it was added with, its attested addresses, its counters, and the
 // peer elements of other sessions that name it (so a reused address inherits
-// nothing). It lists the sets and deletes what is present, so it is
-// idempotent and needs nothing but the guest address; its cost grows with
-// the total number of elements (it is not on a hot path). Only r.Guest is
-// used; a zero Guest (egress none) has nothing to remove. An element that
-// expires between the listing and the delete makes the kernel reject the
-// batch with ENOENT; the removal is then retried.
+// nothing). A zero Guest (egress none) has nothing to remove. It is
+// idempotent: removing a removed session succeeds.
+//
+// Two ways, one batch each:
+//   - by key, when r carries an egress mode other than none: r must be the
+//     rules the session was added with. The batch deletes the elements
+//     AddSession made from r, the attested elements this Firewall recorded
+//     for the guest (see attestIndex; only once Ensure has seeded it), and
+//     the peers elements naming the guest, found by dumping the peers set
+//     (only lab sessions have any). Its cost does not grow with the number
+//     of sessions.
+//   - by dump, otherwise (r holds only Guest, e.g. an orphan found after a
+//     restart), or when the by-key batch fails: the kernel rejects a batch
+//     that deletes a missing element with ENOENT (a second removal, an
+//     attested element that just expired, rules that differ from those
+//     added), and nothing of it is applied. It lists all eleven session sets
+//     and deletes what is there, so its cost grows with every session's
+//     elements. An element that expires between the listing and the delete
+//     makes the kernel reject that batch too; it is then retried.
+//
+// Rules that lack some of the session's elements (a static target, public
+// mode) would leave those behind on the by-key way: pass the rules it was
+// added with, or only the Guest.
 func (f *Firewall) RemoveSession(r SessionRules) error {
 	if !r.Guest.IsValid() {
 		return nil // a session without an address (egress none) has no elements
 	}
 	if !r.Guest.Is4() {
 		return fmt.Errorf("remove session %s: guest address %s is not IPv4", r.Name, r.Guest)
+	}
+	attested, taken, complete := f.attested.take(r.Guest, time.Now())
+	if complete && r.Egress != "" && r.Egress != ModeNone && f.checkRules(r) == nil {
+		err := f.admin.do(func(c *nftables.Conn) error { return f.removeByKeyLocked(c, r, attested) })
+		if err == nil {
+			return nil
+		}
+		// Whatever failed, nothing of the batch was applied: the dump decides.
 	}
 	var err error
 	for attempt := 0; attempt < 4; attempt++ {
@@ -86,9 +111,43 @@ func (f *Firewall) RemoveSession(r SessionRules) error {
 		}
 	}
 	if err != nil {
+		f.attested.putBack(r.Guest, taken)
 		return fmt.Errorf("remove session %s (guest %s): %w", r.Name, r.Guest, err)
 	}
 	return nil
+}
+
+// removeByKeyLocked queues the deletion of r's own elements, the given
+// attested elements and the peers elements naming r.Guest, and flushes.
+func (f *Firewall) removeByKeyLocked(c *nftables.Conn, r SessionRules, attested map[string][]nftables.SetElement) error {
+	g := ipKey(r.Guest)
+	peers, err := c.GetSetElements(f.schema.sets[setPeers])
+	if err != nil {
+		return fmt.Errorf("list set %s: %w", setPeers, err)
+	}
+	var del []nftables.SetElement
+	for _, e := range peers {
+		if len(e.Key) == 8 && (bytes.Equal(e.Key[:4], g) || bytes.Equal(e.Key[4:8], g)) {
+			del = append(del, nftables.SetElement{Key: e.Key})
+		}
+	}
+	if err := addElements(c, f.schema.sets[setPeers], del, true); err != nil {
+		return err
+	}
+	for _, se := range sessionElements(r) {
+		if se.set == setPeers {
+			continue // deleted from the listing above
+		}
+		if err := addElements(c, f.schema.sets[se.set], se.elems, true); err != nil {
+			return err
+		}
+	}
+	for _, name := range []string{setAttested, setAttestedPorts} {
+		if err := addElements(c, f.schema.sets[name], attested[name], true); err != nil {
+			return err
+		}
+	}
+	return c.Flush()
 }
 
 func (f *Firewall) removeGuestLocked(c *nftables.Conn, guest netip.Addr) error {
@@ -124,37 +183,6 @@ func (f *Firewall) removeGuestLocked(c *nftables.Conn, guest netip.Addr) error {
 		return nil
 	}
 	return c.Flush()
-}
-
-// Attest makes ips reachable from the session whose guest address is guest
-// for ttl, clamped to [AttestFloor, MaxAttestTimeout]; it returns the
-// effective timeout. With no ports (or a port-less spec) every port and
-// protocol is allowed; otherwise only the given ports (ProtoAny = TCP and
-// UDP). It returns after the kernel acknowledged the batch, so a DNS answer
-// released afterwards can never race the rule. Attesting an address again
-// refreshes (sets) its expiry. Non-IPv4 addresses are ignored; attested
-// addresses in a blocked range stay unreachable (the guard is checked first).
-func (f *Firewall) Attest(guest netip.Addr, ips []netip.Addr, ttl time.Duration, ports []PortSpec) (time.Duration, error) {
-	timeout := min(max(ttl, f.floor), MaxAttestTimeout)
-	if err := f.checkGuest(guest); err != nil {
-		return 0, fmt.Errorf("attest for %s: %w", guest, err)
-	}
-	plan := attestElements(guest, ips, timeout, ports)
-	if len(plan) == 0 {
-		return timeout, nil
-	}
-	err := f.attest.do(func(c *nftables.Conn) error {
-		for _, se := range plan {
-			if err := addElements(c, f.schema.sets[se.set], se.elems, false); err != nil {
-				return err
-			}
-		}
-		return c.Flush()
-	})
-	if err != nil {
-		return 0, fmt.Errorf("attest %d addresses for %s: %w", len(ips), guest, err)
-	}
-	return timeout, nil
 }
 
 // listSet dumps one set's elements on the admin connection.

@@ -1,0 +1,114 @@
+package netpolicy
+
+import (
+	"fmt"
+	"net/netip"
+	"time"
+
+	"github.com/google/nftables"
+)
+
+// attestBatchMax bounds the Attest calls coalesced into one batch (each
+// call's elements are already chunked per message by addElements).
+const attestBatchMax = 128
+
+// attestReq is one Attest call's elements.
+type attestReq struct {
+	guest netip.Addr
+	plan  []setElems
+}
+
+// Attest makes ips reachable from the session whose guest address is guest
+// for ttl, clamped to [AttestFloor, MaxAttestTimeout]; it returns the
+// effective timeout. With no ports (or a port-less spec) every port and
+// protocol is allowed; otherwise only the given ports (ProtoAny = TCP and
+// UDP). It returns after the kernel acknowledged the batch holding its
+// elements, so a DNS answer released afterwards can never race the rule.
+// Attesting an address again refreshes (sets) its expiry. Non-IPv4
+// addresses are ignored; attested addresses in a blocked range stay
+// unreachable (the guard is checked first).
+//
+// Concurrent calls are group-committed: a call that finds no batch in
+// flight sends its own at once; calls arriving meanwhile are sent together
+// as the next batch, one Flush for all. If that batch fails, each call's
+// elements are retried in a batch of their own, so one call's failure is
+// never another's. When two coalesced calls attest the same element, it is
+// inserted once with the longer of their timeouts.
+func (f *Firewall) Attest(guest netip.Addr, ips []netip.Addr, ttl time.Duration, ports []PortSpec) (time.Duration, error) {
+	timeout := min(max(ttl, f.floor), MaxAttestTimeout)
+	if err := f.checkGuest(guest); err != nil {
+		return 0, fmt.Errorf("attest for %s: %w", guest, err)
+	}
+	plan := attestElements(guest, ips, timeout, ports)
+	if len(plan) == 0 {
+		return timeout, nil
+	}
+	if err := f.attests.do(attestReq{guest: guest, plan: plan}); err != nil {
+		return 0, fmt.Errorf("attest %d addresses for %s: %w", len(ips), guest, err)
+	}
+	return timeout, nil
+}
+
+// flushAttests sends one batch with the elements of reqs on the attest
+// connection and, once the kernel acked it, records them in the index.
+func (f *Firewall) flushAttests(reqs []attestReq) error {
+	merged := mergeAttests(reqs)
+	err := f.attest.do(func(c *nftables.Conn) error {
+		if f.cfg.AttestFault != nil {
+			for _, r := range reqs {
+				if err := f.cfg.AttestFault(r.guest); err != nil {
+					return err
+				}
+			}
+		}
+		for _, se := range merged {
+			if err := addElements(c, f.schema.sets[se.set], se.elems, false); err != nil {
+				return err
+			}
+		}
+		return c.Flush()
+	})
+	if err != nil {
+		return err
+	}
+	now := time.Now()
+	for _, r := range reqs {
+		for _, se := range r.plan {
+			f.attested.record(r.guest, se.set, se.elems, now)
+		}
+	}
+	return nil
+}
+
+// mergeAttests concatenates the requests' elements per set, each key once
+// with its longest timeout (the kernel would refresh a repeated key within
+// the batch anyway; one element per key keeps that out of the question).
+func mergeAttests(reqs []attestReq) []setElems {
+	if len(reqs) == 1 {
+		return reqs[0].plan
+	}
+	var out []setElems
+	for _, name := range []string{setAttested, setAttestedPorts} {
+		var elems []nftables.SetElement
+		at := map[string]int{}
+		for _, r := range reqs {
+			for _, se := range r.plan {
+				if se.set != name {
+					continue
+				}
+				for _, e := range se.elems {
+					if i, ok := at[string(e.Key)]; ok {
+						elems[i].Timeout = max(elems[i].Timeout, e.Timeout)
+						continue
+					}
+					at[string(e.Key)] = len(elems)
+					elems = append(elems, e)
+				}
+			}
+		}
+		if len(elems) > 0 {
+			out = append(out, setElems{name, elems})
+		}
+	}
+	return out
+}
