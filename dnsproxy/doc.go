@@ -19,6 +19,14 @@
 // answer into SERVFAIL. Pinned names are answered from the pinned addresses
 // without contacting an upstream.
 //
+// Upstream queries go over a few long-lived connected UDP sockets per
+// upstream (made with the caller's Dial function, replaced after an error
+// and after a few thousand queries): each query gets a random id not in
+// flight on its socket, and an answer reaches a query only when both its id
+// and its question match; anything else is dropped. A truncated answer is
+// asked again over a fresh TCP connection. There is no answer cache: every
+// answer comes from an upstream and is attested.
+//
 // Every decision is reported to an EventSink and counted (see Stats).
 //
 // The proxy does not create sockets in other namespaces and does not touch

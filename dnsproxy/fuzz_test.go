@@ -98,17 +98,19 @@ type fuzzUpstream struct {
 }
 
 func (u *fuzzUpstream) dial(_ context.Context, network, _ string) (net.Conn, error) {
-	return &fuzzConn{u: u, tcp: network == "tcp"}, nil
+	return &fuzzConn{u: u, tcp: network == "tcp", replies: make(chan []byte, 64), closed: make(chan struct{})}, nil
 }
 
-// fuzzConn is one upstream socket: Write takes the query, Read returns the
-// answer. It implements net.PacketConn for UDP so miekg/dns frames it as a
-// datagram.
+// fuzzConn is one upstream socket: Write takes a query, Read returns the
+// answers in order and blocks while there is none, until Close.
 type fuzzConn struct {
 	net.Conn
-	u     *fuzzUpstream
-	tcp   bool
-	reply []byte
+	u       *fuzzUpstream
+	tcp     bool
+	replies chan []byte
+	left    []byte // rest of the answer being read
+	closed  chan struct{}
+	once    sync.Once
 }
 
 func (c *fuzzConn) Write(b []byte) (int, error) {
@@ -131,30 +133,37 @@ func (c *fuzzConn) Write(b []byte) (int, error) {
 	if c.tcp {
 		out = append([]byte{byte(len(out) >> 8), byte(len(out))}, out...)
 	}
-	c.reply = out
-	return len(b), nil
+	select {
+	case c.replies <- out:
+		return len(b), nil
+	case <-c.closed:
+		return 0, net.ErrClosed
+	}
 }
 
 func (c *fuzzConn) Read(b []byte) (int, error) {
-	if c.reply == nil {
-		return 0, net.ErrClosed
+	if len(c.left) == 0 {
+		select {
+		case c.left = <-c.replies:
+		case <-c.closed:
+			return 0, net.ErrClosed
+		}
 	}
-	n := copy(b, c.reply)
-	c.reply = c.reply[n:]
-	if len(c.reply) == 0 {
-		c.reply = nil
-	}
+	n := copy(b, c.left)
+	c.left = c.left[n:]
 	return n, nil
 }
 
-func (c *fuzzConn) Close() error                           { return nil }
-func (c *fuzzConn) SetDeadline(time.Time) error            { return nil }
-func (c *fuzzConn) SetReadDeadline(time.Time) error        { return nil }
-func (c *fuzzConn) SetWriteDeadline(time.Time) error       { return nil }
-func (c *fuzzConn) LocalAddr() net.Addr                    { return &net.UDPAddr{} }
-func (c *fuzzConn) RemoteAddr() net.Addr                   { return &net.UDPAddr{} }
-func (c *fuzzConn) ReadFrom([]byte) (int, net.Addr, error) { return 0, nil, net.ErrClosed }
-func (c *fuzzConn) WriteTo([]byte, net.Addr) (int, error)  { return 0, net.ErrClosed }
+func (c *fuzzConn) Close() error {
+	c.once.Do(func() { close(c.closed) })
+	return nil
+}
+
+func (c *fuzzConn) SetDeadline(time.Time) error      { return nil }
+func (c *fuzzConn) SetReadDeadline(time.Time) error  { return nil }
+func (c *fuzzConn) SetWriteDeadline(time.Time) error { return nil }
+func (c *fuzzConn) LocalAddr() net.Addr              { return &net.UDPAddr{} }
+func (c *fuzzConn) RemoteAddr() net.Addr             { return &net.UDPAddr{} }
 
 // fuzzProxy is a proxy whose upstream is in memory and answers with a rich
 // record mix for every name; guest1 allows **.ex.test, guest2 is public.

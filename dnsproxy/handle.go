@@ -128,12 +128,12 @@ func (p *Proxy) answer(ctx context.Context, s *compiledSession, req *dns.Msg, ev
 		return reply(VerdictDenied, dns.RcodeNameError)
 	}
 
-	up, server, rtt, err := p.forward(ctx, q, req.CheckingDisabled)
+	up, idx, rtt, err := p.forward(ctx, q, req.CheckingDisabled)
 	if err != nil {
 		ev.Err = err.Error()
 		return reply(VerdictServfail, dns.RcodeServerFailure)
 	}
-	ev.Upstream, ev.Latency = server.String(), rtt
+	ev.Upstream, ev.Latency = p.upstreamAddrs[idx], rtt
 	f := filterResponse(q.Name, up, p.cfg.Guard.IsPublicUnicast)
 	ev.Dropped = f.dropped
 	if len(f.kept) > 0 {

@@ -47,8 +47,10 @@ type Config struct {
 	SessionShare int
 	// MaxInFlight bounds the queries being worked on at once. Default 1024.
 	MaxInFlight int
-	// Dial makes upstream sockets ("udp" or "tcp"). Default: a net.Dialer
-	// in the caller's network namespace.
+	// Dial makes upstream sockets ("udp" or "tcp"). A UDP socket is kept
+	// and shared by many queries (it must outlive the ctx passed to Dial);
+	// a TCP connection serves one query. Default: a net.Dialer in the
+	// caller's network namespace.
 	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
 	// Logger receives a debug record per decision. Default: discard.
 	Logger *slog.Logger
@@ -79,6 +81,11 @@ type Proxy struct {
 	sessionsMu sync.Mutex
 
 	preferred atomic.Uint32 // index of the upstream that answered last
+
+	// upstreamAddrs[i] is cfg.Upstreams[i] as address:port; udp[i] its
+	// long-lived UDP sockets (closed by Shutdown).
+	upstreamAddrs []string
+	udp           []*udpPool
 
 	ctx    context.Context // cancelled by Shutdown: aborts upstream exchanges
 	cancel context.CancelFunc
@@ -135,6 +142,10 @@ func New(cfg Config) (*Proxy, error) {
 		log:    cfg.Logger,
 		conns:  map[net.Conn]struct{}{},
 		tcpPer: map[netip.Addr]int{},
+	}
+	for _, u := range cfg.Upstreams {
+		p.upstreamAddrs = append(p.upstreamAddrs, u.String())
+		p.udp = append(p.udp, newUDPPool(u.String(), cfg.Dial, udpSockets, udpSocketQueries))
 	}
 	p.ctx, p.cancel = context.WithCancel(context.Background())
 	p.sched = newScheduler(cfg.MaxInFlight, cfg.SessionShare, cfg.Timeout, func() { p.stats.shed.Add(1) })
@@ -197,6 +208,9 @@ func (p *Proxy) Shutdown(ctx context.Context) error {
 		<-done
 	}
 	p.cancel()
+	for _, u := range p.udp {
+		u.close()
+	}
 	p.mu.Lock()
 	for _, c := range p.pconns {
 		c.Close()

@@ -20,12 +20,19 @@ import (
 // contention no session grows beyond share while another waits, and a
 // flooding session cannot starve the others.
 //
+// Jobs run on reusable worker goroutines: a worker that finishes a job
+// waits up to workerIdle for the next one before it exits, so a busy proxy
+// does not pay for a new goroutine, and for growing its stack, per query.
+//
 // mu protects every field below it; it is held only to count and to pick
 // the next job, never while a job runs.
 type scheduler struct {
 	max, share, queueCap, totalQueueCap int
 	maxWait                             time.Duration
 	onShed                              func()
+	work                                chan work     // hands a job to an idle worker (unbuffered)
+	quit                                chan struct{} // closed by drain: idle workers exit
+	quitOnce                            sync.Once
 
 	mu      sync.Mutex
 	idle    sync.Cond // signalled when running drops to zero
@@ -49,6 +56,15 @@ type queuedJob struct {
 	at        time.Time
 }
 
+// work is a started job and the flow whose slot it holds.
+type work struct {
+	f   *flow
+	run func()
+}
+
+// workerIdle is how long an idle worker waits for a job before it exits.
+const workerIdle = 10 * time.Second
+
 func newScheduler(limit, share int, maxWait time.Duration, onShed func()) *scheduler {
 	s := &scheduler{
 		max:           limit,
@@ -58,6 +74,8 @@ func newScheduler(limit, share int, maxWait time.Duration, onShed func()) *sched
 		maxWait:       maxWait,
 		onShed:        onShed,
 		flows:         map[netip.Addr]*flow{},
+		work:          make(chan work),
+		quit:          make(chan struct{}),
 	}
 	s.idle.L = &s.mu
 	return s
@@ -106,14 +124,36 @@ func (s *scheduler) submit(key netip.Addr, job, shed func()) {
 	s.mu.Unlock()
 }
 
-// startLocked starts job for f in its own goroutine.
+// startLocked starts job for f on an idle worker, or on a new one when
+// none is idle (so every started job runs at once: at most max workers are
+// busy).
 func (s *scheduler) startLocked(f *flow, job func()) {
 	s.running++
 	f.running++
-	go func() {
-		job()
-		s.done(f)
-	}()
+	select {
+	case s.work <- work{f, job}:
+	default:
+		go s.worker(work{f, job})
+	}
+}
+
+// worker runs w, then the jobs handed to it, until it has been idle for
+// workerIdle or the scheduler is drained.
+func (s *scheduler) worker(w work) {
+	timer := time.NewTimer(workerIdle)
+	defer timer.Stop()
+	for {
+		w.run()
+		s.done(w.f)
+		timer.Reset(workerIdle)
+		select {
+		case w = <-s.work:
+		case <-timer.C:
+			return
+		case <-s.quit:
+			return
+		}
+	}
 }
 
 // done releases f's slot and hands free slots to waiting sessions.
@@ -182,6 +222,7 @@ func (s *scheduler) drain() {
 		s.idle.Wait()
 	}
 	s.mu.Unlock()
+	s.quitOnce.Do(func() { close(s.quit) })
 }
 
 // mayStartLocked reports whether a job of f may take a slot now.

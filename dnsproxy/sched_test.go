@@ -2,6 +2,7 @@ package dnsproxy
 
 import (
 	"net/netip"
+	"runtime"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -191,5 +192,28 @@ func TestSchedulerDrain(t *testing.T) {
 	g.none(t)
 	if shed.Load() != 2 {
 		t.Fatalf("shed %d, want 2 (the queued job and the one after drain)", shed.Load())
+	}
+}
+
+func TestSchedulerReusesIdleWorkers(t *testing.T) {
+	s := newScheduler(8, 8, time.Minute, func() {})
+	done := make(chan struct{}, 1)
+	before := runtime.NumGoroutine()
+	for range 50 {
+		s.submit(flowA, func() { done <- struct{}{} }, nil)
+		<-done
+	}
+	// Sequential jobs reuse idle workers (a new one starts only when a job
+	// comes while the last worker is between its job and its wait).
+	if n := runtime.NumGoroutine() - before; n > 4 {
+		t.Fatalf("%d goroutines for 50 sequential jobs", n)
+	}
+	s.drain()
+	deadline := time.Now().Add(2 * time.Second)
+	for runtime.NumGoroutine() > before {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d goroutines left after drain, had %d", runtime.NumGoroutine(), before)
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 }
