@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -91,7 +92,12 @@ func countLinks(w *world.World, prefix string) (int, error) {
 		return 0, err
 	}
 	defer h.Close()
+	// A dump that races with the kernel removing veths in the background
+	// is reported as interrupted: retry it, as nsmgr does.
 	links, err := h.LinkList()
+	for try := 0; errors.Is(err, netlink.ErrDumpInterrupted) && try < 10; try++ {
+		links, err = h.LinkList()
+	}
 	if err != nil {
 		return 0, err
 	}
