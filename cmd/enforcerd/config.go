@@ -37,6 +37,10 @@ type ServeConfig struct {
 	MetricsListen   string           // host:port of the Prometheus endpoint; "" = off
 	LogFormat       string           // "text" or "json"
 	ConfigFile      string           // the --config file, "" if none (for the start-up log)
+	ImagesDirs      []string         // the only directories a sandbox rootfs may come from (absolute, cleaned)
+	MaxFlows        int              // per-session cap on concurrent tracked flows (> 0)
+	FlowRate        int              // per-session new flows per second (> 0); the burst is twice this
+	MaxAttested     int              // per-session cap on live DNS-attested elements (> 0)
 }
 
 // Defaults of the serve options.
@@ -45,6 +49,9 @@ const (
 	defaultNamePrefix = "enf"
 	defaultPool       = "10.20.0.0/16"
 	defaultDNSMinTTL  = "60s"
+	defaultMaxFlows   = 8192
+	defaultFlowRate   = 2000
+	defaultMaxAttest  = 4096
 )
 
 // The option names, shared by the flags and the TOML keys.
@@ -60,6 +67,10 @@ const (
 	optDNSMinTTL      = "dns-min-ttl"
 	optMetricsListen  = "metrics-listen"
 	optLogFormat      = "log-format"
+	optImagesDir      = "images-dir"
+	optMaxFlows       = "max-flows"
+	optFlowRate       = "flow-rate"
+	optMaxAttested    = "max-attested"
 )
 
 // fileConfig is the TOML configuration file; its keys are the flag names.
@@ -74,6 +85,10 @@ type fileConfig struct {
 	DNSMinTTL      string   `toml:"dns-min-ttl"`
 	MetricsListen  string   `toml:"metrics-listen"`
 	LogFormat      string   `toml:"log-format"`
+	ImagesDir      []string `toml:"images-dir"`
+	MaxFlows       int64    `toml:"max-flows"`
+	FlowRate       int64    `toml:"flow-rate"`
+	MaxAttested    int64    `toml:"max-attested"`
 }
 
 // rawOption is one option's unvalidated values and where they came from:
@@ -116,6 +131,11 @@ func defineServeFlags(fs *flag.FlagSet) *serveFlags {
 	f.single[optDNSMinTTL] = fs.String(optDNSMinTTL, "", "minimum lifetime `DURATION` of an attested address (default "+defaultDNSMinTTL+")")
 	f.single[optMetricsListen] = fs.String(optMetricsListen, "", "serve Prometheus metrics on `ADDR` (host:port; default off)")
 	f.single[optLogFormat] = fs.String(optLogFormat, "", "log `FORMAT`: text or json (default json under systemd, else text)")
+	f.lists[optImagesDir] = &listFlag{}
+	fs.Var(f.lists[optImagesDir], optImagesDir, "a root-owned `DIR` sandbox rootfs directories may come from, repeatable (default: none, so every --rootfs is refused)")
+	f.single[optMaxFlows] = fs.String(optMaxFlows, "", "per-session cap on concurrent tracked flows `N` (default "+strconv.Itoa(defaultMaxFlows)+")")
+	f.single[optFlowRate] = fs.String(optFlowRate, "", "per-session new flows per second `N`, burst twice that (default "+strconv.Itoa(defaultFlowRate)+")")
+	f.single[optMaxAttested] = fs.String(optMaxAttested, "", "per-session cap on live DNS-attested addresses `N` (default "+strconv.Itoa(defaultMaxAttest)+")")
 	return f
 }
 
@@ -188,6 +208,10 @@ func loadConfigFile(path string) (map[string]rawOption, error) {
 	add(optDNSMinTTL, fc.DNSMinTTL)
 	add(optMetricsListen, fc.MetricsListen)
 	add(optLogFormat, fc.LogFormat)
+	add(optImagesDir, fc.ImagesDir...)
+	add(optMaxFlows, strconv.FormatInt(fc.MaxFlows, 10))
+	add(optFlowRate, strconv.FormatInt(fc.FlowRate, 10))
+	add(optMaxAttested, strconv.FormatInt(fc.MaxAttested, 10))
 	return out, nil
 }
 
@@ -291,6 +315,32 @@ func buildServeConfig(o serveOptions, getenv func(string) string, resolvConf str
 		return cfg, fmt.Errorf("%s %q: want text or json", origin, lf)
 	}
 	cfg.LogFormat = lf
+
+	if r, ok := o.get(optImagesDir); ok {
+		for _, v := range r.values {
+			if !filepath.IsAbs(v) || filepath.Clean(v) == "/" {
+				return cfg, fmt.Errorf("%s %q: want an absolute directory other than /", r.origin, v)
+			}
+			cfg.ImagesDirs = append(cfg.ImagesDirs, filepath.Clean(v))
+		}
+	}
+	for _, n := range []struct {
+		name string
+		def  int
+		max  int
+		dst  *int
+	}{
+		{optMaxFlows, defaultMaxFlows, 1 << 20, &cfg.MaxFlows},
+		{optFlowRate, defaultFlowRate, 1 << 20, &cfg.FlowRate},
+		{optMaxAttested, defaultMaxAttest, 1 << 16, &cfg.MaxAttested},
+	} {
+		v, origin := o.single(n.name, strconv.Itoa(n.def))
+		i, err := strconv.Atoi(v)
+		if err != nil || i < 1 || i > n.max {
+			return cfg, fmt.Errorf("%s %q: want a whole number from 1 to %d", origin, v, n.max)
+		}
+		*n.dst = i
+	}
 	return cfg, nil
 }
 
@@ -429,5 +479,9 @@ func (c ServeConfig) LogValue() slog.Value {
 		slog.Duration("dns_min_ttl", c.DNSMinTTL),
 		slog.String("metrics_listen", c.MetricsListen),
 		slog.String("log_format", c.LogFormat),
+		slog.String("images_dirs", strings.Join(c.ImagesDirs, ",")),
+		slog.Int("max_flows", c.MaxFlows),
+		slog.Int("flow_rate", c.FlowRate),
+		slog.Int("max_attested", c.MaxAttested),
 	)
 }

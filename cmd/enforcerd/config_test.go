@@ -43,6 +43,7 @@ func TestServeDefaults(t *testing.T) {
 		Upstreams:  []netip.AddrPort{netip.MustParseAddrPort("192.0.2.53:53")},
 		DNSMinTTL:  60 * time.Second,
 		LogFormat:  "text",
+		MaxFlows:   defaultMaxFlows, FlowRate: defaultFlowRate, MaxAttested: defaultMaxAttest,
 	}
 	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("got  %+v\nwant %+v", got, want)
@@ -87,7 +88,8 @@ log-format = "json"
 		DNSMinTTL:       5 * time.Minute,
 		MetricsListen:   "127.0.0.1:9323",
 		LogFormat:       "json",
-		ConfigFile:      file,
+		MaxFlows:        defaultMaxFlows, FlowRate: defaultFlowRate, MaxAttested: defaultMaxAttest,
+		ConfigFile: file,
 	}
 	if !reflect.DeepEqual(fromFile, want) {
 		t.Fatalf("config file:\n got  %+v\nwant %+v", fromFile, want)
