@@ -1,6 +1,7 @@
 package netpolicy
 
 import (
+	"errors"
 	"fmt"
 	"net/netip"
 	"time"
@@ -112,3 +113,9 @@ func mergeAttests(reqs []attestReq) []setElems {
 	}
 	return out
 }
+
+// ErrAttestCap is wrapped by Attest's error when the session already holds
+// FirewallConfig.MaxAttested live attested elements and the call would add
+// more: the answer must fail (SERVFAIL), never pass unattested, and the cap
+// is reported (an event and a metric), never silent.
+var ErrAttestCap = errors.New("per-session cap on attested addresses reached")
