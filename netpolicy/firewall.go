@@ -24,6 +24,11 @@ const (
 	// elemChunk bounds the elements per netlink message: the element list
 	// is one attribute whose length is 16 bits.
 	elemChunk = 256
+	// DefaultMaxFlows, DefaultFlowRate and DefaultMaxAttested are the
+	// per-session budgets when FirewallConfig leaves them zero.
+	DefaultMaxFlows    = 8192
+	DefaultFlowRate    = 2000
+	DefaultMaxAttested = 4096
 )
 
 // prefixPattern: the prefix names the table and starts every session
@@ -49,6 +54,15 @@ type FirewallConfig struct {
 	Guard *Guard
 	// AttestFloor is the minimum attest timeout (0: DefaultAttestFloor).
 	AttestFloor time.Duration
+	// MaxFlows caps each session's concurrent tracked flows (conntrack
+	// entries it opened); 0 means DefaultMaxFlows.
+	MaxFlows int
+	// FlowRate caps each session's new flows per second, with a burst of
+	// twice that; 0 means DefaultFlowRate.
+	FlowRate int
+	// MaxAttested caps each session's live attested elements; an Attest
+	// that would exceed it fails with ErrAttestCap. 0 means DefaultMaxAttested.
+	MaxAttested int
 	// AttestFault is a test seam (nil in production): when it returns an
 	// error for a guest, every attest batch holding that guest's elements
 	// fails with it before reaching the kernel, as a rejected batch would
@@ -90,6 +104,9 @@ type AttestedAddr struct {
 type Counters struct {
 	AcceptedPackets, AcceptedBytes uint64
 	DroppedPackets, DroppedBytes   uint64
+	// LimitedPackets counts new flows dropped because the session was at
+	// its flow cap or over its new-flow rate (also in DroppedPackets).
+	LimitedPackets uint64
 }
 
 // Firewall owns the table "inet <prefix>" in the daemon's netns. It is safe
