@@ -36,6 +36,7 @@ type Event struct {
 	Upstream string        `json:"upstream,omitempty"`
 	Latency  time.Duration `json:"latency_ns,omitempty"`
 	TTL      time.Duration `json:"attest_ttl_ns,omitempty"`
+	Capped   int           `json:"capped,omitempty"`
 	Err      string        `json:"err,omitempty"`
 }
 

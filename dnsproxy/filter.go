@@ -90,6 +90,53 @@ func filterResponse(qname string, up *dns.Msg, public func(netip.Addr) bool) fil
 	return f
 }
 
+// limit keeps at most n addresses (the first n, in answer order) and
+// removes every A record and ipv4hint value that carries one of the
+// others, so the invariant holds: nothing is released that is not kept. It
+// returns how many addresses it removed. minTTL stays the minimum over the
+// larger set, which is never above the true one: safe.
+func (f *filtered) limit(n int) int {
+	if len(f.kept) <= n {
+		return 0
+	}
+	removed := len(f.kept) - n
+	f.kept = f.kept[:n:n]
+	out := f.answer[:0]
+	for _, rr := range f.answer {
+		switch r := rr.(type) {
+		case *dns.A:
+			a, _ := netip.AddrFromSlice(r.A.To4())
+			if !slices.Contains(f.kept, a) {
+				continue
+			}
+		case *dns.SVCB:
+			r.Value = f.keptHints(r.Value)
+		case *dns.HTTPS:
+			r.Value = f.keptHints(r.Value)
+		}
+		out = append(out, rr)
+	}
+	clear(f.answer[len(out):])
+	f.answer = out
+	return removed
+}
+
+// keptHints drops the ipv4hint values that are not kept (the records are
+// the filter's own copies, safe to change).
+func (f *filtered) keptHints(kvs []dns.SVCBKeyValue) []dns.SVCBKeyValue {
+	return slices.DeleteFunc(kvs, func(kv dns.SVCBKeyValue) bool {
+		h, ok := kv.(*dns.SVCBIPv4Hint)
+		if !ok {
+			return false
+		}
+		h.Hint = slices.DeleteFunc(h.Hint, func(ip net.IP) bool {
+			a, _ := netip.AddrFromSlice(ip.To4())
+			return !slices.Contains(f.kept, a)
+		})
+		return len(h.Hint) == 0 // an empty ipv4hint is not valid on the wire
+	})
+}
+
 // filterHints drops ipv6hint and keeps the public ipv4hint addresses of a
 // record of the chain (none for a record outside it).
 func (f *filtered) filterHints(kvs []dns.SVCBKeyValue, ttl uint32, inChain bool, public func(netip.Addr) bool, keep func(netip.Addr, uint32)) []dns.SVCBKeyValue {

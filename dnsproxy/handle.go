@@ -1,6 +1,7 @@
 package dnsproxy
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -128,24 +129,35 @@ func (p *Proxy) answer(ctx context.Context, s *compiledSession, req *dns.Msg, ev
 		return reply(VerdictDenied, dns.RcodeNameError)
 	}
 
-	up, idx, rtt, err := p.forward(ctx, q, req.CheckingDisabled)
+	up, idx, rtt, err := p.forwardFor(ctx, s, q, req.CheckingDisabled)
 	if err != nil {
+		if s.ctx.Err() != nil && p.ctx.Err() == nil {
+			p.stats.sessionGone.Add(1)
+			err = fmt.Errorf("%w: session %q (guest %s): %w", ErrSessionGone, s.name, s.guest, err)
+		}
 		ev.Err = err.Error()
 		return reply(VerdictServfail, dns.RcodeServerFailure)
 	}
 	ev.Upstream, ev.Latency = p.upstreamAddrs[idx], rtt
 	f := filterResponse(q.Name, up, p.cfg.Guard.IsPublicUnicast)
 	ev.Dropped = f.dropped
-	if len(f.kept) > 0 {
+	if n := f.limit(p.cfg.MaxAnswerAddrs); n > 0 {
+		ev.Capped = n
+		p.stats.answerCap.Add(1)
+	}
+	// A public session's traffic to any public address is accepted by the
+	// firewall's public set: attesting would only grow the kernel's sets.
+	if len(f.kept) > 0 && s.mode != netpolicy.ModePublic {
 		ttl := max(time.Duration(f.minTTL)*time.Second, p.cfg.MinTTL)
 		eff, err := p.attest(s, f.kept, ttl, ports)
 		if err != nil {
 			ev.Err = err.Error()
 			return reply(VerdictServfail, dns.RcodeServerFailure)
 		}
-		ev.Addrs, ev.TTL = f.kept, eff
+		ev.TTL = eff
 		capTTLs(f.answer, ttlCap(eff))
 	}
+	ev.Addrs = f.kept
 	resp.Answer, resp.Ns = f.answer, f.ns
 	resp.Extra = append(f.extra, resp.Extra...) // keeps our OPT last
 	resp.Rcode = up.Rcode
@@ -153,10 +165,32 @@ func (p *Proxy) answer(ctx context.Context, s *compiledSession, req *dns.Msg, ev
 	return resp
 }
 
+// forwardFor is forward for a query of s: its upstream waits end when the
+// registration does (s.ctx, which descends from the proxy's context). A
+// caller context other than the proxy's own (tests drive handle with
+// their own) is joined to it.
+func (p *Proxy) forwardFor(ctx context.Context, s *compiledSession, q dns.Question, cd bool) (*dns.Msg, int, time.Duration, error) {
+	if ctx == p.ctx || ctx.Done() == nil {
+		return p.forward(s.ctx, q, cd)
+	}
+	joined, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stop := context.AfterFunc(s.ctx, cancel)
+	defer stop()
+	return p.forward(joined, q, cd)
+}
+
+// pinnedTTL is the TTL of a pinned answer when Config.MinTTL is zero.
+// Pinned addresses stay in the static sets for the session's life, so any
+// TTL is safe; this one keeps caches as fresh as for other names.
+const pinnedTTL = 60 * time.Second
+
 // answerPinned answers a pinned name from its pinned addresses: A queries
-// get them (after the guard, attested like any answer); every other type an
-// empty answer.
-func (p *Proxy) answerPinned(ctx context.Context, s *compiledSession, q dns.Question, addrs []netip.Addr, resp *dns.Msg, ev *Event) *dns.Msg {
+// get them (after the guard); every other type an empty answer. Nothing is
+// attested: the session's static sets hold the pinned addresses with their
+// entry's port constraint (see SessionPolicy), and attesting them into the
+// port-less set would open every port.
+func (p *Proxy) answerPinned(_ context.Context, _ *compiledSession, q dns.Question, addrs []netip.Addr, resp *dns.Msg, ev *Event) *dns.Msg {
 	ev.Verdict = VerdictPinned
 	if q.Qtype != dns.TypeA {
 		return resp
@@ -169,34 +203,36 @@ func (p *Proxy) answerPinned(ctx context.Context, s *compiledSession, q dns.Ques
 			ev.Dropped = append(ev.Dropped, a)
 		}
 	}
-	if len(kept) == 0 {
-		return resp
-	}
-	eff, err := p.attest(s, kept, p.cfg.MinTTL, nil)
-	if err != nil {
-		ev.Verdict, ev.Err = VerdictServfail, err.Error()
-		resp.Rcode = dns.RcodeServerFailure
-		return resp
-	}
-	ttl := ttlCap(eff)
+	ttl := ttlCap(cmp.Or(p.cfg.MinTTL, pinnedTTL))
 	for _, a := range kept {
 		resp.Answer = append(resp.Answer, &dns.A{
 			Hdr: dns.RR_Header{Name: q.Name, Rrtype: dns.TypeA, Class: dns.ClassINET, Ttl: ttl},
 			A:   a.AsSlice(),
 		})
 	}
-	ev.Addrs, ev.TTL = kept, eff
+	ev.Addrs = kept
 	return resp
 }
 
 // attest inserts addrs into the session's set through the Attester and
-// returns the effective element timeout.
+// returns the effective element timeout. It holds the registration's read
+// lock across the check and the call, so that Unregister, once it returns,
+// knows no attest of it is still running (see compiledSession).
 func (p *Proxy) attest(s *compiledSession, addrs []netip.Addr, ttl time.Duration, ports []netpolicy.PortSpec) (time.Duration, error) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if s.gone {
+		p.stats.sessionGone.Add(1)
+		return 0, fmt.Errorf("%w: session %q (guest %s): %d addresses not attested", ErrSessionGone, s.name, s.guest, len(addrs))
+	}
 	start := time.Now()
 	eff, err := p.cfg.Attester.Attest(s.guest, addrs, ttl, ports)
 	p.stats.attest.observe(time.Since(start))
 	if err != nil {
 		p.stats.attestErrors.Add(1)
+		if errors.Is(err, netpolicy.ErrAttestCap) {
+			p.stats.attestCap.Add(1)
+		}
 		return 0, fmt.Errorf("%w: %d addresses for %s: %w", ErrAttest, len(addrs), s.guest, err)
 	}
 	return eff, nil

@@ -52,6 +52,11 @@ type Config struct {
 	// a TCP connection serves one query. Default: a net.Dialer in the
 	// caller's network namespace.
 	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
+	// MaxAnswerAddrs caps the addresses one answer may carry (and attest):
+	// beyond it the remaining A records and hints are removed, so a name
+	// answering thousands of addresses cannot grow the kernel's sets by
+	// thousands per query. Default 32.
+	MaxAnswerAddrs int
 	// Logger receives a debug record per decision. Default: discard.
 	Logger *slog.Logger
 }
@@ -60,6 +65,7 @@ const (
 	defaultTimeout      = 2 * time.Second
 	defaultSessionShare = 32
 	defaultMaxInFlight  = 1024
+	defaultAnswerAddrs  = 32
 )
 
 // ErrClosed is returned by Serve after Shutdown.
@@ -117,6 +123,12 @@ func New(cfg Config) (*Proxy, error) {
 	}
 	if cfg.Timeout < 0 || cfg.MinTTL < 0 || cfg.SessionShare < 0 || cfg.MaxInFlight < 0 {
 		return nil, errors.New("new dns proxy: negative timeout, min ttl, session share or max in flight")
+	}
+	if cfg.MaxAnswerAddrs < 0 {
+		return nil, fmt.Errorf("new dns proxy: max answer addresses %d: want at least 1 (0: the default, %d)", cfg.MaxAnswerAddrs, defaultAnswerAddrs)
+	}
+	if cfg.MaxAnswerAddrs == 0 {
+		cfg.MaxAnswerAddrs = defaultAnswerAddrs
 	}
 	if cfg.Timeout == 0 {
 		cfg.Timeout = defaultTimeout

@@ -30,6 +30,7 @@ func TestNewErrors(t *testing.T) {
 		{"no guard", Config{Upstreams: up, Attester: a}, "new dns proxy: no guard"},
 		{"no attester", Config{Upstreams: up, Guard: g}, "new dns proxy: no attester"},
 		{"negative", Config{Upstreams: up, Guard: g, Attester: a, Timeout: -1}, "new dns proxy: negative timeout, min ttl, session share or max in flight"},
+		{"negative answer cap", Config{Upstreams: up, Guard: g, Attester: a, MaxAnswerAddrs: -1}, "new dns proxy: max answer addresses -1: want at least 1 (0: the default, 32)"},
 		{"one slot", Config{Upstreams: up, Guard: g, Attester: a, MaxInFlight: 1}, "new dns proxy: max in flight 1: want at least 2"},
 	}
 	for _, tt := range tests {
@@ -44,7 +45,7 @@ func TestNewErrors(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if p.cfg.Timeout != 2*time.Second || p.cfg.SessionShare != 7 || p.cfg.Dial == nil || p.log == nil {
+	if p.cfg.Timeout != 2*time.Second || p.cfg.SessionShare != 7 || p.cfg.MaxAnswerAddrs != 32 || p.cfg.Dial == nil || p.log == nil {
 		t.Fatalf("defaults not applied: %+v", p.cfg)
 	}
 }

@@ -19,10 +19,16 @@ import (
 )
 
 const (
-	tcpIdleTimeout  = 10 * time.Second // between two queries on one connection
+	// tcpIdleTimeout bounds the wait for one whole query (its length and
+	// its message) on a TCP connection, the first or the next: a client
+	// that holds a connection without asking frees its slot this soon.
+	tcpIdleTimeout  = 3 * time.Second
 	tcpWriteTimeout = 5 * time.Second
-	maxTCPConns     = 1024 // open TCP connections, all clients
-	maxTCPPerClient = 8    // open TCP connections from one source address
+	maxTCPConns     = 1024 // open TCP connections, all sessions
+	// maxTCPPerClient is one session's share of the TCP slots: the
+	// connections open from one guest address. Connections from any other
+	// source are closed at once (see trackConn).
+	maxTCPPerClient = 8
 	udpBatch        = 32   // datagrams per recvmmsg
 	udpBufSize      = 4096 // largest query accepted over UDP
 	udpReadBuffer   = 4 << 20
@@ -254,12 +260,21 @@ func isTemporary(err error) bool {
 }
 
 // trackConn registers an accepted connection, refusing it when the proxy
-// is closed or the connection limits are reached. It adds the connection
-// to p.wg; untrackConn releases it.
+// is closed, when src is no registered session's guest address, or when
+// the connection limits are reached. A source that is no session would get
+// nothing but REFUSED, and counting every source alike would let a local
+// user holding idle connections from all of 127.0.0.0/8 take every slot
+// from the sessions. It adds the connection to p.wg; untrackConn releases
+// it.
 func (p *Proxy) trackConn(c net.Conn, src netip.Addr) bool {
+	if p.session(src) == nil {
+		p.stats.tcpRefused.Add(1)
+		return false
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed || len(p.conns) >= maxTCPConns || p.tcpPer[src] >= maxTCPPerClient {
+		p.stats.tcpRefused.Add(1)
 		return false
 	}
 	p.conns[c] = struct{}{}

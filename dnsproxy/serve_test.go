@@ -188,7 +188,7 @@ func TestFairness(t *testing.T) {
 // 127.0.0.1, with 127.0.0.1 registered as a session's guest address.
 func TestServeLoopback(t *testing.T) {
 	up := startUpstream(t, zoneHandler(bigZone()))
-	tp := newTestProxy(t, []netip.AddrPort{up.addr}, nil)
+	tp := newTestProxy(t, []netip.AddrPort{up.addr}, func(c *Config) { c.MaxAnswerAddrs = 100 })
 	lo := netip.MustParseAddr("127.0.0.1")
 	tp.register(t, lo, netpolicy.ModeAllowlist, "big.test")
 	pc, err := net.ListenPacket("udp4", "127.0.0.1:0")

@@ -1,10 +1,12 @@
 package dnsproxy
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"maps"
 	"net/netip"
+	"sync"
 
 	"github.com/enforcerd/enforcerd/netpolicy"
 )
@@ -15,7 +17,10 @@ import (
 // arrive from. Allow holds the session's allow entries (name entries are
 // matched, CIDR entries are ignored: the firewall enforces them). Pinned maps
 // a name to the addresses resolved once at session create: such names are
-// answered from these addresses without an upstream.
+// answered from these addresses without an upstream, and attested nothing:
+// the caller must have put them in the session's static sets with their
+// entry's port constraint (netpolicy.StaticTargets), so that a pinned
+// answer opens exactly what the entry allows.
 type SessionPolicy struct {
 	Name   string
 	Guest  netip.Addr
@@ -24,13 +29,44 @@ type SessionPolicy struct {
 	Pinned map[string][]netip.Addr
 }
 
-// compiledSession is an immutable, ready-to-match form of a SessionPolicy.
+// compiledSession is one registration: a ready-to-match form of a
+// SessionPolicy (immutable) and the state that ends it.
+//
+// A query holds its session across the upstream wait, so a registration
+// can end while its queries are in flight. Invariant: once retire has
+// returned, no Attest for this registration is in progress or will start.
+// The answer path holds mu for reading around "not gone, then Attest";
+// retire cancels ctx (ending the upstream waits at once) and then takes mu
+// for writing to set gone, so it waits only for attests already in
+// progress, never for an upstream.
 type compiledSession struct {
 	name   string
 	guest  netip.Addr
 	mode   netpolicy.Mode
 	match  *matcher
 	pinned map[string][]netip.Addr // key: lower-case, no trailing dot
+
+	// ctx is the context the session's upstream waits run in; it descends
+	// from the proxy's (so Shutdown ends it too) and retire cancels it.
+	ctx    context.Context
+	cancel context.CancelFunc
+
+	mu   sync.RWMutex // protects gone; see the invariant above
+	gone bool
+}
+
+// ErrSessionGone is wrapped by the error recorded in an Event when the
+// query's session was unregistered (or replaced) while the query was in
+// flight: the answer became SERVFAIL and nothing was attested.
+var ErrSessionGone = errors.New("session unregistered while its query was in flight")
+
+// retire ends the registration: its upstream waits are cancelled, and once
+// retire returns nothing is ever attested for it.
+func (cs *compiledSession) retire() {
+	cs.cancel()
+	cs.mu.Lock()
+	cs.gone = true
+	cs.mu.Unlock()
 }
 
 // sessionMap is an immutable snapshot: it is never modified after it has
@@ -77,30 +113,41 @@ func compile(sp SessionPolicy) (*compiledSession, error) {
 
 // Register adds the session, or replaces the policy of the session with the
 // same guest address. The new policy applies to queries that arrive after
-// Register returns.
+// Register returns. A replaced registration ends as in Unregister: its
+// queries in flight get SERVFAIL and nothing more is attested for them.
 func (p *Proxy) Register(sp SessionPolicy) error {
 	cs, err := compile(sp)
 	if err != nil {
 		return err
 	}
+	cs.ctx, cs.cancel = context.WithCancel(p.ctx)
 	p.sessionsMu.Lock()
-	defer p.sessionsMu.Unlock()
 	old := *p.sessions.Load()
+	prev := old[cs.guest]
 	next := make(sessionMap, len(old)+1)
 	maps.Copy(next, old)
 	next[cs.guest] = cs
 	p.sessions.Store(&next)
-	p.log.Debug("dnsproxy: session registered", "session", cs.name, "guest", cs.guest, "mode", sp.Mode)
+	p.sessionsMu.Unlock()
+	if prev != nil {
+		prev.retire()
+	}
+	p.log.Debug("dnsproxy: session registered", "session", cs.name, "guest", cs.guest, "mode", sp.Mode, "replaced", prev != nil)
 	return nil
 }
 
-// Unregister removes the session with this guest address. Removing an
-// unknown session is not an error.
+// Unregister removes the session with this guest address. Once it returns,
+// nothing is ever attested for that registration: its queries waiting for
+// an upstream are cancelled (they get SERVFAIL), and an attest already in
+// progress is waited for (it takes about a kernel round trip; Unregister
+// never waits for an upstream). Removing an unknown session is not an
+// error. The caller removes the session's firewall elements after it.
 func (p *Proxy) Unregister(guest netip.Addr) {
 	p.sessionsMu.Lock()
-	defer p.sessionsMu.Unlock()
 	old := *p.sessions.Load()
-	if _, ok := old[guest]; !ok {
+	prev, ok := old[guest]
+	if !ok {
+		p.sessionsMu.Unlock()
 		return
 	}
 	next := make(sessionMap, len(old))
@@ -110,6 +157,10 @@ func (p *Proxy) Unregister(guest netip.Addr) {
 		}
 	}
 	p.sessions.Store(&next)
+	p.sessionsMu.Unlock()
+	// Outside sessionsMu: waiting for an attest in progress must not hold
+	// up other sessions' Register and Unregister.
+	prev.retire()
 	p.log.Debug("dnsproxy: session unregistered", "guest", guest)
 }
 

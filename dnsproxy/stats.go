@@ -28,6 +28,21 @@ type Stats struct {
 	Shed uint64
 	// AttestErrors counts failed Attest calls (each also gave a SERVFAIL).
 	AttestErrors uint64
+	// AttestCap counts attests refused because the session holds the
+	// firewall's per-session cap of attested addresses
+	// (netpolicy.ErrAttestCap); each is also in AttestErrors and gave a
+	// SERVFAIL.
+	AttestCap uint64
+	// AnswerCap counts answers that carried more addresses than
+	// Config.MaxAnswerAddrs (the rest were removed, not attested).
+	AnswerCap uint64
+	// SessionGone counts queries whose session was unregistered (or
+	// replaced) while they were in flight: SERVFAIL, nothing attested.
+	SessionGone uint64
+	// TCPRefused counts TCP connections closed as soon as they were
+	// accepted: from a source that is no registered session, or over the
+	// per-session or total connection limits.
+	TCPRefused uint64
 	// UpstreamErrors counts failed upstream tries (each try, not each query).
 	UpstreamErrors uint64
 	// InFlight is the number of queries being worked on now; Queued the
@@ -96,6 +111,10 @@ type counters struct {
 	malformed      atomic.Uint64
 	shed           atomic.Uint64
 	attestErrors   atomic.Uint64
+	attestCap      atomic.Uint64
+	answerCap      atomic.Uint64
+	sessionGone    atomic.Uint64
+	tcpRefused     atomic.Uint64
 	upstreamErrors atomic.Uint64
 	attest         histogram
 	upstream       histogram
@@ -123,6 +142,10 @@ func (p *Proxy) Stats() Stats {
 		Malformed:      c.malformed.Load(),
 		Shed:           c.shed.Load(),
 		AttestErrors:   c.attestErrors.Load(),
+		AttestCap:      c.attestCap.Load(),
+		AnswerCap:      c.answerCap.Load(),
+		SessionGone:    c.sessionGone.Load(),
+		TCPRefused:     c.tcpRefused.Load(),
 		UpstreamErrors: c.upstreamErrors.Load(),
 		Sessions:       len(*p.sessions.Load()),
 		Attest:         c.attest.snapshot(),

@@ -28,10 +28,21 @@ const (
 	maxUDPAnswer = 65535
 	// idTries bounds the draws of a random query id not in flight.
 	idTries = 32
+	// udpTries is how many sockets one query is sent on when the socket it
+	// waits on fails (a read or write error, such as the ECONNREFUSED a
+	// single ICMP port unreachable leaves on a connected socket, which an
+	// off-path sender can forge). Each retry goes to a usable socket (the
+	// failed one is replaced when its slot is next used); an upstream that
+	// really refuses fails after udpTries quick round trips.
+	udpTries = 3
 )
 
 // errNoID is returned when no free query id was found on a socket.
 var errNoID = errors.New("no free query id")
+
+// errSocketFailed is wrapped by the error a query gets when the socket it
+// waited on failed under it: the query is worth asking again elsewhere.
+var errSocketFailed = errors.New("upstream socket failed")
 
 // udpPool is the long-lived UDP sockets to one upstream. A socket is made
 // with the proxy's Dial function when a query first needs it (so the
@@ -62,19 +73,35 @@ func newUDPPool(addr string, dial func(ctx context.Context, network, addr string
 // exchange sends query (a packed message whose id it overwrites) over one of
 // the pool's sockets and waits for the answer that carries the same id and
 // the same question, or for ctx to end. Answers that match no query in
-// flight are dropped.
+// flight are dropped. When the socket fails under the query, the query is
+// sent again on another (up to udpTries sockets in all): one broken socket
+// fails no query that another socket could answer.
 func (p *udpPool) exchange(ctx context.Context, query []byte) (*dns.Msg, error) {
 	q, ok := wireQuestion(query)
 	if !ok {
 		return nil, fmt.Errorf("query upstream %s/udp: %w", p.addr, dns.ErrBuf)
 	}
+	var err error
+	for range udpTries {
+		var r *dns.Msg
+		r, err = p.exchangeOnce(ctx, query, q)
+		if err == nil || !errors.Is(err, errSocketFailed) || ctx.Err() != nil {
+			return r, err
+		}
+	}
+	return nil, err
+}
+
+// exchangeOnce is one try of exchange on one socket; q is query's wire
+// question.
+func (p *udpPool) exchangeOnce(ctx context.Context, query, q []byte) (*dns.Msg, error) {
 	s, w, err := p.register(ctx, q)
 	if err != nil {
 		return nil, err
 	}
 	binary.BigEndian.PutUint16(query, w.id)
 	if _, err := s.conn.Write(query); err != nil {
-		err = fmt.Errorf("query upstream %s/udp: %w", p.addr, ctxErr(ctx, err))
+		err = fmt.Errorf("query upstream %s/udp: %w: %w", p.addr, errSocketFailed, ctxErr(ctx, err))
 		s.fail(err) // the socket is unusable: fail its queries, ours included
 		return nil, err
 	}
@@ -269,7 +296,7 @@ func (s *udpSock) read() {
 	for {
 		n, err := s.conn.Read(buf)
 		if err != nil {
-			s.fail(fmt.Errorf("read upstream %s/udp: %w", s.conn.RemoteAddr(), err))
+			s.fail(fmt.Errorf("read upstream %s/udp: %w: %w", s.conn.RemoteAddr(), errSocketFailed, err))
 			return
 		}
 		s.deliver(buf[:n])

@@ -7,9 +7,11 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/netip"
+	"os"
 	"slices"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -272,22 +274,106 @@ func TestUDPPoolRedialsAfterSocketError(t *testing.T) {
 	u := startRawUpstream(t)
 	p, d := testPool(t, u, 1, 1<<20)
 	ch := goExchange(context.Background(), p, packQuery(t, "a.test."))
-	u.next(t)
-	// The socket fails under a waiting query: it gets an error at once,
-	// not after its timeout.
+	first := u.next(t)
+	// The socket fails under a waiting query: the query is asked again at
+	// once on a fresh socket, not failed and not left to its timeout.
 	d.all()[0].Close()
-	if res := waitResult(t, ch); res.err == nil {
-		t.Fatalf("query on a failed socket answered: %v", res.r)
-	}
-	// The next query gets a fresh socket.
-	ch = goExchange(context.Background(), p, packQuery(t, "b.test."))
 	q := u.next(t)
+	if q.from.String() == first.from.String() || q.msg.Question[0].Name != "a.test." {
+		t.Fatalf("retry from %s for %v, first try from %s", q.from, q.msg.Question, first.from)
+	}
 	u.reply(t, q.from, answerFor(q.msg, "198.18.0.2"))
 	if res := waitResult(t, ch); res.err != nil || !slices.Equal(addrsOf(res.r.Answer), mustAddrs("198.18.0.2")) {
 		t.Fatalf("after re-dial: %v, %v", res.r, res.err)
 	}
+	// The next query uses the fresh socket.
+	ch = goExchange(context.Background(), p, packQuery(t, "b.test."))
+	q = u.next(t)
+	u.reply(t, q.from, answerFor(q.msg, "198.18.0.3"))
+	if res := waitResult(t, ch); res.err != nil || !slices.Equal(addrsOf(res.r.Answer), mustAddrs("198.18.0.3")) {
+		t.Fatalf("next query: %v, %v", res.r, res.err)
+	}
 	if n := len(d.all()); n != 2 {
 		t.Fatalf("%d sockets dialled, want 2", n)
+	}
+}
+
+// refusingDial dials real sockets; the first one it makes returns
+// ECONNREFUSED from Read once a query was written on it, as a connected
+// UDP socket does after an ICMP port unreachable (which an off-path sender
+// can forge) arrives for it.
+type refusingDial struct {
+	mu     sync.Mutex
+	dialed int
+}
+
+func (d *refusingDial) dial(ctx context.Context, network, addr string) (net.Conn, error) {
+	c, err := defaultDial(ctx, network, addr)
+	if err != nil || network != "udp" {
+		return c, err
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.dialed++
+	if d.dialed > 1 {
+		return c, nil
+	}
+	return &refusingConn{Conn: c, written: make(chan struct{})}, nil
+}
+
+func (d *refusingDial) count() int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.dialed
+}
+
+type refusingConn struct {
+	net.Conn
+	once    sync.Once
+	written chan struct{}
+}
+
+func (c *refusingConn) Write(b []byte) (int, error) {
+	n, err := c.Conn.Write(b)
+	c.once.Do(func() { close(c.written) })
+	return n, err
+}
+
+func (c *refusingConn) Read(b []byte) (int, error) {
+	<-c.written
+	return 0, &net.OpError{Op: "read", Net: "udp", Err: os.NewSyscallError("recvfrom", syscall.ECONNREFUSED)}
+}
+
+func TestUDPPoolRetriesAfterRefused(t *testing.T) {
+	u := startRawUpstream(t)
+	d := &refusingDial{}
+	p := newUDPPool(u.addr(), d.dial, 2, 1<<20)
+	t.Cleanup(p.close)
+	ch := goExchange(context.Background(), p, packQuery(t, "a.test."))
+	u.next(t) // the try on the socket that gets refused
+	q := u.next(t)
+	u.reply(t, q.from, answerFor(q.msg, "198.18.0.2"))
+	if res := waitResult(t, ch); res.err != nil || !slices.Equal(addrsOf(res.r.Answer), mustAddrs("198.18.0.2")) {
+		t.Fatalf("query whose socket was refused: %v, %v", res.r, res.err)
+	}
+	if n := d.count(); n != 2 {
+		t.Fatalf("%d sockets dialled, want 2 (the refused one replaced)", n)
+	}
+}
+
+// TestForwardSurvivesRefusedSocket: with a single upstream, a query whose
+// socket gets ECONNREFUSED is answered (and attested), not SERVFAIL.
+func TestForwardSurvivesRefusedSocket(t *testing.T) {
+	up := startUpstream(t, zoneHandler(map[string][]string{"a.test.": {"a.test. 60 IN A 198.18.1.10"}}))
+	d := &refusingDial{}
+	tp := newTestProxy(t, []netip.AddrPort{up.addr}, func(c *Config) { c.Dial = d.dial })
+	tp.register(t, guest1, netpolicy.ModeAllowlist, "a.test")
+	resp := tp.ask(t, guest1, query("a.test.", dns.TypeA), false)
+	if resp.Rcode != dns.RcodeSuccess || !slices.Equal(addrsOf(resp.Answer), mustAddrs("198.18.1.10")) {
+		t.Fatalf("reply %v (event %+v)", resp, tp.events.Last(t))
+	}
+	if d.count() != 2 || len(tp.att.Calls()) != 1 {
+		t.Fatalf("%d sockets dialled, %d attests", d.count(), len(tp.att.Calls()))
 	}
 }
 

@@ -69,6 +69,36 @@ func (e *dpEvents) find(name, verdict string) bool {
 	return false
 }
 
+// findErr reports an event for name with verdict whose Err contains sub.
+func (e *dpEvents) findErr(name, verdict, sub string) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for _, ev := range e.all {
+		if ev.Name == dns.Fqdn(name) && ev.Verdict == verdict && strings.Contains(ev.Err, sub) {
+			return true
+		}
+	}
+	return false
+}
+
+// findCapped reports an event for name that names the per-answer cap.
+func (e *dpEvents) findCapped(name string) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for _, ev := range e.all {
+		if ev.Name == dns.Fqdn(name) && ev.Capped > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+func (e *dpEvents) snapshot() []dnsproxy.Event {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return slices.Clone(e.all)
+}
+
 func (e *dpEvents) count(name string) int {
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -81,7 +111,10 @@ func (e *dpEvents) count(name string) int {
 	return n
 }
 
-func newDPEnv(t *testing.T, mod func(*dnsproxy.Config)) *dpEnv {
+// newDPEnv builds the world and the proxy; mod, if not nil, adjusts the
+// proxy's config once the world exists (a test may start servers of its own
+// in it first).
+func newDPEnv(t *testing.T, mod func(*world.World, *dnsproxy.Config)) *dpEnv {
 	t.Helper()
 	w := world.New(t)
 	e := &dpEnv{w: w, events: &dpEvents{}}
@@ -148,7 +181,7 @@ func newDPEnv(t *testing.T, mod func(*dnsproxy.Config)) *dpEnv {
 		},
 	}
 	if mod != nil {
-		mod(&cfg)
+		mod(w, &cfg)
 	}
 	p, err := dnsproxy.New(cfg)
 	if err != nil {
@@ -183,11 +216,19 @@ func newDPEnv(t *testing.T, mod func(*dnsproxy.Config)) *dpEnv {
 // registration, removed in reverse in cleanup.
 func (e *dpEnv) session(t *testing.T, name string, mode netpolicy.Mode, allow ...string) nsmgr.Session {
 	t.Helper()
+	s, _ := e.sessionWith(t, name, mode, nil, allow...)
+	return s
+}
+
+// sessionWith is session with pinned names (their addresses become static
+// targets, as the daemon makes them with --pin); it also returns the
+// session's firewall rules, for a test that removes the session itself.
+func (e *dpEnv) sessionWith(t *testing.T, name string, mode netpolicy.Mode, pinned map[string][]netip.Addr, allow ...string) (nsmgr.Session, netpolicy.SessionRules) {
+	t.Helper()
 	s, err := e.mgr.Create(name, true)
 	if err != nil {
 		t.Fatalf("create session %s: %v", name, err)
 	}
-	r := netpolicy.SessionRules{Name: name, HostIface: s.HostIface, Guest: s.Guest, Egress: mode}
 	var entries []netpolicy.Entry
 	for _, a := range allow {
 		en, err := netpolicy.ParseEntry(a, nil)
@@ -196,6 +237,8 @@ func (e *dpEnv) session(t *testing.T, name string, mode netpolicy.Mode, allow ..
 		}
 		entries = append(entries, en)
 	}
+	r := netpolicy.SessionRules{Name: name, HostIface: s.HostIface, Guest: s.Guest, Egress: mode,
+		Static: netpolicy.StaticTargets(netpolicy.Policy{Egress: mode, Allow: entries}, pinned)}
 	t.Cleanup(func() {
 		e.proxy.Unregister(s.Guest)
 		if err := e.fw.RemoveSession(r); err != nil {
@@ -208,10 +251,10 @@ func (e *dpEnv) session(t *testing.T, name string, mode netpolicy.Mode, allow ..
 	if err := e.fw.AddSession(r); err != nil {
 		t.Fatalf("add session %s: %v", name, err)
 	}
-	if err := e.proxy.Register(dnsproxy.SessionPolicy{Name: name, Guest: s.Guest, Mode: mode, Allow: entries}); err != nil {
+	if err := e.proxy.Register(dnsproxy.SessionPolicy{Name: name, Guest: s.Guest, Mode: mode, Allow: entries, Pinned: pinned}); err != nil {
 		t.Fatalf("register %s: %v", name, err)
 	}
-	return s
+	return s, r
 }
 
 // lookup resolves name through the anycast address from the session.
@@ -371,7 +414,8 @@ func dpHTTP(nsPath string, a netip.Addr) error {
 // anycast works over UDP and TCP, with large answers truncated over UDP and
 // complete over TCP.
 func TestDNSProxyLiveOnlyAnycastDNS(t *testing.T) {
-	e := newDPEnv(t, nil)
+	// 60 records in one answer: above the default per-answer cap.
+	e := newDPEnv(t, func(_ *world.World, c *dnsproxy.Config) { c.MaxAnswerAddrs = 64 })
 	name := "direct." + e.w.ID + ".test"
 	big := "big." + e.w.ID + ".test"
 	e.w.DNS.AddRR(name + ". 60 IN A " + e.w.Web[0].String())
