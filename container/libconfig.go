@@ -89,6 +89,10 @@ func buildConfig(prefix string, l layout, spec Spec, facts hostFacts) (*configs.
 	if pids == 0 {
 		pids = DefaultPidsMax
 	}
+	quota, err := cpuQuota(spec.CPUs)
+	if err != nil {
+		return nil, err
+	}
 	zero := 0
 
 	c := &configs.Config{
@@ -122,6 +126,8 @@ func buildConfig(prefix string, l layout, spec Spec, facts hostFacts) (*configs.
 			Resources: &cgroups.Resources{
 				Memory:    mem,
 				PidsLimit: &pids,
+				CpuQuota:  quota,
+				CpuPeriod: CPUPeriod,
 				Devices:   deviceRules(),
 			},
 		},

@@ -147,6 +147,10 @@ func TestBuildConfigCgroups(t *testing.T) {
 	if r == nil || r.Memory != DefaultMemoryBytes || r.PidsLimit == nil || *r.PidsLimit != DefaultPidsMax || r.MemorySwap != 0 {
 		t.Fatalf("default resources %+v", r)
 	}
+	// No --cpus is one CPU, never unlimited.
+	if r.CpuPeriod != CPUPeriod || r.CpuQuota != CPUPeriod {
+		t.Errorf("default cpu quota %d period %d, want %d of %d", r.CpuQuota, r.CpuPeriod, CPUPeriod, CPUPeriod)
+	}
 	for _, rule := range r.Devices {
 		if rule.Permissions == "m" || (rule.Major == devconfig.Wildcard && rule.Minor == devconfig.Wildcard) {
 			t.Errorf("device rule %+v allows more than named devices", rule)
@@ -157,9 +161,9 @@ func TestBuildConfigCgroups(t *testing.T) {
 			t.Errorf("device without a path: %+v", d)
 		}
 	}
-	c = build(t, Spec{MemoryBytes: 64 << 20, PidsMax: 32}, hostFacts{memsw: true})
+	c = build(t, Spec{MemoryBytes: 64 << 20, PidsMax: 32, CPUs: 1.5}, hostFacts{memsw: true})
 	r = c.Cgroups.Resources
-	if r.Memory != 64<<20 || r.MemorySwap != 64<<20 || *r.PidsLimit != 32 {
+	if r.Memory != 64<<20 || r.MemorySwap != 64<<20 || *r.PidsLimit != 32 || r.CpuQuota != 150000 || r.CpuPeriod != CPUPeriod {
 		t.Errorf("resources %+v", r)
 	}
 }

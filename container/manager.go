@@ -62,13 +62,8 @@ func New(cfg Config) (*Manager, error) {
 	if !seccomp.Enabled {
 		return nil, errors.New("container: built without seccomp support; build with cgo and -tags seccomp")
 	}
-	for _, d := range []struct {
-		path string
-		mode os.FileMode
-	}{{cfg.StateDir, 0o700}, {cfg.LayerDir, 0o711}} {
-		if err := os.MkdirAll(d.path, d.mode); err != nil {
-			return nil, fmt.Errorf("make %s: %w", d.path, err)
-		}
+	if err := ensurePrivateDirs(cfg); err != nil {
+		return nil, err
 	}
 	// libcontainer wants the rootfs path without symlinks.
 	for _, p := range []*string{&cfg.StateDir, &cfg.LayerDir} {
@@ -126,6 +121,10 @@ func (m *Manager) Create(spec Spec) (err error) {
 	cfg, err := buildConfig(m.cfg.Prefix, l, spec, m.facts)
 	if err != nil {
 		return err
+	}
+	// Again at every create: an operator's chmod since New must not expose this sandbox.
+	if err := ensurePrivateDirs(m.cfg); err != nil {
+		return fmt.Errorf("create sandbox %s: %w", spec.Name, err)
 	}
 	if spec.UserNS {
 		if err := checkSearchable(m.cfg.LayerDir); err != nil {

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 
 	"golang.org/x/sys/unix"
 )
@@ -39,11 +40,14 @@ func prepareLayer(image string, l layout, spec Spec) error {
 	if err != nil {
 		return err
 	}
-	if err := os.Mkdir(l.dir, 0o711); err != nil {
+	if err := os.Mkdir(l.dir, 0o700); err != nil {
 		if errors.Is(err, os.ErrExist) {
 			return fmt.Errorf("layer dir %s: %w", l.dir, ErrExists)
 		}
 		return fmt.Errorf("make layer dir %s: %w", l.dir, err)
+	}
+	if err := privateDir(l.dir, spec.UserNS); err != nil {
+		return err
 	}
 	for _, d := range []struct {
 		path string
@@ -122,16 +126,57 @@ func isMountPoint(path string) (bool, error) {
 	return st.Dev != pst.Dev, nil
 }
 
-// checkSearchable verifies that every directory from / down to dir lets others search it: a
-// user-namespaced sandbox's init runs as host uid UserNSHostID while it mounts its root from
-// the layer dir, and the kernel checks that uid on every path component.
+// Host users must never reach what a sandbox writes: a writable sandbox's upper dir holds files
+// it made as root, setuid ones included, on a host filesystem mounted without nosuid. (The
+// overlay mount itself is nosuid,nodev; the upper dir below it is not a mount.) So the layer
+// root and every sandbox's layer dir are private to root, enforced with chmod even when they
+// pre-exist with a wider mode. The one exception is the user-namespaced sandbox, whose init runs
+// as host uid and gid UserNSHostID while it mounts its root: the layer root, and such a
+// sandbox's own layer dir, let that group search them (mode 0710, group UserNSHostID) and
+// nobody else. No host account has that gid on a normal system (it is the first subordinate id
+// range, see UserNSHostID).
+
+// ensurePrivateDirs makes (or re-modes) the state dir 0700 and the layer root 0710 root:UserNSHostID.
+func ensurePrivateDirs(cfg Config) error {
+	for _, d := range []string{cfg.StateDir, cfg.LayerDir} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			return fmt.Errorf("make %s: %w", d, err)
+		}
+	}
+	if err := privateDir(cfg.StateDir, false); err != nil {
+		return err
+	}
+	return privateDir(cfg.LayerDir, true)
+}
+
+// privateDir gives dir to root with mode 0700, or 0710 with group UserNSHostID when userNS.
+func privateDir(dir string, userNS bool) error {
+	gid, mode := 0, os.FileMode(0o700)
+	if userNS {
+		gid, mode = UserNSHostID, 0o710
+	}
+	if err := os.Chown(dir, 0, gid); err != nil {
+		return fmt.Errorf("chown %s: %w", dir, err)
+	}
+	if err := os.Chmod(dir, mode); err != nil {
+		return fmt.Errorf("chmod %s: %w", dir, err)
+	}
+	return nil
+}
+
+// checkSearchable verifies that every directory from / down to dir lets a user-namespaced
+// sandbox's root search it: its init runs as host uid and gid UserNSHostID while it mounts its
+// root from the layer dir, and the kernel checks those ids on every path component. A
+// directory searchable by others passes, and so does one that group UserNSHostID may search
+// (the layer root, see privateDir).
 func checkSearchable(dir string) error {
 	for d := dir; ; d = filepath.Dir(d) {
 		st, err := os.Stat(d)
 		if err != nil {
 			return fmt.Errorf("user namespace: stat %s: %w", d, err)
 		}
-		if st.Mode().Perm()&0o001 == 0 {
+		byGroup := st.Mode().Perm()&0o010 != 0 && st.Sys().(*syscall.Stat_t).Gid == UserNSHostID
+		if st.Mode().Perm()&0o001 == 0 && !byGroup {
 			return fmt.Errorf("user namespace: %s (mode %#o) is not searchable by others; the sandbox's root (host uid %d) must reach its layer dir: chmod o+x it", d, st.Mode().Perm(), UserNSHostID)
 		}
 		if d == "/" {

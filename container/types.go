@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/netip"
 	"path/filepath"
 	"strconv"
@@ -22,11 +23,21 @@ var (
 	ErrExists = errors.New("sandbox already exists")
 )
 
-// Defaults applied when a Spec leaves a limit at zero.
+// Defaults applied when a Spec leaves a limit at zero. DefaultCPUs: one CPU's worth of time
+// per period, whatever the machine has, so that one sandbox cannot starve the host and the
+// other sessions by default; a session that needs more asks for it.
 const (
 	DefaultMemoryBytes = 512 << 20
 	DefaultPidsMax     = 1024
+	DefaultCPUs        = 1.0
 )
+
+// CPUPeriod is the CFS period of every sandbox (100 ms, the kernel's and docker's default);
+// Spec.CPUs is the share of it the sandbox may run for, summed over all its CPUs.
+const CPUPeriod = 100000 // microseconds
+
+// minCPUQuota is the kernel's smallest CFS quota (1 ms): Spec.CPUs 0.01 with CPUPeriod.
+const minCPUQuota = 1000
 
 // User namespace mapping used when Spec.UserNS: container ids 0..65535 map to host ids
 // 100000..165535 (the usual first /etc/subuid range).
@@ -76,6 +87,9 @@ type Spec struct {
 	MemoryBytes int64
 	// PidsMax limits the number of tasks; 0 means DefaultPidsMax.
 	PidsMax int64
+	// CPUs limits CPU time like docker's --cpus: 1.5 is one and a half CPUs' worth per period
+	// (a CFS quota of 1.5 * CPUPeriod); 0 means DefaultCPUs. At least 0.01.
+	CPUs float64
 	// Hostname defaults to Name.
 	Hostname string
 	// DNS is the only nameserver in the guest's /etc/resolv.conf (no search domains).
@@ -161,6 +175,9 @@ func validateSpec(s Spec) error {
 	if s.PidsMax < 0 || (s.PidsMax > 0 && s.PidsMax < 4) {
 		return fmt.Errorf("pids limit %d: give at least 4 (or 0 for the default)", s.PidsMax)
 	}
+	if _, err := cpuQuota(s.CPUs); err != nil {
+		return err
+	}
 	if s.Hostname != "" && (len(s.Hostname) > 64 || !validHostname(s.Hostname)) {
 		return fmt.Errorf("hostname %q: use at most 64 letters, digits, '-', '_' and dots", s.Hostname)
 	}
@@ -171,6 +188,18 @@ func validateSpec(s Spec) error {
 		return err
 	}
 	return validatePinned(s.Hosts)
+}
+
+// cpuQuota is the CFS quota (microseconds per CPUPeriod) of Spec.CPUs; 0 gives DefaultCPUs'.
+func cpuQuota(cpus float64) (int64, error) {
+	if cpus == 0 {
+		cpus = DefaultCPUs
+	}
+	q := math.Round(cpus * CPUPeriod)
+	if math.IsNaN(cpus) || math.IsInf(cpus, 0) || q < minCPUQuota || q > math.MaxInt32 {
+		return 0, fmt.Errorf("cpu limit %v: give at least 0.01 CPUs (or 0 for the default %v)", cpus, DefaultCPUs)
+	}
+	return int64(q), nil
 }
 
 // parseUser parses ExecSpec.User: "", "uid" or "uid:gid".

@@ -47,6 +47,8 @@ func TestValidateSpec(t *testing.T) {
 		{func(s *Spec) { s.NetnsPath = "enf-s1" }, `netns path "enf-s1": not an absolute path; give e.g. /run/netns/NAME`},
 		{func(s *Spec) { s.MemoryBytes = 1 << 20 }, `memory limit 1048576: give at least 4 MiB (or 0 for the default)`},
 		{func(s *Spec) { s.MemoryBytes = -1 }, `memory limit -1: give at least 4 MiB (or 0 for the default)`},
+		{func(s *Spec) { s.CPUs = 0.001 }, `cpu limit 0.001: give at least 0.01 CPUs (or 0 for the default 1)`},
+		{func(s *Spec) { s.CPUs = -2 }, `cpu limit -2: give at least 0.01 CPUs (or 0 for the default 1)`},
 		{func(s *Spec) { s.PidsMax = 2 }, `pids limit 2: give at least 4 (or 0 for the default)`},
 		{func(s *Spec) { s.Hostname = "a b" }, `hostname "a b": use at most 64 letters, digits, '-', '_' and dots`},
 		{func(s *Spec) { s.DNS = netip.MustParseAddr("fe80::1%eth0") }, `dns address fe80::1%eth0: zoned addresses are not accepted`},

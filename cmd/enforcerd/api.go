@@ -160,6 +160,7 @@ func decodeBody(w http.ResponseWriter, r *http.Request, v any) (int, error) {
 		mbe *http.MaxBytesError
 		se  *json.SyntaxError
 		te  *json.UnmarshalTypeError
+		ce  base64.CorruptInputError
 	)
 	switch {
 	case errors.As(err, &mbe):
@@ -173,6 +174,10 @@ func decodeBody(w http.ResponseWriter, r *http.Request, v any) (int, error) {
 			return http.StatusBadRequest, fmt.Errorf("request body: want a JSON object, got JSON %s", te.Value)
 		}
 		return http.StatusBadRequest, fmt.Errorf("field %q: want %s, got JSON %s", te.Field, jsonKind(te.Type), te.Value)
+	case errors.As(err, &ce):
+		// encoding/json reports bad base64 without the field; stdin_b64 is
+		// the API's only bytes field.
+		return http.StatusBadRequest, fmt.Errorf("field \"stdin_b64\": want standard padded base64, got %v", err)
 	case strings.HasPrefix(err.Error(), "json: unknown field "):
 		return http.StatusBadRequest, fmt.Errorf("unknown field %s", strings.TrimPrefix(err.Error(), "json: unknown field "))
 	}
@@ -192,6 +197,9 @@ func jsonKind(t reflect.Type) string {
 	case reflect.Float32, reflect.Float64:
 		return "a number"
 	case reflect.Slice, reflect.Array:
+		if t.Elem().Kind() == reflect.Uint8 {
+			return "a base64 string" // encoding/json's form of []byte
+		}
 		return "an array of " + strings.TrimPrefix(strings.TrimPrefix(jsonKind(t.Elem()), "a "), "an ") + "s"
 	case reflect.Map, reflect.Struct:
 		return "an object"

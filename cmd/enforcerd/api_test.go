@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -341,7 +342,7 @@ func TestAPIExecFrames(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			f.execFn = tc.fn
-			resp := post(`{"args":["sh","-c","x"],"env":["A=1"],"dir":"/tmp","user":"1000","stdin":"in","timeout":"1s"}`)
+			resp := post(`{"args":["sh","-c","x"],"env":["A=1"],"dir":"/tmp","user":"1000","stdin_b64":"aW4=","timeout":"1s"}`)
 			defer resp.Body.Close()
 			if resp.StatusCode != 200 || resp.Header.Get("Content-Type") != "application/x-ndjson" {
 				t.Fatalf("status %d, type %q", resp.StatusCode, resp.Header.Get("Content-Type"))
@@ -354,9 +355,38 @@ func TestAPIExecFrames(t *testing.T) {
 			}
 		})
 	}
-	want := ExecRequest{Args: []string{"sh", "-c", "x"}, Env: []string{"A=1"}, Dir: "/tmp", User: "1000", Stdin: "in", Timeout: "1s"}
+	want := ExecRequest{Args: []string{"sh", "-c", "x"}, Env: []string{"A=1"}, Dir: "/tmp", User: "1000", Stdin: []byte("in"), Timeout: "1s"}
 	if !reflect.DeepEqual(f.execs[0], want) {
 		t.Fatalf("engine got %+v", f.execs[0])
+	}
+}
+
+// TestAPIExecStdinContract: stdin travels as base64 (stdin_b64); the old
+// JSON-string field and bad base64 are refused with one line naming them.
+func TestAPIExecStdinContract(t *testing.T) {
+	f := newFakeEngine()
+	f.sessions["s1"] = SessionInfo{Name: "s1", Sandbox: true}
+	h := newAPIHandler(f, nil, nil)
+	for _, tc := range []struct{ body, want string }{
+		{`{"args":["cat"],"stdin":"in"}`, `{"error":"unknown field \"stdin\""}`},
+		{`{"args":["cat"],"stdin_b64":"not base64!"}`, `{"error":"field \"stdin_b64\": want standard padded base64, got illegal base64 data at input byte 3"}`},
+		{`{"args":["cat"],"stdin_b64":7}`, `{"error":"field \"stdin_b64\": want a base64 string, got JSON number"}`},
+	} {
+		code, out, _ := apiDo(t, h, "POST", "/v1/sessions/s1/exec", tc.body)
+		if code != 400 || out != tc.want+"\n" {
+			t.Errorf("%s: %d %s, want 400 %s", tc.body, code, out, tc.want)
+		}
+	}
+	all := make([]byte, 256)
+	for i := range all {
+		all[i] = byte(i)
+	}
+	body, _ := json.Marshal(ExecRequest{Args: []string{"cat"}, Stdin: all})
+	if !strings.Contains(string(body), `"stdin_b64":"AAECAwQF`) {
+		t.Fatalf("request body %s: want stdin_b64 in standard base64", body)
+	}
+	if code, out, _ := apiDo(t, h, "POST", "/v1/sessions/s1/exec", string(body)); code != 200 || !bytes.Equal(f.execs[len(f.execs)-1].Stdin, all) {
+		t.Fatalf("binary stdin: %d %s, engine got %q", code, out, f.execs[len(f.execs)-1].Stdin)
 	}
 }
 

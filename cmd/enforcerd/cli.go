@@ -410,6 +410,12 @@ Run the daemon: re-adopt surviving sessions, reap partial ones, serve the API
 on the unix socket and tell systemd it is ready. Every option can also be set
 in a TOML file given with --config (keys are the option names, e.g.
 state-dir = "/var/lib/enforcerd", upstream = ["192.0.2.53"]); flags win.
+
+API access is powerful: whoever may use the socket (root, and the members of
+--socket-group) can run any program as root in a sandbox, from any image under
+--images-dir, and choose its network policy, public egress included. Grant
+the group as you would grant sudo to a container runtime. Without
+--images-dir no sandbox can be created (--network-only sessions still can).
 `
 
 func (c *cli) cmdServe(glob globalOpts, args []string) error {

@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -93,6 +94,11 @@ const createUsage = `usage: enforcerd session create NAME (--rootfs DIR | --netw
 Create a session: its own network namespace, address and egress policy, and
 (with --rootfs) a sandbox running in it. NAME is 1 to 32 of [a-z0-9-],
 starting with a letter or digit. The policy is fixed at create.
+
+The sandbox's root user is root over its image: the daemon accepts a
+--rootfs only inside a directory the operator gave serve with --images-dir
+(root-owned, writable by root only), never / itself. A sandbox gets 512 MiB
+of memory, 1024 processes and one CPU unless told otherwise.
 `
 
 // enumFlag is a string flag restricted to a fixed set of values.
@@ -124,6 +130,26 @@ func (d *durationFlag) Set(v string) error {
 		return errors.New("want a positive duration such as 30s")
 	}
 	*d = durationFlag(t)
+	return nil
+}
+
+// cpusFlag is a positive, finite number of CPUs such as 0.5 or 2 (the
+// daemon checks it against its machine's CPU count).
+type cpusFlag float64
+
+func (c *cpusFlag) String() string {
+	if c == nil || *c == 0 {
+		return ""
+	}
+	return strconv.FormatFloat(float64(*c), 'g', -1, 64)
+}
+
+func (c *cpusFlag) Set(v string) error {
+	f, err := strconv.ParseFloat(v, 64)
+	if err != nil || math.IsNaN(f) || math.IsInf(f, 0) || f <= 0 {
+		return errors.New("want a positive number of CPUs such as 0.5 or 2")
+	}
+	*c = cpusFlag(f)
 	return nil
 }
 
@@ -184,11 +210,12 @@ func (c *cli) sessionCreate(glob globalOpts, args []string) error {
 		labPeers       listFlag
 		labels         kvFlag
 		memory         sizeFlag
+		cpus           cpusFlag
 		asJSON         bool
 		egress         = enumFlag{allowed: []string{"none", "allowlist", "public"}}
 		pidsSet, rootf bool
 	)
-	fs.StringVar(&req.Rootfs, "rootfs", "", "run a sandbox from the root filesystem `DIR` (shared, never changed)")
+	fs.StringVar(&req.Rootfs, "rootfs", "", "run a sandbox from the root filesystem `DIR` (shared, never changed; must be inside the daemon's --images-dir)")
 	fs.BoolVar(&req.NetworkOnly, "network-only", false, "no sandbox: bring your own runtime and join the netns")
 	fs.BoolVar(&req.Writable, "writable", false, "give the sandbox a writable overlay instead of a read-only root with a tmpfs /tmp")
 	fs.Var(&allow, "allow", "allow egress to `ENTRY` (name, *.wildcard, CIDR, optionally :PORT), repeatable")
@@ -200,6 +227,7 @@ func (c *cli) sessionCreate(glob globalOpts, args []string) error {
 	fs.BoolVar(&req.NetRaw, "net-raw", false, "grant CAP_NET_RAW in the sandbox (scanners, ping)")
 	fs.Var(&memory, "memory", "memory limit `SIZE` of the sandbox, e.g. 512M")
 	fs.Int64Var(&req.Pids, "pids", 0, "process limit `N` of the sandbox")
+	fs.Var(&cpus, "cpus", "CPU limit `N` of the sandbox, like docker's: 1.5 is one and a half CPUs (default 1)")
 	fs.Var(&labels, "label", "attach the label `KEY=VALUE`, repeatable")
 	fs.BoolVar(&asJSON, "json", false, "print the session as JSON")
 	pos, _, err := c.parse(fs, cmd, createUsage, args, 0)
@@ -238,6 +266,7 @@ func (c *cli) sessionCreate(glob globalOpts, args []string) error {
 	req.LabPeers = labPeers.values
 	req.Egress = egress.value
 	req.MemoryBytes = memory.bytes
+	req.CPUs = float64(cpus)
 	req.Labels = labels.values
 
 	ctx, cancel := signalContext()
@@ -304,7 +333,7 @@ func (c *cli) sessionExec(glob globalOpts, args []string) error {
 		if len(data) > maxExecStdin {
 			return usageErr(cmd, "--stdin: input larger than %d bytes", maxExecStdin)
 		}
-		req.Stdin = string(data)
+		req.Stdin = data
 	}
 
 	ctx, cancel := signalContext()

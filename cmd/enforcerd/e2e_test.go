@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -61,12 +62,12 @@ func TestEndToEndSessions(t *testing.T) {
 	// create: interleaved and repeatable flags reach the engine as given.
 	out, _ := c.expect(t, 0, "session", "create", "s1", "--allow", "a.test", "--rootfs", "rel/root",
 		"--allow=*.b.test:443", "--scope", "https://c.test/x", "--pin", "--egress", "allowlist",
-		"--lab-peer", "lab1", "--lab-peer", "lab2", "--net-raw", "--memory", "256M", "--pids", "64",
+		"--lab-peer", "lab1", "--lab-peer", "lab2", "--net-raw", "--memory", "256M", "--pids", "64", "--cpus", "1.5",
 		"--label", "run=7", "--label", "owner=me", "--writable")
 	wd, _ := os.Getwd()
 	want := CreateRequest{Name: "s1", Rootfs: filepath.Join(wd, "rel/root"), Writable: true, Egress: "allowlist",
 		Allow: []string{"a.test", "*.b.test:443"}, Scope: []string{"https://c.test/x"}, Pin: true,
-		LabPeers: []string{"lab1", "lab2"}, NetRaw: true, MemoryBytes: 256 << 20, Pids: 64,
+		LabPeers: []string{"lab1", "lab2"}, NetRaw: true, MemoryBytes: 256 << 20, Pids: 64, CPUs: 1.5,
 		Labels: map[string]string{"run": "7", "owner": "me"}}
 	if !reflect.DeepEqual(f.creates[0], want) {
 		t.Fatalf("engine got\n %+v\nwant\n %+v", f.creates[0], want)
@@ -212,6 +213,21 @@ func TestEndToEndExec(t *testing.T) {
 	if errOut != "enforcerd session exec: exec in box: start: permission denied\n" {
 		t.Fatalf("failure: %q", errOut)
 	}
+	// Binary stdin reaches the engine byte for byte (a JSON string would
+	// turn the invalid UTF-8 into U+FFFD).
+	var all []byte
+	for b := range 256 {
+		all = append(all, byte(b))
+	}
+	all = append(all, 0xc3, 0x28, 0xed, 0xa0, 0x80)
+	f.execFn = func(_ context.Context, _ string, req ExecRequest, _, _ io.Writer) (int, error) {
+		if !bytes.Equal(req.Stdin, all) {
+			return 1, fmt.Errorf("stdin: got %q", req.Stdin)
+		}
+		return 0, nil
+	}
+	c.cli.stdin = bytes.NewReader(all)
+	c.expect(t, 0, "session", "exec", "box", "--stdin", "--", "cat")
 	c.cli.stdin = strings.NewReader(strings.Repeat("x", maxExecStdin+1))
 	_, errOut = c.expect(t, exitUsage, "session", "exec", "box", "--stdin", "--", "cat")
 	if errOut != fmt.Sprintf("enforcerd session exec: --stdin: input larger than %d bytes\n", maxExecStdin) {

@@ -1,14 +1,17 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net/netip"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"sort"
 	"strings"
@@ -150,7 +153,10 @@ func (e *engine) buildPolicy(req CreateRequest) (netpolicy.Policy, error) {
 	return p, nil
 }
 
-func (e *engine) validateRequest(req CreateRequest) error {
+// validateRequest checks a create request before anything is made. It
+// replaces req.Rootfs by the image's real path, so the directory mounted is
+// the one checked.
+func (e *engine) validateRequest(req *CreateRequest) error {
 	if err := nsmgr.ValidateSessionName(req.Name); err != nil {
 		return badRequest(err)
 	}
@@ -158,12 +164,11 @@ func (e *engine) validateRequest(req CreateRequest) error {
 		return badRequest(errors.New("give exactly one of --rootfs DIR or --network-only"))
 	}
 	if req.Rootfs != "" {
-		if !filepath.IsAbs(req.Rootfs) {
-			return badRequest(fmt.Errorf("rootfs %q: give an absolute directory", req.Rootfs))
+		real, err := e.grantImage(req.Rootfs)
+		if err != nil {
+			return badRequest(err)
 		}
-		if fi, err := os.Stat(filepath.Join(req.Rootfs, "bin")); err != nil || !fi.IsDir() {
-			return badRequest(fmt.Errorf("rootfs %q: not a root filesystem (no bin directory)", req.Rootfs))
-		}
+		req.Rootfs = real
 	}
 	if req.MemoryBytes < 0 {
 		return badRequest(fmt.Errorf("memory %d: must be positive", req.MemoryBytes))
@@ -171,10 +176,45 @@ func (e *engine) validateRequest(req CreateRequest) error {
 	if req.Pids < 0 {
 		return badRequest(fmt.Errorf("pids %d: must be positive", req.Pids))
 	}
+	if err := validateCPUs(req.CPUs, runtime.NumCPU()); err != nil {
+		return badRequest(err)
+	}
 	for k := range req.Labels {
 		if k == "" || strings.ContainsAny(k, "=,") {
 			return badRequest(fmt.Errorf("label key %q: must be non-empty without '=' or ','", k))
 		}
+	}
+	return nil
+}
+
+// grantImage returns the real path of rootfs if the operator granted it
+// (container.ResolveImage over --images-dir). Any API caller may name any
+// path, and the sandbox's root is root over what it mounts: a socket-group
+// member asking for / would read the host's /etc/shadow. So the grant
+// holds for root callers too, and without --images-dir nothing is granted.
+func (e *engine) grantImage(rootfs string) (string, error) {
+	if !filepath.IsAbs(rootfs) {
+		return "", fmt.Errorf("rootfs %q: give an absolute directory", rootfs)
+	}
+	// Kept first for its established message; it reveals only whether
+	// DIR/bin is a directory.
+	if fi, err := os.Stat(filepath.Join(rootfs, "bin")); err != nil || !fi.IsDir() {
+		return "", fmt.Errorf("rootfs %q: not a root filesystem (no bin directory)", rootfs)
+	}
+	return container.ResolveImage(rootfs, e.cfg.ImagesDirs)
+}
+
+// validateCPUs checks a request's CPU limit against the machine: 0 is the
+// default (container.DefaultCPUs), anything else must be positive and at
+// most the CPUs the daemon may run on (more would be no limit at all).
+func validateCPUs(cpus float64, machine int) error {
+	switch {
+	case cpus == 0:
+		return nil
+	case math.IsNaN(cpus) || math.IsInf(cpus, 0) || cpus < 0.01:
+		return fmt.Errorf("cpus %v: give a number of CPUs from 0.01 to %d (this machine's count), e.g. 0.5", cpus, machine)
+	case cpus > float64(machine):
+		return fmt.Errorf("cpus %v: this machine has %d CPUs; give at most %d", cpus, machine, machine)
 	}
 	return nil
 }
@@ -228,7 +268,7 @@ func peerGuests(ps []PeerRecord) []netip.Addr {
 func (e *engine) Create(ctx context.Context, req CreateRequest) (info SessionInfo, err error) {
 	start := time.Now()
 	defer func() { e.metrics.observeCreate(time.Since(start), err) }()
-	if err := e.validateRequest(req); err != nil {
+	if err := e.validateRequest(&req); err != nil {
 		return info, err
 	}
 	policy, err := e.buildPolicy(req)
@@ -353,6 +393,7 @@ func (e *engine) sandboxSpec(s *liveSession) container.Spec {
 		NetRaw:      req.NetRaw,
 		MemoryBytes: req.MemoryBytes,
 		PidsMax:     req.Pids,
+		CPUs:        req.CPUs,
 		Hostname:    s.rec.Name,
 		Hosts:       s.rec.Pinned,
 	}
@@ -570,8 +611,8 @@ func (e *engine) Exec(ctx context.Context, name string, req ExecRequest, stdout,
 		Args: req.Args, Env: req.Env, Dir: req.Dir, User: req.User,
 		Stdout: stdout, Stderr: stderr, Timeout: timeout,
 	}
-	if req.Stdin != "" {
-		spec.Stdin = strings.NewReader(req.Stdin)
+	if len(req.Stdin) > 0 {
+		spec.Stdin = bytes.NewReader(req.Stdin)
 	}
 	code, err := e.boxes.Exec(ctx, name, spec)
 	if errors.Is(err, container.ErrTimeout) {

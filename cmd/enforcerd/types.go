@@ -25,6 +25,7 @@ type CreateRequest struct {
 	NetRaw      bool              `json:"net_raw,omitempty"`
 	MemoryBytes int64             `json:"memory_bytes,omitempty"`
 	Pids        int64             `json:"pids,omitempty"`
+	CPUs        float64           `json:"cpus,omitempty"` // like docker's --cpus; 0 = container.DefaultCPUs
 	Labels      map[string]string `json:"labels,omitempty"`
 }
 
@@ -69,12 +70,15 @@ type SessionInfo struct {
 
 // ExecRequest is the body of POST /v1/sessions/{name}/exec.
 type ExecRequest struct {
-	Args    []string `json:"args"`
-	Env     []string `json:"env,omitempty"`
-	Dir     string   `json:"dir,omitempty"`
-	User    string   `json:"user,omitempty"`
-	Stdin   string   `json:"stdin,omitempty"`
-	Timeout string   `json:"timeout,omitempty"` // Go duration; "" = none
+	Args []string `json:"args"`
+	Env  []string `json:"env,omitempty"`
+	Dir  string   `json:"dir,omitempty"`
+	User string   `json:"user,omitempty"`
+	// Stdin is the command's standard input, byte for byte: encoding/json
+	// carries a []byte as a standard padded base64 string, because a JSON
+	// string cannot hold bytes that are not UTF-8. Absent: /dev/null.
+	Stdin   []byte `json:"stdin_b64,omitempty"`
+	Timeout string `json:"timeout,omitempty"` // Go duration; "" = none
 }
 
 // Event is one line of a session's audit stream (NDJSON).

@@ -29,6 +29,10 @@ type Daemon struct {
 	LogPath  string
 	World    *world.World
 	Args     []string // extra serve flags
+	// ImagesDirs are passed as --images-dir: the daemon refuses every
+	// --rootfs outside them. New sets the test rootfs's parent (see
+	// DefaultImagesDirs); a caller with its own images adds to it.
+	ImagesDirs []string
 
 	cmd  *exec.Cmd
 	done chan error
@@ -37,14 +41,40 @@ type Daemon struct {
 // New describes a daemon for w; Start runs it. dir must exist.
 func New(bin string, w *world.World, dir string, extra ...string) *Daemon {
 	return &Daemon{
-		Bin:      bin,
-		Prefix:   "e" + w.ID[:5],
-		Dir:      dir,
-		Socket:   filepath.Join(dir, "enforcerd.sock"),
-		StateDir: filepath.Join(dir, "state"),
-		LogPath:  filepath.Join(dir, "enforcerd.log"),
-		World:    w,
-		Args:     extra,
+		Bin:        bin,
+		Prefix:     "e" + w.ID[:5],
+		Dir:        dir,
+		Socket:     filepath.Join(dir, "enforcerd.sock"),
+		StateDir:   filepath.Join(dir, "state"),
+		LogPath:    filepath.Join(dir, "enforcerd.log"),
+		World:      w,
+		Args:       extra,
+		ImagesDirs: DefaultImagesDirs(),
+	}
+}
+
+// DefaultImagesDirs is the directory holding the test rootfs: the parent of
+// ENFORCERD_ROOTFS when it is set (make live, make bench), else the
+// module's .cache (where make rootfs builds .cache/rootfs; the demo and a
+// plain go test use it). Nil when neither can be found: the daemon then
+// refuses every --rootfs, as it does by default.
+func DefaultImagesDirs() []string {
+	if r := os.Getenv("ENFORCERD_ROOTFS"); r != "" {
+		if abs, err := filepath.Abs(r); err == nil {
+			return []string{filepath.Dir(abs)}
+		}
+	}
+	dir, err := os.Getwd()
+	if err != nil {
+		return nil
+	}
+	for ; ; dir = filepath.Dir(dir) {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			return []string{filepath.Join(dir, ".cache")}
+		}
+		if dir == filepath.Dir(dir) {
+			return nil
+		}
 	}
 }
 
@@ -57,6 +87,9 @@ func (d *Daemon) ServeArgs() []string {
 		"--upstream", d.World.DNS.Addr().String(),
 		"--public-override", d.World.PublicOverride.String(),
 		"--dns-min-ttl", "5s",
+	}
+	for _, dir := range d.ImagesDirs {
+		args = append(args, "--images-dir", dir)
 	}
 	return append(args, d.Args...)
 }
