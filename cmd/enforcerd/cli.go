@@ -414,7 +414,7 @@ state-dir = "/var/lib/enforcerd", upstream = ["192.0.2.53"]); flags win.
 API access is powerful: whoever may use the socket (root, and the members of
 --socket-group) can run any program as root in a sandbox, from any image under
 --images-dir, and choose its network policy, public egress included. Grant
-the group as you would grant sudo to a container runtime. Without
+the group only to those you would let run containers as root. Without
 --images-dir no sandbox can be created (--network-only sessions still can).
 `
 
