@@ -18,8 +18,14 @@
 //     /proc/irq, /proc/bus, /proc/fs and /sys;
 //   - seccomp: default allow, DeniedSyscalls fail with EPERM (clone3 with ENOSYS, so that libc
 //     falls back to clone, whose CLONE_NEWUSER flag is refused);
-//   - cgroups: memory (no swap) and pids limits per session;
-//   - the image directory is only ever an overlay lower layer: it is never written.
+//   - cgroups: memory (no swap), pids and CPU (a CFS quota per CPUPeriod; DefaultCPUs, one CPU,
+//     when the Spec leaves it at zero: never unlimited) limits per session;
+//   - the image directory is only ever an overlay lower layer: it is never written. Which
+//     directories may be images is the caller's policy: ResolveImage checks a path against the
+//     operator's image directories (the daemon calls it for every API request);
+//   - what a sandbox writes is unreachable by host users: the state dir and every layer dir are
+//     0700 (the layer root and a user-namespaced sandbox's layer dir 0710, group UserNSHostID),
+//     re-applied at New and at every Create, and the overlay is mounted nosuid,nodev.
 //
 // Limits, stated: a writable session's upper layer lives on the filesystem under LayerDir with
 // no quota (a read-only session's /tmp is a tmpfs charged to its memory limit); the user
