@@ -96,7 +96,7 @@ func checkImageDir(d string, trusted func(uid uint32) bool, strict bool) error {
 		return fmt.Errorf("%s: no owner information", d)
 	}
 	if !trusted(st.Uid) {
-		return fmt.Errorf("%s is owned by uid %d, not root; an image and its image directory must belong to root", d, st.Uid)
+		return fmt.Errorf("%s is owned by uid %d, not root; every directory from / down to the image must belong to root", d, st.Uid)
 	}
 	perm := fi.Mode().Perm()
 	switch {

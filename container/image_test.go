@@ -97,7 +97,7 @@ func TestResolveImageOwnerAndGrant(t *testing.T) {
 	// Owned by someone untrusted (here: everyone is untrusted but root).
 	if os.Getuid() != 0 {
 		_, err = ResolveImage(good, []string{images})
-		if err == nil || !strings.Contains(err.Error(), "not root; an image and its image directory must belong to root") {
+		if err == nil || !strings.Contains(err.Error(), "not root; every directory from / down to the image must belong to root") {
 			t.Errorf("owned by uid %d: %v, want refused as not root", os.Getuid(), err)
 		}
 	}

@@ -397,8 +397,10 @@ func TestE2ESandboxCPULimit(t *testing.T) {
 	if used["slow"] > 0.3 {
 		t.Errorf("--cpus 0.2: the busy loop used %.2f of a CPU, want at most 0.3", used["slow"])
 	}
-	if used["fast"] < 2*used["slow"] || used["fast"] < 0.25 {
-		t.Errorf("control --cpus 1: the busy loop used %.2f of a CPU, want at least twice the --cpus 0.2 one's %.2f", used["fast"], used["slow"])
+	// The control, with margin for a loaded machine (its other tenants
+	// take from fast, never from slow's quota): fast gets well over 0.2.
+	if used["fast"] < 1.5*used["slow"] || used["fast"] < 0.25 {
+		t.Errorf("control --cpus 1: the busy loop used %.2f of a CPU, want at least 1.5 times the --cpus 0.2 one's %.2f", used["fast"], used["slow"])
 	}
 
 	// Refusals: the command line's own (exit 2) and the daemon's (exit 1).
