@@ -11,7 +11,7 @@ const (
 	VerdictAllowed  = "allowed"  // forwarded upstream, answer filtered and attested
 	VerdictDenied   = "denied"   // off-policy name: NXDOMAIN, never sent upstream
 	VerdictRefused  = "refused"  // unknown source, non-IN class or zone transfer
-	VerdictServfail = "servfail" // every upstream failed, or the attestation failed
+	VerdictServfail = "servfail" // every upstream failed, the attestation failed (Err names a cap), or the session went away
 	VerdictPinned   = "pinned"   // answered from the session's pinned addresses
 	VerdictFormerr  = "formerr"  // not exactly one question, or a bad EDNS0 version
 	VerdictNotImp   = "notimp"   // an opcode other than QUERY
@@ -19,9 +19,13 @@ const (
 
 // Event is one decision of the proxy: one query from one client.
 //
-// Addrs are the addresses that were attested and released to the client;
-// Dropped are addresses the upstream answered that the guard removed
-// (private, loopback, link-local, metadata ...). Latency is the upstream
+// Addrs are the addresses released to the client: attested first in
+// allowlist mode; in public mode (the public set accepts them) and for a
+// pinned name (the static sets hold it) nothing is attested and TTL is
+// zero. Dropped are addresses the upstream answered that the guard removed
+// (private, loopback, link-local, metadata ...). Capped is how many more
+// addresses the answer carried beyond Config.MaxAnswerAddrs: their records
+// were removed, never released, never attested. Latency is the upstream
 // round trip (zero when no upstream was asked).
 type Event struct {
 	Time     time.Time     `json:"time"`

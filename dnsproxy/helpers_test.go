@@ -109,16 +109,8 @@ type handlerFunc func(w dns.ResponseWriter, req *dns.Msg, tcp bool) *dns.Msg
 
 func startUpstream(t testing.TB, h handlerFunc) *upstream {
 	t.Helper()
-	pc, err := net.ListenPacket("udp4", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	pc, ln := listenPair(t)
 	port := pc.LocalAddr().(*net.UDPAddr).Port
-	ln, err := net.Listen("tcp4", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
-	if err != nil {
-		pc.Close()
-		t.Fatal(err)
-	}
 	u := &upstream{addr: netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), uint16(port))}
 	serve := func(tcp bool) dns.HandlerFunc {
 		return func(w dns.ResponseWriter, req *dns.Msg) {
@@ -150,6 +142,30 @@ func startUpstream(t testing.TB, h handlerFunc) *upstream {
 		ts.Shutdown()
 	})
 	return u
+}
+
+// listenPair opens UDP and TCP on the same free port of 127.0.0.1. The
+// UDP port is the kernel's choice; its TCP twin may be taken (other tests
+// on the machine use loopback ports too), so it tries a few ports.
+func listenPair(t testing.TB) (net.PacketConn, net.Listener) {
+	t.Helper()
+	var err error
+	for range 20 {
+		var pc net.PacketConn
+		pc, err = net.ListenPacket("udp4", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		port := pc.LocalAddr().(*net.UDPAddr).Port
+		var ln net.Listener
+		ln, err = net.Listen("tcp4", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+		if err == nil {
+			return pc, ln
+		}
+		pc.Close()
+	}
+	t.Fatalf("no free udp and tcp port pair: %v", err)
+	return nil, nil
 }
 
 func (u *upstream) Queries() []string {
