@@ -38,8 +38,8 @@ func TestAttackFlowBudget(t *testing.T) {
 		e := atkBudgetEnv(t, 40, 1000)
 		w := e.w
 		dst := netip.AddrPortFrom(w.Web[0], 7)
-		a, _ := e.session(t, "a", netpolicy.ModeAllowlist, []netpolicy.Target{staticHost(w.Web[0])})
-		b, _ := e.session(t, "b", netpolicy.ModeAllowlist, []netpolicy.Target{staticHost(w.Web[0])})
+		a := atkSession(t, e, "a", netpolicy.ModeAllowlist, []netpolicy.Target{staticHost(w.Web[0])})
+		b := atkSession(t, e, "b", netpolicy.ModeAllowlist, []netpolicy.Target{staticHost(w.Web[0])})
 
 		const n = 60
 		conns := make([]net.Conn, n)
@@ -94,7 +94,7 @@ func TestAttackFlowBudget(t *testing.T) {
 		e := atkBudgetEnv(t, 0, 50)
 		w := e.w
 		dst := netip.AddrPortFrom(w.Web[0], 7)
-		a, _ := e.session(t, "a", netpolicy.ModeAllowlist, []netpolicy.Target{staticHost(w.Web[0])})
+		a := atkSession(t, e, "a", netpolicy.ModeAllowlist, []netpolicy.Target{staticHost(w.Web[0])})
 
 		const n = 400
 		socks := make([]*net.UDPConn, 0, n)

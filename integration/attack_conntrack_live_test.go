@@ -27,8 +27,8 @@ func TestAttackSpoofedEstablished(t *testing.T) {
 	e := newNPEnv(t, time.Second)
 	w := e.w
 	dst := netip.AddrPortFrom(w.Web[0], 7)
-	a, _ := e.session(t, "a", netpolicy.ModeAllowlist, []netpolicy.Target{staticHost(w.Web[0])})
-	b, _ := e.session(t, "b", netpolicy.ModeAllowlist, []netpolicy.Target{staticHost(w.Web[1])})
+	a := atkSession(t, e, "a", netpolicy.ModeAllowlist, []netpolicy.Target{staticHost(w.Web[0])})
+	b := atkSession(t, e, "b", netpolicy.ModeAllowlist, []netpolicy.Target{staticHost(w.Web[1])})
 
 	ua := atkDialUDP(t, a.NetnsPath, dst)
 	if err := atkEcho(ua, reachTimeout); err != nil {
@@ -65,7 +65,7 @@ func TestAttackRelatedKillsHostSocket(t *testing.T) {
 	e := newNPEnv(t, time.Second)
 	w := e.w
 	dst := netip.AddrPortFrom(w.Web[0], 7)
-	b, _ := e.session(t, "b", netpolicy.ModeAllowlist, nil)
+	b := atkSession(t, e, "b", netpolicy.ModeAllowlist, nil)
 
 	h1 := atkDialUDP(t, w.HostPath, dst)
 	h2 := atkDialUDP(t, w.HostPath, dst)
@@ -102,8 +102,8 @@ func TestAttackRelatedKillsOtherSession(t *testing.T) {
 	e := newNPEnv(t, time.Second)
 	w := e.w
 	dst := netip.AddrPortFrom(w.Web[0], 7)
-	a, _ := e.session(t, "a", netpolicy.ModeAllowlist, []netpolicy.Target{staticHost(w.Web[0])})
-	b, _ := e.session(t, "b", netpolicy.ModeAllowlist, nil)
+	a := atkSession(t, e, "a", netpolicy.ModeAllowlist, []netpolicy.Target{staticHost(w.Web[0])})
+	b := atkSession(t, e, "b", netpolicy.ModeAllowlist, nil)
 
 	a1 := atkDialUDP(t, a.NetnsPath, dst)
 	a2 := atkDialUDP(t, a.NetnsPath, dst)
@@ -140,7 +140,7 @@ func TestAttackRelatedKillsOtherSession(t *testing.T) {
 func TestAttackRelatedReachesMetadata(t *testing.T) {
 	e := newNPEnv(t, time.Second)
 	w := e.w
-	b, _ := e.session(t, "b", netpolicy.ModeAllowlist, []netpolicy.Target{staticHost(w.Web[0])})
+	b := atkSession(t, e, "b", netpolicy.ModeAllowlist, []netpolicy.Target{staticHost(w.Web[0])})
 	meta := netip.AddrPortFrom(w.Metadata, 7)
 
 	hm := atkDialUDP(t, w.HostPath, meta)
@@ -202,6 +202,7 @@ func TestAttackConntrackInherited(t *testing.T) {
 	if err := e.fw.AddSession(ra); err != nil {
 		t.Fatal(err)
 	}
+	atkReady(t, a.NetnsPath, "eth0", a.Guest, a.Gateway)
 
 	ua := atkDialUDP(t, a.NetnsPath, dst)
 	if err := atkEcho(ua, reachTimeout); err != nil {
@@ -267,6 +268,7 @@ func TestAttackConntrackInherited(t *testing.T) {
 	if err := e.fw.AddSession(rn); err != nil {
 		t.Fatal(err)
 	}
+	atkReady(t, n.NetnsPath, "eth0", n.Guest, n.Gateway)
 	if n.Guest != a.Guest {
 		t.Logf("the new session got %s, not A's %s: skipping the reuse part", n.Guest, a.Guest)
 		return

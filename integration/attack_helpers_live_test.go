@@ -20,6 +20,8 @@ import (
 	"time"
 
 	"github.com/enforcerd/enforcerd/integration/world"
+	"github.com/enforcerd/enforcerd/netpolicy"
+	"github.com/enforcerd/enforcerd/nsmgr"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
@@ -224,6 +226,7 @@ func atkNewForeign(t *testing.T, w *world.World, route netip.Prefix) *atkForeign
 	if err := fh.RouteAdd(&netlink.Route{LinkIndex: pl.Attrs().Index, Dst: &net.IPNet{IP: route.Addr().AsSlice(), Mask: net.CIDRMask(route.Bits(), 32)}, Gw: f.hostAddr.AsSlice()}); err != nil {
 		t.Fatalf("route %s in %s: %v", route, f.ns, err)
 	}
+	atkReady(t, f.nsPath, f.peerIf, f.addr, f.hostAddr)
 	return f
 }
 
@@ -285,3 +288,33 @@ func atkLinkExists(t *testing.T, w *world.World, name string) bool {
 }
 
 func atkJoinLines(ls []string) string { return strings.Join(ls, "\n") }
+
+// atkSession is npEnv.session followed by atkReady: a fresh veth drops what
+// it is given to send until the kernel has activated it (a linkwatch event,
+// late when rtnl is busy), and an attack packet lost that way would pass a
+// test falsely.
+func atkSession(t *testing.T, e *npEnv, name string, mode netpolicy.Mode, static []netpolicy.Target) nsmgr.Session {
+	t.Helper()
+	s, _ := e.session(t, name, mode, static)
+	atkReady(t, s.NetnsPath, "eth0", s.Guest, s.Gateway)
+	return s
+}
+
+// atkReady waits until ARP who-has gw sent on iface inside nsPath is
+// answered: both ends of the link then carry packets.
+func atkReady(t *testing.T, nsPath, iface string, self, gw netip.Addr) {
+	t.Helper()
+	deadline := time.Now().Add(2 * reachTimeout)
+	for {
+		got, err := world.ARPProbe(nsPath, iface, self, []netip.Addr{gw}, 200*time.Millisecond)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, ok := got[gw]; ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("link %s in %s: no ARP reply from %s within %s", iface, nsPath, gw, 2*reachTimeout)
+		}
+	}
+}

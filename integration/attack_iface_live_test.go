@@ -25,7 +25,7 @@ import (
 func TestAttackForeignIfaceAnycast(t *testing.T) {
 	e := newNPEnv(t, time.Second)
 	w := e.w
-	a, _ := e.session(t, "a", netpolicy.ModeAllowlist, nil)
+	a := atkSession(t, e, "a", netpolicy.ModeAllowlist, nil)
 	anycast := netip.AddrPortFrom(e.dns, 53)
 	lis := atkListenUDP(t, w.HostPath, anycast)
 	f := atkNewForeign(t, w, e.pool)
@@ -61,8 +61,8 @@ func TestAttackForeignIfaceAnycast(t *testing.T) {
 func TestAttackARPOracle(t *testing.T) {
 	e := newNPEnv(t, time.Second)
 	w := e.w
-	a, _ := e.session(t, "a", netpolicy.ModeAllowlist, nil)
-	b, _ := e.session(t, "b", netpolicy.ModeAllowlist, nil)
+	a := atkSession(t, e, "a", netpolicy.ModeAllowlist, nil)
+	b := atkSession(t, e, "b", netpolicy.ModeAllowlist, nil)
 	foreign := map[netip.Addr]string{a.Gateway: "session A's gateway", w.Uplink: "the uplink address", e.dns: "the DNS anycast address"}
 	targets := []netip.Addr{b.Gateway}
 	for ip := range foreign {
@@ -95,8 +95,8 @@ func TestAttackAllowReopensResolver(t *testing.T) {
 	w.DNS.AddRR(name + ". 300 IN A 198.18.1.10")
 	res := w.DNS.Addr().Addr()
 	srv := netip.AddrPortFrom(res, 53)
-	p, _ := e.session(t, "p", netpolicy.ModeAllowlist, []netpolicy.Target{staticHost(res)})
-	q, _ := e.session(t, "q", netpolicy.ModeAllowlist, []netpolicy.Target{{Prefix: netip.PrefixFrom(res, 32), Port: 53, Proto: netpolicy.ProtoUDP}})
+	p := atkSession(t, e, "p", netpolicy.ModeAllowlist, []netpolicy.Target{staticHost(res)})
+	q := atkSession(t, e, "q", netpolicy.ModeAllowlist, []netpolicy.Target{{Prefix: netip.PrefixFrom(res, 32), Port: 53, Proto: netpolicy.ProtoUDP}})
 
 	m, err := world.Lookup(q.NetnsPath, srv, name, dns.TypeA, false, reachTimeout)
 	if err != nil || len(world.AddrsOf(m)) == 0 {
