@@ -10,7 +10,8 @@ import (
 
 // ForeignLinks lists the links of the host netns whose name starts with the
 // prefix but that are not this prefix's: neither its DNS interface nor a
-// session veth whose alias names a session of the prefix. The firewall
+// session veth (named <prefix><slot>h, with an alias naming a session of the
+// prefix, or no alias yet). The firewall
 // treats every interface named "<prefix>*" as a session veth (anti-spoofing
 // drops all its traffic unless its address is a session's), so a daemon
 // must not start beside such a link: an uplink named "enf0up" would be cut
@@ -28,7 +29,9 @@ func (m *Manager) ForeignLinks() ([]string, error) {
 			continue
 		}
 		if slot, ok := parseHostIfaceName(m.cfg.Prefix, a.Name); ok && slot < m.geo.Slots() {
-			if _, ours := parseNetnsName(m.cfg.Prefix, a.Alias); ours {
+			// No alias yet: a create killed between adding the veth and
+			// tagging it; reconcile reaps it with its netns.
+			if _, ours := parseNetnsName(m.cfg.Prefix, a.Alias); ours || a.Alias == "" {
 				continue
 			}
 		}
