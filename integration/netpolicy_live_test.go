@@ -876,6 +876,7 @@ func TestNetpolicyRulesetAsNftSeesIt(t *testing.T) {
 		`ct count over 8192`,
 		`limit rate over 2000/second burst 4000 packets`,
 		`type filter hook prerouting priority raw`,
+		`size 1048576`,
 		`ip daddr ` + e.dns.String() + ` drop`,
 		`ip daddr ` + e.dns.String() + ` udp dport 53 accept`,
 		`ip saddr 10.20.0.0/16 oifname != "` + p + `*" masquerade`,

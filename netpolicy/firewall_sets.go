@@ -76,6 +76,10 @@ type schema struct {
 // /30 slots than this needs an explicit size.
 const defaultDynSetSize = 65535
 
+// attestedSetSize bounds each attested set: about 150 MiB of kernel memory
+// at worst, 256 sessions at the default per-session cap.
+const attestedSetSize = 1 << 20
+
 func newSchema(tableName string, pool netip.Prefix) *schema {
 	t := &nftables.Table{Name: tableName, Family: nftables.TableFamilyINet}
 	s := &schema{table: t, sets: map[string]*nftables.Set{}}
@@ -88,8 +92,11 @@ func newSchema(tableName string, pool netip.Prefix) *schema {
 	add(&nftables.Set{Name: setPublic, KeyType: nftables.TypeIPAddr})
 	add(&nftables.Set{Name: setBlocked, KeyType: nftables.TypeIPAddr, Interval: true})
 	add(&nftables.Set{Name: setPeers, KeyType: typeGuestPeer, Concatenation: true})
-	add(&nftables.Set{Name: setAttested, KeyType: typeGuestPeer, Concatenation: true, HasTimeout: true})
-	add(&nftables.Set{Name: setAttestedPorts, KeyType: typeGuestPort, Concatenation: true, HasTimeout: true})
+	// The attested sets get a size: the per-session cap (MaxAttested) is
+	// the daemon's; this bounds the kernel's memory whatever happens above
+	// it (an insert into a full set fails, and the answer with it).
+	add(&nftables.Set{Name: setAttested, KeyType: typeGuestPeer, Concatenation: true, HasTimeout: true, Size: attestedSetSize})
+	add(&nftables.Set{Name: setAttestedPorts, KeyType: typeGuestPort, Concatenation: true, HasTimeout: true, Size: attestedSetSize})
 	add(&nftables.Set{Name: setStatic, KeyType: typeGuestPeer, Concatenation: true})
 	add(&nftables.Set{Name: setStaticPorts, KeyType: typeGuestPort, Concatenation: true})
 	add(&nftables.Set{Name: setStaticCIDR, KeyType: typeGuestPeer, Concatenation: true, Interval: true})
