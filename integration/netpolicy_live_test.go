@@ -316,6 +316,36 @@ func TestNetpolicyPublicMode(t *testing.T) {
 		dnsProbe(ns, w.DNS.Addr(), false), dnsProbe(ns, w.DNS.Addr(), true))
 }
 
+// TestNetpolicyCloudHostEndpointBlocked (issue 8, item 8): 168.63.129.16,
+// Azure's platform endpoint, is public unicast in the IANA registry but
+// serves the host: it is blocked in every mode like the metadata address,
+// even when attested or allowed statically, and an override opens it.
+func TestNetpolicyCloudHostEndpointBlocked(t *testing.T) {
+	e := newNPEnv(t, time.Second)
+	w := e.w
+	pub, _ := e.session(t, "p", netpolicy.ModePublic, nil)
+	allow, _ := e.session(t, "a", netpolicy.ModeAllowlist, []netpolicy.Target{staticHost(w.CloudHost), staticHost(w.Web[0])})
+	if err := world.TCPEcho(w.HostPath, netip.AddrPortFrom(w.CloudHost, 7), reachTimeout); err != nil {
+		t.Fatalf("control: the simulated host cannot reach %s: %v", w.CloudHost, err)
+	}
+	expectReach(t, "public and allowed web servers", httpProbe(pub.NetnsPath, w.Web[1]), httpProbe(allow.NetnsPath, w.Web[0]))
+	if _, err := e.fw.Attest(pub.Guest, []netip.Addr{w.CloudHost}, time.Minute, nil); err != nil {
+		t.Fatalf("attest: %v", err)
+	}
+	expectBlocked(t, "the cloud host endpoint",
+		append(allThree(pub.NetnsPath, w.CloudHost), allThree(allow.NetnsPath, w.CloudHost)...)...)
+	if netpolicy.IsPublicUnicast(w.CloudHost) {
+		t.Errorf("IsPublicUnicast(%s) = true: DNS answers would keep it", w.CloudHost)
+	}
+	g, err := netpolicy.NewGuard(e.pool, []netip.Prefix{w.PublicOverride, netip.PrefixFrom(w.CloudHost, 32)})
+	if err != nil {
+		t.Fatalf("guard with the endpoint overridden: %v", err)
+	}
+	if !g.IsPublicUnicast(w.CloudHost) {
+		t.Errorf("override: %s still blocked", w.CloudHost)
+	}
+}
+
 func dnsProbe(ns string, server netip.AddrPort, tcp bool) probe {
 	name := "dns/udp " + server.String()
 	if tcp {
@@ -836,11 +866,18 @@ func TestNetpolicyRulesetAsNftSeesIt(t *testing.T) {
 		`iifname "` + p + `*" goto from_session`,
 		`oifname "` + p + `*" drop`,
 		`iifname . ip saddr != @sessions drop`,
-		`ip saddr . ip daddr @peers goto accept_session`,
+		`ip saddr . ip daddr @peers goto accept_new`,
 		`ip daddr @blocked goto drop_session`,
-		`ip saddr . meta l4proto . ip daddr . th dport @static_ports goto accept_session`,
-		`ip saddr . ip daddr @static_cidr goto accept_session`,
-		`ip saddr . meta l4proto . ip daddr . th dport @static_cidr_ports goto accept_session`,
+		`ip saddr . meta l4proto . ip daddr . th dport @static_ports goto accept_new`,
+		`ip saddr . ip daddr @static_cidr goto accept_new`,
+		`ip saddr . meta l4proto . ip daddr . th dport @static_cidr_ports goto accept_new`,
+		`ct state established goto accept_session`,
+		`ct state related goto related_session`,
+		`ct count over 8192`,
+		`limit rate over 2000/second burst 4000 packets`,
+		`type filter hook prerouting priority raw`,
+		`size 1048576`,
+		`ip daddr ` + e.dns.String() + ` drop`,
 		`ip daddr ` + e.dns.String() + ` udp dport 53 accept`,
 		`ip saddr 10.20.0.0/16 oifname != "` + p + `*" masquerade`,
 		`"` + a.HostIface + `" . ` + a.Guest.String(),

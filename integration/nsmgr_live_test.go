@@ -316,6 +316,13 @@ func TestNsmgrCreateWithNIC(t *testing.T) {
 	if v := readSysctl(t, w.Host, "/proc/sys/net/ipv6/conf/"+prefix+"0h/disable_ipv6"); v != "1" {
 		t.Errorf("host veth disable_ipv6 = %s, want 1", v)
 	}
+	// ARP answers only for the veth's own address (TestAttackARPOracle
+	// performs the attack).
+	for name, want := range map[string]string{"arp_ignore": "1", "arp_announce": "2"} {
+		if v := readSysctl(t, w.Host, "/proc/sys/net/ipv4/conf/"+prefix+"0h/"+name); v != want {
+			t.Errorf("host veth %s = %s, want %s", name, v, want)
+		}
+	}
 	if v6, _ := hh.AddrList(host, netlink.FAMILY_V6); len(v6) != 0 {
 		t.Errorf("host veth has IPv6 addresses: %v", v6)
 	}
@@ -930,4 +937,44 @@ func BenchmarkNsmgrCreateDelete(b *testing.B) {
 	b.ReportMetric(pct(create, 0.99), "create-p99-µs")
 	b.ReportMetric(pct(del, 0.5), "delete-p50-µs")
 	b.ReportMetric(pct(del, 0.99), "delete-p99-µs")
+}
+
+// TestNsmgrForeignLinks: a link that starts with the prefix but is not a
+// session veth of it (an uplink named "<prefix>up", another daemon's veth)
+// is reported, by name; the DNS interface and the prefix's own session veths
+// are not.
+func TestNsmgrForeignLinks(t *testing.T) {
+	w := world.New(t)
+	prefix := "f" + w.ID[:4]
+	mgr, err := nsmgr.New(nsmgr.Config{Prefix: prefix, Pool: nsmgr.DefaultPool, HostNS: w.Host})
+	if err != nil {
+		t.Fatalf("nsmgr: %v", err)
+	}
+	defer mgr.Close()
+	if _, err := mgr.EnsureDNSInterface(); err != nil {
+		t.Fatalf("dns interface: %v", err)
+	}
+	defer mgr.RemoveDNSInterface()
+	s, err := mgr.Create("own", true)
+	if err != nil {
+		t.Fatalf("create: %v", err)
+	}
+	defer mgr.Delete("own", s.Slot)
+	if err := mgr.CheckNoForeignLinks(); err != nil {
+		t.Fatalf("control: only the prefix's own links exist, got %v", err)
+	}
+	h, err := netlink.NewHandleAt(w.Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	up := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: prefix + "up"}, PeerName: prefix + "upp"}
+	if err := h.LinkAdd(up); err != nil {
+		t.Fatalf("add %s: %v", up.Name, err)
+	}
+	defer h.LinkDel(up)
+	err = mgr.CheckNoForeignLinks()
+	if err == nil || !strings.Contains(err.Error(), "link "+prefix+"up ") {
+		t.Fatalf("foreign link %s: got %v, want an error naming it", up.Name, err)
+	}
 }

@@ -192,3 +192,57 @@ func (x *attestIndex) putBack(guest netip.Addr, taken map[attestKey]time.Duratio
 	}
 	ga.pruneAt = max(ga.pruneAt, 2*len(ga.exp))
 }
+
+// prune forgets every guest for which gone is true (their elements were
+// deleted by a dump).
+func (x *attestIndex) prune(gone func(netip.Addr) bool) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	for g := range x.byGuest {
+		if gone(g) {
+			delete(x.byGuest, g)
+		}
+	}
+}
+
+// admits reports whether the guest may hold the elements of plan on top of
+// its live ones without exceeding limit: keys it already holds are
+// refreshes and cost nothing. Expired records are swept only when the quick
+// count (which includes them) says the limit is near, so the usual call is
+// one map lookup per element.
+func (x *attestIndex) admits(guest netip.Addr, plan []setElems, limit int, now time.Time) bool {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	ga := x.byGuest[guest]
+	held := 0
+	if ga != nil {
+		held = len(ga.exp)
+	}
+	fresh := func() int {
+		n := 0
+		for _, se := range plan {
+			for _, e := range se.elems {
+				k, ok := newAttestKey(se.set, e.Key)
+				if !ok {
+					continue
+				}
+				if ga == nil {
+					n++
+				} else if _, have := ga.exp[k]; !have {
+					n++
+				}
+			}
+		}
+		return n
+	}
+	if held+fresh() <= limit {
+		return true
+	}
+	t := x.at(now)
+	for k, exp := range ga.exp {
+		if exp <= t {
+			delete(ga.exp, k)
+		}
+	}
+	return len(ga.exp)+fresh() <= limit
+}

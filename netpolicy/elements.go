@@ -115,6 +115,7 @@ func sessionElements(r SessionRules) []setElems {
 	out = append(out,
 		setElems{setAcctAccept, []nftables.SetElement{{Key: g}}},
 		setElems{setAcctDrop, []nftables.SetElement{{Key: g}}},
+		setElems{setAcctLimited, []nftables.SetElement{{Key: g}}},
 	)
 	return out
 }

@@ -31,7 +31,7 @@ func TestSessionElements(t *testing.T) {
 		got[se.set] = se.elems
 		order = append(order, se.set)
 	}
-	wantOrder := []string{setSessions, setPublic, setPeers, setStatic, setStaticPorts, setStaticCIDR, setAcctAccept, setAcctDrop}
+	wantOrder := []string{setSessions, setPublic, setPeers, setStatic, setStaticPorts, setStaticCIDR, setAcctAccept, setAcctDrop, setAcctLimited}
 	if len(order) != len(wantOrder) {
 		t.Fatalf("sets = %v, want %v", order, wantOrder)
 	}
@@ -92,7 +92,7 @@ func TestSessionElements(t *testing.T) {
 	for _, se := range sessionElements(r) {
 		sets = append(sets, se.set)
 	}
-	if len(sets) != 3 || sets[0] != setSessions || sets[1] != setAcctAccept || sets[2] != setAcctDrop {
+	if len(sets) != 4 || sets[0] != setSessions || sets[1] != setAcctAccept || sets[2] != setAcctDrop || sets[3] != setAcctLimited {
 		t.Errorf("allowlist without targets: sets %v", sets)
 	}
 }
@@ -181,6 +181,12 @@ func TestRulesReferenceTheSchema(t *testing.T) {
 				load(x.Register, n)
 			case *expr.Payload:
 				load(x.DestRegister, x.Len)
+			case *expr.Ct:
+				n := uint32(4)
+				if x.Key == expr.CtKeySRC || x.Key == expr.CtKeyDST {
+					n = 16 // the inet family loads the 16-byte address field
+				}
+				load(x.Register, n)
 			case *expr.Verdict:
 				if x.Chain != "" && !chains[x.Chain] {
 					t.Errorf("rule %d jumps to unknown chain %q", i, x.Chain)

@@ -127,6 +127,7 @@ type Firewall struct {
 	attest   connSlot // Attest only, used by attests' leader
 	attests  *groupCommit[attestReq]
 	attested attestIndex
+	flows    flowTable // conntrack entries of removed sessions
 }
 
 // OpenFirewall validates cfg and opens the netlink connections. It changes
@@ -146,7 +147,7 @@ func OpenFirewall(cfg FirewallConfig) (*Firewall, error) {
 		nsFd:   fd,
 		schema: newSchema(cfg.Prefix, cfg.Pool),
 	}
-	f.admin.nsFd, f.attest.nsFd = fd, fd
+	f.admin.nsFd, f.attest.nsFd, f.flows.nsFd = fd, fd, fd
 	f.attests = newGroupCommit(attestBatchMax, f.flushAttests)
 	if err := f.admin.do(func(*nftables.Conn) error { return nil }); err != nil {
 		unix.Close(fd)
@@ -184,6 +185,18 @@ func checkConfig(cfg *FirewallConfig) error {
 	if cfg.AttestFloor == 0 {
 		cfg.AttestFloor = DefaultAttestFloor
 	}
+	for _, b := range []struct {
+		name string
+		v    *int
+		def  int
+	}{{"max flows", &cfg.MaxFlows, DefaultMaxFlows}, {"flow rate", &cfg.FlowRate, DefaultFlowRate}, {"max attested", &cfg.MaxAttested, DefaultMaxAttested}} {
+		switch {
+		case *b.v < 0 || *b.v > 1<<24:
+			return fmt.Errorf("%s %d: want 0 (the default) to %d", b.name, *b.v, 1<<24)
+		case *b.v == 0:
+			*b.v = b.def
+		}
+	}
 	return nil
 }
 
@@ -193,6 +206,7 @@ func checkConfig(cfg *FirewallConfig) error {
 func (f *Firewall) Close() error {
 	f.admin.close()
 	f.attest.close()
+	f.flows.close()
 	if f.nsFd > 0 {
 		err := unix.Close(f.nsFd)
 		f.nsFd = -1

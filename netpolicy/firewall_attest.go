@@ -44,6 +44,9 @@ func (f *Firewall) Attest(guest netip.Addr, ips []netip.Addr, ttl time.Duration,
 	if len(plan) == 0 {
 		return timeout, nil
 	}
+	if !f.attested.admits(guest, plan, f.cfg.MaxAttested, time.Now()) {
+		return 0, fmt.Errorf("attest %d addresses for %s: %w (%d)", len(ips), guest, ErrAttestCap, f.cfg.MaxAttested)
+	}
 	if err := f.attests.do(attestReq{guest: guest, plan: plan}); err != nil {
 		return 0, fmt.Errorf("attest %d addresses for %s: %w", len(ips), guest, err)
 	}

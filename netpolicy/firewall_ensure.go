@@ -20,11 +20,26 @@ func chainDefs() []chainDef {
 		// Regular chains first: base chains' rules jump to them.
 		{name: chainAccept},
 		{name: chainDrop},
+		{name: chainDropLimited},
+		{name: chainFlowLimit},
+		{name: chainAcceptNew},
+		{name: chainResolver},
+		{name: chainPolicy},
+		{name: chainRelated},
 		{name: chainFromSession},
+		{name: chainInputSession},
+		{chainRawPrerouting, nftables.ChainTypeFilter, nftables.ChainHookPrerouting, nftables.ChainPriorityRaw},
+		{chainRawOutput, nftables.ChainTypeFilter, nftables.ChainHookOutput, nftables.ChainPriorityRaw},
 		{chainForward, nftables.ChainTypeFilter, nftables.ChainHookForward, nftables.ChainPriorityFilter},
 		{chainInput, nftables.ChainTypeFilter, nftables.ChainHookInput, nftables.ChainPriorityFilter},
 		{chainPostrouting, nftables.ChainTypeNAT, nftables.ChainHookPostrouting, nftables.ChainPriorityNATSource},
 	}
+}
+
+// ruleEnv is what buildRules needs from the configuration.
+func (f *Firewall) ruleEnv(set func(string) *nftables.Set) ruleEnv {
+	return ruleEnv{prefix: f.cfg.Prefix, pool: f.cfg.Pool, dns: f.cfg.DNSAddr,
+		maxFlows: uint32(f.cfg.MaxFlows), flowRate: uint32(f.cfg.FlowRate), set: set}
 }
 
 // Ensure makes the table match this package's design in one atomic batch:
@@ -101,7 +116,7 @@ func (f *Firewall) Ensure() error {
 				c.AddChain(ch)
 			}
 		}
-		env := ruleEnv{prefix: f.cfg.Prefix, pool: f.cfg.Pool, dns: f.cfg.DNSAddr, set: func(n string) *nftables.Set { return batchSets[n] }}
+		env := f.ruleEnv(func(n string) *nftables.Set { return batchSets[n] })
 		for _, r := range buildRules(env) {
 			c.AddRule(&nftables.Rule{Table: t, Chain: chains[r.chain], Exprs: r.exprs})
 		}

@@ -19,9 +19,14 @@ const (
 
 func reg32(n uint32) uint32 { return reg32_00 + n }
 
-// publicDeniedPorts are the destination ports a public-mode session may not
-// reach anywhere: DNS and DNS over TLS, which only the anycast proxy serves.
-var publicDeniedPorts = []PortSpec{
+// connlimitOver is NFT_CONNLIMIT_F_INV: "ct count over N" matches when the
+// count exceeds N (golang.org/x/sys/unix does not define it).
+const connlimitOver = 1
+
+// resolverPorts are the destination ports no session reaches through a
+// port-less entry or public mode: DNS and DNS over TLS, which only the
+// anycast proxy serves.
+var resolverPorts = []PortSpec{
 	{Port: 53, Proto: ProtoUDP}, {Port: 53, Proto: ProtoTCP},
 	{Port: 853, Proto: ProtoTCP}, {Port: 853, Proto: ProtoUDP},
 }
@@ -34,46 +39,81 @@ type ruleSpec struct {
 
 // ruleEnv is what the rules depend on.
 type ruleEnv struct {
-	prefix string       // interface name prefix of session veths
-	pool   netip.Prefix // masquerade source range
-	dns    netip.Addr   // DNS anycast address
-	set    func(name string) *nftables.Set
+	prefix   string       // interface name prefix of session veths
+	pool     netip.Prefix // masquerade source range
+	dns      netip.Addr   // DNS anycast address
+	maxFlows uint32       // per-session concurrent flows
+	flowRate uint32       // per-session new flows per second
+	set      func(name string) *nftables.Set
 }
 
 // Every rule of the table, in order. The chains never change per session.
 //
-//	forward (filter hook forward, policy accept)
+//	raw_prerouting (filter hook prerouting, priority raw: before conntrack)
 //	  iifname "P*" meta nfproto != ipv4 drop
-//	  oifname "P*" meta nfproto != ipv4 drop
-//	  ct state established,related iifname "P*" meta nfproto ipv4 iifname . ip saddr @sessions update @acct_accept { ip saddr }
-//	  ct state established,related accept
+//	  iifname "P*" iifname . ip saddr != @sessions drop    # anti-spoofing, before conntrack sees the packet
+//	  iifname "P*" ip daddr DNS udp dport 53 notrack       # queries to the proxy cost no conntrack entry
+//	raw_output (filter hook output, priority raw)
+//	  oifname "P*" ip saddr DNS udp sport 53 notrack       # the proxy's answers, likewise
+//	forward (filter hook forward, policy accept)
 //	  iifname "P*" goto from_session
-//	  oifname "P*" drop                                  # new connections into sessions
+//	  oifname "P*" meta nfproto != ipv4 drop
+//	  oifname "P*" ct state established,related accept     # return traffic into a session
+//	  oifname "P*" drop                                    # new connections into sessions
 //	from_session
-//	  meta nfproto != ipv4 drop
-//	  iifname . ip saddr != @sessions drop                # anti-spoofing, unknown interfaces
-//	  ip saddr . ip daddr @peers goto accept_session
-//	  ip daddr @blocked goto drop_session                 # SSRF guard, every mode
-//	  ip saddr @public meta l4proto {tcp,udp} th dport {53,853} goto drop_session  # resolvers: the proxy only
-//	  ip saddr @public goto accept_session
-//	  ip saddr . ip daddr @attested goto accept_session
-//	  ip saddr . meta l4proto . ip daddr . th dport @attested_ports goto accept_session
-//	  ip saddr . ip daddr @static goto accept_session
-//	  ip saddr . meta l4proto . ip daddr . th dport @static_ports goto accept_session
-//	  ip saddr . ip daddr @static_cidr goto accept_session
-//	  ip saddr . meta l4proto . ip daddr . th dport @static_cidr_ports goto accept_session
+//	  ct state established goto accept_session
+//	  ct state related goto related_session
+//	  ct state invalid goto drop_session
+//	  goto policy
+//	related_session                                        # ICMP errors a session sends
+//	  meta l4proto icmp iifname . @th,192,32 @sessions ip daddr . ip saddr @peers goto accept_session  # back to a lab peer
+//	  meta l4proto icmp iifname . @th,192,32 @sessions goto policy  # about its own flow: judged like a new packet
+//	  goto drop_session                                    # about anyone else's flow
+//	policy
+//	  ip saddr . ip daddr @peers goto accept_new            # lab peers (before the guard: they are in the pool)
+//	  ip daddr @blocked goto drop_session                   # SSRF guard, every mode
+//	  meta l4proto {tcp,udp} th dport {53,853} goto resolver
+//	  ip saddr @public goto accept_new
+//	  ip saddr . ip daddr @attested goto accept_new
+//	  ip saddr . meta l4proto . ip daddr . th dport @attested_ports goto accept_new
+//	  ip saddr . ip daddr @static goto accept_new
+//	  ip saddr . meta l4proto . ip daddr . th dport @static_ports goto accept_new
+//	  ip saddr . ip daddr @static_cidr goto accept_new
+//	  ip saddr . meta l4proto . ip daddr . th dport @static_cidr_ports goto accept_new
 //	  goto drop_session
+//	resolver                                               # DNS and DoT: only entries that name the port
+//	  ip saddr . meta l4proto . ip daddr . th dport @attested_ports goto accept_new
+//	  ip saddr . meta l4proto . ip daddr . th dport @static_ports goto accept_new
+//	  ip saddr . meta l4proto . ip daddr . th dport @static_cidr_ports goto accept_new
+//	  goto drop_session
+//	flow_limit                                             # the session's conntrack budget
+//	  ct state new add @flows { ip saddr ct count over MAXFLOWS } goto drop_limited
+//	  ct state new update @flowrate { ip saddr limit rate over RATE/second burst 2*RATE packets } goto drop_limited
+//	accept_new:     jump flow_limit; goto accept_session
 //	accept_session: update @acct_accept { ip saddr }; accept
 //	drop_session:   update @acct_drop { ip saddr }; drop
+//	drop_limited:   update @acct_limited { ip saddr }; goto drop_session
 //	input (filter hook input, policy accept)
-//	  iifname "P*" meta nfproto != ipv4 drop
-//	  iifname "P*" iifname . ip saddr != @sessions drop
-//	  iifname "P*" ct state established,related accept
-//	  iifname "P*" ip daddr DNS meta l4proto udp th dport 53 accept
-//	  iifname "P*" ip daddr DNS meta l4proto tcp th dport 53 accept
-//	  iifname "P*" goto drop_session
+//	  iifname "P*" goto input_session
+//	  ip daddr DNS drop                                    # the anycast address answers session veths only
+//	input_session
+//	  ip daddr DNS udp dport 53 accept                     # untracked (raw_prerouting)
+//	  ct state established accept                          # the session's own DNS over TCP
+//	  ct state related meta l4proto icmp iifname . @th,192,32 @sessions ip daddr DNS accept
+//	  ip daddr DNS tcp dport 53 jump flow_limit
+//	  ip daddr DNS tcp dport 53 accept
+//	  goto drop_session                                    # the daemon's API, host services, other gateways
 //	postrouting (nat hook postrouting, srcnat)
 //	  meta nfproto ipv4 ip saddr POOL oifname != "P*" masquerade
+//
+// Why this order is sound: every packet from a session veth passes the
+// anti-spoofing check before conntrack looks at it, so the tuple conntrack
+// matches carries the session's own address: it can only ever hit the
+// session's own flows. The one exception is an ICMP error, whose conntrack
+// match is the flow its quoted header names (anyone's); related_session
+// accepts such an error only when that flow is the session's own (original
+// source) or one a lab peer opened into it (reply source), and then judges
+// its destination by the policy and the guard like a new packet.
 //
 // The accounting update and the verdict are separate rules: a dynset that
 // cannot insert (a full set) ends its rule, and the verdict must not depend on
@@ -91,58 +131,100 @@ func buildRules(env ruleEnv) []ruleSpec {
 	accept := verdict(expr.VerdictAccept, "")
 	drop := verdict(expr.VerdictDrop, "")
 	gotoC := func(c string) []expr.Any { return verdict(expr.VerdictGoto, c) }
+	jump := func(c string) []expr.Any { return verdict(expr.VerdictJump, c) }
+	fromSession := ifPrefix(expr.MetaKeyIIFNAME, p, true)
+	toSession := ifPrefix(expr.MetaKeyOIFNAME, p, true)
+	// Every rule reading IPv4 headers carries "meta nfproto ipv4" although
+	// raw_prerouting already dropped everything else from sessions: it costs
+	// one compare, and nft can then print the rules as ip saddr/daddr.
+	v4 := nfprotoIs(true)
+	toDNS := append(loadDaddr(reg1), cmpEq(reg1, ipKey(env.dns)))
+	fromDNS := append(loadSaddr(reg1), cmpEq(reg1, ipKey(env.dns)))
+	dnsPort := func(proto Proto, dport bool) []expr.Any {
+		port := loadDport(reg1)
+		if !dport {
+			port = loadSport(reg1)
+		}
+		return append(append(l4protoIs(proto), port...), cmpEq(reg1, portKey(53)[:2]))
+	}
+
+	// raw_prerouting
+	add(chainRawPrerouting, fromSession, nfprotoIs(false), drop)
+	add(chainRawPrerouting, fromSession, v4, env.lookupSession(true), drop)
+	add(chainRawPrerouting, fromSession, v4, toDNS, dnsPort(ProtoUDP, true), []expr.Any{&expr.Notrack{}})
+	// raw_output
+	add(chainRawOutput, toSession, v4, fromDNS, dnsPort(ProtoUDP, false), []expr.Any{&expr.Notrack{}})
 
 	// forward
-	add(chainForward, ifPrefix(expr.MetaKeyIIFNAME, p, true), nfprotoIs(false), drop)
-	add(chainForward, ifPrefix(expr.MetaKeyOIFNAME, p, true), nfprotoIs(false), drop)
-	add(chainForward, ctEstablished(), ifPrefix(expr.MetaKeyIIFNAME, p, true), nfprotoIs(true),
-		env.lookupSession(false), env.update(setAcctAccept))
-	add(chainForward, ctEstablished(), accept)
-	add(chainForward, ifPrefix(expr.MetaKeyIIFNAME, p, true), gotoC(chainFromSession))
-	add(chainForward, ifPrefix(expr.MetaKeyOIFNAME, p, true), drop)
+	add(chainForward, fromSession, gotoC(chainFromSession))
+	add(chainForward, toSession, nfprotoIs(false), drop)
+	add(chainForward, toSession, ctStateIn(expr.CtStateBitESTABLISHED|expr.CtStateBitRELATED), accept)
+	add(chainForward, toSession, drop)
 
 	// from_session
-	add(chainFromSession, nfprotoIs(false), drop)
-	// Every rule reading IPv4 headers carries "meta nfproto ipv4" although the
-	// first rule already dropped everything else: it costs one compare on
-	// new connections only, and nft can then print the rules as ip saddr/daddr.
-	v4 := nfprotoIs(true)
-	add(chainFromSession, v4, env.lookupSession(true), drop)
-	add(chainFromSession, v4, env.lookupPair(setPeers), gotoC(chainAccept))
-	add(chainFromSession, v4, loadDaddr(reg1), env.lookup(setBlocked, reg1, false), gotoC(chainDrop))
-	// Public mode reaches every public destination except other resolvers:
-	// DNS (53) and DNS over TLS (853) go to the anycast proxy only, so even a
-	// public session cannot resolve, or leak data through lookups, behind
-	// the proxy's back (PITFALLS 5).
-	for _, pp := range publicDeniedPorts {
-		add(chainFromSession, v4, loadSaddr(reg1), env.lookup(setPublic, reg1, false),
-			l4protoIs(pp.Proto), loadDport(reg1), []expr.Any{cmpEq(reg1, portKey(pp.Port)[:2])}, gotoC(chainDrop))
+	add(chainFromSession, ctStateIn(expr.CtStateBitESTABLISHED), gotoC(chainAccept))
+	add(chainFromSession, ctStateIn(expr.CtStateBitRELATED), gotoC(chainRelated))
+	add(chainFromSession, ctStateIn(expr.CtStateBitINVALID), gotoC(chainDrop))
+	add(chainFromSession, gotoC(chainPolicy))
+
+	// related_session: conntrack relates an ICMP error to the flow its
+	// quoted header names, whoever's it is; no helpers are assigned, so
+	// nothing else is related.
+	icmp := l4protoNumIs(unix.IPPROTO_ICMP)
+	add(chainRelated, v4, icmp, env.lookupSessionQuoted(), env.lookupPeerOf(), gotoC(chainAccept))
+	add(chainRelated, v4, icmp, env.lookupSessionQuoted(), gotoC(chainPolicy))
+	add(chainRelated, gotoC(chainDrop))
+
+	// policy
+	add(chainPolicy, v4, env.lookupPair(setPeers), gotoC(chainAcceptNew))
+	add(chainPolicy, v4, loadDaddr(reg1), env.lookup(setBlocked, reg1, false), gotoC(chainDrop))
+	// DNS (53) and DNS over TLS (853) go to the anycast proxy only, in
+	// every mode, unless an entry names that port explicitly: a port-less
+	// address, CIDR or name that happens to be a resolver must not let the
+	// session resolve, or leak data through lookups, behind the proxy's back
+	// (PITFALLS 5 and 17).
+	for _, pp := range resolverPorts {
+		add(chainPolicy, v4, l4protoIs(pp.Proto), loadDport(reg1), []expr.Any{cmpEq(reg1, portKey(pp.Port)[:2])}, gotoC(chainResolver))
 	}
-	add(chainFromSession, v4, loadSaddr(reg1), env.lookup(setPublic, reg1, false), gotoC(chainAccept))
-	add(chainFromSession, v4, env.lookupPair(setAttested), gotoC(chainAccept))
-	add(chainFromSession, v4, env.lookupPorts(setAttestedPorts), gotoC(chainAccept))
-	add(chainFromSession, v4, env.lookupPair(setStatic), gotoC(chainAccept))
-	add(chainFromSession, v4, env.lookupPorts(setStaticPorts), gotoC(chainAccept))
-	add(chainFromSession, v4, env.lookupPair(setStaticCIDR), gotoC(chainAccept))
-	add(chainFromSession, v4, env.lookupPorts(setStaticCIDRPorts), gotoC(chainAccept))
-	add(chainFromSession, gotoC(chainDrop))
+	add(chainPolicy, v4, loadSaddr(reg1), env.lookup(setPublic, reg1, false), gotoC(chainAcceptNew))
+	add(chainPolicy, v4, env.lookupPair(setAttested), gotoC(chainAcceptNew))
+	add(chainPolicy, v4, env.lookupPorts(setAttestedPorts), gotoC(chainAcceptNew))
+	add(chainPolicy, v4, env.lookupPair(setStatic), gotoC(chainAcceptNew))
+	add(chainPolicy, v4, env.lookupPorts(setStaticPorts), gotoC(chainAcceptNew))
+	add(chainPolicy, v4, env.lookupPair(setStaticCIDR), gotoC(chainAcceptNew))
+	add(chainPolicy, v4, env.lookupPorts(setStaticCIDRPorts), gotoC(chainAcceptNew))
+	add(chainPolicy, gotoC(chainDrop))
+
+	// resolver
+	for _, set := range []string{setAttestedPorts, setStaticPorts, setStaticCIDRPorts} {
+		add(chainResolver, v4, env.lookupPorts(set), gotoC(chainAcceptNew))
+	}
+	add(chainResolver, gotoC(chainDrop))
+
+	// flow_limit
+	isNew := ctStateIn(expr.CtStateBitNEW)
+	add(chainFlowLimit, isNew, v4, env.limitFlows(), gotoC(chainDropLimited))
+	add(chainFlowLimit, isNew, v4, env.limitRate(), gotoC(chainDropLimited))
 
 	// accounting chains
+	add(chainAcceptNew, jump(chainFlowLimit))
+	add(chainAcceptNew, gotoC(chainAccept))
 	add(chainAccept, v4, env.update(setAcctAccept))
 	add(chainAccept, accept)
 	add(chainDrop, v4, env.update(setAcctDrop))
 	add(chainDrop, drop)
+	add(chainDropLimited, v4, env.update(setAcctLimited))
+	add(chainDropLimited, gotoC(chainDrop))
 
 	// input
-	add(chainInput, ifPrefix(expr.MetaKeyIIFNAME, p, true), nfprotoIs(false), drop)
-	add(chainInput, ifPrefix(expr.MetaKeyIIFNAME, p, true), nfprotoIs(true), env.lookupSession(true), drop)
-	add(chainInput, ifPrefix(expr.MetaKeyIIFNAME, p, true), ctEstablished(), accept)
-	for _, proto := range []Proto{ProtoUDP, ProtoTCP} {
-		add(chainInput, ifPrefix(expr.MetaKeyIIFNAME, p, true), nfprotoIs(true),
-			loadDaddr(reg1), []expr.Any{cmpEq(reg1, ipKey(env.dns))},
-			l4protoIs(proto), loadDport(reg1), []expr.Any{cmpEq(reg1, portKey(53)[:2])}, accept)
-	}
-	add(chainInput, ifPrefix(expr.MetaKeyIIFNAME, p, true), gotoC(chainDrop))
+	add(chainInput, fromSession, gotoC(chainInputSession))
+	add(chainInput, v4, toDNS, drop)
+	add(chainInputSession, v4, toDNS, dnsPort(ProtoUDP, true), accept)
+	add(chainInputSession, ctStateIn(expr.CtStateBitESTABLISHED), accept)
+	add(chainInputSession, ctStateIn(expr.CtStateBitRELATED), v4, icmp, env.lookupSessionQuoted(), toDNS, accept)
+	add(chainInputSession, v4, toDNS, dnsPort(ProtoTCP, true), jump(chainFlowLimit))
+	add(chainInputSession, v4, toDNS, dnsPort(ProtoTCP, true), accept)
+	add(chainInputSession, gotoC(chainDrop))
 
 	// postrouting
 	add(chainPostrouting, nfprotoIs(true), saddrIn(env.pool), ifPrefix(expr.MetaKeyOIFNAME, p, false),
@@ -183,19 +265,22 @@ func nfprotoIs(v4 bool) []expr.Any {
 	}
 }
 
-func l4protoIs(p Proto) []expr.Any {
+func l4protoIs(p Proto) []expr.Any { return l4protoNumIs(p.Number()) }
+
+func l4protoNumIs(n uint8) []expr.Any {
 	return []expr.Any{
 		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: reg1},
-		&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: []byte{p.Number()}},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: []byte{n}},
 	}
 }
 
-func ctEstablished() []expr.Any {
+// ctStateIn matches packets whose conntrack state is one of bits.
+func ctStateIn(bits uint32) []expr.Any {
 	return []expr.Any{
 		&expr.Ct{Register: reg1, Key: expr.CtKeySTATE},
 		&expr.Bitwise{
 			SourceRegister: reg1, DestRegister: reg1, Len: 4,
-			Mask: binaryutil.NativeEndian.PutUint32(expr.CtStateBitESTABLISHED | expr.CtStateBitRELATED),
+			Mask: binaryutil.NativeEndian.PutUint32(bits),
 			Xor:  binaryutil.NativeEndian.PutUint32(0),
 		},
 		&expr.Cmp{Op: expr.CmpOpNeq, Register: reg1, Data: []byte{0, 0, 0, 0}},
@@ -208,6 +293,10 @@ func loadSaddr(reg uint32) []expr.Any {
 
 func loadDaddr(reg uint32) []expr.Any {
 	return []expr.Any{&expr.Payload{DestRegister: reg, Base: expr.PayloadBaseNetworkHeader, Offset: 16, Len: 4}}
+}
+
+func loadSport(reg uint32) []expr.Any {
+	return []expr.Any{&expr.Payload{DestRegister: reg, Base: expr.PayloadBaseTransportHeader, Offset: 0, Len: 2}}
 }
 
 func loadDport(reg uint32) []expr.Any {
@@ -243,6 +332,49 @@ func (env ruleEnv) lookupSession(invert bool) []expr.Any {
 	ex := []expr.Any{&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: reg1}}
 	ex = append(ex, loadSaddr(reg32(4))...)
 	return append(ex, env.lookup(setSessions, reg1, invert)...)
+}
+
+// lookupSessionQuoted matches iifname . (the destination address quoted
+// in an ICMP error: the inner IPv4 header starts 8 bytes into the ICMP
+// message, its destination 16 bytes into that) in @sessions. An error a
+// session may send is about a packet it received, addressed to itself: with
+// the outer source pinned to the session (raw_prerouting) and the quoted
+// destination pinned too, the flow conntrack relates it to has the
+// session's address on its side, so it is the session's own. (Matching on
+// "ct original saddr" instead would work in the kernel, but in the inet
+// family it loads a 16-byte field whose 4-byte use nft cannot print.)
+func (env ruleEnv) lookupSessionQuoted() []expr.Any {
+	ex := []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: reg1},
+		&expr.Payload{DestRegister: reg32(4), Base: expr.PayloadBaseTransportHeader, Offset: 8 + 16, Len: 4},
+	}
+	return append(ex, env.lookup(setSessions, reg1, false)...)
+}
+
+// lookupPeerOf matches ip daddr . ip saddr in @peers: the destination is a
+// lab session that may open connections to this one.
+func (env ruleEnv) lookupPeerOf() []expr.Any {
+	ex := append(loadDaddr(reg32(0)), loadSaddr(reg32(1))...)
+	return append(ex, env.lookup(setPeers, reg32(0), false)...)
+}
+
+// limitFlows matches when the session already holds more than maxFlows
+// tracked flows: add @flows { ip saddr ct count over N }.
+func (env ruleEnv) limitFlows() []expr.Any {
+	s := env.set(setFlows)
+	return append(loadSaddr(reg1), &expr.Dynset{SrcRegKey: reg1, SetName: s.Name, SetID: s.ID,
+		Operation: unix.NFT_DYNSET_OP_ADD,
+		Exprs:     []expr.Any{&expr.Connlimit{Count: env.maxFlows, Flags: connlimitOver}}})
+}
+
+// limitRate matches when the session opens new flows faster than flowRate
+// per second (burst twice that): update @flowrate { ip saddr limit rate over R/second }.
+func (env ruleEnv) limitRate() []expr.Any {
+	s := env.set(setFlowRate)
+	return append(loadSaddr(reg1), &expr.Dynset{SrcRegKey: reg1, SetName: s.Name, SetID: s.ID,
+		Operation: unix.NFT_DYNSET_OP_UPDATE,
+		Exprs: []expr.Any{&expr.Limit{Type: expr.LimitTypePkts, Rate: uint64(env.flowRate), Over: true,
+			Unit: expr.LimitTimeSecond, Burst: 2 * env.flowRate}}})
 }
 
 // lookupPair matches ip saddr . ip daddr in set.

@@ -61,7 +61,13 @@ func (f *Firewall) AddSession(r SessionRules) error {
 
 // sessionSets are the sets RemoveSession scans for a guest's elements.
 var sessionSets = []string{setSessions, setPublic, setPeers, setAttested, setAttestedPorts,
-	setStatic, setStaticPorts, setStaticCIDR, setStaticCIDRPorts, setAcctAccept, setAcctDrop}
+	setStatic, setStaticPorts, setStaticCIDR, setStaticCIDRPorts, setAcctAccept, setAcctDrop, setAcctLimited,
+	setFlows, setFlowRate}
+
+// datapathSets hold elements the datapath creates (a session's flow budget)
+// and RemoveSession cannot know exist: each is deleted in a batch of its
+// own whose "no such element" is success.
+var datapathSets = []string{setFlows, setFlowRate}
 
 // RemoveSession deletes every element that belongs to r.Guest in one batch:
 // whatever it was added with, its attested addresses, its counters, and the
@@ -100,7 +106,7 @@ func (f *Firewall) RemoveSession(r SessionRules) error {
 	if complete && r.Egress != "" && r.Egress != ModeNone && f.checkRules(r) == nil {
 		err := f.admin.do(func(c *nftables.Conn) error { return f.removeByKeyLocked(c, r, attested) })
 		if err == nil {
-			return nil
+			return f.removeDatapathState(r)
 		}
 		// Whatever failed, nothing of the batch was applied: the dump decides.
 	}
@@ -112,6 +118,31 @@ func (f *Firewall) RemoveSession(r SessionRules) error {
 	}
 	if err != nil {
 		f.attested.putBack(r.Guest, taken)
+		return fmt.Errorf("remove session %s (guest %s): %w", r.Name, r.Guest, err)
+	}
+	return f.removeDatapathState(r)
+}
+
+// removeDatapathState deletes what the datapath keeps for the guest once its
+// elements are gone (so no packet of it passes raw_prerouting any more and
+// nothing new can appear): its flow-budget elements, and every conntrack
+// entry of its address, so the next session on the address inherits no flow
+// (an outside peer could otherwise keep pushing into it, and it could
+// answer).
+func (f *Firewall) removeDatapathState(r SessionRules) error {
+	g := ipKey(r.Guest)
+	for _, name := range datapathSets {
+		err := f.admin.do(func(c *nftables.Conn) error {
+			if err := c.SetDeleteElements(f.schema.sets[name], []nftables.SetElement{{Key: g}}); err != nil {
+				return err
+			}
+			return c.Flush()
+		})
+		if err != nil && !isNotFound(err) {
+			return fmt.Errorf("remove session %s (guest %s): delete from set %s: %w", r.Name, r.Guest, name, err)
+		}
+	}
+	if _, err := f.flows.flushGuest(r.Guest); err != nil {
 		return fmt.Errorf("remove session %s (guest %s): %w", r.Name, r.Guest, err)
 	}
 	return nil
@@ -151,11 +182,17 @@ func (f *Firewall) removeByKeyLocked(c *nftables.Conn, r SessionRules, attested 
 }
 
 func (f *Firewall) removeGuestLocked(c *nftables.Conn, guest netip.Addr) error {
+	return f.removeGuestsLocked(c, func(a netip.Addr) bool { return a == guest })
+}
+
+// removeGuestsLocked deletes, in one batch, every element of the session
+// sets that belongs to a guest for which gone is true, and every peers
+// element pointing at one.
+func (f *Firewall) removeGuestsLocked(c *nftables.Conn, gone func(netip.Addr) bool) error {
 	ok, err := tableExists(c, f.schema.table)
 	if err != nil || !ok {
 		return err
 	}
-	g := ipKey(guest)
 	queued := 0
 	for _, name := range sessionSets {
 		set := f.schema.sets[name]
@@ -166,8 +203,8 @@ func (f *Firewall) removeGuestLocked(c *nftables.Conn, guest netip.Addr) error {
 		var del []nftables.SetElement
 		for _, e := range elems {
 			owner, ok := keyGuest(name, e.Key)
-			mine := ok && owner == guest
-			if name == setPeers && len(e.Key) == 8 && bytes.Equal(e.Key[4:8], g) {
+			mine := ok && gone(owner)
+			if name == setPeers && len(e.Key) == 8 && gone(netip.AddrFrom4([4]byte(e.Key[4:8]))) {
 				mine = true // another session's permission to reach this one
 			}
 			if mine {
@@ -183,6 +220,30 @@ func (f *Firewall) removeGuestLocked(c *nftables.Conn, guest netip.Addr) error {
 		return nil
 	}
 	return c.Flush()
+}
+
+// PruneGuests deletes everything keyed by a pool address whose session is
+// not live: the elements of every session set (attested ones included, and
+// peers elements naming such a guest) and the conntrack entries of its
+// addresses. A restarted daemon calls it once it knows its live sessions, so
+// that nothing a session left behind (a crash mid-removal, an answer attested
+// after its removal by an older version) outlives it for the next session on
+// the address. It returns the number of conntrack entries deleted.
+func (f *Firewall) PruneGuests(live map[netip.Addr]bool) (int, error) {
+	gone := func(a netip.Addr) bool {
+		return a.Is4() && f.cfg.Pool.Contains(a) && !live[slotGuest(a)] && slotGuest(a) != slotGuest(f.cfg.DNSAddr)
+	}
+	var err error
+	for attempt := 0; attempt < 4; attempt++ {
+		if err = f.admin.do(func(c *nftables.Conn) error { return f.removeGuestsLocked(c, gone) }); err == nil || !isNotFound(err) {
+			break
+		}
+	}
+	if err != nil {
+		return 0, fmt.Errorf("prune orphaned elements in table inet %s: %w", f.cfg.Prefix, err)
+	}
+	f.attested.prune(gone)
+	return f.flows.prune(gone)
 }
 
 // listSet dumps one set's elements on the admin connection.
@@ -255,7 +316,7 @@ func (f *Firewall) AllAttested() (map[netip.Addr][]AttestedAddr, error) {
 // guest address: two dumps whatever the number of sessions.
 func (f *Firewall) AllCounters() (map[netip.Addr]Counters, error) {
 	out := map[netip.Addr]Counters{}
-	for _, name := range []string{setAcctAccept, setAcctDrop} {
+	for _, name := range []string{setAcctAccept, setAcctDrop, setAcctLimited} {
 		elems, err := f.listSet(name)
 		if err != nil {
 			return nil, err
@@ -266,10 +327,13 @@ func (f *Firewall) AllCounters() (map[netip.Addr]Counters, error) {
 				continue
 			}
 			c := out[g]
-			if name == setAcctAccept {
+			switch name {
+			case setAcctAccept:
 				c.AcceptedPackets, c.AcceptedBytes = e.Counter.Packets, e.Counter.Bytes
-			} else {
+			case setAcctDrop:
 				c.DroppedPackets, c.DroppedBytes = e.Counter.Packets, e.Counter.Bytes
+			default:
+				c.LimitedPackets = e.Counter.Packets
 			}
 			out[g] = c
 		}

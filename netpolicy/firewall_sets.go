@@ -31,16 +31,28 @@ const (
 	setStaticCIDRPorts = "static_cidr_ports" // ipv4_addr . inet_proto . ipv4_addr . inet_service interval
 	setAcctAccept      = "acct_accept"       // ipv4_addr with a counter per element: guest
 	setAcctDrop        = "acct_drop"         // ipv4_addr with a counter per element: guest
+	setAcctLimited     = "acct_limited"      // ipv4_addr with a counter per element: new flows over budget
+	setFlows           = "flows"             // ipv4_addr, dynamic, ct count per element: tracked flows of a guest
+	setFlowRate        = "flowrate"          // ipv4_addr, dynamic, limit per element: new-flow rate of a guest
 )
 
 // Chain names in the table.
 const (
-	chainForward     = "forward"
-	chainInput       = "input"
-	chainPostrouting = "postrouting"
-	chainFromSession = "from_session"
-	chainAccept      = "accept_session"
-	chainDrop        = "drop_session"
+	chainForward       = "forward"
+	chainInput         = "input"
+	chainPostrouting   = "postrouting"
+	chainFromSession   = "from_session"
+	chainAccept        = "accept_session"
+	chainDrop          = "drop_session"
+	chainRawPrerouting = "raw_prerouting"
+	chainRawOutput     = "raw_output"
+	chainRelated       = "related_session"
+	chainPolicy        = "policy"
+	chainResolver      = "resolver"
+	chainFlowLimit     = "flow_limit"
+	chainAcceptNew     = "accept_new"
+	chainDropLimited   = "drop_limited"
+	chainInputSession  = "input_session"
 )
 
 var (
@@ -64,6 +76,10 @@ type schema struct {
 // /30 slots than this needs an explicit size.
 const defaultDynSetSize = 65535
 
+// attestedSetSize bounds each attested set: about 150 MiB of kernel memory
+// at worst, 256 sessions at the default per-session cap.
+const attestedSetSize = 1 << 20
+
 func newSchema(tableName string, pool netip.Prefix) *schema {
 	t := &nftables.Table{Name: tableName, Family: nftables.TableFamilyINet}
 	s := &schema{table: t, sets: map[string]*nftables.Set{}}
@@ -76,8 +92,11 @@ func newSchema(tableName string, pool netip.Prefix) *schema {
 	add(&nftables.Set{Name: setPublic, KeyType: nftables.TypeIPAddr})
 	add(&nftables.Set{Name: setBlocked, KeyType: nftables.TypeIPAddr, Interval: true})
 	add(&nftables.Set{Name: setPeers, KeyType: typeGuestPeer, Concatenation: true})
-	add(&nftables.Set{Name: setAttested, KeyType: typeGuestPeer, Concatenation: true, HasTimeout: true})
-	add(&nftables.Set{Name: setAttestedPorts, KeyType: typeGuestPort, Concatenation: true, HasTimeout: true})
+	// The attested sets get a size: the per-session cap (MaxAttested) is
+	// the daemon's; this bounds the kernel's memory whatever happens above
+	// it (an insert into a full set fails, and the answer with it).
+	add(&nftables.Set{Name: setAttested, KeyType: typeGuestPeer, Concatenation: true, HasTimeout: true, Size: attestedSetSize})
+	add(&nftables.Set{Name: setAttestedPorts, KeyType: typeGuestPort, Concatenation: true, HasTimeout: true, Size: attestedSetSize})
 	add(&nftables.Set{Name: setStatic, KeyType: typeGuestPeer, Concatenation: true})
 	add(&nftables.Set{Name: setStaticPorts, KeyType: typeGuestPort, Concatenation: true})
 	add(&nftables.Set{Name: setStaticCIDR, KeyType: typeGuestPeer, Concatenation: true, Interval: true})
@@ -88,6 +107,11 @@ func newSchema(tableName string, pool netip.Prefix) *schema {
 	}
 	add(&nftables.Set{Name: setAcctAccept, KeyType: nftables.TypeIPAddr, Dynamic: true, Counter: true, Size: size})
 	add(&nftables.Set{Name: setAcctDrop, KeyType: nftables.TypeIPAddr, Dynamic: true, Counter: true, Size: size})
+	add(&nftables.Set{Name: setAcctLimited, KeyType: nftables.TypeIPAddr, Dynamic: true, Counter: true, Size: size})
+	// The datapath creates these two elements (with their ct count and
+	// limit state); RemoveSession deletes them.
+	add(&nftables.Set{Name: setFlows, KeyType: nftables.TypeIPAddr, Dynamic: true, Size: size})
+	add(&nftables.Set{Name: setFlowRate, KeyType: nftables.TypeIPAddr, Dynamic: true, Size: size})
 	return s
 }
 

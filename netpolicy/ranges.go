@@ -15,13 +15,19 @@ type Range struct {
 // SpecialPurpose is the single source of truth for "not public unicast": the
 // IPv4 blocks of the IANA special-purpose registry (RFC 6890 and successors)
 // plus multicast and the reserved class E space (which includes
-// 255.255.255.255). IsPublicUnicast, entry validation and the nftables drop
+// 255.255.255.255), and the cloud host endpoints that sit in public space
+// but, like the metadata address, serve the host rather than the internet.
+// IsPublicUnicast, entry validation, answer filtering and the nftables drop
 // set are all generated from this table.
 var SpecialPurpose = []Range{
 	{netip.MustParsePrefix("0.0.0.0/8"), "this-network"},
 	{netip.MustParsePrefix("10.0.0.0/8"), "private-use"},
 	{netip.MustParsePrefix("100.64.0.0/10"), "shared-address-space"},
 	{netip.MustParsePrefix("127.0.0.0/8"), "loopback"},
+	// Azure's platform endpoint (WireServer: DHCP, DNS, health probes and the
+	// guest agent's certificates) answers any VM that reaches it; it is
+	// public unicast in the IANA registry, so it is listed here by hand.
+	{netip.MustParsePrefix("168.63.129.16/32"), "cloud-host-endpoint"},
 	{netip.MustParsePrefix("169.254.0.0/16"), "link-local"},
 	{netip.MustParsePrefix("172.16.0.0/12"), "private-use"},
 	{netip.MustParsePrefix("192.0.0.0/24"), "ietf-protocol-assignments"},

@@ -262,14 +262,21 @@ func (c *creation) tagVeth() error {
 }
 
 // disableHostIPv6 disables IPv6 on the host veth before it goes up (before
-// it would get a link-local address). A sysctl is the only interface for
-// it, written from a thread in the host netns.
+// it would get a link-local address) and locks its ARP answers to its own
+// address (lockARP). A sysctl is the only interface for disable_ipv6,
+// written from a thread in the host netns; the ARP settings go over netlink
+// from the same thread.
 func (c *creation) disableHostIPv6() error {
-	err := Do(c.m.cfg.HostNS, func() error { return disableIPv6(c.hostName) })
-	if err != nil && !errors.Is(err, fs.ErrNotExist) { // (no such file: a kernel without IPv6)
-		return fmt.Errorf("disable ipv6 on %s: %w", c.hostName, err)
-	}
-	return nil
+	idx := c.host.Attrs().Index
+	return Do(c.m.cfg.HostNS, func() error {
+		if err := disableIPv6(c.hostName); err != nil && !errors.Is(err, fs.ErrNotExist) { // (no such file: a kernel without IPv6)
+			return fmt.Errorf("disable ipv6 on %s: %w", c.hostName, err)
+		}
+		if err := lockARP(idx); err != nil {
+			return fmt.Errorf("%s: %w", c.hostName, err)
+		}
+		return nil
+	})
 }
 
 func (c *creation) addGuestAddr() error {

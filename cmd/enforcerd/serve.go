@@ -110,6 +110,11 @@ func openEngine(cfg ServeConfig, log *slog.Logger, metrics *Metrics) (*engine, e
 	if e.nets, err = nsmgr.New(nsmgr.Config{Prefix: cfg.NamePrefix, Pool: cfg.Pool, HostNS: host}); err != nil {
 		return nil, err
 	}
+	// Before the first kernel change: the table would treat such a link as
+	// a session veth and drop its traffic.
+	if err := e.nets.CheckNoForeignLinks(); err != nil {
+		return nil, err
+	}
 	if e.dnsAddr, err = e.nets.EnsureDNSInterface(); err != nil {
 		return nil, err
 	}
@@ -119,6 +124,7 @@ func openEngine(cfg ServeConfig, log *slog.Logger, metrics *Metrics) (*engine, e
 	e.fw, err = netpolicy.OpenFirewall(netpolicy.FirewallConfig{
 		NetNS: host, Prefix: cfg.NamePrefix, Pool: cfg.Pool, DNSAddr: e.dnsAddr,
 		Guard: e.guard, AttestFloor: cfg.DNSMinTTL,
+		MaxFlows: cfg.MaxFlows, FlowRate: cfg.FlowRate, MaxAttested: cfg.MaxAttested,
 	})
 	if err != nil {
 		return nil, err
@@ -240,11 +246,18 @@ func (e *engine) reconcile() error {
 	}
 	for _, k := range keys {
 		if !adopted[k.Guest] {
-			e.log.Warn("reaped orphaned rules", "guest", k.Guest.String(), "iface", k.HostIface)
-			if err := e.fw.RemoveSession(netpolicy.SessionRules{HostIface: k.HostIface, Guest: k.Guest}); err != nil {
-				e.log.Error("reap rules", "guest", k.Guest.String(), "err", err)
-			}
+			e.log.Warn("reaping orphaned rules", "guest", k.Guest.String(), "iface", k.HostIface)
 		}
+	}
+	// Everything keyed by a pool address that is no live session's goes,
+	// not only what the sessions set names: attested elements and
+	// conntrack entries a session left behind (a crash mid-removal) would
+	// otherwise serve the next session on the address.
+	flows, err := e.fw.PruneGuests(adopted)
+	if err != nil {
+		e.log.Error("prune orphaned rules and flows", "err", err)
+	} else if flows > 0 {
+		e.log.Warn("reaped orphaned flows", "conntrack_entries", flows)
 	}
 	return nil
 }
@@ -351,8 +364,14 @@ func runReap(prefix, stateDir string, pool netip.Prefix) error {
 		errs = append(errs, err)
 	} else {
 		errs = append(errs, fw.DeleteTable())
-		fw.Close()
 		log.Info("removed nftables table", "table", "inet "+prefix)
+		// No session is live: every conntrack entry of a pool address goes.
+		n, err := fw.PruneGuests(nil)
+		errs = append(errs, err)
+		if n > 0 {
+			log.Info("removed conntrack entries of the pool", "entries", n)
+		}
+		fw.Close()
 	}
 	if st, err := NewStateStore(stateDir); err == nil {
 		recs, _ := st.LoadAll()

@@ -18,6 +18,7 @@
 //	198.18.1.10, 198.18.1.11, 198.18.2.10
 //	                web servers: HTTP :80, TCP echo :7, UDP echo :7
 //	169.254.169.254 a metadata look-alike, same servers: never reachable from a session
+//	168.63.129.16   a cloud host endpoint look-alike (Azure's), same servers: likewise
 //	10.99.0.10      a private server, same servers: never reachable from a session
 //
 // This package is only for tests and the demo; product code never imports it.

@@ -24,7 +24,7 @@ func (w *World) startServers() error {
 	if err := w.DNS.start(w); err != nil {
 		return err
 	}
-	for _, a := range append(append([]netip.Addr{}, webAddrs...), metadataAddr, privateAddr) {
+	for _, a := range append(append([]netip.Addr{}, webAddrs...), metadataAddr, cloudHostAddr, privateAddr) {
 		if err := w.startEchoAndHTTP(a); err != nil {
 			return err
 		}

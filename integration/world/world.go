@@ -28,6 +28,9 @@ var (
 		netip.MustParseAddr("198.18.2.10"),
 	}
 	metadataAddr = netip.MustParseAddr("169.254.169.254")
+	// cloudHostAddr looks like Azure's platform endpoint: public unicast in
+	// the IANA table, yet never reachable from a session.
+	cloudHostAddr = netip.MustParseAddr("168.63.129.16")
 	privateAddr  = netip.MustParseAddr("10.99.0.10")
 )
 
@@ -46,6 +49,7 @@ type World struct {
 	DNS               *DNSServer
 	Web               []netip.Addr
 	Metadata          netip.Addr
+	CloudHost         netip.Addr
 	Private           netip.Addr
 	PublicOverride    netip.Prefix
 
@@ -98,6 +102,7 @@ func Build() (w *World, err error) {
 		Gateway:        internetUplink.Addr(),
 		Web:            webAddrs,
 		Metadata:       metadataAddr,
+		CloudHost:      cloudHostAddr,
 		Private:        privateAddr,
 		PublicOverride: netip.MustParsePrefix("198.18.0.0/15"),
 	}
@@ -246,7 +251,7 @@ func (w *World) link() error {
 
 func serverPrefixes() []netip.Prefix {
 	var ps []netip.Prefix
-	for _, a := range append(append([]netip.Addr{dnsAddr}, webAddrs...), metadataAddr, privateAddr) {
+	for _, a := range append(append([]netip.Addr{dnsAddr}, webAddrs...), metadataAddr, cloudHostAddr, privateAddr) {
 		ps = append(ps, netip.PrefixFrom(a, 32))
 	}
 	return ps

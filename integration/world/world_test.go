@@ -15,7 +15,7 @@ import (
 func TestWorldServesItsOwnServers(t *testing.T) {
 	w := New(t)
 	w.DNS.AddRR("web.world.test. 60 IN A 198.18.1.10")
-	for _, a := range append(append([]netip.Addr{}, w.Web...), w.Metadata, w.Private) {
+	for _, a := range append(append([]netip.Addr{}, w.Web...), w.Metadata, w.CloudHost, w.Private) {
 		if err := TCPEcho(w.HostPath, netip.AddrPortFrom(a, 7), 2*time.Second); err != nil {
 			t.Errorf("tcp echo %s from simulated host: %v", a, err)
 		}

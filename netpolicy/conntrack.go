@@ -1,0 +1,273 @@
+package netpolicy
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net/netip"
+	"sync"
+	"syscall"
+
+	"github.com/mdlayher/netlink"
+	"golang.org/x/sys/unix"
+)
+
+// flowTable deletes conntrack entries of the daemon's netns over netlink
+// (ctnetlink), so that no flow of a removed session survives it: the next
+// session on the same address would inherit it (an outside peer keeps
+// pushing into it, and it can answer outside its policy).
+//
+// A guest's entries are found with two dumps the kernel filters (kernel 5.8
+// and later: CTA_FILTER), by original source (the session's own flows,
+// masqueraded or not) and by original destination (flows a lab peer opened
+// into it), so the cost is the kernel walking its table, not this process
+// parsing every flow of the host.
+type flowTable struct {
+	mu   sync.Mutex
+	nsFd int
+	conn *netlink.Conn
+}
+
+// ctnetlink message and attribute numbers (linux/netfilter/nfnetlink_conntrack.h).
+const (
+	ctMsgGet        = unix.NFNL_SUBSYS_CTNETLINK<<8 | 1 // IPCTNL_MSG_CT_GET
+	ctMsgDelete     = unix.NFNL_SUBSYS_CTNETLINK<<8 | 2 // IPCTNL_MSG_CT_DELETE
+	ctaTupleOrig    = 1
+	ctaTupleReply   = 2
+	ctaZone         = 18
+	ctaFilter       = 25
+	ctaTupleIP      = 1
+	ctaIPv4Src      = 1
+	ctaIPv4Dst      = 2
+	ctaFilterOrig   = 1
+	ctaFilterReply  = 2
+	ctaFilterIPSrc  = 1 << 0 // CTA_FILTER_F_CTA_IP_SRC
+	ctaFilterIPDst  = 1 << 1 // CTA_FILTER_F_CTA_IP_DST
+	nfnetlinkV0     = 0
+	nestedAttribute = unix.NLA_F_NESTED
+)
+
+func (t *flowTable) dialLocked() (*netlink.Conn, error) {
+	if t.conn != nil {
+		return t.conn, nil
+	}
+	c, err := netlink.Dial(unix.NETLINK_NETFILTER, &netlink.Config{NetNS: t.nsFd})
+	if err != nil {
+		return nil, fmt.Errorf("open conntrack netlink socket: %w", err)
+	}
+	t.conn = c
+	return c, nil
+}
+
+func (t *flowTable) close() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.conn != nil {
+		t.conn.Close()
+		t.conn = nil
+	}
+}
+
+// do runs fn on the connection; after an error the connection is replaced.
+func (t *flowTable) do(fn func(c *netlink.Conn) error) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	c, err := t.dialLocked()
+	if err != nil {
+		return err
+	}
+	if err := fn(c); err != nil {
+		t.conn.Close()
+		t.conn = nil
+		return err
+	}
+	return nil
+}
+
+// flushGuest deletes every IPv4 conntrack entry whose original source or
+// original destination is guest, and returns how many it deleted.
+func (t *flowTable) flushGuest(guest netip.Addr) (int, error) {
+	n := 0
+	err := t.do(func(c *netlink.Conn) error {
+		for _, by := range []struct{ attr, flag uint16 }{{ctaIPv4Src, ctaFilterIPSrc}, {ctaIPv4Dst, ctaFilterIPDst}} {
+			entries, err := dumpFlows(c, filterByOrigAddr(guest, by.attr, uint32(by.flag)))
+			if err != nil {
+				return err
+			}
+			for _, e := range entries {
+				if err := deleteFlow(c, e); err != nil {
+					return err
+				}
+				n++
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return n, fmt.Errorf("flush conntrack entries of %s: %w", guest, err)
+	}
+	return n, nil
+}
+
+// prune deletes every IPv4 conntrack entry whose original source or
+// destination is an address owned by drop, and returns how many. It dumps
+// the whole table once (a start-up reconcile, where the owners are known
+// only by address).
+func (t *flowTable) prune(drop func(netip.Addr) bool) (int, error) {
+	n := 0
+	err := t.do(func(c *netlink.Conn) error {
+		entries, err := dumpFlows(c, nil)
+		if err != nil {
+			return err
+		}
+		for _, e := range entries {
+			if !drop(e.src) && !drop(e.dst) {
+				continue
+			}
+			if err := deleteFlow(c, e); err != nil {
+				return err
+			}
+			n++
+		}
+		return nil
+	})
+	if err != nil {
+		return n, fmt.Errorf("prune conntrack entries: %w", err)
+	}
+	return n, nil
+}
+
+// flowEntry is what deleting one entry needs: its original tuple exactly as
+// the kernel sent it, and its zone if it has one; src and dst are the
+// tuple's addresses.
+type flowEntry struct {
+	tuple    []byte
+	zone     []byte
+	src, dst netip.Addr
+}
+
+// filterByOrigAddr encodes a dump filter matching entries whose original
+// tuple has addr as its source (attr ctaIPv4Src) or destination.
+func filterByOrigAddr(addr netip.Addr, attr uint16, flag uint32) []byte {
+	ip := netlink.NewAttributeEncoder()
+	ip.Bytes(attr, ipKey(addr))
+	ipb, _ := ip.Encode()
+	tuple := netlink.NewAttributeEncoder()
+	tuple.Bytes(nestedAttribute|ctaTupleIP, ipb)
+	tb, _ := tuple.Encode()
+	filter := netlink.NewAttributeEncoder()
+	filter.Uint32(ctaFilterOrig, flag)
+	filter.Uint32(ctaFilterReply, 0)
+	fb, _ := filter.Encode()
+	ae := netlink.NewAttributeEncoder()
+	ae.Bytes(nestedAttribute|ctaTupleOrig, tb)
+	ae.Bytes(nestedAttribute|ctaFilter, fb)
+	b, _ := ae.Encode()
+	return b
+}
+
+func nfgenmsg() []byte { return []byte{unix.AF_INET, nfnetlinkV0, 0, 0} }
+
+// dumpFlows lists the IPv4 entries matching attrs (nil: all of them).
+func dumpFlows(c *netlink.Conn, attrs []byte) ([]flowEntry, error) {
+	msgs, err := c.Execute(netlink.Message{
+		Header: netlink.Header{Type: netlink.HeaderType(ctMsgGet), Flags: netlink.Request | netlink.Dump},
+		Data:   append(nfgenmsg(), attrs...),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("dump conntrack table: %w", err)
+	}
+	out := make([]flowEntry, 0, len(msgs))
+	for _, m := range msgs {
+		if len(m.Data) < 4 {
+			continue
+		}
+		e, err := parseFlow(m.Data[4:])
+		if err != nil {
+			return nil, err
+		}
+		if e.tuple != nil {
+			out = append(out, e)
+		}
+	}
+	return out, nil
+}
+
+func parseFlow(b []byte) (flowEntry, error) {
+	var e flowEntry
+	ad, err := netlink.NewAttributeDecoder(b)
+	if err != nil {
+		return e, fmt.Errorf("parse conntrack entry: %w", err)
+	}
+	for ad.Next() {
+		switch ad.Type() {
+		case ctaTupleOrig:
+			e.tuple = append([]byte(nil), ad.Bytes()...)
+			e.src, e.dst = tupleAddrs(e.tuple)
+		case ctaZone:
+			e.zone = append([]byte(nil), ad.Bytes()...)
+		}
+	}
+	return e, ad.Err()
+}
+
+// tupleAddrs reads the IPv4 source and destination of an encoded tuple.
+func tupleAddrs(tuple []byte) (src, dst netip.Addr) {
+	ad, err := netlink.NewAttributeDecoder(tuple)
+	if err != nil {
+		return
+	}
+	for ad.Next() {
+		if ad.Type() != ctaTupleIP {
+			continue
+		}
+		ip, err := netlink.NewAttributeDecoder(ad.Bytes())
+		if err != nil {
+			return
+		}
+		for ip.Next() {
+			v := ip.Bytes()
+			if len(v) != 4 {
+				continue
+			}
+			switch ip.Type() {
+			case ctaIPv4Src:
+				src = netip.AddrFrom4([4]byte(v))
+			case ctaIPv4Dst:
+				dst = netip.AddrFrom4([4]byte(v))
+			}
+		}
+	}
+	return
+}
+
+// deleteFlow deletes one entry by its original tuple; an entry that went
+// away meanwhile (it expired) counts as deleted.
+func deleteFlow(c *netlink.Conn, e flowEntry) error {
+	ae := netlink.NewAttributeEncoder()
+	ae.Bytes(nestedAttribute|ctaTupleOrig, e.tuple)
+	if e.zone != nil {
+		ae.Bytes(ctaZone, e.zone)
+	}
+	attrs, err := ae.Encode()
+	if err != nil {
+		return err
+	}
+	_, err = c.Execute(netlink.Message{
+		Header: netlink.Header{Type: netlink.HeaderType(ctMsgDelete), Flags: netlink.Request | netlink.Acknowledge},
+		Data:   append(nfgenmsg(), attrs...),
+	})
+	if err != nil && !errors.Is(err, syscall.ENOENT) {
+		return fmt.Errorf("delete conntrack entry %s -> %s: %w", e.src, e.dst, err)
+	}
+	return nil
+}
+
+// slotGuest returns the guest address of the /30 holding a (the second
+// usable address), the owner of every per-session fact about a.
+func slotGuest(a netip.Addr) netip.Addr {
+	b := a.As4()
+	v := binary.BigEndian.Uint32(b[:])&^3 + 2
+	binary.BigEndian.PutUint32(b[:], v)
+	return netip.AddrFrom4(b)
+}
