@@ -712,9 +712,9 @@ func (e *engine) SessionCount() int {
 	return len(e.sessions)
 }
 
-// DroppedPackets reads every session's drop counter (for the metrics), in
-// one dump of the counter sets.
-func (e *engine) DroppedPackets() map[string]uint64 {
+// SessionCounters reads every session's counters (for the metrics), in one
+// dump of the counter sets.
+func (e *engine) SessionCounters() map[string]netpolicy.Counters {
 	all, err := e.fw.AllCounters()
 	if err != nil {
 		e.log.Warn("read counters", "err", err)
@@ -722,10 +722,10 @@ func (e *engine) DroppedPackets() map[string]uint64 {
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	out := map[string]uint64{}
+	out := map[string]netpolicy.Counters{}
 	for name, s := range e.sessions {
 		if s.hasNIC() {
-			out[name] = all[s.rec.Guest].DroppedPackets
+			out[name] = all[s.rec.Guest]
 		}
 	}
 	return out

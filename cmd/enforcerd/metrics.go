@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/enforcerd/enforcerd/netpolicy"
 	"net"
 	"net/http"
 	"sync"
@@ -33,9 +34,9 @@ type Metrics struct {
 type sessionSource interface {
 	// SessionCount is the number of sessions that exist now.
 	SessionCount() int
-	// DroppedPackets maps each session with a NIC to the packets its
-	// policy dropped (the nftables counter).
-	DroppedPackets() map[string]uint64
+	// SessionCounters maps each session with a NIC to its nftables
+	// counters (policy drops, new flows over its budget).
+	SessionCounters() map[string]netpolicy.Counters
 }
 
 // NewMetrics registers every metric, the Go runtime's and the process's.
@@ -63,6 +64,8 @@ func NewMetrics() *Metrics {
 			sessions: prometheus.NewDesc("enforcerd_sessions", "Sessions that exist now.", nil, nil),
 			dropped: prometheus.NewDesc("enforcerd_session_dropped_packets",
 				"Packets the session's policy dropped (from the nftables counters).", []string{"session"}, nil),
+			limited: prometheus.NewDesc("enforcerd_session_limited_packets",
+				"New flows of the session dropped because it was at its flow cap or over its new-flow rate (--max-flows, --flow-rate).", []string{"session"}, nil),
 		},
 	}
 	m.Registry.MustRegister(m.Creates, m.CreateFailures, m.CreateSeconds,
@@ -134,6 +137,7 @@ func (m *Metrics) observeAttest(d time.Duration) {
 type sourceCollector struct {
 	sessions *prometheus.Desc
 	dropped  *prometheus.Desc
+	limited  *prometheus.Desc
 	mu       sync.Mutex
 	source   sessionSource
 }
@@ -141,6 +145,7 @@ type sourceCollector struct {
 func (c *sourceCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.sessions
 	ch <- c.dropped
+	ch <- c.limited
 }
 
 func (c *sourceCollector) Collect(ch chan<- prometheus.Metric) {
@@ -152,8 +157,9 @@ func (c *sourceCollector) Collect(ch chan<- prometheus.Metric) {
 		return
 	}
 	ch <- prometheus.MustNewConstMetric(c.sessions, prometheus.GaugeValue, float64(src.SessionCount()))
-	for name, n := range src.DroppedPackets() {
-		ch <- prometheus.MustNewConstMetric(c.dropped, prometheus.GaugeValue, float64(n), name)
+	for name, n := range src.SessionCounters() {
+		ch <- prometheus.MustNewConstMetric(c.dropped, prometheus.GaugeValue, float64(n.DroppedPackets), name)
+		ch <- prometheus.MustNewConstMetric(c.limited, prometheus.GaugeValue, float64(n.LimitedPackets), name)
 	}
 }
 

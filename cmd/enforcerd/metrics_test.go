@@ -11,13 +11,15 @@ import (
 	"time"
 
 	dto "github.com/prometheus/client_model/go"
+
+	"github.com/enforcerd/enforcerd/netpolicy"
 )
 
 type fakeSource struct{}
 
 func (fakeSource) SessionCount() int { return 2 }
-func (fakeSource) DroppedPackets() map[string]uint64 {
-	return map[string]uint64{"s1": 5, "s2": 0}
+func (fakeSource) SessionCounters() map[string]netpolicy.Counters {
+	return map[string]netpolicy.Counters{"s1": {DroppedPackets: 5, LimitedPackets: 3}, "s2": {}}
 }
 
 func gatherMetrics(t *testing.T, m *Metrics) map[string]*dto.MetricFamily {
@@ -88,6 +90,7 @@ func TestMetrics(t *testing.T) {
 		"enforcerd_dns_queries_total":             "[verdict=allowed=2 verdict=denied=1]",
 		"enforcerd_dns_attest_seconds":            "[=1]",
 		"enforcerd_session_dropped_packets":       "[session=s1=5 session=s2=0]",
+		"enforcerd_session_limited_packets":       "[session=s1=3 session=s2=0]",
 	}
 	for name, w := range want {
 		f := fams[name]
