@@ -30,6 +30,18 @@ func ResolveImage(rootfs string, imagesDirs []string) (string, error) {
 
 func isRoot(uid uint32) bool { return uid == 0 }
 
+// lexicallyInside reports whether the clean absolute path p is one of dirs
+// or below one, by its text alone.
+func lexicallyInside(p string, dirs []string) bool {
+	for _, d := range dirs {
+		d = filepath.Clean(d)
+		if p == d || strings.HasPrefix(p, strings.TrimSuffix(d, "/")+"/") {
+			return true
+		}
+	}
+	return false
+}
+
 // resolveImage is ResolveImage with the test of a trusted owner (root in production; unit tests,
 // which cannot chown, add their own uid).
 func resolveImage(rootfs string, imagesDirs []string, trusted func(uid uint32) bool) (string, error) {
@@ -38,6 +50,15 @@ func resolveImage(rootfs string, imagesDirs []string, trusted func(uid uint32) b
 	}
 	if !filepath.IsAbs(rootfs) {
 		return "", fmt.Errorf("rootfs %q: not an absolute path; give the image directory's absolute path", rootfs)
+	}
+	// Lexically outside every image directory: refused before the path is
+	// looked at, so a caller learns nothing about directories not granted
+	// (whether they exist). Symlinks inside are resolved and checked below.
+	if filepath.Clean(rootfs) == "/" {
+		return "", fmt.Errorf("rootfs %q: the host's root directory is never an image", rootfs)
+	}
+	if !lexicallyInside(filepath.Clean(rootfs), imagesDirs) {
+		return "", fmt.Errorf("rootfs %q: not inside an image directory (%s); only images under --images-dir are accepted", rootfs, strings.Join(imagesDirs, ", "))
 	}
 	real, err := filepath.EvalSymlinks(rootfs)
 	if err != nil {

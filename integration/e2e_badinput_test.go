@@ -10,6 +10,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -63,7 +64,8 @@ func TestE2EBadInputCLI(t *testing.T) {
 		{[]string{"session", "create", long, "--network-only"}, 1, `enforcerd session create: invalid session name "` + long + `": 33 characters; ` + nameWant},
 		{[]string{"session", "create", "taken", "--network-only"}, 1, `enforcerd session create: session "taken" already exists: session name taken`},
 		{[]string{"session", "create", "taken", "--rootfs", e.rootfs}, 1, `enforcerd session create: session "taken" already exists: session name taken`},
-		{[]string{"session", "create", "x", "--rootfs", "/nonexistent"}, 1, `enforcerd session create: rootfs "/nonexistent": not a root filesystem (no bin directory)`},
+		{[]string{"session", "create", "x", "--rootfs", "/nonexistent"}, 1, `enforcerd session create: rootfs "/nonexistent": not inside an image directory (` + strings.Join(e.d.ImagesDirs, ", ") + `); only images under --images-dir are accepted`},
+		{[]string{"session", "create", "x", "--rootfs", filepath.Dir(e.rootfs)}, 1, `enforcerd session create: rootfs "` + filepath.Dir(e.rootfs) + `": is the image directory ` + filepath.Dir(e.rootfs) + ` itself; give an image inside it`},
 		{[]string{"session", "create", "x", "--network-only", "--allow", "exa mple.com"}, 1, `enforcerd session create: allow entry "exa mple.com": bad character ' ' in label "exa mple"; labels use a-z, 0-9 and '-'`},
 		{[]string{"session", "create", "x", "--network-only", "--allow", "https://api.e2e.test/"}, 1, `enforcerd session create: allow entry "https://api.e2e.test/": a URL is not an allow entry; give its host, or list the URL as a scope`},
 		{[]string{"session", "create", "x", "--network-only", "--allow", "169.254.169.254"}, 1, `enforcerd session create: allow entry "169.254.169.254": 169.254.169.254 is inside special-purpose range 169.254.0.0/16 (link-local); only public unicast IPv4 is accepted`},

@@ -196,12 +196,16 @@ func (e *engine) grantImage(rootfs string) (string, error) {
 	if !filepath.IsAbs(rootfs) {
 		return "", fmt.Errorf("rootfs %q: give an absolute directory", rootfs)
 	}
-	// Kept first for its established message; it reveals only whether
-	// DIR/bin is a directory.
-	if fi, err := os.Stat(filepath.Join(rootfs, "bin")); err != nil || !fi.IsDir() {
+	// The grant first: a caller learns nothing about a directory the
+	// operator did not grant, not even whether DIR/bin exists.
+	resolved, err := container.ResolveImage(rootfs, e.cfg.ImagesDirs)
+	if err != nil {
+		return "", err
+	}
+	if fi, err := os.Stat(filepath.Join(resolved, "bin")); err != nil || !fi.IsDir() {
 		return "", fmt.Errorf("rootfs %q: not a root filesystem (no bin directory)", rootfs)
 	}
-	return container.ResolveImage(rootfs, e.cfg.ImagesDirs)
+	return resolved, nil
 }
 
 // validateCPUs checks a request's CPU limit against the machine: 0 is the

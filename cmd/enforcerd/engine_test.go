@@ -44,7 +44,7 @@ func TestValidateRequestRootfs(t *testing.T) {
 		{img, `rootfs "` + img + `": no image directory is configured; the operator must start serve with --images-dir DIR to allow sandboxes`},
 		{"/", `rootfs "/": no image directory is configured; the operator must start serve with --images-dir DIR to allow sandboxes`},
 		{"rel", `rootfs "rel": give an absolute directory`},
-		{"/nonexistent", `rootfs "/nonexistent": not a root filesystem (no bin directory)`},
+		{"/nonexistent", `rootfs "/nonexistent": no image directory is configured; the operator must start serve with --images-dir DIR to allow sandboxes`},
 	} {
 		req := CreateRequest{Name: "s1", Rootfs: tc.rootfs}
 		err := e.validateRequest(&req)

@@ -31,7 +31,7 @@ var (
 	// cloudHostAddr looks like Azure's platform endpoint: public unicast in
 	// the IANA table, yet never reachable from a session.
 	cloudHostAddr = netip.MustParseAddr("168.63.129.16")
-	privateAddr  = netip.MustParseAddr("10.99.0.10")
+	privateAddr   = netip.MustParseAddr("10.99.0.10")
 )
 
 // NetnsDir is where named network namespaces are bind-mounted, as iproute2
