@@ -114,7 +114,7 @@ func (p *Proxy) answer(ctx context.Context, s *compiledSession, req *dns.Msg, ev
 		key = key[:len(key)-1]
 	}
 	if addrs, ok := s.pinned[key]; ok {
-		return p.answerPinned(ctx, s, q, addrs, resp, ev)
+		return p.answerPinned(q, addrs, resp, ev)
 	}
 	var ports []netpolicy.PortSpec
 	switch s.mode {
@@ -131,10 +131,6 @@ func (p *Proxy) answer(ctx context.Context, s *compiledSession, req *dns.Msg, ev
 
 	up, idx, rtt, err := p.forwardFor(ctx, s, q, req.CheckingDisabled)
 	if err != nil {
-		if s.ctx.Err() != nil && p.ctx.Err() == nil {
-			p.stats.sessionGone.Add(1)
-			err = fmt.Errorf("%w: session %q (guest %s): %w", ErrSessionGone, s.name, s.guest, err)
-		}
 		ev.Err = err.Error()
 		return reply(VerdictServfail, dns.RcodeServerFailure)
 	}
@@ -166,16 +162,28 @@ func (p *Proxy) answer(ctx context.Context, s *compiledSession, req *dns.Msg, ev
 }
 
 // forwardFor is forward for a query of s: its upstream waits end when the
-// registration does (s.ctx, which descends from the proxy's context). A
-// caller context other than the proxy's own (tests drive handle with
-// their own) is joined to it.
+// registration does (s.ctx, which descends from the proxy's context), and
+// the error then wraps ErrSessionGone. A caller context other than the
+// proxy's own (tests drive handle with their own) is joined to s.ctx.
 func (p *Proxy) forwardFor(ctx context.Context, s *compiledSession, q dns.Question, cd bool) (*dns.Msg, int, time.Duration, error) {
+	up, idx, rtt, err := p.forwardIn(ctx, s.ctx, q, cd)
+	if err != nil && s.ctx.Err() != nil && p.ctx.Err() == nil {
+		p.stats.sessionGone.Add(1)
+		err = fmt.Errorf("%w: session %q (guest %s): %w", ErrSessionGone, s.name, s.guest, err)
+	}
+	return up, idx, rtt, err
+}
+
+// forwardIn runs forward under session context sctx joined with ctx (no
+// allocation when ctx is the proxy's own, of which sctx descends, or
+// cannot end).
+func (p *Proxy) forwardIn(ctx, sctx context.Context, q dns.Question, cd bool) (*dns.Msg, int, time.Duration, error) {
 	if ctx == p.ctx || ctx.Done() == nil {
-		return p.forward(s.ctx, q, cd)
+		return p.forward(sctx, q, cd)
 	}
 	joined, cancel := context.WithCancel(ctx)
 	defer cancel()
-	stop := context.AfterFunc(s.ctx, cancel)
+	stop := context.AfterFunc(sctx, cancel)
 	defer stop()
 	return p.forward(joined, q, cd)
 }
@@ -190,7 +198,7 @@ const pinnedTTL = 60 * time.Second
 // attested: the session's static sets hold the pinned addresses with their
 // entry's port constraint (see SessionPolicy), and attesting them into the
 // port-less set would open every port.
-func (p *Proxy) answerPinned(_ context.Context, _ *compiledSession, q dns.Question, addrs []netip.Addr, resp *dns.Msg, ev *Event) *dns.Msg {
+func (p *Proxy) answerPinned(q dns.Question, addrs []netip.Addr, resp *dns.Msg, ev *Event) *dns.Msg {
 	ev.Verdict = VerdictPinned
 	if q.Qtype != dns.TypeA {
 		return resp
