@@ -298,6 +298,48 @@ func TestDNSProxyAttackBoundedAttest(t *testing.T) {
 	}
 }
 
+// TestDNSProxyAttackAttestCap (issue 8 item 7): with the firewall's
+// per-session cap at 40 elements, a session that resolved one name of 32
+// addresses gets SERVFAIL for a second such name (never an answer with
+// unattested addresses), the event names the cap and the stats count it.
+// Positive controls: the first name resolves again (a refresh adds
+// nothing), and another session resolves the second name (the cap is per
+// session).
+func TestDNSProxyAttackAttestCap(t *testing.T) {
+	e := newDPEnvFirewall(t, func(c *netpolicy.FirewallConfig) { c.MaxAttested = 40 }, nil)
+	id := e.w.ID
+	first, second := "one."+id+".test", "two."+id+".test"
+	for i := range 32 {
+		e.w.DNS.AddRR(fmt.Sprintf("%s. 60 IN A 198.18.5.%d", first, i+1))
+		e.w.DNS.AddRR(fmt.Sprintf("%s. 60 IN A 198.18.6.%d", second, i+1))
+	}
+	s := e.session(t, e.w.UniqueName("cap"), netpolicy.ModeAllowlist, first, second)
+	other := e.session(t, e.w.UniqueName("cao"), netpolicy.ModeAllowlist, second)
+
+	if got := world.AddrsOf(e.lookup(t, s, first, dns.TypeA, true)); len(got) != 32 {
+		t.Fatalf("first name: %d addresses, want 32", len(got))
+	}
+	resp := e.lookup(t, s, second, dns.TypeA, true)
+	if resp.Rcode != dns.RcodeServerFailure || len(world.AddrsOf(resp)) != 0 {
+		t.Fatalf("second name over the session's cap: %v", resp)
+	}
+	if got := e.attestedIPs(t, s.Guest); len(got) != 32 {
+		t.Errorf("attested %d addresses after the refused answer, want the first 32", len(got))
+	}
+	if !e.events.findErr(second, dnsproxy.VerdictServfail, netpolicy.ErrAttestCap.Error()) {
+		t.Errorf("no servfail event naming the cap: %+v", e.events.snapshot())
+	}
+	if st := e.proxy.Stats(); st.AttestCap != 1 {
+		t.Errorf("stats: attest cap %d, want 1", st.AttestCap)
+	}
+	if got := world.AddrsOf(e.lookup(t, s, first, dns.TypeA, true)); len(got) != 32 {
+		t.Errorf("first name again: %d addresses, want 32", len(got))
+	}
+	if got := world.AddrsOf(e.lookup(t, other, second, dns.TypeA, true)); len(got) != 32 {
+		t.Errorf("another session, second name: %d addresses, want 32", len(got))
+	}
+}
+
 // TestDNSProxyAttackTCPSlots (issue 8 item 9): a local user on the host
 // holds 1100 idle TCP connections to the anycast address from 127.0.0.0/8
 // source addresses, and a session holds 64 more; another session still

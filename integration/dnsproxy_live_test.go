@@ -116,6 +116,13 @@ func (e *dpEvents) count(name string) int {
 // in it first).
 func newDPEnv(t *testing.T, mod func(*world.World, *dnsproxy.Config)) *dpEnv {
 	t.Helper()
+	return newDPEnvFirewall(t, nil, mod)
+}
+
+// newDPEnvFirewall is newDPEnv with fwMod, if not nil, adjusting the
+// firewall's config.
+func newDPEnvFirewall(t *testing.T, fwMod func(*netpolicy.FirewallConfig), mod func(*world.World, *dnsproxy.Config)) *dpEnv {
+	t.Helper()
 	w := world.New(t)
 	e := &dpEnv{w: w, events: &dpEvents{}}
 	prefix := "d" + w.ID[:5] // nsmgr allows 6 characters
@@ -143,9 +150,13 @@ func newDPEnv(t *testing.T, mod func(*world.World, *dnsproxy.Config)) *dpEnv {
 	if err != nil {
 		t.Fatalf("guard: %v", err)
 	}
-	fw, err := netpolicy.OpenFirewall(netpolicy.FirewallConfig{
+	fwCfg := netpolicy.FirewallConfig{
 		NetNS: w.Host, Prefix: prefix, Pool: pool, DNSAddr: dnsAddr, Guard: guard, AttestFloor: dpFloor,
-	})
+	}
+	if fwMod != nil {
+		fwMod(&fwCfg)
+	}
+	fw, err := netpolicy.OpenFirewall(fwCfg)
 	if err != nil {
 		t.Fatalf("open firewall: %v", err)
 	}
