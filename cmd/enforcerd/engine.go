@@ -716,6 +716,9 @@ func (e *engine) SessionCount() int {
 	return len(e.sessions)
 }
 
+// DNSStats are the DNS proxy's counters (for the metrics).
+func (e *engine) DNSStats() dnsproxy.Stats { return e.dns.Stats() }
+
 // SessionCounters reads every session's counters (for the metrics), in one
 // dump of the counter sets.
 func (e *engine) SessionCounters() map[string]netpolicy.Counters {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/enforcerd/enforcerd/dnsproxy"
 	"github.com/enforcerd/enforcerd/netpolicy"
 	"net"
 	"net/http"
@@ -37,6 +38,23 @@ type sessionSource interface {
 	// SessionCounters maps each session with a NIC to its nftables
 	// counters (policy drops, new flows over its budget).
 	SessionCounters() map[string]netpolicy.Counters
+	// DNSStats are the DNS proxy's counters since start.
+	DNSStats() dnsproxy.Stats
+}
+
+// dnsCounters are the DNS proxy's counters exported at scrape time; the caps
+// among them make a bound that bites visible, never silent.
+var dnsCounters = []struct {
+	name, help string
+	get        func(dnsproxy.Stats) uint64
+}{
+	{"enforcerd_dns_attest_cap_total", "Answers refused (SERVFAIL) because the session holds --max-attested live attested addresses.", func(s dnsproxy.Stats) uint64 { return s.AttestCap }},
+	{"enforcerd_dns_answer_cap_total", "Answers that carried more addresses than the per-answer cap (the rest were removed, not attested).", func(s dnsproxy.Stats) uint64 { return s.AnswerCap }},
+	{"enforcerd_dns_session_gone_total", "Queries whose session was removed while they were in flight (SERVFAIL, nothing attested).", func(s dnsproxy.Stats) uint64 { return s.SessionGone }},
+	{"enforcerd_dns_tcp_refused_total", "TCP connections closed at accept: unknown source, or over the per-session or total limits.", func(s dnsproxy.Stats) uint64 { return s.TCPRefused }},
+	{"enforcerd_dns_attest_errors_total", "Failed attests (each gave a SERVFAIL).", func(s dnsproxy.Stats) uint64 { return s.AttestErrors }},
+	{"enforcerd_dns_shed_total", "Queries dropped unanswered by the fairness limits.", func(s dnsproxy.Stats) uint64 { return s.Shed }},
+	{"enforcerd_dns_upstream_errors_total", "Failed upstream tries.", func(s dnsproxy.Stats) uint64 { return s.UpstreamErrors }},
 }
 
 // NewMetrics registers every metric, the Go runtime's and the process's.
@@ -67,6 +85,9 @@ func NewMetrics() *Metrics {
 			limited: prometheus.NewDesc("enforcerd_session_limited_packets",
 				"New flows of the session dropped because it was at its flow cap or over its new-flow rate (--max-flows, --flow-rate).", []string{"session"}, nil),
 		},
+	}
+	for _, d := range dnsCounters {
+		m.src.dns = append(m.src.dns, prometheus.NewDesc(d.name, d.help, nil, nil))
 	}
 	m.Registry.MustRegister(m.Creates, m.CreateFailures, m.CreateSeconds,
 		m.DNSQueries, m.AttestSeconds, m.src,
@@ -138,6 +159,7 @@ type sourceCollector struct {
 	sessions *prometheus.Desc
 	dropped  *prometheus.Desc
 	limited  *prometheus.Desc
+	dns      []*prometheus.Desc // one per dnsCounters entry
 	mu       sync.Mutex
 	source   sessionSource
 }
@@ -146,6 +168,9 @@ func (c *sourceCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.sessions
 	ch <- c.dropped
 	ch <- c.limited
+	for _, d := range c.dns {
+		ch <- d
+	}
 }
 
 func (c *sourceCollector) Collect(ch chan<- prometheus.Metric) {
@@ -160,6 +185,10 @@ func (c *sourceCollector) Collect(ch chan<- prometheus.Metric) {
 	for name, n := range src.SessionCounters() {
 		ch <- prometheus.MustNewConstMetric(c.dropped, prometheus.GaugeValue, float64(n.DroppedPackets), name)
 		ch <- prometheus.MustNewConstMetric(c.limited, prometheus.GaugeValue, float64(n.LimitedPackets), name)
+	}
+	st := src.DNSStats()
+	for i, d := range c.dns {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(dnsCounters[i].get(st)))
 	}
 }
 

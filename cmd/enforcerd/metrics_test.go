@@ -12,12 +12,15 @@ import (
 
 	dto "github.com/prometheus/client_model/go"
 
+	"github.com/enforcerd/enforcerd/dnsproxy"
 	"github.com/enforcerd/enforcerd/netpolicy"
 )
 
 type fakeSource struct{}
 
-func (fakeSource) SessionCount() int { return 2 }
+func (fakeSource) SessionCount() int        { return 2 }
+func (fakeSource) DNSStats() dnsproxy.Stats { return dnsproxy.Stats{AttestCap: 2, TCPRefused: 9} }
+
 func (fakeSource) SessionCounters() map[string]netpolicy.Counters {
 	return map[string]netpolicy.Counters{"s1": {DroppedPackets: 5, LimitedPackets: 3}, "s2": {}}
 }
@@ -91,6 +94,8 @@ func TestMetrics(t *testing.T) {
 		"enforcerd_dns_attest_seconds":            "[=1]",
 		"enforcerd_session_dropped_packets":       "[session=s1=5 session=s2=0]",
 		"enforcerd_session_limited_packets":       "[session=s1=3 session=s2=0]",
+		"enforcerd_dns_attest_cap_total":          "[=2]",
+		"enforcerd_dns_tcp_refused_total":         "[=9]",
 	}
 	for name, w := range want {
 		f := fams[name]
