@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+
+	"golang.org/x/sys/unix"
 )
 
 // Recover rebuilds the Manager's state from the kernel, so that a restarted
@@ -57,6 +59,19 @@ func (m *Manager) Recover() ([]Session, error) {
 		}
 	}
 	ipam.seek(last + 1) // carry on where the previous run probably stopped
+	// Veths made by a version that did not lock ARP get it now (idempotent).
+	err = Do(m.cfg.HostNS, func() error {
+		for _, l := range owner {
+			// A veth that went away since the scan has nothing to lock.
+			if err := lockARP(l.index); err != nil && !errors.Is(err, unix.ENODEV) {
+				return fmt.Errorf("%s: %w", l.name, err)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("recover: %w", err)
+	}
 
 	m.mu.Lock()
 	m.ipam = ipam

@@ -27,6 +27,7 @@ type foundNetns struct {
 
 type foundLink struct {
 	name    string
+	index   int
 	slot    int
 	session string // from the alias "<prefix>-<session>"; "" if the alias is not ours
 	addrs   []netip.Addr
@@ -81,7 +82,7 @@ func (m *Manager) scan() (kernelState, error) {
 		}
 		session, _ := parseNetnsName(m.cfg.Prefix, attrs.Alias)
 		st.links = append(st.links, foundLink{
-			name: attrs.Name, slot: slot, session: session,
+			name: attrs.Name, index: attrs.Index, slot: slot, session: session,
 			addrs: byIndex[attrs.Index], peerNS: attrs.NetNsID,
 		})
 	}
