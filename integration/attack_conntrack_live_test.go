@@ -75,21 +75,28 @@ func TestAttackRelatedKillsHostSocket(t *testing.T) {
 	if err := atkEcho(h2, reachTimeout); err != nil {
 		t.Fatalf("control: host socket 2: %v", err)
 	}
-	p1, p2 := atkLocalPort(h1), atkLocalPort(h2)
+	atkRelatedKill(t, w, b, dst, h1, atkLocalPort(h1), h2, atkLocalPort(h2), "the host's flow")
+}
 
+// atkRelatedKill sends, from session b, a port unreachable to the uplink
+// address quoting the flow uplink:victimPort -> dst, and requires the victim
+// socket to keep working; then, as the control, sends the same error from
+// the simulated internet quoting uplink:controlPort -> dst and requires it
+// to kill the control socket (proving the packet is well formed).
+func atkRelatedKill(t *testing.T, w *world.World, b nsmgr.Session, dst netip.AddrPort,
+	victim net.Conn, victimPort uint16, control net.Conn, controlPort uint16, what string) {
+	t.Helper()
 	atkSendRaw(t, b.NetnsPath, world.ICMPPortUnreachable(b.Guest, w.Uplink,
-		netip.AddrPortFrom(w.Uplink, p1), dst, atkMarker(w, "host")))
+		netip.AddrPortFrom(w.Uplink, victimPort), dst, atkMarker(w, "victim")))
 	time.Sleep(300 * time.Millisecond)
-	if err := atkEcho(h1, reachTimeout); err != nil {
-		t.Errorf("a port unreachable forged by session B quoting the host's flow %s:%d -> %s was accepted as RELATED and killed the host socket: %v", w.Uplink, p1, dst, err)
+	if err := atkEcho(victim, reachTimeout); err != nil {
+		t.Errorf("a port unreachable forged by session B quoting %s %s:%d -> %s was accepted as RELATED and killed its socket: %v", what, w.Uplink, victimPort, dst, err)
 	}
-
-	// Control: the same error from the internet side is delivered.
-	atkSendRaw(t, w.NetPath, world.ICMPPortUnreachable(w.Web[0], w.Uplink,
-		netip.AddrPortFrom(w.Uplink, p2), dst, atkMarker(w, "hostctl")))
+	atkSendRaw(t, w.NetPath, world.ICMPPortUnreachable(dst.Addr(), w.Uplink,
+		netip.AddrPortFrom(w.Uplink, controlPort), dst, atkMarker(w, "control")))
 	time.Sleep(300 * time.Millisecond)
-	if err := atkEcho(h2, time.Second); !errors.Is(err, syscall.ECONNREFUSED) {
-		t.Fatalf("control: the crafted port unreachable from %s did not kill host socket 2 (want ECONNREFUSED, got %v): the packet is not well formed, the test proves nothing", w.Web[0], err)
+	if err := atkEcho(control, time.Second); !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Fatalf("control: the crafted port unreachable from %s did not kill the control socket (want ECONNREFUSED, got %v): the packet is not well formed, the test proves nothing", dst.Addr(), err)
 	}
 }
 
@@ -115,20 +122,8 @@ func TestAttackRelatedKillsOtherSession(t *testing.T) {
 	}
 	m1 := atkMasqPort(t, w, netip.AddrPortFrom(a.Guest, atkLocalPort(a1)), dst)
 	m2 := atkMasqPort(t, w, netip.AddrPortFrom(a.Guest, atkLocalPort(a2)), dst)
-
-	atkSendRaw(t, b.NetnsPath, world.ICMPPortUnreachable(b.Guest, w.Uplink,
-		netip.AddrPortFrom(w.Uplink, m1), dst, atkMarker(w, "sess")))
-	time.Sleep(300 * time.Millisecond)
-	if err := atkEcho(a1, reachTimeout); err != nil {
-		t.Errorf("a port unreachable forged by session B quoting A's masqueraded flow %s:%d -> %s was RELATED, de-NATed and delivered: it killed A's socket: %v", w.Uplink, m1, dst, err)
-	}
-
-	atkSendRaw(t, w.NetPath, world.ICMPPortUnreachable(w.Web[0], w.Uplink,
-		netip.AddrPortFrom(w.Uplink, m2), dst, atkMarker(w, "sessctl")))
-	time.Sleep(300 * time.Millisecond)
-	if err := atkEcho(a2, time.Second); !errors.Is(err, syscall.ECONNREFUSED) {
-		t.Fatalf("control: the crafted port unreachable from %s did not kill A's socket 2 (want ECONNREFUSED, got %v): the test proves nothing", w.Web[0], err)
-	}
+	// Related to A's flow, the error would be de-NATed and delivered to A.
+	atkRelatedKill(t, w, b, dst, a1, m1, a2, m2, "session A's masqueraded flow")
 }
 
 // TestAttackRelatedReachesMetadata (issue 8 item 2, the guard): the host
