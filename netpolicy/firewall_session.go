@@ -65,8 +65,10 @@ var sessionSets = []string{setSessions, setPublic, setPeers, setAttested, setAtt
 	setFlows, setFlowRate}
 
 // datapathSets hold elements the datapath creates (a session's flow budget)
-// and RemoveSession cannot know exist: each is deleted in a batch of its
-// own whose "no such element" is success.
+// that RemoveSession cannot know exist. The by-key batch adds each (a no-op
+// when it exists: an add without NLM_F_EXCL of an existing key succeeds)
+// and then deletes it, so the delete never meets a missing element. (A
+// batch the kernel rejects costs an RCU grace period, ~20 ms, in its abort.)
 var datapathSets = []string{setFlows, setFlowRate}
 
 // RemoveSession deletes every element that belongs to r.Guest in one batch:
@@ -123,25 +125,13 @@ func (f *Firewall) RemoveSession(r SessionRules) error {
 	return f.removeDatapathState(r)
 }
 
-// removeDatapathState deletes what the datapath keeps for the guest once its
-// elements are gone (so no packet of it passes raw_prerouting any more and
-// nothing new can appear): its flow-budget elements, and every conntrack
+// removeDatapathState deletes what the kernel keeps for the guest outside
+// the table once its elements are gone (so no packet of it passes
+// raw_prerouting any more and nothing new can appear): every conntrack
 // entry of its address, so the next session on the address inherits no flow
 // (an outside peer could otherwise keep pushing into it, and it could
 // answer).
 func (f *Firewall) removeDatapathState(r SessionRules) error {
-	g := ipKey(r.Guest)
-	for _, name := range datapathSets {
-		err := f.admin.do(func(c *nftables.Conn) error {
-			if err := c.SetDeleteElements(f.schema.sets[name], []nftables.SetElement{{Key: g}}); err != nil {
-				return err
-			}
-			return c.Flush()
-		})
-		if err != nil && !isNotFound(err) {
-			return fmt.Errorf("remove session %s (guest %s): delete from set %s: %w", r.Name, r.Guest, name, err)
-		}
-	}
 	if _, err := f.flows.flushGuest(r.Guest); err != nil {
 		return fmt.Errorf("remove session %s (guest %s): %w", r.Name, r.Guest, err)
 	}
@@ -175,6 +165,15 @@ func (f *Firewall) removeByKeyLocked(c *nftables.Conn, r SessionRules, attested 
 	}
 	for _, name := range []string{setAttested, setAttestedPorts} {
 		if err := addElements(c, f.schema.sets[name], attested[name], true); err != nil {
+			return err
+		}
+	}
+	own := []nftables.SetElement{{Key: g}}
+	for _, name := range datapathSets {
+		if err := addElements(c, f.schema.sets[name], own, false); err != nil {
+			return err
+		}
+		if err := addElements(c, f.schema.sets[name], own, true); err != nil {
 			return err
 		}
 	}
