@@ -231,6 +231,16 @@ func TestAttackConntrackInherited(t *testing.T) {
 	}
 
 	remove()
+	// The entries go in the background (a walk of the conntrack table costs
+	// a pass over every bucket of the host); until then the address is
+	// quarantined: the firewall says it is not clean, and the daemon's
+	// allocator (nsmgr.Config.GuestClean) does not hand it out.
+	if err := e.fw.WaitFlows(5 * time.Second); err != nil {
+		t.Fatalf("the conntrack flush of %s: %v", a.Guest, err)
+	}
+	if !e.fw.FlowsFlushed(a.Guest) {
+		t.Errorf("FlowsFlushed(%s) is false once the flush is done", a.Guest)
+	}
 	if left := atkFlowsOf(t, w, a.Guest); len(left) > 0 {
 		t.Errorf("after removing session %s, %d conntrack entries of its guest %s remain:\n%s", name, len(left), a.Guest, atkJoinLines(left))
 	}

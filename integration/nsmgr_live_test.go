@@ -978,3 +978,65 @@ func TestNsmgrForeignLinks(t *testing.T) {
 		t.Fatalf("foreign link %s: got %v, want an error naming it", up.Name, err)
 	}
 }
+
+// TestNsmgrGuestCleanQuarantines: a released slot whose address the caller
+// says is not clean yet (the firewall still flushing its conntrack entries)
+// is not handed out again; once clean, it is.
+func TestNsmgrGuestCleanQuarantines(t *testing.T) {
+	w := world.New(t)
+	prefix := "q" + w.ID[:4]
+	var mu sync.Mutex
+	dirty := map[netip.Addr]bool{}
+	clean := func(g netip.Addr) bool { mu.Lock(); defer mu.Unlock(); return !dirty[g] }
+	pool := netip.MustParsePrefix("10.20.0.0/28") // three session slots
+	mgr, err := nsmgr.New(nsmgr.Config{Prefix: prefix, Pool: pool, HostNS: w.Host, GuestClean: clean})
+	if err != nil {
+		t.Fatalf("nsmgr: %v", err)
+	}
+	defer mgr.Close()
+	for _, name := range []string{"x", "y"} { // hold the other two slots
+		s, err := mgr.Create(name, true)
+		if err != nil {
+			t.Fatalf("create %s: %v", name, err)
+		}
+		defer mgr.Delete(name, s.Slot)
+	}
+	a, err := mgr.Create("a", true)
+	if err != nil {
+		t.Fatalf("create a: %v", err)
+	}
+	mu.Lock()
+	dirty[a.Guest] = true
+	mu.Unlock()
+	if err := mgr.Delete("a", a.Slot); err != nil {
+		t.Fatalf("delete a: %v", err)
+	}
+	// Wait for a's veth to go, so only GuestClean can hold the slot.
+	h, err := netlink.NewHandleAt(w.Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if _, err := h.LinkByName(a.HostIface); err != nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("veth %s still exists after 10s", a.HostIface)
+		}
+	}
+	if _, err := mgr.Create("b", true); err == nil {
+		t.Fatalf("the pool's last free slot was handed out while its address %s is not clean", a.Guest)
+	}
+	mu.Lock()
+	delete(dirty, a.Guest)
+	mu.Unlock()
+	b, err := mgr.Create("b", true)
+	if err != nil {
+		t.Fatalf("control: create b once %s is clean: %v", a.Guest, err)
+	}
+	defer mgr.Delete("b", b.Slot)
+	if b.Guest != a.Guest {
+		t.Errorf("b got %s, want the reused %s", b.Guest, a.Guest)
+	}
+}

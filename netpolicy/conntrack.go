@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"sync"
 	"syscall"
+	"time"
 
 	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
@@ -17,15 +18,114 @@ import (
 // session on the same address would inherit it (an outside peer keeps
 // pushing into it, and it can answer outside its policy).
 //
-// A guest's entries are found with two dumps the kernel filters (kernel 5.8
-// and later: CTA_FILTER), by original source (the session's own flows,
-// masqueraded or not) and by original destination (flows a lab peer opened
-// into it), so the cost is the kernel walking its table, not this process
-// parsing every flow of the host.
+// Any walk of the conntrack table costs the kernel a pass over every hash
+// bucket of the host (262144 on a large machine, ~13 ms), whatever the
+// filter, so removals do not wait for it: RemoveSession queues the guest
+// (schedule) and a background flusher deletes its entries, batching every
+// guest queued meanwhile into one pass. Until its entries are gone the
+// guest is pending, and the address is not handed out again (the daemon's
+// allocator asks Flushed). One guest is flushed with two dumps the kernel
+// filters (kernel 5.8 and later: CTA_FILTER) by original source (its own
+// flows, masqueraded or not) and original destination (flows a lab peer
+// opened into it); several with one unfiltered dump.
 type flowTable struct {
-	mu   sync.Mutex
+	mu   sync.Mutex // guards conn and serialises its use
 	nsFd int
 	conn *netlink.Conn
+
+	pmu     sync.Mutex // guards pending, flushErr and the flusher's start
+	pending map[netip.Addr]bool
+	started bool
+	wake    chan struct{} // capacity 1: "pending changed"
+	stop    chan struct{}
+	stopped chan struct{}
+	// onError reports a failed background pass (it is retried); nil drops it.
+	onError func(error)
+}
+
+// flushRetry is how long the flusher waits after a failed pass.
+const flushRetry = time.Second
+
+// schedule queues guest for the background flusher.
+func (t *flowTable) schedule(guest netip.Addr) {
+	t.pmu.Lock()
+	if t.pending == nil {
+		t.pending = map[netip.Addr]bool{}
+	}
+	t.pending[guest] = true
+	if !t.started {
+		t.started = true
+		t.wake = make(chan struct{}, 1)
+		t.stop = make(chan struct{})
+		t.stopped = make(chan struct{})
+		go t.flusher()
+	}
+	t.pmu.Unlock()
+	select {
+	case t.wake <- struct{}{}:
+	default:
+	}
+}
+
+// flushed reports whether nothing of guest is queued (its entries are gone,
+// or it was never queued).
+func (t *flowTable) flushed(guest netip.Addr) bool {
+	t.pmu.Lock()
+	defer t.pmu.Unlock()
+	return !t.pending[guest]
+}
+
+// idle reports whether no guest is queued.
+func (t *flowTable) idle() bool {
+	t.pmu.Lock()
+	defer t.pmu.Unlock()
+	return len(t.pending) == 0
+}
+
+// flusher runs passes until stopped: each takes every queued guest.
+func (t *flowTable) flusher() {
+	defer close(t.stopped)
+	for {
+		select {
+		case <-t.stop:
+			return
+		case <-t.wake:
+		}
+		t.pmu.Lock()
+		batch := make(map[netip.Addr]bool, len(t.pending))
+		for g := range t.pending {
+			batch[g] = true
+		}
+		t.pmu.Unlock()
+		if len(batch) == 0 {
+			continue
+		}
+		var err error
+		if len(batch) == 1 {
+			for g := range batch {
+				_, err = t.flushGuest(g)
+			}
+		} else {
+			_, err = t.prune(func(a netip.Addr) bool { return batch[a] })
+		}
+		if err != nil {
+			if t.onError != nil {
+				t.onError(err)
+			}
+			time.AfterFunc(flushRetry, func() {
+				select {
+				case t.wake <- struct{}{}:
+				default:
+				}
+			})
+			continue
+		}
+		t.pmu.Lock()
+		for g := range batch {
+			delete(t.pending, g)
+		}
+		t.pmu.Unlock()
+	}
 }
 
 // ctnetlink message and attribute numbers (linux/netfilter/nfnetlink_conntrack.h).
@@ -59,7 +159,17 @@ func (t *flowTable) dialLocked() (*netlink.Conn, error) {
 	return c, nil
 }
 
+// close stops the flusher (what is still queued is pruned by the next
+// start's reconcile) and closes the connection.
 func (t *flowTable) close() {
+	t.pmu.Lock()
+	started := t.started
+	t.started = false
+	t.pmu.Unlock()
+	if started {
+		close(t.stop)
+		<-t.stopped
+	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.conn != nil {

@@ -63,6 +63,9 @@ type FirewallConfig struct {
 	// MaxAttested caps each session's live attested elements; an Attest
 	// that would exceed it fails with ErrAttestCap. 0 means DefaultMaxAttested.
 	MaxAttested int
+	// OnFlowFlushError reports a failed background flush of removed
+	// sessions' conntrack entries (it is retried every second); nil drops it.
+	OnFlowFlushError func(error)
 	// AttestFault is a test seam (nil in production): when it returns an
 	// error for a guest, every attest batch holding that guest's elements
 	// fails with it before reaching the kernel, as a rejected batch would
@@ -148,6 +151,7 @@ func OpenFirewall(cfg FirewallConfig) (*Firewall, error) {
 		schema: newSchema(cfg.Prefix, cfg.Pool),
 	}
 	f.admin.nsFd, f.attest.nsFd, f.flows.nsFd = fd, fd, fd
+	f.flows.onError = cfg.OnFlowFlushError
 	f.attests = newGroupCommit(attestBatchMax, f.flushAttests)
 	if err := f.admin.do(func(*nftables.Conn) error { return nil }); err != nil {
 		unix.Close(fd)

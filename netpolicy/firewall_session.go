@@ -125,15 +125,31 @@ func (f *Firewall) RemoveSession(r SessionRules) error {
 	return f.removeDatapathState(r)
 }
 
-// removeDatapathState deletes what the kernel keeps for the guest outside
-// the table once its elements are gone (so no packet of it passes
+// removeDatapathState queues what the kernel keeps for the guest outside
+// the table, once its elements are gone (so no packet of it passes
 // raw_prerouting any more and nothing new can appear): every conntrack
-// entry of its address, so the next session on the address inherits no flow
-// (an outside peer could otherwise keep pushing into it, and it could
-// answer).
+// entry of its address, deleted by the background flusher (see flowTable),
+// so the next session on the address inherits no flow. Until then
+// FlowsFlushed(guest) is false and the address must not be handed out.
 func (f *Firewall) removeDatapathState(r SessionRules) error {
-	if _, err := f.flows.flushGuest(r.Guest); err != nil {
-		return fmt.Errorf("remove session %s (guest %s): %w", r.Name, r.Guest, err)
+	f.flows.schedule(r.Guest)
+	return nil
+}
+
+// FlowsFlushed reports whether no conntrack entry of a removed session at
+// guest can remain: true once the background flush of its entries is done
+// (or if it was never removed). An allocator must not hand out the guest
+// address while it is false.
+func (f *Firewall) FlowsFlushed(guest netip.Addr) bool { return f.flows.flushed(guest) }
+
+// WaitFlows waits until every queued conntrack flush is done, or timeout.
+func (f *Firewall) WaitFlows(timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for !f.flows.idle() {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("conntrack entries of removed sessions still queued after %s", timeout)
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 	return nil
 }

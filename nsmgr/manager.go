@@ -27,6 +27,12 @@ type Config struct {
 	// NetnsDir is where the session netns are bind-mounted (default
 	// /run/netns, where `ip netns` finds them).
 	NetnsDir string
+	// GuestClean, when set, is asked before a released slot is handed out
+	// again, with the slot's guest address: false keeps the slot
+	// quarantined (state elsewhere keyed by that address, such as the
+	// conntrack entries the firewall flushes in the background, may still
+	// remain). It must be fast and must not call back into the Manager.
+	GuestClean func(guest netip.Addr) bool
 	// Fault is a test seam: when set, Create calls it before each step
 	// (see CreateSteps) and a non-nil error fails that step.
 	Fault func(step string) error
@@ -161,9 +167,15 @@ func (m *Manager) session(name string, slot int) Session {
 // allocateLocked hands out a slot whose host veth name is free in the
 // kernel: a dirty slot (released by Delete, whose veth the kernel removes in
 // the background) is checked with one link lookup and skipped while its old
-// veth lingers. Caller holds m.mu.
+// veth lingers, or while GuestClean says its address still has state.
+// Caller holds m.mu.
 func (m *Manager) allocateLocked() (int, error) {
 	return m.ipam.AllocateIf(func(slot int) bool {
+		if clean := m.cfg.GuestClean; clean != nil {
+			if _, _, guest := m.geo.SlotAddrs(slot); !clean(guest) {
+				return false
+			}
+		}
 		_, err := m.host.LinkByName(HostIfaceName(m.cfg.Prefix, slot))
 		return isNotFound(err)
 	})

@@ -107,7 +107,10 @@ func openEngine(cfg ServeConfig, log *slog.Logger, metrics *Metrics) (*engine, e
 	if err := nsmgr.EnableForwarding(host); err != nil {
 		return nil, err
 	}
-	if e.nets, err = nsmgr.New(nsmgr.Config{Prefix: cfg.NamePrefix, Pool: cfg.Pool, HostNS: host}); err != nil {
+	// A released address is handed out again only once the firewall has
+	// flushed its conntrack entries (in the background, after removal).
+	guestClean := func(g netip.Addr) bool { return e.fw == nil || e.fw.FlowsFlushed(g) }
+	if e.nets, err = nsmgr.New(nsmgr.Config{Prefix: cfg.NamePrefix, Pool: cfg.Pool, HostNS: host, GuestClean: guestClean}); err != nil {
 		return nil, err
 	}
 	// Before the first kernel change: the table would treat such a link as
@@ -125,6 +128,7 @@ func openEngine(cfg ServeConfig, log *slog.Logger, metrics *Metrics) (*engine, e
 		NetNS: host, Prefix: cfg.NamePrefix, Pool: cfg.Pool, DNSAddr: e.dnsAddr,
 		Guard: e.guard, AttestFloor: cfg.DNSMinTTL,
 		MaxFlows: cfg.MaxFlows, FlowRate: cfg.FlowRate, MaxAttested: cfg.MaxAttested,
+		OnFlowFlushError: func(err error) { log.Error("flush conntrack entries of removed sessions (retrying)", "err", err) },
 	})
 	if err != nil {
 		return nil, err
