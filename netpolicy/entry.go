@@ -3,7 +3,6 @@ package netpolicy
 import (
 	"fmt"
 	"net/netip"
-	"slices"
 	"strconv"
 	"strings"
 )
@@ -196,23 +195,82 @@ func (e Entry) String() string {
 func (e Entry) MarshalText() ([]byte, error) { return []byte(e.String()), nil }
 
 // MatchesName is the reference semantics of name matching (the DNS proxy keeps
-// its own index and cross-checks against this). name is compared
-// case-insensitively and may carry one trailing dot; internationalised names
-// must already be in punycode. CIDR entries match no name.
+// its own index and cross-checks against this). name is in presentation
+// format, as a DNS library prints a wire name: '\.' is a dot inside a label,
+// '\DDD' a byte, '\X' the character X; one trailing dot is allowed. Labels
+// are compared as wire bytes, ASCII letters case-insensitively and nothing
+// else (RFC 4343), so "www\.miek.nl" is the two labels "www.miek" and "nl",
+// and the KELVIN SIGN is not a "k". Internationalised names must already be
+// in punycode. CIDR entries match no name.
 func (e Entry) MatchesName(name string) bool {
-	name = strings.ToLower(strings.TrimSuffix(name, "."))
-	switch e.Kind {
-	case KindHost:
-		return name == e.Name
-	case KindWildcard, KindMultiWildcard:
-		head, ok := strings.CutSuffix(name, "."+e.Name)
-		if !ok || head == "" {
+	if e.Kind == KindCIDR {
+		return false
+	}
+	labels, ok := wireLabels(name)
+	if !ok {
+		return false
+	}
+	want := strings.Split(e.Name, ".")
+	extra := len(labels) - len(want)
+	switch {
+	case e.Kind == KindHost && extra != 0,
+		e.Kind == KindWildcard && extra != 1,
+		e.Kind == KindMultiWildcard && extra < 1,
+		extra < 0:
+		return false
+	}
+	for i, w := range want {
+		if labels[extra+i] != w {
 			return false
 		}
-		if e.Kind == KindWildcard {
-			return !strings.Contains(head, ".")
-		}
-		return !slices.Contains(strings.Split(head, "."), "")
 	}
-	return false
+	return true
 }
+
+// wireLabels splits a presentation-format name into its labels as wire
+// bytes, ASCII lower-cased. It fails on an empty label, a dangling '\' or a
+// '\DDD' above 255.
+func wireLabels(name string) ([]string, bool) {
+	if name == "" || name == "." {
+		return nil, false
+	}
+	var labels []string
+	var cur []byte
+	for i := 0; i < len(name); i++ {
+		c := name[i]
+		switch {
+		case c == '.':
+			if len(cur) == 0 {
+				return nil, false
+			}
+			labels = append(labels, string(cur))
+			cur = cur[:0]
+			continue
+		case c == '\\':
+			if i+1 >= len(name) {
+				return nil, false
+			}
+			if i+3 < len(name) && isDigit(name[i+1]) && isDigit(name[i+2]) && isDigit(name[i+3]) {
+				v := int(name[i+1]-'0')*100 + int(name[i+2]-'0')*10 + int(name[i+3]-'0')
+				if v > 255 {
+					return nil, false
+				}
+				c = byte(v)
+				i += 3
+			} else {
+				c = name[i+1]
+				i++
+			}
+		}
+		if c >= 'A' && c <= 'Z' {
+			c += 'a' - 'A'
+		}
+		cur = append(cur, c)
+	}
+	if len(cur) > 0 {
+		labels = append(labels, string(cur))
+	}
+	return labels, true
+}
+
+func isDigit(c byte) bool { return c >= '0' && c <= '9' }

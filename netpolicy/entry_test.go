@@ -170,6 +170,7 @@ func TestNormalizeName(t *testing.T) {
 		{"", "", "empty name"},
 		{".", "", "empty name"},
 		{"a..", "", `empty label in "a."`},
+		{"\xb0", "", `name "\xb0" is not valid UTF-8`},
 		{"a\x00b", "", `bad character '\x00' in label "a\x00b"; labels use a-z, 0-9 and '-'`},
 	}
 	for _, tt := range tests {
@@ -209,6 +210,22 @@ func TestMatchesName(t *testing.T) {
 		{"**.example.com", ".a.example.com", false},
 		{"api.example.com:443", "api.example.com", true},
 		{"1.2.3.4", "1.2.3.4", false},
+		// Wire labels (item 6): an escaped dot is inside a label, escapes
+		// name bytes, and only ASCII letters fold.
+		{"*.miek.nl", `www\.miek.nl.`, false},
+		{"**.miek.nl", `www\.miek.nl.`, false},
+		{"miek.nl", `miek\.nl`, false},
+		{"*.miek.nl", `a\.b.miek.nl`, true},
+		{"**.miek.nl", `a\.b.c.miek.nl`, true},
+		{"*.miek.nl", `\119ww.miek.nl.`, true},
+		{"*.miek.nl", `w\ww.MIEK.nl`, true},
+		{"miek.nl", `\077iek.nl`, true},
+		{"kelvin.example", "\u212aelvin.example", false},
+		{"kelvin.example", `\226\132\170elvin.example`, false},
+		{"example.com", `example.com\.`, false},
+		{"example.com", `example.com\`, false},
+		{"example.com", `exampl\999.com`, false},
+		{"example.com", "example.com..", false},
 	}
 	for _, tt := range tests {
 		e := MustParseEntry(tt.entry)

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 
 	"golang.org/x/net/idna"
 )
@@ -28,6 +29,9 @@ const (
 // name the offending label or character.
 func NormalizeName(s string) (string, error) {
 	name := s
+	if !utf8.ValidString(name) {
+		return "", fmt.Errorf("name %q is not valid UTF-8", s)
+	}
 	if !isASCII(name) || strings.Contains(strings.ToLower(name), "xn--") {
 		if r, ok := skewRune(name); ok {
 			return "", fmt.Errorf("name %q has %U, which IDNA tables since Unicode 15.1 map differently from ours (Unicode %s); write the name as its A-label (xn--...)", s, r, idna.UnicodeVersion)
