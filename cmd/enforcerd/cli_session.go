@@ -219,7 +219,7 @@ func (c *cli) sessionCreate(glob globalOpts, args []string) error {
 	fs.BoolVar(&req.NetworkOnly, "network-only", false, "no sandbox: bring your own runtime and join the netns")
 	fs.BoolVar(&req.Writable, "writable", false, "give the sandbox a writable overlay instead of a read-only root with a tmpfs /tmp")
 	fs.Var(&allow, "allow", "allow egress to `ENTRY` (name, *.wildcard, CIDR, optionally :PORT), repeatable")
-	fs.Var(&scope, "scope", "allow the host of the scope `URL`, repeatable")
+	fs.Var(&scope, "scope", "allow the host of the scope `URL`, repeatable; a scope without a port allows every port (a browser would use only the scheme's default), and an IPv4-mapped IPv6 address is judged by its IPv4 address")
 	fs.BoolVar(&req.Pin, "pin", false, "resolve every allowed host once now and pin its IPv4 addresses")
 	fs.Var(&egress, "egress", "egress `MODE`: none, allowlist or public (default: allowlist when something is allowed, else none)")
 	fs.BoolVar(&req.Lab, "lab", false, "make the session a lab target (an address, no egress unless given more)")
