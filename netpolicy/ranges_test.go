@@ -230,3 +230,68 @@ func TestIntervalPrefixes(t *testing.T) {
 		t.Errorf("whole space = %v", all)
 	}
 }
+
+// ianaIPv4Special is the IANA IPv4 Special-Purpose Address Registry
+// (iana-ipv4-special-registry, RFC 6890 and successors), transcribed: each
+// block with its "Globally Reachable" column. See testdata/README.md.
+var ianaIPv4Special = []struct {
+	block  string
+	name   string
+	global bool
+}{
+	{"0.0.0.0/8", "This network", false},
+	{"0.0.0.0/32", "This host on this network", false},
+	{"10.0.0.0/8", "Private-Use", false},
+	{"100.64.0.0/10", "Shared Address Space", false},
+	{"127.0.0.0/8", "Loopback", false},
+	{"169.254.0.0/16", "Link Local", false},
+	{"172.16.0.0/12", "Private-Use", false},
+	{"192.0.0.0/24", "IETF Protocol Assignments", false},
+	{"192.0.0.0/29", "IPv4 Service Continuity Prefix", false},
+	{"192.0.0.8/32", "IPv4 dummy address", false},
+	{"192.0.0.9/32", "Port Control Protocol Anycast", true},
+	{"192.0.0.10/32", "Traversal Using Relays around NAT Anycast", true},
+	{"192.0.0.170/32", "NAT64/DNS64 Discovery", false},
+	{"192.0.0.171/32", "NAT64/DNS64 Discovery", false},
+	{"192.0.2.0/24", "Documentation (TEST-NET-1)", false},
+	{"192.31.196.0/24", "AS112-v4", true},
+	{"192.52.193.0/24", "AMT", true},
+	{"192.88.99.0/24", "Deprecated (6to4 Relay Anycast)", false},
+	{"192.168.0.0/16", "Private-Use", false},
+	{"192.175.48.0/24", "Direct Delegation AS112 Service", true},
+	{"198.18.0.0/15", "Benchmarking", false},
+	{"198.51.100.0/24", "Documentation (TEST-NET-2)", false},
+	{"203.0.113.0/24", "Documentation (TEST-NET-3)", false},
+	{"240.0.0.0/4", "Reserved", false},
+	{"255.255.255.255/32", "Limited Broadcast", false},
+}
+
+// stricterByDesign are registry blocks that are globally reachable but
+// blocked anyway, with the reason.
+var stricterByDesign = map[string]string{
+	"192.0.0.9/32":  "inside 192.0.0.0/24, blocked whole: an anycast for NAT port control is no destination a sandbox needs",
+	"192.0.0.10/32": "inside 192.0.0.0/24, blocked whole: likewise for TURN anycast",
+}
+
+// TestIANASpecialPurposeIPv4: every block the registry says is not globally
+// reachable is blocked whole (first, last and middle address), with no
+// overrides; a globally reachable block is public unless listed, with its
+// reason, in stricterByDesign.
+func TestIANASpecialPurposeIPv4(t *testing.T) {
+	g := DefaultGuard()
+	for _, r := range ianaIPv4Special {
+		p := netip.MustParsePrefix(r.block)
+		first, last := prefixBounds(p)
+		mid := u32ToAddr(addrToU32(first) + (addrToU32(last)-addrToU32(first))/2)
+		blocked := !g.IsPublicUnicast(first) && !g.IsPublicUnicast(last) && !g.IsPublicUnicast(mid)
+		public := g.IsPublicUnicast(first) && g.IsPublicUnicast(last) && g.IsPublicUnicast(mid)
+		switch why, stricter := stricterByDesign[r.block]; {
+		case !r.global && !blocked:
+			t.Errorf("%s (%s) is not globally reachable, but part of it passes the guard", r.block, r.name)
+		case r.global && stricter && !blocked:
+			t.Errorf("%s (%s) should be blocked by design (%s)", r.block, r.name, why)
+		case r.global && !stricter && !public:
+			t.Errorf("%s (%s) is globally reachable, but the guard blocks part of it without a stated reason", r.block, r.name)
+		}
+	}
+}
