@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"runtime"
 	"sync"
 	"syscall"
 	"time"
@@ -24,10 +25,10 @@ import (
 // (schedule) and a background flusher deletes its entries, batching every
 // guest queued meanwhile into one pass. Until its entries are gone the
 // guest is pending, and the address is not handed out again (the daemon's
-// allocator asks Flushed). One guest is flushed with two dumps the kernel
-// filters (kernel 5.8 and later: CTA_FILTER) by original source (its own
-// flows, masqueraded or not) and original destination (flows a lab peer
-// opened into it); several with one unfiltered dump.
+// allocator asks Flushed). A pass is one dump of the netns's IPv4 entries;
+// it deletes those whose original source (the session's own flows,
+// masqueraded or not) or original destination (flows a lab peer opened into
+// it) is a queued guest.
 type flowTable struct {
 	mu   sync.Mutex // guards conn and serialises its use
 	nsFd int
@@ -43,8 +44,14 @@ type flowTable struct {
 	onError func(error)
 }
 
-// flushRetry is how long the flusher waits after a failed pass.
-const flushRetry = time.Second
+// flushRetry is how long the flusher waits after a failed pass;
+// flushGather how long it lets removals gather before a pass, so a burst of
+// removals costs one walk of the table, not one each (a walk keeps a core
+// busy for ~13 ms; the addresses stay quarantined meanwhile).
+const (
+	flushRetry  = time.Second
+	flushGather = 100 * time.Millisecond
+)
 
 // schedule queues guest for the background flusher.
 func (t *flowTable) schedule(guest netip.Addr) {
@@ -82,14 +89,24 @@ func (t *flowTable) idle() bool {
 	return len(t.pending) == 0
 }
 
-// flusher runs passes until stopped: each takes every queued guest.
+// flusher runs passes until stopped: each takes every queued guest. It
+// runs on a thread of its own at SCHED_IDLE: the kernel walks the table in
+// the dumping thread's context, so the walk only ever takes idle CPU, never
+// time from creates, deletes or answers.
 func (t *flowTable) flusher() {
 	defer close(t.stopped)
+	runtime.LockOSThread() // never unlocked: the thread exits with the goroutine
+	_ = unix.SchedSetAttr(0, &unix.SchedAttr{Size: unix.SizeofSchedAttr, Policy: unix.SCHED_IDLE}, 0)
 	for {
 		select {
 		case <-t.stop:
 			return
 		case <-t.wake:
+		}
+		select {
+		case <-t.stop:
+			return
+		case <-time.After(flushGather):
 		}
 		t.pmu.Lock()
 		batch := make(map[netip.Addr]bool, len(t.pending))
@@ -100,14 +117,9 @@ func (t *flowTable) flusher() {
 		if len(batch) == 0 {
 			continue
 		}
-		var err error
-		if len(batch) == 1 {
-			for g := range batch {
-				_, err = t.flushGuest(g)
-			}
-		} else {
-			_, err = t.prune(func(a netip.Addr) bool { return batch[a] })
-		}
+		// One walk for the whole batch. (Two dumps the kernel filters by
+		// address would move less data for one guest, but each is a walk.)
+		_, err := t.prune(func(a netip.Addr) bool { return batch[a] })
 		if err != nil {
 			if t.onError != nil {
 				t.onError(err)
@@ -133,16 +145,10 @@ const (
 	ctMsgGet        = unix.NFNL_SUBSYS_CTNETLINK<<8 | 1 // IPCTNL_MSG_CT_GET
 	ctMsgDelete     = unix.NFNL_SUBSYS_CTNETLINK<<8 | 2 // IPCTNL_MSG_CT_DELETE
 	ctaTupleOrig    = 1
-	ctaTupleReply   = 2
 	ctaZone         = 18
-	ctaFilter       = 25
 	ctaTupleIP      = 1
 	ctaIPv4Src      = 1
 	ctaIPv4Dst      = 2
-	ctaFilterOrig   = 1
-	ctaFilterReply  = 2
-	ctaFilterIPSrc  = 1 << 0 // CTA_FILTER_F_CTA_IP_SRC
-	ctaFilterIPDst  = 1 << 1 // CTA_FILTER_F_CTA_IP_DST
 	nfnetlinkV0     = 0
 	nestedAttribute = unix.NLA_F_NESTED
 )
@@ -194,31 +200,6 @@ func (t *flowTable) do(fn func(c *netlink.Conn) error) error {
 	return nil
 }
 
-// flushGuest deletes every IPv4 conntrack entry whose original source or
-// original destination is guest, and returns how many it deleted.
-func (t *flowTable) flushGuest(guest netip.Addr) (int, error) {
-	n := 0
-	err := t.do(func(c *netlink.Conn) error {
-		for _, by := range []struct{ attr, flag uint16 }{{ctaIPv4Src, ctaFilterIPSrc}, {ctaIPv4Dst, ctaFilterIPDst}} {
-			entries, err := dumpFlows(c, filterByOrigAddr(guest, by.attr, uint32(by.flag)))
-			if err != nil {
-				return err
-			}
-			for _, e := range entries {
-				if err := deleteFlow(c, e); err != nil {
-					return err
-				}
-				n++
-			}
-		}
-		return nil
-	})
-	if err != nil {
-		return n, fmt.Errorf("flush conntrack entries of %s: %w", guest, err)
-	}
-	return n, nil
-}
-
 // prune deletes every IPv4 conntrack entry whose original source or
 // destination is an address owned by drop, and returns how many. It dumps
 // the whole table once (a start-up reconcile, where the owners are known
@@ -254,26 +235,6 @@ type flowEntry struct {
 	tuple    []byte
 	zone     []byte
 	src, dst netip.Addr
-}
-
-// filterByOrigAddr encodes a dump filter matching entries whose original
-// tuple has addr as its source (attr ctaIPv4Src) or destination.
-func filterByOrigAddr(addr netip.Addr, attr uint16, flag uint32) []byte {
-	ip := netlink.NewAttributeEncoder()
-	ip.Bytes(attr, ipKey(addr))
-	ipb, _ := ip.Encode()
-	tuple := netlink.NewAttributeEncoder()
-	tuple.Bytes(nestedAttribute|ctaTupleIP, ipb)
-	tb, _ := tuple.Encode()
-	filter := netlink.NewAttributeEncoder()
-	filter.Uint32(ctaFilterOrig, flag)
-	filter.Uint32(ctaFilterReply, 0)
-	fb, _ := filter.Encode()
-	ae := netlink.NewAttributeEncoder()
-	ae.Bytes(nestedAttribute|ctaTupleOrig, tb)
-	ae.Bytes(nestedAttribute|ctaFilter, fb)
-	b, _ := ae.Encode()
-	return b
 }
 
 func nfgenmsg() []byte { return []byte{unix.AF_INET, nfnetlinkV0, 0, 0} }
