@@ -523,6 +523,7 @@ func countersView(c netpolicy.Counters) Counters {
 	return Counters{
 		AcceptedPackets: c.AcceptedPackets, AcceptedBytes: c.AcceptedBytes,
 		DroppedPackets: c.DroppedPackets, DroppedBytes: c.DroppedBytes,
+		LimitedPackets: c.LimitedPackets,
 	}
 }
 

@@ -41,6 +41,9 @@ type Counters struct {
 	AcceptedBytes   uint64 `json:"accepted_bytes"`
 	DroppedPackets  uint64 `json:"dropped_packets"`
 	DroppedBytes    uint64 `json:"dropped_bytes"`
+	// LimitedPackets: new flows dropped because the session was at its
+	// flow cap or over its new-flow rate (also in DroppedPackets).
+	LimitedPackets uint64 `json:"limited_packets"`
 }
 
 // PolicyView is the normalised policy of a session as inspect shows it.
