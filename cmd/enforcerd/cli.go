@@ -62,7 +62,7 @@ type cli struct {
 	now            func() time.Time
 	resolvConf     string // nameservers for the default --upstream
 	serve          func(ServeConfig) error
-	reap           func(prefix, stateDir string, pool netip.Prefix) error
+	reap           func(prefix, stateDir string, pool netip.Prefix, force bool) error
 }
 
 // newCLI returns the production command line.
@@ -443,11 +443,12 @@ func (c *cli) cmdServe(glob globalOpts, args []string) error {
 	return nil
 }
 
-const reapUsage = `usage: enforcerd reap [--name-prefix P] [--state-dir DIR] [--pool CIDR] [--config FILE]
+const reapUsage = `usage: enforcerd reap [--name-prefix P] [--state-dir DIR] [--pool CIDR] [--config FILE] [--force]
 
 Offline, with the daemon stopped: remove every kernel object of the name
 prefix (network namespaces, interfaces, the nftables table, sandboxes) and
-the state records.
+the state records. It refuses while a daemon serves the prefix or the state
+dir (--force removes them anyway, from under it).
 `
 
 func (c *cli) cmdReap(args []string) error {
@@ -469,7 +470,7 @@ func (c *cli) cmdReap(args []string) error {
 	if err != nil {
 		return usageErr(cmd, "%v", err)
 	}
-	if err := c.reap(prefix, stateDir, pool); err != nil {
+	if err := c.reap(prefix, stateDir, pool, *flags.force); err != nil {
 		return &exitError{code: exitRefused, msg: cmd + ": " + err.Error()}
 	}
 	return nil

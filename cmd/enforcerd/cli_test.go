@@ -40,7 +40,7 @@ func newTestCLI(t *testing.T) *testCLI {
 			tc.served = &cfg
 			return nil
 		},
-		reap: func(prefix, stateDir string, pool netip.Prefix) error {
+		reap: func(prefix, stateDir string, pool netip.Prefix, force bool) error {
 			tc.reaped = []string{prefix, stateDir, pool.String()}
 			return nil
 		},

@@ -112,6 +112,7 @@ func (o serveOptions) get(name string) (rawOption, bool) {
 // serveFlags holds the flag variables of serve and reap.
 type serveFlags struct {
 	config string
+	force  *bool // reap only
 	single map[string]*string
 	lists  map[string]*listFlag
 }
@@ -145,6 +146,7 @@ func defineReapFlags(fs *flag.FlagSet) *serveFlags {
 	f.single[optNamePrefix] = fs.String(optNamePrefix, "", "prefix `P` of the objects to remove (default "+defaultNamePrefix+")")
 	f.single[optStateDir] = fs.String(optStateDir, "", "state `DIR` (default "+defaultStateDir+")")
 	f.single[optPool] = fs.String(optPool, "", "address pool `CIDR` (default "+defaultPool+")")
+	f.force = fs.Bool("force", false, "remove everything even while a daemon serves the prefix or the state dir")
 	return f
 }
 

@@ -30,6 +30,13 @@ const upstreamTimeout = 2 * time.Second
 // kernel, and the next start re-adopts them.
 func runServe(cfg ServeConfig) error {
 	log := newServeLogger(cfg.LogFormat)
+	// First of all, before any kernel object is touched: a second daemon
+	// started by mistake must change nothing of the first one's.
+	inst, err := claimInstance(cfg)
+	if err != nil {
+		return err
+	}
+	defer inst.release()
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 
@@ -327,7 +334,15 @@ func sortLabFirst(recs []SessionRecord) {
 // runReap is `enforcerd reap`: with the daemon stopped, remove every object
 // of the prefix (sandboxes, netns, veths, the DNS interface, the nftables
 // table) and the state records.
-func runReap(prefix, stateDir string, pool netip.Prefix) error {
+func runReap(prefix, stateDir string, pool netip.Prefix, force bool) error {
+	if !force {
+		if pid := stateDirHeld(stateDir); pid != "" {
+			return fmt.Errorf("enforcerd pid %s serves the state dir %s; stop it first (or pass --force)", pid, stateDir)
+		}
+		if o, ok := liveInstanceFor(prefix, stateDir); ok {
+			return fmt.Errorf("enforcerd pid %d serves the name prefix %q (state dir %s); stop it first (or pass --force)", o.PID, prefix, o.StateDir)
+		}
+	}
 	log := newServeLogger("text")
 	host, err := netns.Get()
 	if err != nil {
