@@ -20,6 +20,7 @@ const (
 	StepCreateNetns  = "create-netns"  // netns file, new netns bind-mounted on it
 	StepDisableIPv6  = "disable-ipv6"  // in the netns: net.ipv6.conf.{all,default}.disable_ipv6=1
 	StepLoUp         = "lo-up"         // in the netns: lo up
+	StepResolvConf   = "resolv-conf"   // <EtcNetnsDir>/<prefix>-<session>/resolv.conf naming the DNS anycast address
 	StepAddVeth      = "add-veth"      // veth <prefix><slot>h in the host netns, peer eth0 created in the session netns
 	StepTagVeth      = "tag-veth"      // alias "<prefix>-<session>" on the host side (its owner)
 	StepHostIPv6     = "host-ipv6"     // IPv6 disabled on the host side
@@ -33,13 +34,14 @@ const (
 // CreateSteps lists every step of Create with a NIC, in order.
 var CreateSteps = []string{
 	StepAllocateSlot, StepCreateNetns, StepDisableIPv6, StepLoUp,
-	StepAddVeth, StepTagVeth, StepHostIPv6, StepHostAddr, StepHostUp,
+	StepResolvConf, StepAddVeth, StepTagVeth, StepHostIPv6, StepHostAddr, StepHostUp,
 	StepGuestAddr, StepGuestUp, StepGuestRoute,
 }
 
 // Create builds the network of a session: a named netns with lo up and
-// IPv6 disabled and, if nic, a veth pair with the slot's addresses and the
-// guest's default route. Without nic (egress none) the netns has only lo.
+// IPv6 disabled and, if nic, a veth pair with the slot's addresses, the
+// guest's default route and the resolv.conf `ip netns exec` shows it (see
+// Config.EtcNetnsDir). Without nic (egress none) the netns has only lo.
 //
 // Create is a transaction: every step registers its undo, and a failure at
 // any step unwinds the steps before it in reverse, leaving no netns file,
@@ -146,6 +148,7 @@ func (c *creation) run(nic bool) error {
 		name string
 		fn   func() error
 	}{
+		{StepResolvConf, c.writeResolvConf},
 		{StepAddVeth, c.addVeth},
 		{StepTagVeth, c.tagVeth},
 		{StepHostIPv6, c.disableHostIPv6},
@@ -294,6 +297,14 @@ func (c *creation) addDefaultRoute() error {
 		return fmt.Errorf("add default route via %s in netns %s: %w", c.gw, NetnsName(c.m.cfg.Prefix, c.name), err)
 	}
 	return nil
+}
+
+// writeResolvConf writes the session's resolv.conf; the undo removes it
+// (and its directory when empty) even after a partial write.
+func (c *creation) writeResolvConf() error {
+	m, name := c.m, c.name
+	c.undo.push("resolv.conf "+m.ResolvConfPath(name), func() error { return m.removeResolvConf(name) })
+	return m.writeResolvConf(name)
 }
 
 func addAddr(h *netlink.Handle, link netlink.Link, a netip.Addr) error {

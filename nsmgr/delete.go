@@ -6,6 +6,9 @@ import "fmt"
 // NIC); it needs no live handle, so it works after a restart. Every step
 // treats "already gone" as success: calling Delete twice is fine.
 //
+// It removes the session's resolv.conf under Config.EtcNetnsDir (and the
+// directory holding it, when left empty) first.
+//
 // Fast path: it unmounts (MNT_DETACH) and removes the netns file, and the
 // kernel removes the veth pair in the background once nothing else holds
 // the netns (LinkDel would wait ~35 ms under the global network lock). The
@@ -31,6 +34,11 @@ func (m *Manager) Delete(name string, slot int) error {
 	}
 	m.mu.Unlock()
 
+	// Always, whatever the slot: a session without NIC has no file, and
+	// removing none is success.
+	if err := m.removeResolvConf(name); err != nil {
+		return fmt.Errorf("delete session %s: %w", name, err)
+	}
 	if err := removeNetns(m.NetnsPath(name)); err != nil {
 		return fmt.Errorf("delete session %s: %w", name, err)
 	}

@@ -27,6 +27,11 @@ type Config struct {
 	// NetnsDir is where the session netns are bind-mounted (default
 	// /run/netns, where `ip netns` finds them).
 	NetnsDir string
+	// EtcNetnsDir is where a session with a NIC gets
+	// <prefix>-<session>/resolv.conf naming the DNS anycast address, the
+	// file `ip netns exec` shows as /etc/resolv.conf (default /etc/netns,
+	// iproute2's convention).
+	EtcNetnsDir string
 	// GuestClean, when set, is asked before a released slot is handed out
 	// again, with the slot's guest address: false keeps the slot
 	// quarantined (state elsewhere keyed by that address, such as the
@@ -89,6 +94,9 @@ func New(cfg Config) (*Manager, error) {
 	}
 	if cfg.NetnsDir == "" {
 		cfg.NetnsDir = DefaultNetnsDir
+	}
+	if cfg.EtcNetnsDir == "" {
+		cfg.EtcNetnsDir = DefaultEtcNetnsDir
 	}
 	h, err := handleIn(cfg.HostNS)
 	if err != nil {

@@ -59,6 +59,13 @@ func (m *Manager) Recover() ([]Session, error) {
 		}
 	}
 	ipam.seek(last + 1) // carry on where the previous run probably stopped
+	// Sessions with a NIC get their resolv.conf again (idempotent): one
+	// made by a version that wrote none, or one removed by hand.
+	for session := range owner {
+		if err := m.writeResolvConf(session); err != nil {
+			return nil, fmt.Errorf("recover: %w", err)
+		}
+	}
 	// Veths made by a version that did not lock ARP get it now (idempotent).
 	err = Do(m.cfg.HostNS, func() error {
 		for _, l := range owner {
@@ -80,13 +87,15 @@ func (m *Manager) Recover() ([]Session, error) {
 	return sortedSessions(sessions), nil
 }
 
-// Reap removes every netns file "<prefix>-<session>" and every host veth
-// owned by this prefix (alias "<prefix>-<session>") whose session is not in
-// keep, and nothing else: no object of another prefix, not the DNS
-// interface. Veths are deleted synchronously, including those that linger
-// because something still holds their netns. It returns what it removed
-// ("netns <name>", "link <name>"). Do not run it concurrently with a Create
-// of a session that is not in keep.
+// Reap removes every netns file "<prefix>-<session>", every host veth
+// owned by this prefix (alias "<prefix>-<session>") and the resolv.conf of
+// every directory <EtcNetnsDir>/<prefix>-<session> (with the directory when
+// left empty) whose session is not in keep, and nothing else: no object of
+// another prefix, not the DNS interface. Veths are deleted synchronously,
+// including those that linger because something still holds their netns.
+// It returns the kernel objects it removed ("netns <name>", "link <name>").
+// Do not run it concurrently with a Create of a session that is not in
+// keep.
 func (m *Manager) Reap(keep map[string]bool) ([]string, error) {
 	st, err := m.scan()
 	if err != nil {
@@ -106,6 +115,17 @@ func (m *Manager) Reap(keep map[string]bool) ([]string, error) {
 			continue
 		}
 		removed = append(removed, "netns "+NetnsName(m.cfg.Prefix, n.session))
+	}
+	confs, err := m.resolvConfSessions()
+	if err != nil {
+		errs = append(errs, err)
+	}
+	for _, session := range confs {
+		if !keep[session] {
+			if err := m.removeResolvConf(session); err != nil {
+				errs = append(errs, err)
+			}
+		}
 	}
 	// Veths of sessions not kept, and stale veths of kept sessions (an old
 	// veth lingering beside the live one after the name was reused).

@@ -242,6 +242,20 @@ func (c *cli) sessionCreate(glob globalOpts, args []string) error {
 		pidsSet = pidsSet || f.Name == "pids"
 		rootf = rootf || f.Name == "rootfs"
 	})
+	// The first flag given that configures the sandbox, in the daemon's
+	// order (a false --net-raw or --writable asks for nothing).
+	var sandboxOnly string
+	for _, f := range []struct {
+		name string
+		set  bool
+	}{
+		{"memory", memory.bytes != 0}, {"pids", pidsSet}, {"cpus", cpus != 0},
+		{"net-raw", req.NetRaw}, {"writable", req.Writable},
+	} {
+		if f.set && sandboxOnly == "" {
+			sandboxOnly = f.name
+		}
+	}
 	if pidsSet && req.Pids <= 0 {
 		return usageErr(cmd, "invalid value \"%d\" for flag -pids: want a positive number", req.Pids)
 	}
@@ -252,6 +266,8 @@ func (c *cli) sessionCreate(glob globalOpts, args []string) error {
 		return usageErr(cmd, "missing --rootfs DIR or --network-only")
 	case rootf && req.Rootfs == "":
 		return usageErr(cmd, "invalid value \"\" for flag -rootfs: want a directory")
+	case req.NetworkOnly && sandboxOnly != "":
+		return usageErr(cmd, "--%s has no effect with --network-only: there is no sandbox; leave it out", sandboxOnly)
 	}
 	if req.Rootfs != "" {
 		abs, err := filepath.Abs(req.Rootfs)

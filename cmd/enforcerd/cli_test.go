@@ -281,3 +281,39 @@ func TestCLIReap(t *testing.T) {
 		t.Fatalf("reaped %v, want %v", c.reaped, want)
 	}
 }
+
+// TestCLINetworkOnlyRefusesSandboxFlags: a flag that configures the sandbox
+// has no effect without one; --network-only refuses it in one line naming
+// it, before asking the daemon. A false boolean asks for nothing.
+func TestCLINetworkOnlyRefusesSandboxFlags(t *testing.T) {
+	for _, tc := range []struct {
+		flags []string
+		flag  string
+	}{
+		{[]string{"--memory", "1G"}, "--memory"},
+		{[]string{"--pids", "10"}, "--pids"},
+		{[]string{"--cpus", "0.5"}, "--cpus"},
+		{[]string{"--net-raw"}, "--net-raw"},
+		{[]string{"--writable"}, "--writable"},
+		{[]string{"--writable", "--memory", "1G"}, "--memory"}, // the first in the daemon's order
+	} {
+		args := append([]string{"session", "create", "s1", "--network-only"}, tc.flags...)
+		t.Run(strings.Join(args, " "), func(t *testing.T) {
+			c := newTestCLI(t)
+			c.env["ENFORCERD_SOCKET"] = filepath.Join(t.TempDir(), "nobody.sock")
+			if code := c.run(args...); code != exitUsage {
+				t.Errorf("exit %d, want 2 (stderr %q)", code, c.errOut.String())
+			}
+			want := "enforcerd session create: " + tc.flag + " has no effect with --network-only: there is no sandbox; leave it out\n"
+			if got := c.errOut.String(); got != want {
+				t.Errorf("stderr\n got %q\nwant %q", got, want)
+			}
+		})
+	}
+	// False booleans pass the CLI (the daemon is then unreachable: exit 1).
+	c := newTestCLI(t)
+	c.env["ENFORCERD_SOCKET"] = filepath.Join(t.TempDir(), "nobody.sock")
+	if code := c.run("session", "create", "s1", "--network-only", "--net-raw=false", "--writable=false"); code == exitUsage {
+		t.Errorf("--net-raw=false --writable=false refused: %q", c.errOut.String())
+	}
+}

@@ -179,9 +179,35 @@ func (e *engine) validateRequest(req *CreateRequest) error {
 	if err := validateCPUs(req.CPUs, runtime.NumCPU()); err != nil {
 		return badRequest(err)
 	}
+	if req.NetworkOnly {
+		if err := sandboxOnlyField(*req); err != nil {
+			return badRequest(err)
+		}
+	}
 	for k := range req.Labels {
 		if k == "" || strings.ContainsAny(k, "=,") {
 			return badRequest(fmt.Errorf("label key %q: must be non-empty without '=' or ','", k))
+		}
+	}
+	return nil
+}
+
+// sandboxOnlyField refuses a --network-only request that sets what only a
+// sandbox has: the session would silently hold less than asked for. The
+// error names the JSON field and the CLI flag.
+func sandboxOnlyField(req CreateRequest) error {
+	for _, f := range []struct {
+		set         bool
+		field, flag string
+	}{
+		{req.MemoryBytes != 0, "memory_bytes", "--memory"},
+		{req.Pids != 0, "pids", "--pids"},
+		{req.CPUs != 0, "cpus", "--cpus"},
+		{req.NetRaw, "net_raw", "--net-raw"},
+		{req.Writable, "writable", "--writable"},
+	} {
+		if f.set {
+			return fmt.Errorf("%s (%s) has no effect with network_only (--network-only): there is no sandbox; leave it out", f.field, f.flag)
 		}
 	}
 	return nil
@@ -550,12 +576,17 @@ func (e *engine) summary(s *liveSession) SessionInfo {
 	if labels == nil {
 		labels = map[string]string{}
 	}
+	var dns string
+	if s.hasNIC() {
+		dns = addrString(e.dnsAddr)
+	}
 	return SessionInfo{
 		Name:      s.rec.Name,
 		Netns:     s.rec.Netns,
 		GuestIP:   addrString(s.rec.Guest),
 		GatewayIP: addrString(s.rec.Gateway),
 		HostVeth:  s.rec.HostIface,
+		DNS:       dns,
 		Egress:    string(s.policy.Egress),
 		Policy: PolicyView{
 			Allow:    entryStrings(s.policy.Allow),
@@ -563,12 +594,37 @@ func (e *engine) summary(s *liveSession) SessionInfo {
 			Lab:      s.policy.Lab,
 			Pinned:   pinned,
 		},
-		Sandbox:  s.rec.Sandbox,
-		Rootfs:   s.rec.Request.Rootfs,
-		Attested: []AttestedAddr{},
-		Labels:   labels,
-		Created:  s.rec.Created,
+		Sandbox:     s.rec.Sandbox,
+		Rootfs:      s.rec.Request.Rootfs,
+		SandboxView: sandboxView(s.rec),
+		Attested:    []AttestedAddr{},
+		Labels:      labels,
+		Created:     s.rec.Created,
 	}
+}
+
+// sandboxView is what a session's sandbox holds: the request's limits, or
+// the defaults container applies to a limit left at zero (sandboxSpec
+// passes the request's values on unchanged). Nil without a sandbox.
+func sandboxView(rec SessionRecord) *SandboxView {
+	if !rec.Sandbox {
+		return nil
+	}
+	req := rec.Request
+	v := &SandboxView{
+		MemoryBytes: req.MemoryBytes, Pids: req.Pids, CPUs: req.CPUs,
+		NetRaw: req.NetRaw, Writable: req.Writable,
+	}
+	if v.MemoryBytes == 0 {
+		v.MemoryBytes = container.DefaultMemoryBytes
+	}
+	if v.Pids == 0 {
+		v.Pids = container.DefaultPidsMax
+	}
+	if v.CPUs == 0 {
+		v.CPUs = container.DefaultCPUs
+	}
+	return v
 }
 
 // info is summary plus the kernel's view: attested set and counters.

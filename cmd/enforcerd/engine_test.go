@@ -1,7 +1,9 @@
 package main
 
 import (
+	"encoding/json"
 	"errors"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"testing"
@@ -56,4 +58,79 @@ func TestValidateRequestRootfs(t *testing.T) {
 	if err := e.validateRequest(&req); err == nil || !errors.Is(err, ErrBadRequest) {
 		t.Errorf("cpus 1e6: %v, want a bad request", err)
 	}
+}
+
+// TestValidateRequestNetworkOnlySandboxFields: the daemon refuses what the
+// CLI refuses, for API callers: a 400 naming the field and the flag.
+func TestValidateRequestNetworkOnlySandboxFields(t *testing.T) {
+	e := &engine{}
+	for _, tc := range []struct {
+		req         CreateRequest
+		field, flag string
+	}{
+		{CreateRequest{MemoryBytes: 1 << 30}, "memory_bytes", "--memory"},
+		{CreateRequest{Pids: 10}, "pids", "--pids"},
+		{CreateRequest{CPUs: 0.5}, "cpus", "--cpus"},
+		{CreateRequest{NetRaw: true}, "net_raw", "--net-raw"},
+		{CreateRequest{Writable: true}, "writable", "--writable"},
+	} {
+		req := tc.req
+		req.Name, req.NetworkOnly = "s1", true
+		err := e.validateRequest(&req)
+		want := tc.field + " (" + tc.flag + ") has no effect with network_only (--network-only): there is no sandbox; leave it out"
+		if err == nil || err.Error() != want || !errors.Is(err, ErrBadRequest) {
+			t.Errorf("%+v: %v, want a bad request %q", tc.req, err, want)
+		}
+	}
+	req := CreateRequest{Name: "s1", NetworkOnly: true}
+	if err := e.validateRequest(&req); err != nil {
+		t.Errorf("plain --network-only: %v", err)
+	}
+}
+
+// TestSummaryShowsWhatTheSessionHolds: inspect and create --json show the
+// sandbox's limits with the defaults filled in, its capabilities and root,
+// and the resolver of a session with a NIC; a --network-only session shows
+// no sandbox fields at all.
+func TestSummaryShowsWhatTheSessionHolds(t *testing.T) {
+	e := &engine{dnsAddr: netip.MustParseAddr("10.20.255.254")}
+	render := func(rec SessionRecord) map[string]any {
+		t.Helper()
+		b, err := json.Marshal(e.summary(&liveSession{rec: rec}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var m map[string]any
+		if err := json.Unmarshal(b, &m); err != nil {
+			t.Fatal(err)
+		}
+		return m
+	}
+	check := func(what string, got map[string]any, want map[string]any, absent ...string) {
+		t.Helper()
+		for k, v := range want {
+			if got[k] != v {
+				t.Errorf("%s: %s = %v (%T), want %v", what, k, got[k], got[k], v)
+			}
+		}
+		for _, k := range absent {
+			if v, ok := got[k]; ok {
+				t.Errorf("%s: %s = %v, want it absent", what, k, v)
+			}
+		}
+	}
+	guest := netip.MustParseAddr("10.20.0.2")
+	check("defaults", render(SessionRecord{Name: "a", Slot: 0, Guest: guest, Sandbox: true}), map[string]any{
+		"memory_bytes": float64(512 << 20), "pids": float64(1024), "cpus": float64(1),
+		"net_raw": false, "writable": false, "dns": "10.20.255.254",
+	})
+	check("given", render(SessionRecord{Name: "b", Slot: 1, Guest: guest, Sandbox: true, Request: CreateRequest{
+		MemoryBytes: 1 << 30, Pids: 50, CPUs: 1.5, NetRaw: true, Writable: true,
+	}}), map[string]any{
+		"memory_bytes": float64(1 << 30), "pids": float64(50), "cpus": 1.5,
+		"net_raw": true, "writable": true, "dns": "10.20.255.254",
+	})
+	check("no NIC", render(SessionRecord{Name: "c", Slot: -1, Sandbox: true}), map[string]any{"pids": float64(1024)}, "dns")
+	check("network-only", render(SessionRecord{Name: "d", Slot: 2, Guest: guest, Request: CreateRequest{NetworkOnly: true}}),
+		map[string]any{"dns": "10.20.255.254"}, "memory_bytes", "pids", "cpus", "net_raw", "writable")
 }

@@ -54,21 +54,35 @@ type PolicyView struct {
 	Pinned   map[string][]string `json:"pinned,omitempty"`
 }
 
+// SandboxView is what a session's sandbox holds, the defaults filled in
+// where the request gave none. Its fields appear at the top level of a
+// SessionInfo, and only for a session with a sandbox.
+type SandboxView struct {
+	MemoryBytes int64   `json:"memory_bytes"` // container.DefaultMemoryBytes when not given
+	Pids        int64   `json:"pids"`         // container.DefaultPidsMax when not given
+	CPUs        float64 `json:"cpus"`         // container.DefaultCPUs when not given
+	NetRaw      bool    `json:"net_raw"`
+	Writable    bool    `json:"writable"`
+}
+
 // SessionInfo is what list and inspect return.
 type SessionInfo struct {
-	Name      string            `json:"name"`
-	Netns     string            `json:"netns"`
-	GuestIP   string            `json:"guest_ip,omitempty"`
-	GatewayIP string            `json:"gateway_ip,omitempty"`
-	HostVeth  string            `json:"host_veth,omitempty"`
-	Egress    string            `json:"egress"`
-	Policy    PolicyView        `json:"policy"`
-	Sandbox   bool              `json:"sandbox"`
-	Rootfs    string            `json:"rootfs,omitempty"`
-	Attested  []AttestedAddr    `json:"attested"`
-	Counters  Counters          `json:"counters"`
-	Labels    map[string]string `json:"labels"`
-	Created   time.Time         `json:"created"`
+	Name      string     `json:"name"`
+	Netns     string     `json:"netns"`
+	GuestIP   string     `json:"guest_ip,omitempty"`
+	GatewayIP string     `json:"gateway_ip,omitempty"`
+	HostVeth  string     `json:"host_veth,omitempty"`
+	DNS       string     `json:"dns,omitempty"` // the resolver the session uses (the anycast address); none without a NIC
+	Egress    string     `json:"egress"`
+	Policy    PolicyView `json:"policy"`
+	Sandbox   bool       `json:"sandbox"`
+	Rootfs    string     `json:"rootfs,omitempty"`
+	// *SandboxView's fields, flattened; absent with --network-only.
+	*SandboxView
+	Attested []AttestedAddr    `json:"attested"`
+	Counters Counters          `json:"counters"`
+	Labels   map[string]string `json:"labels"`
+	Created  time.Time         `json:"created"`
 }
 
 // ExecRequest is the body of POST /v1/sessions/{name}/exec.
