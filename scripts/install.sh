@@ -6,8 +6,11 @@ cd "$(dirname "$0")/.."
 [ -x bin/enforcerd ] || { echo "install.sh: bin/enforcerd missing; run make build first" >&2; exit 1; }
 install -m 0755 bin/enforcerd /usr/local/bin/enforcerd
 install -d -m 0755 /usr/local/share/doc/enforcerd
-install -m 0644 README.md docs/network-model.md /usr/local/share/doc/enforcerd/
-install -m 0644 scripts/enforcerd.service /etc/systemd/system/enforcerd.service
+install -m 0644 README.md docs/network-model.md docs/threat-model.md /usr/local/share/doc/enforcerd/
+# The vendor unit directory for locally installed software; /etc/systemd/system stays the
+# admin's place for overrides (systemctl edit enforcerd).
+install -d -m 0755 /usr/local/lib/systemd/system
+install -m 0644 scripts/enforcerd.service /usr/local/lib/systemd/system/enforcerd.service
 if [ ! -e /etc/enforcerd.toml ]; then
 	cat >/etc/enforcerd.toml <<'TOML'
 # enforcerd configuration; every key is also a `enforcerd serve` flag (flags win).
