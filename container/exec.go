@@ -6,6 +6,10 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -20,7 +24,8 @@ import (
 const drainGrace = 500 * time.Millisecond
 
 // Exec runs a command in sandbox name and returns its exit code: the status it exited with, or
-// 128+N when signal N killed it. Several Execs may run at once in one sandbox.
+// 128+N when signal N killed it. Several Execs may run at once in one sandbox. A command that
+// never started is a *StartError (not found, cannot be run, the pids limit).
 //
 // Every exec'd process leads its own session and process group (nsexec calls setsid), so on
 // Timeout or ctx cancellation Exec kills that whole group with SIGKILL, waits for the leader and
@@ -66,7 +71,11 @@ func (m *Manager) Exec(ctx context.Context, name string, p ExecSpec) (exitCode i
 	if xio.childStderr != nil {
 		proc.Stderr = xio.childStderr
 	}
+	pidsBefore := m.pidsRefused(box)
 	if err := box.c.Run(proc); err != nil {
+		if serr := m.startError(box, p.Args[0], pidsBefore, err); serr != nil {
+			return -1, serr
+		}
 		return -1, fmt.Errorf("exec %q in %s: %w", p.Args[0], name, err)
 	}
 	xio.started()
@@ -210,4 +219,139 @@ func (x *execIO) closeAll() {
 			}
 		}
 	})
+}
+
+// Exit statuses of a command that never started, as container runtimes give them (docker and
+// podman: 127 "command cannot be found", 126 "command cannot be invoked").
+const (
+	ExitNotFound  = 127
+	ExitCannotRun = 126
+)
+
+// StartError is the error of an Exec whose command never started. Code is the exit status to
+// report (ExitNotFound or ExitCannotRun); Reason says why in a few words ("command not found",
+// "command cannot be run", "pids limit reached (8 of 8 processes)"); Err is libcontainer's.
+type StartError struct {
+	Code    int
+	Command string // Args[0]
+	Sandbox string
+	Reason  string
+	Detail  string // the system's own words, e.g. "executable file not found in $PATH"
+	Err     error
+}
+
+func (e *StartError) Error() string {
+	msg := fmt.Sprintf("exec %q in %s: %s", e.Command, e.Sandbox, e.Reason)
+	if e.Detail != "" {
+		msg += ": " + e.Detail
+	}
+	return msg
+}
+
+func (e *StartError) Unwrap() error { return e.Err }
+
+// startError tells why box's Run of command failed, or returns nil when it cannot tell (the
+// caller reports libcontainer's error as it is).
+//
+// libcontainer's init looks the command up (exec.LookPath, in the sandbox, with its PATH) before
+// it execs it and sends the failure back as text only (an unexported initError): the text
+// `exec: "<command>": <reason>` is that lookup's *exec.Error, which classifyLookup reads.
+//
+// A full pids cgroup shows no such text: the init is moved into the cgroup, over its limit
+// (moving a task never fails on pids.max), and dies when it cannot make a thread (libcontainer
+// says only "procReady not received"). So the cgroup's own count of refused forks
+// (pids.events "max") is read before and after: when it grew while a Run failed, the limit is
+// why. Another exec in the same sandbox hitting the limit at the same moment is
+// indistinguishable (the sandbox is at its limit either way).
+func (m *Manager) startError(box *sandbox, command string, pidsBefore int64, err error) error {
+	se := &StartError{Command: command, Sandbox: box.name, Err: err}
+	if code, detail, ok := classifyLookup(command, err.Error()); ok {
+		se.Code, se.Detail = code, detail
+		se.Reason = "command not found"
+		if code == ExitCannotRun {
+			se.Reason = "command cannot be run"
+		}
+		return se
+	}
+	if after := m.pidsRefused(box); pidsBefore >= 0 && after > pidsBefore {
+		se.Code, se.Reason, se.Detail = ExitCannotRun, "pids limit reached", err.Error()
+		if max, ok := m.pidsMax(box); ok {
+			se.Reason = fmt.Sprintf("pids limit reached (%d processes)", max)
+		}
+		return se
+	}
+	return nil
+}
+
+// classifyLookup finds the lookup failure of command in libcontainer's error text and returns
+// its exit status and the system's words: not found (no such file, not in $PATH, a path
+// component not a directory, a symlink loop, a name too long) is ExitNotFound; anything else
+// the lookup refused (permission denied, a directory) is ExitCannotRun.
+func classifyLookup(command, msg string) (code int, detail string, ok bool) {
+	marker := "exec: " + strconv.Quote(command) + ": "
+	i := strings.LastIndex(msg, marker)
+	if i < 0 {
+		return 0, "", false
+	}
+	detail = msg[i+len(marker):]
+	for _, nf := range []string{
+		exec.ErrNotFound.Error(), "no such file or directory", "not a directory",
+		"too many levels of symbolic links", "file name too long",
+	} {
+		if strings.HasSuffix(detail, nf) {
+			return ExitNotFound, detail, true
+		}
+	}
+	return ExitCannotRun, detail, true
+}
+
+// pidsRefused is the sandbox's count of forks its pids limit refused (pids.events "max"), or
+// -1 when it cannot be read.
+func (m *Manager) pidsRefused(box *sandbox) int64 {
+	dir := m.pidsDir(box)
+	if dir == "" {
+		return -1
+	}
+	b, err := os.ReadFile(filepath.Join(dir, "pids.events"))
+	if err != nil {
+		return -1
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "max "); ok {
+			if n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64); err == nil {
+				return n
+			}
+		}
+	}
+	return -1
+}
+
+// pidsMax is the sandbox's pids limit as the cgroup holds it.
+func (m *Manager) pidsMax(box *sandbox) (int64, bool) {
+	dir := m.pidsDir(box)
+	if dir == "" {
+		return 0, false
+	}
+	b, err := os.ReadFile(filepath.Join(dir, "pids.max"))
+	if err != nil {
+		return 0, false
+	}
+	n, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+	return n, err == nil
+}
+
+// pidsDir is the directory of the sandbox's pids cgroup: the "pids" controller's (cgroup v1)
+// or the unified one (v2); "" when unknown. Computed once per sandbox.
+func (m *Manager) pidsDir(box *sandbox) string {
+	box.pidsOnce.Do(func() {
+		paths, err := cgroupPaths(m.cfg.Prefix, box.l.id)
+		if err != nil {
+			return
+		}
+		box.pidsDir = paths["pids"]
+		if box.pidsDir == "" {
+			box.pidsDir = paths[""]
+		}
+	})
+	return box.pidsDir
 }

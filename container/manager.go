@@ -52,6 +52,9 @@ type sandbox struct {
 	// initDone is closed when the daemon has reaped the sandbox's init; nil for a sandbox
 	// adopted after a restart (its init is no longer the daemon's child).
 	initDone chan struct{}
+	// pidsDir is the sandbox's pids cgroup directory, computed once (Manager.pidsDir).
+	pidsOnce sync.Once
+	pidsDir  string
 }
 
 // New checks cfg and the host, and makes the state and layer directories.

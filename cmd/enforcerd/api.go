@@ -458,6 +458,10 @@ func (a *api) exec(w http.ResponseWriter, r *http.Request) {
 	case errors.Is(err, ErrExecTimeout):
 		exit := exitTimeout
 		_ = fw.frame(execFrame{Error: oneLine(err.Error()), Exit: &exit})
+	case errors.Is(err, ErrNotStarted):
+		// The command never started (not found 127, cannot be run 126): the
+		// caller's mistake or the sandbox's limit, not the daemon's failure.
+		_ = fw.frame(execFrame{Error: oneLine(err.Error()), Exit: &code})
 	case !fw.hasStarted() && statusOf(err) < 500:
 		a.fail(w, r, err) // refused before anything ran: a plain JSON error
 	default:

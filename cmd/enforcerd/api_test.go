@@ -338,6 +338,14 @@ func TestAPIExecFrames(t *testing.T) {
 		{"internal failure before output", func(context.Context, string, ExecRequest, io.Writer, io.Writer) (int, error) {
 			return 125, errors.New("exec in s1: start: no such file")
 		}, []execFrame{{Error: "exec in s1: start: no such file", Exit: intPtr(125)}}},
+		// A command that never started carries its own status (not 125:
+		// enforcerd did not fail), and the line says why.
+		{"command not found", func(context.Context, string, ExecRequest, io.Writer, io.Writer) (int, error) {
+			return 127, classify(errors.New(`exec "nosuch" in s1: command not found: executable file not found in $PATH`), ErrNotStarted)
+		}, []execFrame{{Error: `exec "nosuch" in s1: command not found: executable file not found in $PATH`, Exit: intPtr(127)}}},
+		{"command cannot be run", func(context.Context, string, ExecRequest, io.Writer, io.Writer) (int, error) {
+			return 126, classify(errors.New(`exec "sh" in s1: pids limit reached (8 processes): procReady not received`), ErrNotStarted)
+		}, []execFrame{{Error: `exec "sh" in s1: pids limit reached (8 processes): procReady not received`, Exit: intPtr(126)}}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

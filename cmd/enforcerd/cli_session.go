@@ -305,7 +305,9 @@ const execUsage = `usage: enforcerd session exec NAME [options] -- CMD [ARG]...
 
 Run a command in the session's sandbox, streaming its output. The exit status
 is the command's, 124 when it timed out, 125 when enforcerd itself failed
-(including an unknown session or one without a sandbox).
+(including an unknown session or one without a sandbox), 127 when the command
+is not found and 126 when it cannot be run (not executable, a directory, or
+the sandbox's pids limit reached).
 `
 
 // maxExecStdin bounds --stdin: the request body is limited to 1 MiB.

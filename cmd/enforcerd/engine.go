@@ -676,6 +676,13 @@ func (e *engine) Exec(ctx context.Context, name string, req ExecRequest, stdout,
 		spec.Stdin = bytes.NewReader(req.Stdin)
 	}
 	code, err := e.boxes.Exec(ctx, name, spec)
+	var serr *container.StartError
+	if errors.As(err, &serr) {
+		// The command never started: 127 or 126, as container runtimes
+		// say it, with the reason in the one line.
+		e.lifecycle(name, "exec", map[string]any{"args": req.Args, "exit": serr.Code, "error": serr.Error()})
+		return serr.Code, classify(err, ErrNotStarted)
+	}
 	if errors.Is(err, container.ErrTimeout) {
 		e.lifecycle(name, "exec_timeout", map[string]any{"args": req.Args, "timeout": req.Timeout})
 		return 124, fmt.Errorf("exec in %s: %w after %s", name, ErrExecTimeout, timeout)

@@ -115,6 +115,9 @@ var (
 	ErrBadRequest    = errors.New("bad request")            // 400
 	ErrNoSandbox     = errors.New("session has no sandbox") // 409
 	ErrExecTimeout   = errors.New("command timed out")      // exec exit 124
+	// ErrNotStarted: the command never started; Exec returns its status
+	// with it (127 not found, 126 cannot be run, as container runtimes).
+	ErrNotStarted = errors.New("command not started")
 )
 
 // Engine is what the API serves: the session lifecycle composed from nsmgr,
