@@ -126,7 +126,7 @@ func TestE2EExecNotStarted(t *testing.T) {
 	e.create("small", "--pids", "8")
 	e.sh("small", "for i in 1 2 3 4 5 6 7 8 9 10; do sleep 300 & done; wait") // fills the cgroup; its fork fails
 	var last string
-	for i := 0; i < 5; i++ { // a start that needs no new thread can still slip through
+	for i := 0; i < 20; i++ { // a start that needs no new thread can still slip through
 		out, errOut, code := e.run("session", "exec", "small", "--", "sh", "-c", "sleep 1 & wait")
 		if code == 126 && strings.Contains(errOut, "pids limit reached") && out == "" {
 			e2eOneLine(t, "exec at the pids limit", errOut)
