@@ -251,7 +251,7 @@ func TestAttackConntrackInherited(t *testing.T) {
 		t.Logf("A's host veth %s still exists after 10s: skipping the reuse part", a.HostIface)
 		return
 	}
-	mgr2, err := nsmgr.New(nsmgr.Config{Prefix: e.prefix, Pool: e.pool, HostNS: w.Host})
+	mgr2, err := nsmgr.New(nsmgr.Config{Prefix: e.prefix, Pool: e.pool, HostNS: w.Host, EtcNetnsDir: t.TempDir()})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -127,7 +127,7 @@ func newDPEnvFirewall(t *testing.T, fwMod func(*netpolicy.FirewallConfig), mod f
 	e := &dpEnv{w: w, events: &dpEvents{}}
 	prefix := "d" + w.ID[:5] // nsmgr allows 6 characters
 	pool := nsmgr.DefaultPool
-	mgr, err := nsmgr.New(nsmgr.Config{Prefix: prefix, Pool: pool, HostNS: w.Host})
+	mgr, err := nsmgr.New(nsmgr.Config{Prefix: prefix, Pool: pool, HostNS: w.Host, EtcNetnsDir: t.TempDir()})
 	if err != nil {
 		t.Fatalf("nsmgr: %v", err)
 	}

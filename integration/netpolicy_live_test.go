@@ -48,7 +48,7 @@ func newNPEnv(t *testing.T, floor time.Duration) *npEnv {
 	requireTool(t, "ip")
 	w := world.New(t)
 	e := &npEnv{w: w, prefix: "t" + w.ID[:4], pool: nsmgr.DefaultPool}
-	mgr, err := nsmgr.New(nsmgr.Config{Prefix: e.prefix, Pool: e.pool, HostNS: w.Host})
+	mgr, err := nsmgr.New(nsmgr.Config{Prefix: e.prefix, Pool: e.pool, HostNS: w.Host, EtcNetnsDir: t.TempDir()})
 	if err != nil {
 		t.Fatalf("nsmgr: %v", err)
 	}

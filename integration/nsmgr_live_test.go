@@ -47,10 +47,11 @@ func freshPrefix(t testing.TB, prefix string) string {
 func newManager(t *testing.T, w *world.World, prefix string, pool string, fault func(string) error) *nsmgr.Manager {
 	t.Helper()
 	m, err := nsmgr.New(nsmgr.Config{
-		Prefix: prefix,
-		Pool:   netip.MustParsePrefix(pool),
-		HostNS: w.Host,
-		Fault:  fault,
+		Prefix:      prefix,
+		Pool:        netip.MustParsePrefix(pool),
+		HostNS:      w.Host,
+		Fault:       fault,
+		EtcNetnsDir: t.TempDir(), // the real /etc/netns is the e2e tests' (TestE2ENetworkOnlyResolvConf)
 	})
 	if err != nil {
 		t.Fatalf("nsmgr.New: %v", err)
@@ -792,7 +793,7 @@ func TestNsmgrCustomNetnsDir(t *testing.T) {
 		}
 	})
 	newIn := func() *nsmgr.Manager {
-		m, err := nsmgr.New(nsmgr.Config{Prefix: prefix, Pool: nsmgr.DefaultPool, HostNS: w.Host, NetnsDir: dir})
+		m, err := nsmgr.New(nsmgr.Config{Prefix: prefix, Pool: nsmgr.DefaultPool, HostNS: w.Host, NetnsDir: dir, EtcNetnsDir: t.TempDir()})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -907,7 +908,7 @@ func TestNsmgrConcurrentCreateDelete(t *testing.T) {
 func BenchmarkNsmgrCreateDelete(b *testing.B) {
 	w := world.New(b)
 	prefix := nsmgrPrefix(b, w)
-	m, err := nsmgr.New(nsmgr.Config{Prefix: prefix, Pool: nsmgr.DefaultPool, HostNS: w.Host})
+	m, err := nsmgr.New(nsmgr.Config{Prefix: prefix, Pool: nsmgr.DefaultPool, HostNS: w.Host, EtcNetnsDir: b.TempDir()})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -946,7 +947,7 @@ func BenchmarkNsmgrCreateDelete(b *testing.B) {
 func TestNsmgrForeignLinks(t *testing.T) {
 	w := world.New(t)
 	prefix := "f" + w.ID[:4]
-	mgr, err := nsmgr.New(nsmgr.Config{Prefix: prefix, Pool: nsmgr.DefaultPool, HostNS: w.Host})
+	mgr, err := nsmgr.New(nsmgr.Config{Prefix: prefix, Pool: nsmgr.DefaultPool, HostNS: w.Host, EtcNetnsDir: t.TempDir()})
 	if err != nil {
 		t.Fatalf("nsmgr: %v", err)
 	}
@@ -989,7 +990,7 @@ func TestNsmgrGuestCleanQuarantines(t *testing.T) {
 	dirty := map[netip.Addr]bool{}
 	clean := func(g netip.Addr) bool { mu.Lock(); defer mu.Unlock(); return !dirty[g] }
 	pool := netip.MustParsePrefix("10.20.0.0/28") // three session slots
-	mgr, err := nsmgr.New(nsmgr.Config{Prefix: prefix, Pool: pool, HostNS: w.Host, GuestClean: clean})
+	mgr, err := nsmgr.New(nsmgr.Config{Prefix: prefix, Pool: pool, HostNS: w.Host, GuestClean: clean, EtcNetnsDir: t.TempDir()})
 	if err != nil {
 		t.Fatalf("nsmgr: %v", err)
 	}
