@@ -2,8 +2,9 @@
 // of /30 slots carved from the session pool, the named network namespace of
 // every session (bind-mounted under /run/netns so `ip netns exec` works on
 // it), the veth pair joining it to the daemon's netns, their addresses, the
-// guest's default route, the IPv6 and forwarding sysctls, the DNS anycast
-// interface, and the recovery and reaping of those objects by prefix.
+// guest's default route, the IPv6, forwarding and ARP settings, the DNS
+// anycast interface, the iproute2 resolv.conf of each netns, and the
+// recovery and reaping of those objects by prefix.
 //
 // Everything nsmgr creates carries the prefix (Config.Prefix) and is found
 // and removed by exact name:
@@ -12,6 +13,12 @@
 //	host-side veth  <prefix><slot>h      (in Config.HostNS, alias "<prefix>-<session>")
 //	guest-side veth eth0                 (in the session netns)
 //	DNS interface   <prefix>dns          (in Config.HostNS)
+//	resolv.conf     <prefix>-<session>/resolv.conf (under Config.EtcNetnsDir, for `ip netns exec`)
+//
+// A released slot is handed out again only once its old host veth is gone
+// and Config.GuestClean (the firewall's conntrack flush) says nothing keyed
+// by its guest address remains. Serve refuses to start beside a link that
+// carries the prefix and is none of these (ForeignLinks).
 //
 // The alias on the host-side veth names its owner: interface names of two
 // prefixes can collide ("enf" slot 25 and "enf2" slot 5 are both "enf25h"),
