@@ -159,3 +159,35 @@ func compatible(have, want *nftables.Set) error {
 	}
 	return nil
 }
+
+// Check reports whether the table and its base chains are in the kernel (a
+// health check: it changes nothing). A table deleted behind the daemon's
+// back (nft flush ruleset) means nothing is enforced for new sessions and
+// nothing is confined for existing ones.
+func (f *Firewall) Check() error {
+	return f.admin.do(func(c *nftables.Conn) error {
+		ok, err := tableExists(c, f.schema.table)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			return fmt.Errorf("nftables table inet %s is missing", f.cfg.Prefix)
+		}
+		chains, err := c.ListChainsOfTableFamily(f.schema.table.Family)
+		if err != nil {
+			return fmt.Errorf("list chains: %w", err)
+		}
+		have := map[string]bool{}
+		for _, ch := range chains {
+			if ch.Table.Name == f.schema.table.Name {
+				have[ch.Name] = true
+			}
+		}
+		for _, d := range chainDefs() {
+			if d.hook != nil && !have[d.name] {
+				return fmt.Errorf("chain %s of table inet %s is missing", d.name, f.cfg.Prefix)
+			}
+		}
+		return nil
+	})
+}

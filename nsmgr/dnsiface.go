@@ -72,3 +72,27 @@ func (m *Manager) RemoveDNSInterface() error {
 	}
 	return nil
 }
+
+// CheckDNSInterface reports whether the DNS interface exists, is up and
+// holds the anycast address (a health check: it changes nothing).
+func (m *Manager) CheckDNSInterface() error {
+	name := DNSIfaceName(m.cfg.Prefix)
+	link, err := m.host.LinkByName(name)
+	if err != nil {
+		return fmt.Errorf("dns interface %s: %w", name, err)
+	}
+	if link.Attrs().Flags&net.FlagUp == 0 {
+		return fmt.Errorf("dns interface %s is down", name)
+	}
+	addrs, err := m.host.AddrList(link, netlink.FAMILY_V4)
+	if err != nil {
+		return fmt.Errorf("dns interface %s: list addresses: %w", name, err)
+	}
+	want := m.geo.DNSAddr()
+	for _, a := range addrs {
+		if ip, ok := netip.AddrFromSlice(a.IP); ok && ip.Unmap() == want {
+			return nil
+		}
+	}
+	return fmt.Errorf("dns interface %s lacks the anycast address %s", name, want)
+}

@@ -36,6 +36,8 @@ func newAPIHandler(e Engine, log *slog.Logger, m *Metrics) http.Handler {
 	a := &api{e: e, log: log, m: m}
 	mux := http.NewServeMux()
 	mux.HandleFunc(apiPrefix+"/healthz", a.methods(map[string]http.HandlerFunc{"GET": a.healthz}))
+	// The API serves only once reconcile is done, so answering is readiness.
+	mux.HandleFunc(apiPrefix+"/readyz", a.methods(map[string]http.HandlerFunc{"GET": a.readyz}))
 	mux.HandleFunc(apiPrefix+"/version", a.methods(map[string]http.HandlerFunc{"GET": a.version}))
 	mux.HandleFunc(apiPrefix+"/sessions", a.methods(map[string]http.HandlerFunc{
 		"GET": a.list, "POST": a.create, "DELETE": a.deleteByLabel,
@@ -231,6 +233,10 @@ func (a *api) healthz(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSONStatus(w, http.StatusOK, map[string]string{"status": "ok"})
+}
+
+func (a *api) readyz(w http.ResponseWriter, r *http.Request) {
+	writeJSONStatus(w, http.StatusOK, map[string]string{"status": "ready"})
 }
 
 func (a *api) version(w http.ResponseWriter, r *http.Request) {

@@ -705,8 +705,15 @@ func (e *engine) Events(ctx context.Context, name string, follow bool) ([]Event,
 	return e.events.Read(ctx, name, follow)
 }
 
-// Healthy reports whether the daemon can serve.
-func (e *engine) Healthy() error { return nil }
+// Healthy reports whether the daemon enforces what it says: its table and
+// base chains are in the kernel and the DNS interface holds the anycast
+// address. (The listeners' goroutines end the process when they stop.)
+func (e *engine) Healthy() error {
+	if err := e.fw.Check(); err != nil {
+		return err
+	}
+	return e.nets.CheckDNSInterface()
+}
 
 func (e *engine) lifecycle(name, action string, detail map[string]any) {
 	e.events.Record(Event{Time: time.Now().UTC(), Session: name, Kind: "lifecycle", Action: action, Detail: detail})

@@ -40,6 +40,8 @@ type sessionSource interface {
 	SessionCounters() map[string]netpolicy.Counters
 	// DNSStats are the DNS proxy's counters since start.
 	DNSStats() dnsproxy.Stats
+	// Healthy is the health check of /healthz.
+	Healthy() error
 }
 
 // dnsCounters are the DNS proxy's counters exported at scrape time; the caps
@@ -192,10 +194,37 @@ func (c *sourceCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
-// handler serves the registry at /metrics.
+// handler serves the registry at /metrics, and /healthz and /readyz.
 func (m *Metrics) handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{}))
+	// Health for orchestrators that probe over TCP: the same check as the
+	// API's /v1/healthz; ready once the engine is installed (after reconcile).
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
+		m.src.mu.Lock()
+		src := m.src.source
+		m.src.mu.Unlock()
+		switch {
+		case src == nil:
+			http.Error(w, "starting", http.StatusServiceUnavailable)
+		default:
+			if err := src.Healthy(); err != nil {
+				http.Error(w, "unhealthy: "+err.Error(), http.StatusServiceUnavailable)
+				return
+			}
+			fmt.Fprintln(w, "ok")
+		}
+	})
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, r *http.Request) {
+		m.src.mu.Lock()
+		ready := m.src.source != nil
+		m.src.mu.Unlock()
+		if !ready {
+			http.Error(w, "reconciling", http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ready")
+	})
 	return mux
 }
 

@@ -18,7 +18,9 @@ import (
 
 type fakeSource struct{}
 
-func (fakeSource) SessionCount() int        { return 2 }
+func (fakeSource) SessionCount() int { return 2 }
+func (fakeSource) Healthy() error    { return nil }
+
 func (fakeSource) DNSStats() dnsproxy.Stats { return dnsproxy.Stats{AttestCap: 2, TCPRefused: 9} }
 
 func (fakeSource) SessionCounters() map[string]netpolicy.Counters {

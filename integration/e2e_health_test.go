@@ -1,0 +1,65 @@
+package integration
+
+import (
+	"context"
+	"io"
+	"net"
+	"net/http"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestE2EHealthReflectsKernel (issue 10, item 6): /v1/healthz answers
+// "ok" only while the daemon's kernel objects are in place: a table deleted
+// behind its back (`nft flush ruleset` by another tool) or a DNS interface
+// that lost the anycast address makes it 503, naming what is missing, so an
+// orchestrator sees that enforcement is inactive. Control: ok before, and
+// again after a restart rebuilt the table; /v1/readyz answers once serving.
+func TestE2EHealthReflectsKernel(t *testing.T) {
+	e := newE2E(t)
+	e.createNetOnly("a", "--allow", "api.e2e.test")
+	c := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return (&net.Dialer{}).DialContext(ctx, "unix", e.d.Socket)
+		}}}
+	get := func(path string) (int, string) {
+		t.Helper()
+		resp, err := c.Get("http://enforcerd" + path)
+		if err != nil {
+			t.Fatalf("GET %s: %v", path, err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	expect := func(when string, code int, want string) {
+		t.Helper()
+		got, body := get("/v1/healthz")
+		if got != code || !strings.Contains(body, want) {
+			t.Errorf("%s: healthz %d %q, want %d containing %q", when, got, body, code, want)
+		}
+	}
+	inHost := func(args ...string) {
+		t.Helper()
+		if out, err := exec.Command("ip", append([]string{"netns", "exec", e.w.HostName}, args...)...).CombinedOutput(); err != nil {
+			t.Fatalf("%v: %v\n%s", args, err, out)
+		}
+	}
+	if code, body := get("/v1/readyz"); code != 200 || !strings.Contains(body, "ready") {
+		t.Errorf("readyz: %d %q", code, body)
+	}
+	expect("control", 200, "ok")
+
+	inHost("nft", "delete", "table", "inet", e.d.Prefix)
+	expect("table deleted behind the daemon's back", 503, "table inet "+e.d.Prefix+" is missing")
+	if err := e.d.Stop(); err != nil {
+		t.Fatalf("stop: %v", err)
+	}
+	e.start() // Ensure rebuilds the table; the session lost its rules and is reaped
+	expect("after the restart", 200, "ok")
+
+	inHost("ip", "addr", "flush", "dev", e.dnsIface())
+	expect("anycast address removed", 503, "lacks the anycast address")
+}
