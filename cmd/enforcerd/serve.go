@@ -409,8 +409,13 @@ func newServeLogger(format string) *slog.Logger {
 	if os.Getenv("ENFORCERD_DEBUG") != "" {
 		opts.Level = slog.LevelDebug
 	}
+	var h slog.Handler = slog.NewTextHandler(os.Stderr, opts)
 	if format == "json" {
-		return slog.New(slog.NewJSONHandler(os.Stderr, opts))
+		h = slog.NewJSONHandler(os.Stderr, opts)
 	}
-	return slog.New(slog.NewTextHandler(os.Stderr, opts))
+	// Under systemd, stderr is a journal stream: give each line its priority.
+	if os.Getenv("JOURNAL_STREAM") != "" {
+		h = newJournalHandler(os.Stderr, h)
+	}
+	return slog.New(h)
 }
