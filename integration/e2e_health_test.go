@@ -5,10 +5,13 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/netip"
 	"os/exec"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/enforcerd/enforcerd/integration/world"
 )
 
 // TestE2EHealthReflectsKernel (issue 10, item 6): /v1/healthz answers
@@ -62,4 +65,32 @@ func TestE2EHealthReflectsKernel(t *testing.T) {
 
 	inHost("ip", "addr", "flush", "dev", e.dnsIface())
 	expect("anycast address removed", 503, "lacks the anycast address")
+}
+
+// TestE2EMetricsListenerBeforeReady (issue 10, item 6): a metrics address
+// that cannot be had fails the start in one line (before: the daemon
+// started and only logged it later); a free one serves /healthz and
+// /readyz beside /metrics (control).
+func TestE2EMetricsListenerBeforeReady(t *testing.T) {
+	e := prepareE2E(t, "")
+	taken, err := world.ListenTCP(e.w.HostPath, netip.MustParseAddrPort("127.0.0.1:0"))
+	if err != nil {
+		t.Fatalf("hold a port in the simulated host: %v", err)
+	}
+	defer taken.Close()
+	addr := taken.Addr().String()
+	e.d.Args = append(e.d.Args, "--metrics-listen", addr)
+	if err := e.d.Start(); err == nil {
+		t.Fatalf("enforcerd started although its metrics address %s is taken", addr)
+	}
+	if log := e.d.Log(); !strings.Contains(log, "listen for metrics on "+addr) {
+		t.Errorf("refusal %q, want it to name the metrics address %s", log, addr)
+	}
+	taken.Close()
+	e.start()
+	for _, path := range []string{"/healthz", "/readyz", "/metrics"} {
+		if _, err := world.HTTPGet(e.w.HostPath, "http://"+addr+path, 3*time.Second); err != nil {
+			t.Errorf("GET %s on the metrics listener: %v", path, err)
+		}
+	}
 }

@@ -46,6 +46,7 @@ func runServe(cfg ServeConfig) error {
 		return err
 	}
 	defer e.close()
+	sdNotify("STATUS=reconciling the kernel's state")
 	if err := e.reconcile(); err != nil {
 		return fmt.Errorf("reconcile: %w", err)
 	}
@@ -70,8 +71,14 @@ func runServe(cfg ServeConfig) error {
 	}()
 
 	if cfg.MetricsListen != "" {
+		// Bound before READY: a metrics address that cannot be had fails
+		// the start in one line instead of leaving a daemon nobody watches.
+		ln, err := net.Listen("tcp", cfg.MetricsListen)
+		if err != nil {
+			return fmt.Errorf("listen for metrics on %s: %w", cfg.MetricsListen, err)
+		}
 		go func() {
-			if err := serveMetrics(ctx, cfg.MetricsListen, metrics); err != nil {
+			if err := serveMetricsOn(ctx, ln, metrics); err != nil {
 				log.Error("metrics listener", "addr", cfg.MetricsListen, "err", err)
 			}
 		}()
@@ -82,7 +89,10 @@ func runServe(cfg ServeConfig) error {
 		log.Warn("PUBLIC OVERRIDE: special-purpose ranges treated as public destinations", "ranges", fmt.Sprint(cfg.PublicOverrides))
 	}
 	apiErr := make(chan error, 1)
-	go func() { apiErr <- serveAPI(ctx, cfg, newAPIHandler(e, log, metrics), func() { sdNotify("READY=1") }) }()
+	ready := func() {
+		sdNotify(fmt.Sprintf("READY=1\nSTATUS=serving %d sessions on %s, DNS on %s", e.SessionCount(), cfg.Socket, dnsAt))
+	}
+	go func() { apiErr <- serveAPI(ctx, cfg, newAPIHandler(e, log, metrics), ready) }()
 	select {
 	case err = <-apiErr:
 	case err = <-dnsDone:
