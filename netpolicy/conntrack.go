@@ -1,7 +1,6 @@
 package netpolicy
 
 import (
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -332,13 +331,4 @@ func deleteFlow(c *netlink.Conn, e flowEntry) error {
 		return fmt.Errorf("delete conntrack entry %s -> %s: %w", e.src, e.dst, err)
 	}
 	return nil
-}
-
-// slotGuest returns the guest address of the /30 holding a (the second
-// usable address), the owner of every per-session fact about a.
-func slotGuest(a netip.Addr) netip.Addr {
-	b := a.As4()
-	v := binary.BigEndian.Uint32(b[:])&^3 + 2
-	binary.BigEndian.PutUint32(b[:], v)
-	return netip.AddrFrom4(b)
 }

@@ -237,17 +237,15 @@ func (f *Firewall) removeGuestsLocked(c *nftables.Conn, gone func(netip.Addr) bo
 	return c.Flush()
 }
 
-// PruneGuests deletes everything keyed by a pool address whose session is
-// not live: the elements of every session set (attested ones included, and
-// peers elements naming such a guest) and the conntrack entries of its
-// addresses. A restarted daemon calls it once it knows its live sessions, so
+// PruneGuests deletes everything keyed by a guest address for which gone is
+// true (the caller knows the pool's layout and which sessions are live): the
+// elements of every session set (attested ones included, and peers
+// elements naming such a guest) and the conntrack entries whose original
+// source or destination it is. A restarted daemon calls it once it knows its live sessions, so
 // that nothing a session left behind (a crash mid-removal, an answer attested
 // after its removal by an older version) outlives it for the next session on
 // the address. It returns the number of conntrack entries deleted.
-func (f *Firewall) PruneGuests(live map[netip.Addr]bool) (int, error) {
-	gone := func(a netip.Addr) bool {
-		return a.Is4() && f.cfg.Pool.Contains(a) && !live[slotGuest(a)] && slotGuest(a) != slotGuest(f.cfg.DNSAddr)
-	}
+func (f *Firewall) PruneGuests(gone func(guest netip.Addr) bool) (int, error) {
 	var err error
 	for attempt := 0; attempt < 4; attempt++ {
 		if err = f.admin.do(func(c *nftables.Conn) error { return f.removeGuestsLocked(c, gone) }); err == nil || !isNotFound(err) {

@@ -141,6 +141,18 @@ func (m *Manager) NetnsPath(session string) string {
 // SlotOf returns the slot whose /30 holds addr.
 func (m *Manager) SlotOf(addr netip.Addr) (int, bool) { return m.geo.SlotOf(addr) }
 
+// IsGuestAddr reports whether addr is the guest address of a slot of the
+// pool (not a gateway, not the DNS anycast address): the address that keys
+// a session's state elsewhere (firewall elements, conntrack entries).
+func (m *Manager) IsGuestAddr(addr netip.Addr) bool {
+	slot, ok := m.geo.SlotOf(addr)
+	if !ok {
+		return false
+	}
+	_, _, guest := m.geo.SlotAddrs(slot)
+	return addr == guest
+}
+
 // SlotsInUse returns the number of slots handed out (for metrics and tests).
 func (m *Manager) SlotsInUse() int {
 	m.mu.Lock()

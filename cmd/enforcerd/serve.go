@@ -274,7 +274,7 @@ func (e *engine) reconcile() error {
 	// not only what the sessions set names: attested elements and
 	// conntrack entries a session left behind (a crash mid-removal) would
 	// otherwise serve the next session on the address.
-	flows, err := e.fw.PruneGuests(adopted)
+	flows, err := e.fw.PruneGuests(func(g netip.Addr) bool { return e.nets.IsGuestAddr(g) && !adopted[g] })
 	if err != nil {
 		e.log.Error("prune orphaned rules and flows", "err", err)
 	} else if flows > 0 {
@@ -395,7 +395,7 @@ func runReap(prefix, stateDir string, pool netip.Prefix, force bool) error {
 		errs = append(errs, fw.DeleteTable())
 		log.Info("removed nftables table", "table", "inet "+prefix)
 		// No session is live: every conntrack entry of a pool address goes.
-		n, err := fw.PruneGuests(nil)
+		n, err := fw.PruneGuests(nets.IsGuestAddr)
 		errs = append(errs, err)
 		if n > 0 {
 			log.Info("removed conntrack entries of the pool", "entries", n)
