@@ -298,3 +298,24 @@ func atkWaitLinkGone(t *testing.T, w *world.World, name string, within time.Dura
 		time.Sleep(50 * time.Millisecond)
 	}
 }
+
+// TestAttackRelatedBackToLabPeer: the related-error rules still let a lab
+// target answer its peer's probe with an ICMP error (a UDP scan of a lab
+// target reads "closed" from its port unreachable), while the same target's
+// error can reach nobody else (TestAttackRelatedKillsOtherSession and its
+// siblings). A sends UDP to a closed port of its lab target B; B's kernel
+// answers port unreachable, and A's socket must see ECONNREFUSED.
+func TestAttackRelatedBackToLabPeer(t *testing.T) {
+	e := newNPEnv(t, time.Second)
+	b := atkSession(t, e, "lab", netpolicy.ModeAllowlist, nil)
+	s, _ := e.session(t, "peer", netpolicy.ModeAllowlist, nil, b.Guest)
+	atkReady(t, s.NetnsPath, "eth0", s.Guest, s.Gateway)
+	c := atkDialUDP(t, s.NetnsPath, netip.AddrPortFrom(b.Guest, 9))
+	var err error
+	for i := 0; i < 5 && !errors.Is(err, syscall.ECONNREFUSED); i++ {
+		err = atkEcho(c, 500*time.Millisecond)
+	}
+	if !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Errorf("peer's UDP to a closed port of its lab target %s: %v, want ECONNREFUSED (the target's port unreachable dropped)", b.Guest, err)
+	}
+}

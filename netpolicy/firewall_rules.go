@@ -66,9 +66,10 @@ type ruleEnv struct {
 //	  ct state invalid goto drop_session
 //	  goto policy
 //	related_session                                        # ICMP errors a session sends
-//	  meta l4proto icmp iifname . @th,192,32 @sessions ip daddr . ip saddr @peers goto accept_session  # back to a lab peer
-//	  meta l4proto icmp iifname . @th,192,32 @sessions goto policy  # about its own flow: judged like a new packet
-//	  goto drop_session                                    # about anyone else's flow
+//	  meta l4proto != icmp goto drop_session               # nothing else is related (no helpers)
+//	  iifname . @th,192,32 != @sessions goto drop_session  # about anyone else's flow
+//	  ip daddr . ip saddr @peers goto accept_session       # back to a lab peer
+//	  goto policy                                          # about its own flow: judged like a new packet
 //	policy
 //	  ip saddr . ip daddr @peers goto accept_new            # lab peers (before the guard: they are in the pool)
 //	  ip daddr @blocked goto drop_session                   # SSRF guard, every mode
@@ -171,9 +172,12 @@ func buildRules(env ruleEnv) []ruleSpec {
 	// quoted header names, whoever's it is; no helpers are assigned, so
 	// nothing else is related.
 	icmp := l4protoNumIs(unix.IPPROTO_ICMP)
-	add(chainRelated, v4, icmp, env.lookupSessionQuoted(), env.lookupPeerOf(), gotoC(chainAccept))
-	add(chainRelated, v4, icmp, env.lookupSessionQuoted(), gotoC(chainPolicy))
-	add(chainRelated, gotoC(chainDrop))
+	// Each test once: not ICMP, or about another's flow, drop; back to a lab
+	// peer, accept; else the policy.
+	add(chainRelated, l4protoNumIsNot(unix.IPPROTO_ICMP), gotoC(chainDrop))
+	add(chainRelated, v4, env.lookupSessionQuoted(true), gotoC(chainDrop))
+	add(chainRelated, v4, env.lookupPeerOf(), gotoC(chainAccept))
+	add(chainRelated, gotoC(chainPolicy))
 
 	// policy
 	add(chainPolicy, v4, env.lookupPair(setPeers), gotoC(chainAcceptNew))
@@ -221,7 +225,7 @@ func buildRules(env ruleEnv) []ruleSpec {
 	add(chainInput, v4, toDNS, drop)
 	add(chainInputSession, v4, toDNS, dnsPort(ProtoUDP, true), accept)
 	add(chainInputSession, ctStateIn(expr.CtStateBitESTABLISHED), accept)
-	add(chainInputSession, ctStateIn(expr.CtStateBitRELATED), v4, icmp, env.lookupSessionQuoted(), toDNS, accept)
+	add(chainInputSession, ctStateIn(expr.CtStateBitRELATED), v4, icmp, env.lookupSessionQuoted(false), toDNS, accept)
 	add(chainInputSession, v4, toDNS, dnsPort(ProtoTCP, true), jump(chainFlowLimit))
 	add(chainInputSession, v4, toDNS, dnsPort(ProtoTCP, true), accept)
 	add(chainInputSession, gotoC(chainDrop))
@@ -267,10 +271,14 @@ func nfprotoIs(v4 bool) []expr.Any {
 
 func l4protoIs(p Proto) []expr.Any { return l4protoNumIs(p.Number()) }
 
-func l4protoNumIs(n uint8) []expr.Any {
+func l4protoNumIs(n uint8) []expr.Any { return l4protoCmp(expr.CmpOpEq, n) }
+
+func l4protoNumIsNot(n uint8) []expr.Any { return l4protoCmp(expr.CmpOpNeq, n) }
+
+func l4protoCmp(op expr.CmpOp, n uint8) []expr.Any {
 	return []expr.Any{
 		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: reg1},
-		&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: []byte{n}},
+		&expr.Cmp{Op: op, Register: reg1, Data: []byte{n}},
 	}
 }
 
@@ -343,12 +351,14 @@ func (env ruleEnv) lookupSession(invert bool) []expr.Any {
 // session's address on its side, so it is the session's own. (Matching on
 // "ct original saddr" instead would work in the kernel, but in the inet
 // family it loads a 16-byte field whose 4-byte use nft cannot print.)
-func (env ruleEnv) lookupSessionQuoted() []expr.Any {
+//
+// With invert it matches when the pair is not in @sessions.
+func (env ruleEnv) lookupSessionQuoted(invert bool) []expr.Any {
 	ex := []expr.Any{
 		&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: reg1},
 		&expr.Payload{DestRegister: reg32(4), Base: expr.PayloadBaseTransportHeader, Offset: 8 + 16, Len: 4},
 	}
-	return append(ex, env.lookup(setSessions, reg1, false)...)
+	return append(ex, env.lookup(setSessions, reg1, invert)...)
 }
 
 // lookupPeerOf matches ip daddr . ip saddr in @peers: the destination is a
