@@ -77,6 +77,11 @@ var datapathSets = []string{setFlows, setFlowRate}
 // nothing). A zero Guest (egress none) has nothing to remove. It is
 // idempotent: removing a removed session succeeds.
 //
+// Once the elements are gone (no packet of the guest passes raw_prerouting
+// any more, so no new flow can appear), it queues the guest's conntrack
+// entries for the background flusher (see flowTable): until they are gone
+// FlowsFlushed(guest) is false, and the address must not be handed out.
+//
 // Two ways, one batch each:
 //   - by key, when r carries an egress mode other than none: r must be the
 //     rules the session was added with. The batch deletes the elements
@@ -108,7 +113,8 @@ func (f *Firewall) RemoveSession(r SessionRules) error {
 	if complete && r.Egress != "" && r.Egress != ModeNone && f.checkRules(r) == nil {
 		err := f.admin.do(func(c *nftables.Conn) error { return f.removeByKeyLocked(c, r, attested) })
 		if err == nil {
-			return f.removeDatapathState(r)
+			f.flows.schedule(r.Guest)
+			return nil
 		}
 		// Whatever failed, nothing of the batch was applied: the dump decides.
 	}
@@ -122,16 +128,6 @@ func (f *Firewall) RemoveSession(r SessionRules) error {
 		f.attested.putBack(r.Guest, taken)
 		return fmt.Errorf("remove session %s (guest %s): %w", r.Name, r.Guest, err)
 	}
-	return f.removeDatapathState(r)
-}
-
-// removeDatapathState queues what the kernel keeps for the guest outside
-// the table, once its elements are gone (so no packet of it passes
-// raw_prerouting any more and nothing new can appear): every conntrack
-// entry of its address, deleted by the background flusher (see flowTable),
-// so the next session on the address inherits no flow. Until then
-// FlowsFlushed(guest) is false and the address must not be handed out.
-func (f *Firewall) removeDatapathState(r SessionRules) error {
 	f.flows.schedule(r.Guest)
 	return nil
 }
