@@ -43,13 +43,15 @@ type flowTable struct {
 	onError func(error)
 }
 
-// flushRetry is how long the flusher waits after a failed pass;
+// flushRetry is how long the flusher waits after a failed pass, doubling
+// up to flushRetryMax while passes keep failing (each failure is reported);
 // flushGather how long it lets removals gather before a pass, so a burst of
 // removals costs one walk of the table, not one each (a walk keeps a core
 // busy for ~13 ms; the addresses stay quarantined meanwhile).
 const (
-	flushRetry  = time.Second
-	flushGather = 100 * time.Millisecond
+	flushRetry    = time.Second
+	flushRetryMax = time.Minute
+	flushGather   = 100 * time.Millisecond
 )
 
 // schedule queues guest for the background flusher.
@@ -96,6 +98,7 @@ func (t *flowTable) flusher() {
 	defer close(t.stopped)
 	runtime.LockOSThread() // never unlocked: the thread exits with the goroutine
 	_ = unix.SchedSetAttr(0, &unix.SchedAttr{Size: unix.SizeofSchedAttr, Policy: unix.SCHED_IDLE}, 0)
+	retry := flushRetry
 	for {
 		select {
 		case <-t.stop:
@@ -123,14 +126,16 @@ func (t *flowTable) flusher() {
 			if t.onError != nil {
 				t.onError(err)
 			}
-			time.AfterFunc(flushRetry, func() {
+			time.AfterFunc(retry, func() {
 				select {
 				case t.wake <- struct{}{}:
 				default:
 				}
 			})
+			retry = min(2*retry, flushRetryMax)
 			continue
 		}
+		retry = flushRetry
 		t.pmu.Lock()
 		for g := range batch {
 			delete(t.pending, g)

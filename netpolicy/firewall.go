@@ -64,7 +64,7 @@ type FirewallConfig struct {
 	// that would exceed it fails with ErrAttestCap. 0 means DefaultMaxAttested.
 	MaxAttested int
 	// OnFlowFlushError reports a failed background flush of removed
-	// sessions' conntrack entries (it is retried every second); nil drops it.
+	// sessions' conntrack entries (it is retried after 1 s, backing off to 1 min); nil drops it.
 	OnFlowFlushError func(error)
 	// AttestFault is a test seam (nil in production): when it returns an
 	// error for a guest, every attest batch holding that guest's elements
