@@ -1,4 +1,4 @@
-package main
+package api
 
 // The API's unix socket and who may use it. Filesystem permissions are the
 // first gate (mode 0600 root only, or 0660 with the --socket-group); every
@@ -24,27 +24,27 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// peerCred is the credentials of the process at the other end of a
+// PeerCred is the credentials of the process at the other end of a
 // connection: pid, effective uid and gid from SO_PEERCRED, and its
 // supplementary groups from /proc/<pid>/status (read only when needed).
-type peerCred struct {
+type PeerCred struct {
 	PID    int32
 	UID    uint32
 	GID    uint32
 	Groups []uint32
 }
 
-// accessPolicy says who may use the API: root, the daemon's own uid (the
+// AccessPolicy says who may use the API: root, the daemon's own uid (the
 // socket's owner), and, when Group is set, members of that group (primary
 // or supplementary).
-type accessPolicy struct {
+type AccessPolicy struct {
 	OwnerUID uint32
 	Group    string // as configured (name or gid); "" = no group
 	GID      uint32 // Group resolved
 }
 
 // allows is the pure decision.
-func (p accessPolicy) allows(c peerCred) bool {
+func (p AccessPolicy) allows(c PeerCred) bool {
 	if c.UID == 0 || c.UID == p.OwnerUID {
 		return true
 	}
@@ -63,7 +63,7 @@ func (p accessPolicy) allows(c peerCred) bool {
 }
 
 // denial is the one-line refusal of a caller that is not allowed.
-func (p accessPolicy) denial(c peerCred) string {
+func (p AccessPolicy) denial(c PeerCred) string {
 	if p.Group == "" {
 		return fmt.Sprintf("caller uid %d is not root (the socket has no --socket-group)", c.UID)
 	}
@@ -74,7 +74,7 @@ func (p accessPolicy) denial(c peerCred) string {
 type credKey struct{}
 
 type credResult struct {
-	cred peerCred
+	cred PeerCred
 	err  error
 }
 
@@ -84,14 +84,14 @@ func connContext(ctx context.Context, c net.Conn) context.Context {
 	if !ok {
 		return context.WithValue(ctx, credKey{}, credResult{err: errors.New("not a unix socket connection")})
 	}
-	cred, err := peerCredOf(uc)
+	cred, err := PeerCredOf(uc)
 	return context.WithValue(ctx, credKey{}, credResult{cred: cred, err: err})
 }
 
-func peerCredOf(uc *net.UnixConn) (peerCred, error) {
+func PeerCredOf(uc *net.UnixConn) (PeerCred, error) {
 	raw, err := uc.SyscallConn()
 	if err != nil {
-		return peerCred{}, fmt.Errorf("peer credentials: %w", err)
+		return PeerCred{}, fmt.Errorf("peer credentials: %w", err)
 	}
 	var (
 		uc2  *unix.Ucred
@@ -100,12 +100,12 @@ func peerCredOf(uc *net.UnixConn) (peerCred, error) {
 	if err := raw.Control(func(fd uintptr) {
 		uc2, serr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
 	}); err != nil {
-		return peerCred{}, fmt.Errorf("peer credentials: %w", err)
+		return PeerCred{}, fmt.Errorf("peer credentials: %w", err)
 	}
 	if serr != nil {
-		return peerCred{}, fmt.Errorf("peer credentials: getsockopt SO_PEERCRED: %w", serr)
+		return PeerCred{}, fmt.Errorf("peer credentials: getsockopt SO_PEERCRED: %w", serr)
 	}
-	return peerCred{PID: uc2.Pid, UID: uc2.Uid, GID: uc2.Gid}, nil
+	return PeerCred{PID: uc2.Pid, UID: uc2.Uid, GID: uc2.Gid}, nil
 }
 
 // procGroups returns the supplementary groups of pid, provided the process
@@ -168,7 +168,7 @@ func parseStatusGroups(r io.Reader, euid uint32) ([]uint32, error) {
 // authorize wraps the API handler with the access check; a refused caller
 // gets 403 {"error": "caller uid N is not root and not in group G"}.
 // groupsOf is the supplementary-group lookup (procGroups in production).
-func (p accessPolicy) authorize(next http.Handler, log *slog.Logger, groupsOf func(pid int32, euid uint32) ([]uint32, error)) http.Handler {
+func (p AccessPolicy) authorize(next http.Handler, log *slog.Logger, groupsOf func(pid int32, euid uint32) ([]uint32, error)) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		cr, ok := r.Context().Value(credKey{}).(credResult)
 		if !ok || cr.err != nil {
@@ -210,16 +210,16 @@ func lookupGroupID(group string) (uint32, error) {
 	return uint32(n), nil
 }
 
-// apiListener is the bound API socket and the policy of its callers.
-type apiListener struct {
+// Listener is the bound API socket and the policy of its callers.
+type Listener struct {
 	net.Listener
-	Policy accessPolicy
+	Policy AccessPolicy
 	path   string
 	info   os.FileInfo // the socket file we created, to remove only ours
 }
 
 // Close stops listening and removes the socket file if it is still ours.
-func (l *apiListener) Close() error {
+func (l *Listener) Close() error {
 	err := l.Listener.Close()
 	if fi, serr := os.Lstat(l.path); serr == nil && os.SameFile(fi, l.info) {
 		_ = os.Remove(l.path)
@@ -227,16 +227,22 @@ func (l *apiListener) Close() error {
 	return err
 }
 
-// listenAPI binds the API socket at cfg.Socket: it creates the parent
+// ListenConfig is where the API socket goes and who may use it.
+type ListenConfig struct {
+	Socket string // absolute path of the socket
+	Group  string // group name or gid allowed besides root; "" = root only (mode 0600)
+}
+
+// Listen binds the API socket at cfg.Socket: it creates the parent
 // directory (0755), refuses if another daemon answers on the path, binds a
 // temporary name, sets mode 0600 (or 0660 and the group) and renames it
 // into place, so the socket is never reachable with looser permissions. A
 // stale socket nobody answers on is replaced.
-func listenAPI(cfg ServeConfig) (*apiListener, error) {
+func Listen(cfg ListenConfig) (*Listener, error) {
 	path := cfg.Socket
-	pol := accessPolicy{OwnerUID: uint32(os.Geteuid()), Group: cfg.SocketGroup}
-	if cfg.SocketGroup != "" {
-		gid, err := lookupGroupID(cfg.SocketGroup)
+	pol := AccessPolicy{OwnerUID: uint32(os.Geteuid()), Group: cfg.Group}
+	if cfg.Group != "" {
+		gid, err := lookupGroupID(cfg.Group)
 		if err != nil {
 			return nil, err
 		}
@@ -262,16 +268,16 @@ func listenAPI(cfg ServeConfig) (*apiListener, error) {
 		return nil, fmt.Errorf("listen %s: %w", path, err)
 	}
 	ln.SetUnlinkOnClose(false)
-	fail := func(err error) (*apiListener, error) {
+	fail := func(err error) (*Listener, error) {
 		ln.Close()
 		_ = os.Remove(tmp)
 		return nil, err
 	}
 	mode := os.FileMode(0o600)
-	if cfg.SocketGroup != "" {
+	if cfg.Group != "" {
 		mode = 0o660
 		if err := os.Chown(tmp, -1, int(pol.GID)); err != nil {
-			return fail(fmt.Errorf("chown socket %s to group %s: %w", path, cfg.SocketGroup, err))
+			return fail(fmt.Errorf("chown socket %s to group %s: %w", path, cfg.Group, err))
 		}
 	}
 	if err := os.Chmod(tmp, mode); err != nil {
@@ -284,19 +290,19 @@ func listenAPI(cfg ServeConfig) (*apiListener, error) {
 	if err != nil {
 		return fail(fmt.Errorf("stat socket %s: %w", path, err))
 	}
-	return &apiListener{Listener: ln, Policy: pol, path: path, info: fi}, nil
+	return &Listener{Listener: ln, Policy: pol, path: path, info: fi}, nil
 }
 
-// shutdownGrace bounds how long serveAPI waits for requests on shutdown.
+// shutdownGrace bounds how long Serve waits for requests on shutdown.
 const shutdownGrace = 5 * time.Second
 
-// serveAPI binds the socket (listenAPI), calls ready (sd_notify READY=1)
-// once it accepts connections, and serves h, checking every caller's
-// SO_PEERCRED, until ctx ends. Request contexts derive from ctx, so streams
-// (events --follow, exec) end with it. On return the socket file is gone.
-// It returns nil after a shutdown by ctx.
-func serveAPI(ctx context.Context, cfg ServeConfig, h http.Handler, ready func()) error {
-	ln, err := listenAPI(cfg)
+// ListenAndServe binds the socket (Listen), calls ready (sd_notify
+// READY=1) once it accepts connections, and serves h, checking every
+// caller's SO_PEERCRED, until ctx ends. Request contexts derive from ctx,
+// so streams (events --follow, exec) end with it. On return the socket
+// file is gone. It returns nil after a shutdown by ctx.
+func ListenAndServe(ctx context.Context, cfg ListenConfig, h http.Handler, ready func()) error {
+	ln, err := Listen(cfg)
 	if err != nil {
 		return err
 	}
@@ -307,11 +313,12 @@ func serveAPI(ctx context.Context, cfg ServeConfig, h http.Handler, ready func()
 	if ready != nil {
 		ready()
 	}
-	return serveAPIOn(ctx, ln, h, log)
+	return Serve(ctx, ln, h, log)
 }
 
-// serveAPIOn serves h on a bound listener until ctx ends.
-func serveAPIOn(ctx context.Context, ln *apiListener, h http.Handler, log *slog.Logger) error {
+// Serve serves h on a bound listener until ctx ends, checking every
+// caller's SO_PEERCRED against the listener's policy.
+func Serve(ctx context.Context, ln *Listener, h http.Handler, log *slog.Logger) error {
 	srv := &http.Server{
 		Handler:           ln.Policy.authorize(h, log, procGroups),
 		ConnContext:       connContext,

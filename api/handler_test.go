@@ -1,4 +1,4 @@
-package main
+package api_test
 
 import (
 	"bufio"
@@ -12,132 +12,13 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"reflect"
-	"sort"
 	"strings"
-	"sync"
 	"testing"
 	"time"
+
+	"github.com/enforcerd/enforcerd/api"
+	"github.com/enforcerd/enforcerd/api/apitest"
 )
-
-// fakeEngine is an in-memory Engine. Names steer failures: a create of
-// "bad-*" is a bad request, "full-*" exhausts the pool, "boom-*" fails
-// internally. execFn, when set, replaces the default exec.
-type fakeEngine struct {
-	mu       sync.Mutex
-	sessions map[string]SessionInfo
-	creates  []CreateRequest
-	execs    []ExecRequest
-	events   *EventLog
-	execFn   func(ctx context.Context, name string, req ExecRequest, stdout, stderr io.Writer) (int, error)
-	healthy  error
-}
-
-func newFakeEngine() *fakeEngine {
-	return &fakeEngine{sessions: map[string]SessionInfo{}, events: NewEventLog(100)}
-}
-
-func (f *fakeEngine) Create(ctx context.Context, req CreateRequest) (SessionInfo, error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.creates = append(f.creates, req)
-	switch {
-	case strings.HasPrefix(req.Name, "bad-"):
-		return SessionInfo{}, fmt.Errorf("allow entry %q: not a name, wildcard or CIDR: %w", "x y", ErrBadRequest)
-	case strings.HasPrefix(req.Name, "full-"):
-		return SessionInfo{}, fmt.Errorf("%w: no free /30 in 10.20.0.0/16", ErrPoolExhausted)
-	case strings.HasPrefix(req.Name, "boom-"):
-		return SessionInfo{}, errors.New("add veth enfboomh: file exists")
-	}
-	if _, ok := f.sessions[req.Name]; ok {
-		return SessionInfo{}, fmt.Errorf("session %q already exists: %w", req.Name, ErrNameTaken)
-	}
-	labels := req.Labels
-	if labels == nil {
-		labels = map[string]string{}
-	}
-	info := SessionInfo{
-		Name: req.Name, Netns: "enf-" + req.Name, GuestIP: "10.20.0.2", GatewayIP: "10.20.0.1",
-		HostVeth: "enf" + req.Name + "h", Egress: "allowlist", Policy: PolicyView{Allow: req.Allow},
-		Sandbox: !req.NetworkOnly, Rootfs: req.Rootfs, Attested: []AttestedAddr{}, Labels: labels,
-		Created: time.Date(2025, 1, 2, 3, 0, 0, 0, time.UTC),
-	}
-	f.sessions[req.Name] = info
-	f.events.Record(Event{Session: req.Name, Kind: EventKindLifecycle, Action: "created"})
-	return info, nil
-}
-
-func (f *fakeEngine) Delete(ctx context.Context, name string) error {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if _, ok := f.sessions[name]; !ok {
-		return fmt.Errorf("session %q: %w", name, ErrNotFound)
-	}
-	delete(f.sessions, name)
-	f.events.Close(name)
-	return nil
-}
-
-func (f *fakeEngine) DeleteByLabel(ctx context.Context, key, value string) ([]string, error) {
-	var names []string
-	for _, s := range f.List(key, value) {
-		names = append(names, s.Name)
-	}
-	for _, n := range names {
-		f.Delete(ctx, n)
-	}
-	return names, nil
-}
-
-func (f *fakeEngine) List(key, value string) []SessionInfo {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	var out []SessionInfo
-	for _, s := range f.sessions {
-		if v, ok := s.Labels[key]; key == "" || (ok && v == value) {
-			out = append(out, s)
-		}
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
-	return out
-}
-
-func (f *fakeEngine) Inspect(name string) (SessionInfo, error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	s, ok := f.sessions[name]
-	if !ok {
-		return s, fmt.Errorf("session %q: %w", name, ErrNotFound)
-	}
-	return s, nil
-}
-
-func (f *fakeEngine) Exec(ctx context.Context, name string, req ExecRequest, stdout, stderr io.Writer) (int, error) {
-	f.mu.Lock()
-	s, ok := f.sessions[name]
-	f.execs = append(f.execs, req)
-	fn := f.execFn
-	f.mu.Unlock()
-	if !ok {
-		return 125, fmt.Errorf("session %q: %w", name, ErrNotFound)
-	}
-	if !s.Sandbox {
-		return 125, fmt.Errorf("session %q was created with --network-only: %w", name, ErrNoSandbox)
-	}
-	if fn != nil {
-		return fn(ctx, name, req, stdout, stderr)
-	}
-	fmt.Fprintf(stdout, "ran %s\n", strings.Join(req.Args, " "))
-	return 0, nil
-}
-
-func (f *fakeEngine) Events(ctx context.Context, name string, follow bool) ([]Event, <-chan Event, error) {
-	if _, err := f.Inspect(name); err != nil {
-		return nil, nil, err
-	}
-	return f.events.Read(ctx, name, follow)
-}
-
-func (f *fakeEngine) Healthy() error { return f.healthy }
 
 // do sends one request to h and returns status, body and headers.
 func apiDo(t *testing.T, h http.Handler, method, path, body string) (int, string, http.Header) {
@@ -153,18 +34,18 @@ func apiDo(t *testing.T, h http.Handler, method, path, body string) (int, string
 }
 
 func errorJSON(msg string) string {
-	b, _ := json.Marshal(errorBody{Error: msg})
+	b, _ := json.Marshal(api.ErrorBody{Error: msg})
 	return string(b) + "\n"
 }
 
 func TestAPIStatusCodes(t *testing.T) {
-	f := newFakeEngine()
-	h := newAPIHandler(f, nil, nil)
+	f := apitest.New()
+	h := api.NewHandler(f, api.HandlerOptions{Version: "9.9.9"})
 	if code, body, _ := apiDo(t, h, "POST", "/v1/sessions", `{"name":"taken","network_only":true}`); code != 201 {
 		t.Fatalf("seed create: %d %s", code, body)
 	}
-	f.sessions["noboxes"] = SessionInfo{Name: "noboxes", Sandbox: false}
-	big := `{"name":"x","allow":["` + strings.Repeat("a", maxRequestBody) + `"]}`
+	f.Create(context.Background(), api.CreateRequest{Name: "noboxes", NetworkOnly: true})
+	big := `{"name":"x","allow":["` + strings.Repeat("a", 1<<20) + `"]}`
 	cases := []struct {
 		method, path, body string
 		status             int
@@ -202,7 +83,7 @@ func TestAPIStatusCodes(t *testing.T) {
 		{"GET", "/v2/sessions", "", 404, errorJSON(`no route GET /v2/sessions`)},
 		{"GET", "/v1/sessions/taken/bogus", "", 404, errorJSON(`no route GET /v1/sessions/taken/bogus`)},
 		{"GET", "/v1/healthz", "", 200, `{"status":"ok"}` + "\n"},
-		{"GET", "/v1/version", "", 200, `{"api":"v1","version":"` + version + `"}` + "\n"},
+		{"GET", "/v1/version", "", 200, `{"version":"9.9.9","api":"v1"}` + "\n"},
 		{"GET", "/v1/sessions/taken", "", 200, ""},
 		{"HEAD", "/v1/sessions/taken", "", 200, ""},
 	}
@@ -223,7 +104,7 @@ func TestAPIStatusCodes(t *testing.T) {
 			}
 		})
 	}
-	f.healthy = errors.New("nftables table missing")
+	f.Unhealthy = errors.New("nftables table missing")
 	if code, body, _ := apiDo(t, h, "GET", "/v1/healthz", ""); code != 503 || body != errorJSON("unhealthy: nftables table missing") {
 		t.Fatalf("unhealthy: %d %s", code, body)
 	}
@@ -237,24 +118,24 @@ func shorten(s string, n int) string {
 }
 
 func TestAPICreateListDelete(t *testing.T) {
-	f := newFakeEngine()
-	h := newAPIHandler(f, nil, NewMetrics())
-	req := CreateRequest{Name: "s1", Rootfs: "/r", Allow: []string{"a.test"}, Labels: map[string]string{"run": "7"}}
+	f := apitest.New()
+	h := api.NewHandler(f, api.HandlerOptions{})
+	req := api.CreateRequest{Name: "s1", Rootfs: "/r", Allow: []string{"a.test"}, Labels: map[string]string{"run": "7"}}
 	body, _ := json.Marshal(req)
 	code, out, _ := apiDo(t, h, "POST", "/v1/sessions", string(body))
 	if code != 201 {
 		t.Fatalf("create: %d %s", code, out)
 	}
-	var info SessionInfo
+	var info api.SessionInfo
 	if err := json.Unmarshal([]byte(out), &info); err != nil || info.Name != "s1" || !info.Sandbox {
 		t.Fatalf("create answer %s (%v)", out, err)
 	}
-	if !reflect.DeepEqual(f.creates[0], req) {
-		t.Fatalf("engine got %+v", f.creates[0])
+	if !reflect.DeepEqual(f.Creates()[0], req) {
+		t.Fatalf("engine got %+v", f.Creates()[0])
 	}
 	apiDo(t, h, "POST", "/v1/sessions", `{"name":"s2","network_only":true,"labels":{"run":"8"}}`)
 
-	var list []SessionInfo
+	var list []api.SessionInfo
 	_, out, _ = apiDo(t, h, "GET", "/v1/sessions", "")
 	json.Unmarshal([]byte(out), &list)
 	if len(list) != 2 {
@@ -279,12 +160,12 @@ func TestAPICreateListDelete(t *testing.T) {
 }
 
 // readFrames decodes an exec response's NDJSON frames.
-func readExecFrames(t *testing.T, r io.Reader) []execFrame {
+func readExecFrames(t *testing.T, r io.Reader) []api.ExecFrame {
 	t.Helper()
-	var out []execFrame
+	var out []api.ExecFrame
 	dec := json.NewDecoder(r)
 	for {
-		var f execFrame
+		var f api.ExecFrame
 		if err := dec.Decode(&f); err == io.EOF {
 			return out
 		} else if err != nil {
@@ -297,9 +178,9 @@ func readExecFrames(t *testing.T, r io.Reader) []execFrame {
 func intPtr(i int) *int { return &i }
 
 func TestAPIExecFrames(t *testing.T) {
-	f := newFakeEngine()
-	f.sessions["s1"] = SessionInfo{Name: "s1", Sandbox: true}
-	srv := httptest.NewServer(newAPIHandler(f, nil, nil))
+	f := apitest.New()
+	f.Create(context.Background(), api.CreateRequest{Name: "s1", Rootfs: "/r"})
+	srv := httptest.NewServer(api.NewHandler(f, api.HandlerOptions{}))
 	defer srv.Close()
 	post := func(body string) *http.Response {
 		resp, err := http.Post(srv.URL+"/v1/sessions/s1/exec", "application/json", strings.NewReader(body))
@@ -311,45 +192,45 @@ func TestAPIExecFrames(t *testing.T) {
 
 	cases := []struct {
 		name string
-		fn   func(ctx context.Context, name string, req ExecRequest, stdout, stderr io.Writer) (int, error)
-		want []execFrame
+		fn   func(ctx context.Context, name string, req api.ExecRequest, stdout, stderr io.Writer) (int, error)
+		want []api.ExecFrame
 	}{
-		{"output and exit", func(_ context.Context, _ string, _ ExecRequest, o, e io.Writer) (int, error) {
+		{"output and exit", func(_ context.Context, _ string, _ api.ExecRequest, o, e io.Writer) (int, error) {
 			io.WriteString(o, "hello\n")
 			io.WriteString(e, "oops\n")
 			o.Write(nil) // empty writes make no frame
 			return 3, nil
-		}, []execFrame{{Stream: "stdout", Data: "hello\n"}, {Stream: "stderr", Data: "oops\n"}, {Exit: intPtr(3)}}},
-		{"binary", func(_ context.Context, _ string, _ ExecRequest, o, _ io.Writer) (int, error) {
+		}, []api.ExecFrame{{Stream: "stdout", Data: "hello\n"}, {Stream: "stderr", Data: "oops\n"}, {Exit: intPtr(3)}}},
+		{"binary", func(_ context.Context, _ string, _ api.ExecRequest, o, _ io.Writer) (int, error) {
 			o.Write([]byte{0xff, 0x00, 'a'})
 			return 0, nil
-		}, []execFrame{{Stream: "stdout", DataB64: "/wBh"}, {Exit: intPtr(0)}}},
-		{"timeout", func(_ context.Context, _ string, _ ExecRequest, o, _ io.Writer) (int, error) {
+		}, []api.ExecFrame{{Stream: "stdout", DataB64: "/wBh"}, {Exit: intPtr(0)}}},
+		{"timeout", func(_ context.Context, _ string, _ api.ExecRequest, o, _ io.Writer) (int, error) {
 			io.WriteString(o, "partial")
-			return 124, fmt.Errorf("exec in s1: %w after 1s", ErrExecTimeout)
-		}, []execFrame{{Stream: "stdout", Data: "partial"}, {Error: "exec in s1: command timed out after 1s", Exit: intPtr(124)}}},
-		{"timeout without output", func(context.Context, string, ExecRequest, io.Writer, io.Writer) (int, error) {
-			return 124, fmt.Errorf("exec in s1: %w after 1s", ErrExecTimeout)
-		}, []execFrame{{Error: "exec in s1: command timed out after 1s", Exit: intPtr(124)}}},
-		{"failure after output", func(_ context.Context, _ string, _ ExecRequest, o, _ io.Writer) (int, error) {
+			return 124, fmt.Errorf("exec in s1: %w after 1s", api.ErrExecTimeout)
+		}, []api.ExecFrame{{Stream: "stdout", Data: "partial"}, {Error: "exec in s1: command timed out after 1s", Exit: intPtr(124)}}},
+		{"timeout without output", func(context.Context, string, api.ExecRequest, io.Writer, io.Writer) (int, error) {
+			return 124, fmt.Errorf("exec in s1: %w after 1s", api.ErrExecTimeout)
+		}, []api.ExecFrame{{Error: "exec in s1: command timed out after 1s", Exit: intPtr(124)}}},
+		{"failure after output", func(_ context.Context, _ string, _ api.ExecRequest, o, _ io.Writer) (int, error) {
 			io.WriteString(o, "x")
 			return 125, errors.New("exec in s1: wait: no child")
-		}, []execFrame{{Stream: "stdout", Data: "x"}, {Error: "exec in s1: wait: no child", Exit: intPtr(125)}}},
-		{"internal failure before output", func(context.Context, string, ExecRequest, io.Writer, io.Writer) (int, error) {
+		}, []api.ExecFrame{{Stream: "stdout", Data: "x"}, {Error: "exec in s1: wait: no child", Exit: intPtr(125)}}},
+		{"internal failure before output", func(context.Context, string, api.ExecRequest, io.Writer, io.Writer) (int, error) {
 			return 125, errors.New("exec in s1: start: no such file")
-		}, []execFrame{{Error: "exec in s1: start: no such file", Exit: intPtr(125)}}},
+		}, []api.ExecFrame{{Error: "exec in s1: start: no such file", Exit: intPtr(125)}}},
 		// A command that never started carries its own status (not 125:
 		// enforcerd did not fail), and the line says why.
-		{"command not found", func(context.Context, string, ExecRequest, io.Writer, io.Writer) (int, error) {
-			return 127, classify(errors.New(`exec "nosuch" in s1: command not found: executable file not found in $PATH`), ErrNotStarted)
-		}, []execFrame{{Error: `exec "nosuch" in s1: command not found: executable file not found in $PATH`, Exit: intPtr(127)}}},
-		{"command cannot be run", func(context.Context, string, ExecRequest, io.Writer, io.Writer) (int, error) {
-			return 126, classify(errors.New(`exec "sh" in s1: pids limit reached (8 processes): procReady not received`), ErrNotStarted)
-		}, []execFrame{{Error: `exec "sh" in s1: pids limit reached (8 processes): procReady not received`, Exit: intPtr(126)}}},
+		{"command not found", func(context.Context, string, api.ExecRequest, io.Writer, io.Writer) (int, error) {
+			return 127, api.Classify(errors.New(`exec "nosuch" in s1: command not found: executable file not found in $PATH`), api.ErrNotStarted)
+		}, []api.ExecFrame{{Error: `exec "nosuch" in s1: command not found: executable file not found in $PATH`, Exit: intPtr(127)}}},
+		{"command cannot be run", func(context.Context, string, api.ExecRequest, io.Writer, io.Writer) (int, error) {
+			return 126, api.Classify(errors.New(`exec "sh" in s1: pids limit reached (8 processes): procReady not received`), api.ErrNotStarted)
+		}, []api.ExecFrame{{Error: `exec "sh" in s1: pids limit reached (8 processes): procReady not received`, Exit: intPtr(126)}}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			f.execFn = tc.fn
+			f.ExecFn = tc.fn
 			resp := post(`{"args":["sh","-c","x"],"env":["A=1"],"dir":"/tmp","user":"1000","stdin_b64":"aW4=","timeout":"1s"}`)
 			defer resp.Body.Close()
 			if resp.StatusCode != 200 || resp.Header.Get("Content-Type") != "application/x-ndjson" {
@@ -363,18 +244,18 @@ func TestAPIExecFrames(t *testing.T) {
 			}
 		})
 	}
-	want := ExecRequest{Args: []string{"sh", "-c", "x"}, Env: []string{"A=1"}, Dir: "/tmp", User: "1000", Stdin: []byte("in"), Timeout: "1s"}
-	if !reflect.DeepEqual(f.execs[0], want) {
-		t.Fatalf("engine got %+v", f.execs[0])
+	want := api.ExecRequest{Args: []string{"sh", "-c", "x"}, Env: []string{"A=1"}, Dir: "/tmp", User: "1000", Stdin: []byte("in"), Timeout: "1s"}
+	if !reflect.DeepEqual(f.Execs()[0], want) {
+		t.Fatalf("engine got %+v", f.Execs()[0])
 	}
 }
 
 // TestAPIExecStdinContract: stdin travels as base64 (stdin_b64); the old
 // JSON-string field and bad base64 are refused with one line naming them.
 func TestAPIExecStdinContract(t *testing.T) {
-	f := newFakeEngine()
-	f.sessions["s1"] = SessionInfo{Name: "s1", Sandbox: true}
-	h := newAPIHandler(f, nil, nil)
+	f := apitest.New()
+	f.Create(context.Background(), api.CreateRequest{Name: "s1", Rootfs: "/r"})
+	h := api.NewHandler(f, api.HandlerOptions{})
 	for _, tc := range []struct{ body, want string }{
 		{`{"args":["cat"],"stdin":"in"}`, `{"error":"unknown field \"stdin\""}`},
 		{`{"args":["cat"],"stdin_b64":"not base64!"}`, `{"error":"field \"stdin_b64\": want standard padded base64, got illegal base64 data at input byte 3"}`},
@@ -389,21 +270,21 @@ func TestAPIExecStdinContract(t *testing.T) {
 	for i := range all {
 		all[i] = byte(i)
 	}
-	body, _ := json.Marshal(ExecRequest{Args: []string{"cat"}, Stdin: all})
+	body, _ := json.Marshal(api.ExecRequest{Args: []string{"cat"}, Stdin: all})
 	if !strings.Contains(string(body), `"stdin_b64":"AAECAwQF`) {
 		t.Fatalf("request body %s: want stdin_b64 in standard base64", body)
 	}
-	if code, out, _ := apiDo(t, h, "POST", "/v1/sessions/s1/exec", string(body)); code != 200 || !bytes.Equal(f.execs[len(f.execs)-1].Stdin, all) {
-		t.Fatalf("binary stdin: %d %s, engine got %q", code, out, f.execs[len(f.execs)-1].Stdin)
+	if code, out, _ := apiDo(t, h, "POST", "/v1/sessions/s1/exec", string(body)); code != 200 || !bytes.Equal(f.Execs()[len(f.Execs())-1].Stdin, all) {
+		t.Fatalf("binary stdin: %d %s, engine got %q", code, out, f.Execs()[len(f.Execs())-1].Stdin)
 	}
 }
 
 // TestAPIExecStreams: a frame reaches the client while the command runs.
 func TestAPIExecStreams(t *testing.T) {
-	f := newFakeEngine()
-	f.sessions["s1"] = SessionInfo{Name: "s1", Sandbox: true}
+	f := apitest.New()
+	f.Create(context.Background(), api.CreateRequest{Name: "s1", Rootfs: "/r"})
 	release := make(chan struct{})
-	f.execFn = func(ctx context.Context, _ string, _ ExecRequest, o, _ io.Writer) (int, error) {
+	f.ExecFn = func(ctx context.Context, _ string, _ api.ExecRequest, o, _ io.Writer) (int, error) {
 		io.WriteString(o, "first\n")
 		select {
 		case <-release:
@@ -413,7 +294,7 @@ func TestAPIExecStreams(t *testing.T) {
 		io.WriteString(o, "second\n")
 		return 0, nil
 	}
-	srv := httptest.NewServer(newAPIHandler(f, nil, nil))
+	srv := httptest.NewServer(api.NewHandler(f, api.HandlerOptions{}))
 	defer srv.Close()
 	resp, err := http.Post(srv.URL+"/v1/sessions/s1/exec", "application/json", strings.NewReader(`{"args":["x"]}`))
 	if err != nil {
@@ -433,10 +314,10 @@ func TestAPIExecStreams(t *testing.T) {
 }
 
 func TestAPIEvents(t *testing.T) {
-	f := newFakeEngine()
-	h := newAPIHandler(f, nil, nil)
+	f := apitest.New()
+	h := api.NewHandler(f, api.HandlerOptions{})
 	apiDo(t, h, "POST", "/v1/sessions", `{"name":"s1","network_only":true}`)
-	f.events.Record(Event{Time: time.Unix(10, 0).UTC(), Session: "s1", Kind: "dns", Action: "allowed", Detail: map[string]any{"name": "a.test"}})
+	f.Record(api.Event{Time: time.Unix(10, 0).UTC(), Session: "s1", Kind: "dns", Action: "allowed", Detail: map[string]any{"name": "a.test"}})
 	code, body, hdr := apiDo(t, h, "GET", "/v1/sessions/s1/events", "")
 	if code != 200 || hdr.Get("Content-Type") != "application/x-ndjson" {
 		t.Fatalf("%d %s", code, hdr.Get("Content-Type"))
@@ -462,7 +343,7 @@ func TestAPIEvents(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	f.events.Record(Event{Session: "s1", Kind: "dns", Action: "denied"})
+	f.Record(api.Event{Session: "s1", Kind: "dns", Action: "denied"})
 	line, err := br.ReadString('\n')
 	if err != nil || !strings.Contains(line, `"action":"denied"`) {
 		t.Fatalf("followed %q %v", line, err)
@@ -475,17 +356,17 @@ func TestAPIEvents(t *testing.T) {
 
 func TestStatusOf(t *testing.T) {
 	cases := map[error]int{
-		fmt.Errorf("x: %w", ErrBadRequest):          400,
-		fmt.Errorf("x: %w", ErrNotFound):            404,
-		fmt.Errorf("x: %w", ErrNameTaken):           409,
-		fmt.Errorf("x: %w", ErrNoSandbox):           409,
-		fmt.Errorf("x: %w", ErrPoolExhausted):       503,
-		errors.Join(errors.New("a"), ErrBadRequest): 400,
-		errors.New("other"):                         500,
+		fmt.Errorf("x: %w", api.ErrBadRequest):          400,
+		fmt.Errorf("x: %w", api.ErrNotFound):            404,
+		fmt.Errorf("x: %w", api.ErrNameTaken):           409,
+		fmt.Errorf("x: %w", api.ErrNoSandbox):           409,
+		fmt.Errorf("x: %w", api.ErrPoolExhausted):       503,
+		errors.Join(errors.New("a"), api.ErrBadRequest): 400,
+		errors.New("other"):                             500,
 	}
 	for err, want := range cases {
-		if got := statusOf(err); got != want {
-			t.Errorf("statusOf(%v) = %d, want %d", err, got, want)
+		if got := api.StatusOf(err); got != want {
+			t.Errorf("api.StatusOf(%v) = %d, want %d", err, got, want)
 		}
 	}
 }

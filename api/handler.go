@@ -1,8 +1,7 @@
-package main
+package api
 
 import (
 	"bytes"
-	"context"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
@@ -20,51 +19,62 @@ import (
 // maxRequestBody bounds every request body; larger ones get 413.
 const maxRequestBody = 1 << 20
 
-// api serves the /v1 routes over an Engine. It holds no state of its own.
-type api struct {
-	e   Engine
-	log *slog.Logger
-	m   *Metrics // may be nil
+// HandlerOptions are what the handler needs besides the Engine; every field
+// may be left zero.
+type HandlerOptions struct {
+	Log     *slog.Logger // nil: discard
+	Version string       // the daemon's version, for GET /v1/version
+	// CreateRefused, when set, hears of every create refused before it
+	// reached the Engine (a body that does not decode), so the daemon's
+	// metrics count every failed create.
+	CreateRefused func(err error)
 }
 
-// newAPIHandler returns the HTTP handler of the /v1 API. m may be nil. It
-// does not check credentials: serveAPI wraps it with the SO_PEERCRED check.
-func newAPIHandler(e Engine, log *slog.Logger, m *Metrics) http.Handler {
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
+// server serves the /v1 routes over an Engine. It holds no state of its own.
+type server struct {
+	e    Engine
+	log  *slog.Logger
+	opts HandlerOptions
+}
+
+// NewHandler returns the HTTP handler of the /v1 API. It does not check
+// credentials: Serve wraps it with the SO_PEERCRED check.
+func NewHandler(e Engine, opts HandlerOptions) http.Handler {
+	if opts.Log == nil {
+		opts.Log = slog.New(slog.DiscardHandler)
 	}
-	a := &api{e: e, log: log, m: m}
+	a := &server{e: e, log: opts.Log, opts: opts}
 	mux := http.NewServeMux()
-	mux.HandleFunc(apiPrefix+"/healthz", a.methods(map[string]http.HandlerFunc{"GET": a.healthz}))
+	mux.HandleFunc(Prefix+"/healthz", a.methods(map[string]http.HandlerFunc{"GET": a.healthz}))
 	// The API serves only once reconcile is done, so answering is readiness.
-	mux.HandleFunc(apiPrefix+"/readyz", a.methods(map[string]http.HandlerFunc{"GET": a.readyz}))
-	mux.HandleFunc(apiPrefix+"/version", a.methods(map[string]http.HandlerFunc{"GET": a.version}))
-	mux.HandleFunc(apiPrefix+"/sessions", a.methods(map[string]http.HandlerFunc{
+	mux.HandleFunc(Prefix+"/readyz", a.methods(map[string]http.HandlerFunc{"GET": a.readyz}))
+	mux.HandleFunc(Prefix+"/version", a.methods(map[string]http.HandlerFunc{"GET": a.version}))
+	mux.HandleFunc(Prefix+"/sessions", a.methods(map[string]http.HandlerFunc{
 		"GET": a.list, "POST": a.create, "DELETE": a.deleteByLabel,
 	}))
-	mux.HandleFunc(apiPrefix+"/sessions/{name}", a.methods(map[string]http.HandlerFunc{
+	mux.HandleFunc(Prefix+"/sessions/{name}", a.methods(map[string]http.HandlerFunc{
 		"GET": a.inspect, "DELETE": a.delete,
 	}))
-	mux.HandleFunc(apiPrefix+"/sessions/{name}/exec", a.methods(map[string]http.HandlerFunc{"POST": a.exec}))
-	mux.HandleFunc(apiPrefix+"/sessions/{name}/events", a.methods(map[string]http.HandlerFunc{"GET": a.events}))
+	mux.HandleFunc(Prefix+"/sessions/{name}/exec", a.methods(map[string]http.HandlerFunc{"POST": a.exec}))
+	mux.HandleFunc(Prefix+"/sessions/{name}/events", a.methods(map[string]http.HandlerFunc{"GET": a.events}))
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, fmt.Sprintf("no route %s %s", r.Method, r.URL.Path))
 	})
-	return &apiHandler{Handler: mux, log: log}
+	return &handler{Handler: mux, log: opts.Log}
 }
 
-// apiHandler is the API's handler; it carries its logger so serveAPI logs
+// handler is the API's handler; it carries its logger so Serve logs
 // refused callers to the same place.
-type apiHandler struct {
+type handler struct {
 	http.Handler
 	log *slog.Logger
 }
 
-func (h *apiHandler) logger() *slog.Logger { return h.log }
+func (h *handler) logger() *slog.Logger { return h.log }
 
 // methods dispatches by method; others get 405 with an Allow header.
 // HEAD is served like GET where GET exists.
-func (a *api) methods(h map[string]http.HandlerFunc) http.HandlerFunc {
+func (a *server) methods(h map[string]http.HandlerFunc) http.HandlerFunc {
 	allowed := make([]string, 0, len(h))
 	for _, m := range []string{"GET", "POST", "DELETE"} {
 		if h[m] != nil {
@@ -88,10 +98,6 @@ func (a *api) methods(h map[string]http.HandlerFunc) http.HandlerFunc {
 
 // ---- responses ------------------------------------------------------------
 
-type errorBody struct {
-	Error string `json:"error"`
-}
-
 func writeJSONStatus(w http.ResponseWriter, status int, v any) {
 	var buf bytes.Buffer
 	enc := json.NewEncoder(&buf)
@@ -108,31 +114,12 @@ func writeJSONStatus(w http.ResponseWriter, status int, v any) {
 }
 
 func writeError(w http.ResponseWriter, status int, msg string) {
-	writeJSONStatus(w, status, errorBody{Error: oneLine(msg)})
+	writeJSONStatus(w, status, ErrorBody{Error: OneLine(msg)})
 }
 
-// statusOf maps an engine error to its HTTP status.
-func statusOf(err error) int {
-	switch {
-	case errors.Is(err, ErrBadRequest):
-		return http.StatusBadRequest
-	case errors.Is(err, ErrNotFound):
-		return http.StatusNotFound
-	case errors.Is(err, ErrNameTaken), errors.Is(err, ErrNoSandbox):
-		return http.StatusConflict
-	case errors.Is(err, ErrPoolExhausted):
-		return http.StatusServiceUnavailable
-	case errors.Is(err, ErrExecTimeout):
-		return http.StatusGatewayTimeout
-	case errors.Is(err, context.Canceled):
-		return 499 // the client went away (nginx's convention; never seen by it)
-	}
-	return http.StatusInternalServerError
-}
-
-func (a *api) fail(w http.ResponseWriter, r *http.Request, err error) {
-	status := statusOf(err)
-	if status >= 500 && status != 499 {
+func (a *server) fail(w http.ResponseWriter, r *http.Request, err error) {
+	status := StatusOf(err)
+	if status >= 500 && status != StatusClientClosed {
 		a.log.Error("api request failed", "method", r.Method, "path", r.URL.Path, "err", err)
 	}
 	writeError(w, status, err.Error())
@@ -218,7 +205,7 @@ func labelFilter(r *http.Request) (key, value string, ok bool, err error) {
 	if len(vals) != 1 {
 		return "", "", false, errors.New("label: give one KEY=VALUE filter")
 	}
-	key, value, err = splitKV(vals[0])
+	key, value, err = ParseLabel(vals[0])
 	if err != nil {
 		return "", "", false, fmt.Errorf("label %q: %v", vals[0], err)
 	}
@@ -227,26 +214,28 @@ func labelFilter(r *http.Request) (key, value string, ok bool, err error) {
 
 // ---- handlers -------------------------------------------------------------
 
-func (a *api) healthz(w http.ResponseWriter, r *http.Request) {
+func (a *server) healthz(w http.ResponseWriter, r *http.Request) {
 	if err := a.e.Healthy(); err != nil {
 		writeError(w, http.StatusServiceUnavailable, "unhealthy: "+err.Error())
 		return
 	}
-	writeJSONStatus(w, http.StatusOK, map[string]string{"status": "ok"})
+	writeJSONStatus(w, http.StatusOK, Status{Status: "ok"})
 }
 
-func (a *api) readyz(w http.ResponseWriter, r *http.Request) {
-	writeJSONStatus(w, http.StatusOK, map[string]string{"status": "ready"})
+func (a *server) readyz(w http.ResponseWriter, r *http.Request) {
+	writeJSONStatus(w, http.StatusOK, Status{Status: "ready"})
 }
 
-func (a *api) version(w http.ResponseWriter, r *http.Request) {
-	writeJSONStatus(w, http.StatusOK, map[string]string{"version": version, "api": strings.TrimPrefix(apiPrefix, "/")})
+func (a *server) version(w http.ResponseWriter, r *http.Request) {
+	writeJSONStatus(w, http.StatusOK, VersionInfo{Version: a.opts.Version, API: strings.TrimPrefix(Prefix, "/")})
 }
 
-func (a *api) create(w http.ResponseWriter, r *http.Request) {
+func (a *server) create(w http.ResponseWriter, r *http.Request) {
 	var req CreateRequest
 	if status, err := decodeBody(w, r, &req); err != nil {
-		a.m.observeCreate(0, fmt.Errorf("%w: %v", ErrBadRequest, err))
+		if a.opts.CreateRefused != nil {
+			a.opts.CreateRefused(fmt.Errorf("%w: %v", ErrBadRequest, err))
+		}
 		writeError(w, status, err.Error())
 		return
 	}
@@ -259,7 +248,7 @@ func (a *api) create(w http.ResponseWriter, r *http.Request) {
 	writeJSONStatus(w, http.StatusCreated, info)
 }
 
-func (a *api) list(w http.ResponseWriter, r *http.Request) {
+func (a *server) list(w http.ResponseWriter, r *http.Request) {
 	key, value, _, err := labelFilter(r)
 	if err != nil {
 		writeError(w, http.StatusBadRequest, err.Error())
@@ -272,7 +261,7 @@ func (a *api) list(w http.ResponseWriter, r *http.Request) {
 	writeJSONStatus(w, http.StatusOK, list)
 }
 
-func (a *api) inspect(w http.ResponseWriter, r *http.Request) {
+func (a *server) inspect(w http.ResponseWriter, r *http.Request) {
 	info, err := a.e.Inspect(r.PathValue("name"))
 	if err != nil {
 		a.fail(w, r, err)
@@ -281,16 +270,16 @@ func (a *api) inspect(w http.ResponseWriter, r *http.Request) {
 	writeJSONStatus(w, http.StatusOK, info)
 }
 
-func (a *api) delete(w http.ResponseWriter, r *http.Request) {
+func (a *server) delete(w http.ResponseWriter, r *http.Request) {
 	name := r.PathValue("name")
 	if err := a.e.Delete(r.Context(), name); err != nil {
 		a.fail(w, r, err)
 		return
 	}
-	writeJSONStatus(w, http.StatusOK, deleteResponse{Deleted: []string{name}})
+	writeJSONStatus(w, http.StatusOK, DeleteResponse{Deleted: []string{name}})
 }
 
-func (a *api) deleteByLabel(w http.ResponseWriter, r *http.Request) {
+func (a *server) deleteByLabel(w http.ResponseWriter, r *http.Request) {
 	key, value, ok, err := labelFilter(r)
 	if err == nil && !ok {
 		err = errors.New("label: deleting sessions in bulk needs ?label=KEY=VALUE")
@@ -312,7 +301,7 @@ func (a *api) deleteByLabel(w http.ResponseWriter, r *http.Request) {
 		a.fail(w, r, &wrappedMsg{msg: msg, err: err})
 		return
 	}
-	writeJSONStatus(w, http.StatusOK, deleteResponse{Deleted: names})
+	writeJSONStatus(w, http.StatusOK, DeleteResponse{Deleted: names})
 }
 
 // wrappedMsg replaces an error's text but keeps its chain for errors.Is.
@@ -324,7 +313,7 @@ type wrappedMsg struct {
 func (w *wrappedMsg) Error() string { return w.msg }
 func (w *wrappedMsg) Unwrap() error { return w.err }
 
-func (a *api) events(w http.ResponseWriter, r *http.Request) {
+func (a *server) events(w http.ResponseWriter, r *http.Request) {
 	var follow bool
 	switch v := r.URL.Query().Get("follow"); v {
 	case "", "0", "false":
@@ -389,7 +378,7 @@ func newFrameWriter(w http.ResponseWriter) *frameWriter {
 	return &frameWriter{w: w, rc: http.NewResponseController(w), enc: enc}
 }
 
-func (f *frameWriter) frame(fr execFrame) error {
+func (f *frameWriter) frame(fr ExecFrame) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.err != nil {
@@ -427,7 +416,7 @@ func (s streamWriter) Write(p []byte) (int, error) {
 	if len(p) == 0 {
 		return 0, nil
 	}
-	fr := execFrame{Stream: s.stream}
+	fr := ExecFrame{Stream: s.stream}
 	if utf8.Valid(p) {
 		fr.Data = string(p)
 	} else {
@@ -439,7 +428,7 @@ func (s streamWriter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-func (a *api) exec(w http.ResponseWriter, r *http.Request) {
+func (a *server) exec(w http.ResponseWriter, r *http.Request) {
 	var req ExecRequest
 	if status, err := decodeBody(w, r, &req); err != nil {
 		writeError(w, status, err.Error())
@@ -460,21 +449,21 @@ func (a *api) exec(w http.ResponseWriter, r *http.Request) {
 	code, err := a.e.Exec(r.Context(), name, req, streamWriter{fw, "stdout"}, streamWriter{fw, "stderr"})
 	switch {
 	case err == nil:
-		_ = fw.frame(execFrame{Exit: &code})
+		_ = fw.frame(ExecFrame{Exit: &code})
 	case errors.Is(err, ErrExecTimeout):
-		exit := exitTimeout
-		_ = fw.frame(execFrame{Error: oneLine(err.Error()), Exit: &exit})
+		exit := ExitTimeout
+		_ = fw.frame(ExecFrame{Error: OneLine(err.Error()), Exit: &exit})
 	case errors.Is(err, ErrNotStarted):
 		// The command never started (not found 127, cannot be run 126): the
 		// caller's mistake or the sandbox's limit, not the daemon's failure.
-		_ = fw.frame(execFrame{Error: oneLine(err.Error()), Exit: &code})
-	case !fw.hasStarted() && statusOf(err) < 500:
+		_ = fw.frame(ExecFrame{Error: OneLine(err.Error()), Exit: &code})
+	case !fw.hasStarted() && StatusOf(err) < 500:
 		a.fail(w, r, err) // refused before anything ran: a plain JSON error
 	default:
 		if r.Context().Err() == nil {
 			a.log.Error("exec failed", "session", name, "err", err)
 		}
-		exit := exitEnforcerd
-		_ = fw.frame(execFrame{Error: oneLine(err.Error()), Exit: &exit})
+		exit := ExitEnforcerd
+		_ = fw.frame(ExecFrame{Error: OneLine(err.Error()), Exit: &exit})
 	}
 }

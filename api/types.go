@@ -1,14 +1,9 @@
-package main
+package api
 
-import (
-	"context"
-	"errors"
-	"io"
-	"time"
-)
+import "time"
 
-// API version prefix of every route on the unix socket.
-const apiPrefix = "/v1"
+// Prefix is the version prefix of every route on the unix socket.
+const Prefix = "/v1"
 
 // CreateRequest is the body of POST /v1/sessions.
 type CreateRequest struct {
@@ -102,37 +97,56 @@ type ExecRequest struct {
 type Event struct {
 	Time    time.Time      `json:"time"`
 	Session string         `json:"session"`
-	Kind    string         `json:"kind"` // "dns" or "lifecycle"
+	Kind    string         `json:"kind"` // EventKindDNS, EventKindLifecycle or EventKindDropped
 	Action  string         `json:"action,omitempty"`
 	Detail  map[string]any `json:"detail,omitempty"`
 }
 
-// Errors the engine returns; the API maps them to status codes.
-var (
-	ErrNotFound      = errors.New("unknown session")        // 404
-	ErrNameTaken     = errors.New("session name taken")     // 409
-	ErrPoolExhausted = errors.New("address pool exhausted") // 503
-	ErrBadRequest    = errors.New("bad request")            // 400
-	ErrNoSandbox     = errors.New("session has no sandbox") // 409
-	ErrExecTimeout   = errors.New("command timed out")      // exec exit 124
-	// ErrNotStarted: the command never started; Exec returns its status
-	// with it (127 not found, 126 cannot be run, as container runtimes).
-	ErrNotStarted = errors.New("command not started")
+// Event kinds, and the marker a slow follower receives.
+const (
+	EventKindDNS       = "dns"
+	EventKindLifecycle = "lifecycle"
+	EventKindDropped   = "dropped" // Detail["count"]: events this follower missed
 )
 
-// Engine is what the API serves: the session lifecycle composed from nsmgr,
-// netpolicy, dnsproxy and container. Errors wrap the sentinels above.
-type Engine interface {
-	Create(ctx context.Context, req CreateRequest) (SessionInfo, error)
-	Delete(ctx context.Context, name string) error
-	DeleteByLabel(ctx context.Context, key, value string) ([]string, error)
-	List(labelKey, labelValue string) []SessionInfo
-	Inspect(name string) (SessionInfo, error)
-	// Exec runs a command in the session's sandbox, streaming its output,
-	// and returns its exit status (ErrExecTimeout wrapped on timeout).
-	Exec(ctx context.Context, name string, req ExecRequest, stdout, stderr io.Writer) (int, error)
-	// Events returns the recorded events of a session and, when follow is
-	// set, a channel of new ones closed when ctx ends or the session goes.
-	Events(ctx context.Context, name string, follow bool) ([]Event, <-chan Event, error)
-	Healthy() error
+// ExecFrame is one NDJSON frame of an exec response. Output is in Data when
+// it is valid UTF-8 and in DataB64 otherwise, so that no byte is lost. The
+// last frame carries Exit, and Error when the command did not end by itself
+// (ExitTimeout) or enforcerd failed (ExitEnforcerd).
+type ExecFrame struct {
+	Stream  string `json:"stream,omitempty"` // "stdout" or "stderr"
+	Data    string `json:"data,omitempty"`
+	DataB64 string `json:"data_b64,omitempty"`
+	Exit    *int   `json:"exit,omitempty"`
+	Error   string `json:"error,omitempty"`
+}
+
+// Exit statuses an exec frame carries besides the command's own, as
+// container runtimes use them.
+const (
+	ExitTimeout   = 124 // the command timed out
+	ExitEnforcerd = 125 // enforcerd itself failed
+	ExitNotExec   = 126 // the command was found but cannot be run
+	ExitNotFound  = 127 // the command was not found
+)
+
+// DeleteResponse is the body of both DELETE routes.
+type DeleteResponse struct {
+	Deleted []string `json:"deleted"`
+}
+
+// VersionInfo is the body of GET /v1/version.
+type VersionInfo struct {
+	Version string `json:"version"`
+	API     string `json:"api"`
+}
+
+// Status is the body of GET /v1/healthz and /v1/readyz.
+type Status struct {
+	Status string `json:"status"`
+}
+
+// ErrorBody is the body of every refusal: one line naming the bad value.
+type ErrorBody struct {
+	Error string `json:"error"`
 }

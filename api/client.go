@@ -1,0 +1,324 @@
+package api
+
+import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+)
+
+// DefaultSocket is where the daemon listens unless configured otherwise.
+const DefaultSocket = "/run/enforcerd/enforcerd.sock"
+
+// Client speaks the /v1 API over the daemon's unix socket. It is safe for
+// concurrent use.
+type Client struct {
+	socket string
+	http   *http.Client
+}
+
+// NewClient returns a client of the daemon listening on socket ("" is
+// DefaultSocket). Requests have no overall timeout (exec and events
+// stream; give the context one); the dial has one.
+func NewClient(socket string) *Client {
+	if socket == "" {
+		socket = DefaultSocket
+	}
+	tr := &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			d := net.Dialer{Timeout: 5 * time.Second}
+			return d.DialContext(ctx, "unix", socket)
+		},
+		MaxIdleConns:       4,
+		IdleConnTimeout:    30 * time.Second,
+		DisableCompression: true,
+	}
+	return &Client{socket: socket, http: &http.Client{Transport: tr}}
+}
+
+// Error is a refusal reported by the daemon: its HTTP status and its
+// one-line {"error": "..."} message. errors.Is finds the sentinel the
+// status stands for (ErrNotFound for 404, and so on).
+type Error struct {
+	Status  int
+	Message string
+}
+
+func (e *Error) Error() string { return e.Message }
+
+// Unwrap is the sentinel of the status, if any.
+func (e *Error) Unwrap() error { return sentinelOf(e.Status) }
+
+// ExecError is an error frame ending an exec stream: the command did not
+// end by itself (Exit is ExitTimeout) or enforcerd failed (ExitEnforcerd),
+// or it never started (ExitNotFound, ExitNotExec).
+type ExecError struct {
+	Message string
+	Exit    int
+}
+
+func (e *ExecError) Error() string { return e.Message }
+
+// Unwrap is ErrExecTimeout for a timeout.
+func (e *ExecError) Unwrap() error {
+	if e.Exit == ExitTimeout {
+		return ErrExecTimeout
+	}
+	return nil
+}
+
+// request sends one request; a non-2xx response becomes an *Error.
+// The caller closes the returned body.
+func (c *Client) request(ctx context.Context, method, path string, body any) (*http.Response, error) {
+	var rd io.Reader
+	if body != nil {
+		data, err := json.Marshal(body)
+		if err != nil {
+			return nil, fmt.Errorf("encode request: %w", err)
+		}
+		rd = bytes.NewReader(data)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, "http://enforcerd"+path, rd)
+	if err != nil {
+		return nil, fmt.Errorf("build request %s %s: %w", method, path, err)
+	}
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		return nil, fmt.Errorf("cannot reach enforcerd at %s: %v (is the daemon running? set --socket or ENFORCERD_SOCKET)", c.socket, unwrapURLError(err))
+	}
+	if resp.StatusCode/100 != 2 {
+		defer resp.Body.Close()
+		return nil, decodeAPIError(resp)
+	}
+	return resp, nil
+}
+
+func unwrapURLError(err error) error {
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		return ue.Err
+	}
+	return err
+}
+
+func decodeAPIError(resp *http.Response) error {
+	data, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+	var e struct {
+		Error string `json:"error"`
+	}
+	if json.Unmarshal(data, &e) == nil && e.Error != "" {
+		return &Error{Status: resp.StatusCode, Message: e.Error}
+	}
+	msg := strings.TrimSpace(string(data))
+	if msg == "" {
+		msg = http.StatusText(resp.StatusCode)
+	}
+	return &Error{Status: resp.StatusCode, Message: fmt.Sprintf("daemon answered %d: %s", resp.StatusCode, msg)}
+}
+
+// call sends a request and decodes a JSON response into out (if non-nil).
+func (c *Client) call(ctx context.Context, method, path string, body, out any) error {
+	resp, err := c.request(ctx, method, path, body)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if out == nil {
+		_, _ = io.Copy(io.Discard, resp.Body)
+		return nil
+	}
+	if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
+		return fmt.Errorf("decode response of %s %s: %w", method, path, err)
+	}
+	return nil
+}
+
+func sessionPath(name string, tail ...string) string {
+	p := Prefix + "/sessions/" + url.PathEscape(name)
+	for _, t := range tail {
+		p += "/" + t
+	}
+	return p
+}
+
+func labelQuery(key, value string) string {
+	if key == "" {
+		return ""
+	}
+	return "?" + url.Values{"label": {key + "=" + value}}.Encode()
+}
+
+// Create creates a session.
+func (c *Client) Create(ctx context.Context, req CreateRequest) (SessionInfo, error) {
+	var info SessionInfo
+	err := c.call(ctx, http.MethodPost, Prefix+"/sessions", req, &info)
+	return info, err
+}
+
+// List returns the sessions, only those carrying the label when key is set.
+func (c *Client) List(ctx context.Context, key, value string) ([]SessionInfo, error) {
+	var out []SessionInfo
+	err := c.call(ctx, http.MethodGet, Prefix+"/sessions"+labelQuery(key, value), nil, &out)
+	return out, err
+}
+
+// Inspect returns one session with its attested set and counters.
+func (c *Client) Inspect(ctx context.Context, name string) (SessionInfo, error) {
+	var info SessionInfo
+	err := c.call(ctx, http.MethodGet, sessionPath(name), nil, &info)
+	return info, err
+}
+
+// Remove deletes one session.
+func (c *Client) Remove(ctx context.Context, name string) error {
+	return c.call(ctx, http.MethodDelete, sessionPath(name), nil, nil)
+}
+
+// RemoveByLabel deletes every session carrying the label and returns
+// their names (those deleted before a failure, with the error).
+func (c *Client) RemoveByLabel(ctx context.Context, key, value string) ([]string, error) {
+	var out DeleteResponse
+	err := c.call(ctx, http.MethodDelete, Prefix+"/sessions"+labelQuery(key, value), nil, &out)
+	return out.Deleted, err
+}
+
+// Healthz is nil when the daemon enforces what it says; an unhealthy
+// daemon's error wraps ErrUnavailable.
+func (c *Client) Healthz(ctx context.Context) error {
+	err := c.call(ctx, http.MethodGet, Prefix+"/healthz", nil, nil)
+	var ae *Error
+	if errors.As(err, &ae) && ae.Status == http.StatusServiceUnavailable {
+		return fmt.Errorf("%w: %w", ErrUnavailable, err)
+	}
+	return err
+}
+
+// Ready is nil once the daemon has reconciled and serves.
+func (c *Client) Ready(ctx context.Context) error {
+	return c.call(ctx, http.MethodGet, Prefix+"/readyz", nil, nil)
+}
+
+// Version is the daemon's version and API version.
+func (c *Client) Version(ctx context.Context) (VersionInfo, error) {
+	var v VersionInfo
+	err := c.call(ctx, http.MethodGet, Prefix+"/version", nil, &v)
+	return v, err
+}
+
+// Exec runs a command and copies its streamed output to stdout and
+// stderr. It returns the command's exit status, or an *ExecError when the
+// daemon ended the stream with an error frame (timeout: ExitTimeout).
+func (c *Client) Exec(ctx context.Context, name string, req ExecRequest, stdout, stderr io.Writer) (int, error) {
+	resp, err := c.request(ctx, http.MethodPost, sessionPath(name, "exec"), req)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	dec := json.NewDecoder(resp.Body)
+	for {
+		var f ExecFrame
+		if err := dec.Decode(&f); err != nil {
+			if ctx.Err() != nil {
+				return 0, ctx.Err()
+			}
+			if errors.Is(err, io.EOF) {
+				return 0, errors.New("exec stream ended without an exit status")
+			}
+			return 0, fmt.Errorf("read exec stream: %w", err)
+		}
+		switch {
+		case f.Error != "":
+			exit := ExitEnforcerd
+			if f.Exit != nil {
+				exit = *f.Exit
+			}
+			return exit, &ExecError{Message: f.Error, Exit: exit}
+		case f.Exit != nil:
+			return *f.Exit, nil
+		}
+		data := []byte(f.Data)
+		if f.DataB64 != "" {
+			if data, err = base64.StdEncoding.DecodeString(f.DataB64); err != nil {
+				return 0, fmt.Errorf("read exec stream: bad data_b64: %w", err)
+			}
+		}
+		w := stdout
+		if f.Stream == "stderr" {
+			w = stderr
+		}
+		if _, err := w.Write(data); err != nil {
+			return 0, fmt.Errorf("write %s: %w", f.Stream, err)
+		}
+	}
+}
+
+// EventsTo copies a session's NDJSON events to w as they come, until the
+// daemon ends the stream (at once without follow) or ctx ends.
+func (c *Client) EventsTo(ctx context.Context, name string, follow bool, w io.Writer) error {
+	path := sessionPath(name, "events")
+	if follow {
+		path += "?follow=1"
+	}
+	resp, err := c.request(ctx, http.MethodGet, path, nil)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	buf := make([]byte, 32<<10)
+	for {
+		n, rerr := resp.Body.Read(buf)
+		if n > 0 {
+			if _, err := w.Write(buf[:n]); err != nil {
+				return fmt.Errorf("write events: %w", err)
+			}
+		}
+		if rerr != nil {
+			if errors.Is(rerr, io.EOF) || ctx.Err() != nil {
+				return nil
+			}
+			return fmt.Errorf("read events: %w", rerr)
+		}
+	}
+}
+
+// Events calls fn with each of a session's events, decoded, until the
+// daemon ends the stream (at once without follow), fn returns an error
+// (returned), or ctx ends (nil).
+func (c *Client) Events(ctx context.Context, name string, follow bool, fn func(Event) error) error {
+	path := sessionPath(name, "events")
+	if follow {
+		path += "?follow=1"
+	}
+	resp, err := c.request(ctx, http.MethodGet, path, nil)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	dec := json.NewDecoder(resp.Body)
+	for {
+		var ev Event
+		if err := dec.Decode(&ev); err != nil {
+			if errors.Is(err, io.EOF) || ctx.Err() != nil {
+				return nil
+			}
+			return fmt.Errorf("read events: %w", err)
+		}
+		if err := fn(ev); err != nil {
+			return err
+		}
+	}
+}

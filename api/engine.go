@@ -1,0 +1,25 @@
+package api
+
+import (
+	"context"
+	"io"
+)
+
+// Engine is what the API serves: the session lifecycle (package daemon
+// implements it). Errors wrap the sentinels of errors.go; their text is
+// the one line the caller sees.
+type Engine interface {
+	Create(ctx context.Context, req CreateRequest) (SessionInfo, error)
+	Delete(ctx context.Context, name string) error
+	DeleteByLabel(ctx context.Context, key, value string) ([]string, error)
+	List(labelKey, labelValue string) []SessionInfo
+	Inspect(name string) (SessionInfo, error)
+	// Exec runs a command in the session's sandbox, streaming its output,
+	// and returns its exit status (ErrExecTimeout wrapped on timeout).
+	Exec(ctx context.Context, name string, req ExecRequest, stdout, stderr io.Writer) (int, error)
+	// Events returns the recorded events of a session and, when follow is
+	// set, a channel of new ones closed when ctx ends or the session goes.
+	Events(ctx context.Context, name string, follow bool) ([]Event, <-chan Event, error)
+	// Healthy reports whether the daemon enforces what it says.
+	Healthy() error
+}
