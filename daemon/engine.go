@@ -1,4 +1,4 @@
-package main
+package daemon
 
 import (
 	"bytes"
@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"math"
 	"net/netip"
 	"os"
@@ -15,46 +14,17 @@ import (
 	"slices"
 	"sort"
 	"strings"
-	"sync"
 	"time"
 
+	"github.com/enforcerd/enforcerd/api"
 	"github.com/enforcerd/enforcerd/container"
 	"github.com/enforcerd/enforcerd/dnsproxy"
 	"github.com/enforcerd/enforcerd/netpolicy"
 	"github.com/enforcerd/enforcerd/nsmgr"
 )
 
-// engine composes the four packages into the session lifecycle the API
-// serves. It owns the order of every multi-package operation:
-//
-//	create: network (nsmgr) -> rules (netpolicy) -> DNS registration
-//	        (dnsproxy) -> sandbox (container) -> state record
-//	delete: sandbox -> DNS registration -> rules -> network -> record
-//
-// The record is written last, so a crash in the middle of a create leaves
-// kernel objects without a record, and the next start reaps them as
-// orphans: a create is complete or it is gone.
-type engine struct {
-	cfg     ServeConfig
-	log     *slog.Logger
-	nets    *nsmgr.Manager
-	guard   *netpolicy.Guard
-	fw      *netpolicy.Firewall
-	dns     *dnsproxy.Proxy
-	boxes   *container.Manager
-	state   *StateStore
-	events  *EventLog
-	metrics *Metrics
-	dnsAddr netip.Addr
-	pin     func(ctx context.Context, host string) ([]netip.Addr, error)
-
-	mu       sync.Mutex // protects sessions and pending
-	sessions map[string]*liveSession
-	pending  map[string]bool // names whose create or delete is in flight
-}
-
 // liveSession is one adopted or created session. Immutable after it is
-// published in engine.sessions.
+// published in Daemon.sessions.
 type liveSession struct {
 	rec    SessionRecord
 	policy netpolicy.Policy
@@ -64,24 +34,24 @@ type liveSession struct {
 func (s *liveSession) hasNIC() bool { return s.rec.Slot >= 0 }
 
 // reserve claims a name for a create or delete; release gives it back.
-func (e *engine) reserve(name string, mustExist bool) (*liveSession, error) {
+func (e *Daemon) reserve(name string, mustExist bool) (*liveSession, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.pending[name] {
-		return nil, fmt.Errorf("session %q: another operation on it is in progress: %w", name, ErrNameTaken)
+		return nil, fmt.Errorf("session %q: another operation on it is in progress: %w", name, api.ErrNameTaken)
 	}
 	s, exists := e.sessions[name]
 	if mustExist && !exists {
-		return nil, fmt.Errorf("session %q: %w", name, ErrNotFound)
+		return nil, fmt.Errorf("session %q: %w", name, api.ErrNotFound)
 	}
 	if !mustExist && exists {
-		return nil, fmt.Errorf("session %q already exists: %w", name, ErrNameTaken)
+		return nil, fmt.Errorf("session %q already exists: %w", name, api.ErrNameTaken)
 	}
 	e.pending[name] = true
 	return s, nil
 }
 
-func (e *engine) release(name string) {
+func (e *Daemon) release(name string) {
 	e.mu.Lock()
 	delete(e.pending, name)
 	e.mu.Unlock()
@@ -89,19 +59,10 @@ func (e *engine) release(name string) {
 
 // badRequest wraps a validation error so the API answers 400 with the
 // error's own one-line text.
-func badRequest(err error) error { return classify(err, ErrBadRequest) }
-
-// classify tags err with one of the API's sentinels without changing its
-// text: errors.Is finds both, the caller reads only err's own message.
-func classify(err, sentinel error) error { return &classified{err, sentinel} }
-
-type classified struct{ err, sentinel error }
-
-func (c *classified) Error() string   { return c.err.Error() }
-func (c *classified) Unwrap() []error { return []error{c.err, c.sentinel} }
+func badRequest(err error) error { return api.Classify(err, api.ErrBadRequest) }
 
 // buildPolicy turns a request into a validated policy. It touches nothing.
-func (e *engine) buildPolicy(req CreateRequest) (netpolicy.Policy, error) {
+func (e *Daemon) buildPolicy(req api.CreateRequest) (netpolicy.Policy, error) {
 	var p netpolicy.Policy
 	for _, s := range req.Allow {
 		ent, err := netpolicy.ParseEntry(s, e.guard)
@@ -156,7 +117,7 @@ func (e *engine) buildPolicy(req CreateRequest) (netpolicy.Policy, error) {
 // validateRequest checks a create request before anything is made. It
 // replaces req.Rootfs by the image's real path, so the directory mounted is
 // the one checked.
-func (e *engine) validateRequest(req *CreateRequest) error {
+func (e *Daemon) validateRequest(req *api.CreateRequest) error {
 	if err := nsmgr.ValidateSessionName(req.Name); err != nil {
 		return badRequest(err)
 	}
@@ -195,7 +156,7 @@ func (e *engine) validateRequest(req *CreateRequest) error {
 // sandboxOnlyField refuses a --network-only request that sets what only a
 // sandbox has: the session would silently hold less than asked for. The
 // error names the JSON field and the CLI flag.
-func sandboxOnlyField(req CreateRequest) error {
+func sandboxOnlyField(req api.CreateRequest) error {
 	for _, f := range []struct {
 		set         bool
 		field, flag string
@@ -218,7 +179,7 @@ func sandboxOnlyField(req CreateRequest) error {
 // path, and the sandbox's root is root over what it mounts: a socket-group
 // member asking for / would read the host's /etc/shadow. So the grant
 // holds for root callers too, and without --images-dir nothing is granted.
-func (e *engine) grantImage(rootfs string) (string, error) {
+func (e *Daemon) grantImage(rootfs string) (string, error) {
 	if !filepath.IsAbs(rootfs) {
 		return "", fmt.Errorf("rootfs %q: give an absolute directory", rootfs)
 	}
@@ -251,7 +212,7 @@ func validateCPUs(cpus float64, machine int) error {
 
 // resolvePeers finds the lab targets a session names. Each must be a live
 // lab target.
-func (e *engine) resolvePeers(names []string) ([]PeerRecord, error) {
+func (e *Daemon) resolvePeers(names []string) ([]PeerRecord, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	var out []PeerRecord
@@ -270,7 +231,7 @@ func (e *engine) resolvePeers(names []string) ([]PeerRecord, error) {
 
 // livePeers keeps the recorded peers that still exist as the very session
 // they were at create (same name, address and creation time).
-func (e *engine) livePeers(session string, recorded []PeerRecord) []PeerRecord {
+func (e *Daemon) livePeers(session string, recorded []PeerRecord) []PeerRecord {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	var out []PeerRecord
@@ -295,7 +256,7 @@ func peerGuests(ps []PeerRecord) []netip.Addr {
 
 // Create provisions a session: network, rules, DNS registration, sandbox,
 // record. Any failure unwinds what was done, in reverse.
-func (e *engine) Create(ctx context.Context, req CreateRequest) (info SessionInfo, err error) {
+func (e *Daemon) Create(ctx context.Context, req api.CreateRequest) (info api.SessionInfo, err error) {
 	start := time.Now()
 	defer func() { e.metrics.observeCreate(time.Since(start), err) }()
 	if err := e.validateRequest(&req); err != nil {
@@ -335,7 +296,7 @@ func (e *engine) Create(ctx context.Context, req CreateRequest) (info SessionInf
 	if err != nil {
 		var ex *nsmgr.ExhaustedError
 		if errors.As(err, &ex) {
-			return info, classify(ex, ErrPoolExhausted)
+			return info, api.Classify(ex, api.ErrPoolExhausted)
 		}
 		return info, fmt.Errorf("create network of %s: %w", req.Name, err)
 	}
@@ -392,7 +353,7 @@ func (e *engine) Create(ctx context.Context, req CreateRequest) (info SessionInf
 	return e.summary(s), nil
 }
 
-func (e *engine) sessionRules(rec SessionRecord, p netpolicy.Policy, peers []netip.Addr) netpolicy.SessionRules {
+func (e *Daemon) sessionRules(rec SessionRecord, p netpolicy.Policy, peers []netip.Addr) netpolicy.SessionRules {
 	return netpolicy.SessionRules{
 		Name:      rec.Name,
 		HostIface: rec.HostIface,
@@ -403,7 +364,7 @@ func (e *engine) sessionRules(rec SessionRecord, p netpolicy.Policy, peers []net
 	}
 }
 
-func (e *engine) dnsPolicy(s *liveSession) dnsproxy.SessionPolicy {
+func (e *Daemon) dnsPolicy(s *liveSession) dnsproxy.SessionPolicy {
 	return dnsproxy.SessionPolicy{
 		Name:   s.rec.Name,
 		Guest:  s.rec.Guest,
@@ -413,7 +374,7 @@ func (e *engine) dnsPolicy(s *liveSession) dnsproxy.SessionPolicy {
 	}
 }
 
-func (e *engine) sandboxSpec(s *liveSession) container.Spec {
+func (e *Daemon) sandboxSpec(s *liveSession) container.Spec {
 	req := s.rec.Request
 	spec := container.Spec{
 		Name:        s.rec.Name,
@@ -435,7 +396,7 @@ func (e *engine) sandboxSpec(s *liveSession) container.Spec {
 
 // Delete tears a session down in the fixed order; every step tolerates
 // "already gone", so a partial failure never blocks the rest.
-func (e *engine) Delete(ctx context.Context, name string) error {
+func (e *Daemon) Delete(ctx context.Context, name string) error {
 	s, err := e.reserve(name, true)
 	if err != nil {
 		return err
@@ -455,7 +416,7 @@ func (e *engine) Delete(ctx context.Context, name string) error {
 
 // teardown removes every part of a session that may exist, in order, and
 // reports all failures together.
-func (e *engine) teardown(rec SessionRecord, rules netpolicy.SessionRules) error {
+func (e *Daemon) teardown(rec SessionRecord, rules netpolicy.SessionRules) error {
 	var errs []error
 	if rec.Sandbox {
 		if err := e.boxes.Destroy(rec.Name); err != nil {
@@ -485,7 +446,7 @@ func (e *engine) teardown(rec SessionRecord, rules netpolicy.SessionRules) error
 }
 
 // DeleteByLabel deletes every session carrying the label.
-func (e *engine) DeleteByLabel(ctx context.Context, key, value string) ([]string, error) {
+func (e *Daemon) DeleteByLabel(ctx context.Context, key, value string) ([]string, error) {
 	var names []string
 	for _, s := range e.List(key, value) {
 		names = append(names, s.Name)
@@ -493,7 +454,7 @@ func (e *engine) DeleteByLabel(ctx context.Context, key, value string) ([]string
 	var deleted []string
 	var errs []error
 	for _, n := range names {
-		if err := e.Delete(ctx, n); err != nil && !errors.Is(err, ErrNotFound) {
+		if err := e.Delete(ctx, n); err != nil && !errors.Is(err, api.ErrNotFound) {
 			errs = append(errs, err)
 			continue
 		}
@@ -503,7 +464,7 @@ func (e *engine) DeleteByLabel(ctx context.Context, key, value string) ([]string
 }
 
 // List returns the sessions, filtered by a label when key is set, by name.
-func (e *engine) List(key, value string) []SessionInfo {
+func (e *Daemon) List(key, value string) []api.SessionInfo {
 	e.mu.Lock()
 	var ss []*liveSession
 	for _, s := range e.sessions {
@@ -524,7 +485,7 @@ func (e *engine) List(key, value string) []SessionInfo {
 	if err != nil {
 		e.log.Warn("read counters", "err", err)
 	}
-	out := make([]SessionInfo, 0, len(ss))
+	out := make([]api.SessionInfo, 0, len(ss))
 	for _, s := range ss {
 		in := e.summary(s)
 		if s.hasNIC() {
@@ -536,17 +497,17 @@ func (e *engine) List(key, value string) []SessionInfo {
 	return out
 }
 
-func attestedView(as []netpolicy.AttestedAddr) []AttestedAddr {
+func attestedView(as []netpolicy.AttestedAddr) []api.AttestedAddr {
 	now := time.Now().UTC()
-	out := make([]AttestedAddr, 0, len(as))
+	out := make([]api.AttestedAddr, 0, len(as))
 	for _, a := range as {
-		out = append(out, AttestedAddr{IP: attestedString(a), Expires: now.Add(a.Expires).Truncate(time.Millisecond)})
+		out = append(out, api.AttestedAddr{IP: attestedString(a), Expires: now.Add(a.Expires).Truncate(time.Millisecond)})
 	}
 	return out
 }
 
-func countersView(c netpolicy.Counters) Counters {
-	return Counters{
+func countersView(c netpolicy.Counters) api.Counters {
+	return api.Counters{
 		AcceptedPackets: c.AcceptedPackets, AcceptedBytes: c.AcceptedBytes,
 		DroppedPackets: c.DroppedPackets, DroppedBytes: c.DroppedBytes,
 		LimitedPackets: c.LimitedPackets,
@@ -554,18 +515,18 @@ func countersView(c netpolicy.Counters) Counters {
 }
 
 // Inspect returns a session with its attested set and counters.
-func (e *engine) Inspect(name string) (SessionInfo, error) {
+func (e *Daemon) Inspect(name string) (api.SessionInfo, error) {
 	e.mu.Lock()
 	s, ok := e.sessions[name]
 	e.mu.Unlock()
 	if !ok {
-		return SessionInfo{}, fmt.Errorf("session %q: %w", name, ErrNotFound)
+		return api.SessionInfo{}, fmt.Errorf("session %q: %w", name, api.ErrNotFound)
 	}
 	return e.info(s), nil
 }
 
 // summary is a session without kernel reads (for list).
-func (e *engine) summary(s *liveSession) SessionInfo {
+func (e *Daemon) summary(s *liveSession) api.SessionInfo {
 	pinned := map[string][]string{}
 	for h, as := range s.rec.Pinned {
 		for _, a := range as {
@@ -580,7 +541,7 @@ func (e *engine) summary(s *liveSession) SessionInfo {
 	if s.hasNIC() {
 		dns = addrString(e.dnsAddr)
 	}
-	return SessionInfo{
+	return api.SessionInfo{
 		Name:      s.rec.Name,
 		Netns:     s.rec.Netns,
 		GuestIP:   addrString(s.rec.Guest),
@@ -588,7 +549,7 @@ func (e *engine) summary(s *liveSession) SessionInfo {
 		HostVeth:  s.rec.HostIface,
 		DNS:       dns,
 		Egress:    string(s.policy.Egress),
-		Policy: PolicyView{
+		Policy: api.PolicyView{
 			Allow:    entryStrings(s.policy.Allow),
 			LabPeers: s.policy.LabPeers,
 			Lab:      s.policy.Lab,
@@ -597,7 +558,7 @@ func (e *engine) summary(s *liveSession) SessionInfo {
 		Sandbox:     s.rec.Sandbox,
 		Rootfs:      s.rec.Request.Rootfs,
 		SandboxView: sandboxView(s.rec),
-		Attested:    []AttestedAddr{},
+		Attested:    []api.AttestedAddr{},
 		Labels:      labels,
 		Created:     s.rec.Created,
 	}
@@ -606,12 +567,12 @@ func (e *engine) summary(s *liveSession) SessionInfo {
 // sandboxView is what a session's sandbox holds: the request's limits, or
 // the defaults container applies to a limit left at zero (sandboxSpec
 // passes the request's values on unchanged). Nil without a sandbox.
-func sandboxView(rec SessionRecord) *SandboxView {
+func sandboxView(rec SessionRecord) *api.SandboxView {
 	if !rec.Sandbox {
 		return nil
 	}
 	req := rec.Request
-	v := &SandboxView{
+	v := &api.SandboxView{
 		MemoryBytes: req.MemoryBytes, Pids: req.Pids, CPUs: req.CPUs,
 		NetRaw: req.NetRaw, Writable: req.Writable,
 	}
@@ -628,7 +589,7 @@ func sandboxView(rec SessionRecord) *SandboxView {
 }
 
 // info is summary plus the kernel's view: attested set and counters.
-func (e *engine) info(s *liveSession) SessionInfo {
+func (e *Daemon) info(s *liveSession) api.SessionInfo {
 	in := e.summary(s)
 	if !s.hasNIC() {
 		return in
@@ -647,15 +608,15 @@ func (e *engine) info(s *liveSession) SessionInfo {
 }
 
 // Exec runs a command in a session's sandbox.
-func (e *engine) Exec(ctx context.Context, name string, req ExecRequest, stdout, stderr io.Writer) (int, error) {
+func (e *Daemon) Exec(ctx context.Context, name string, req api.ExecRequest, stdout, stderr io.Writer) (int, error) {
 	e.mu.Lock()
 	s, ok := e.sessions[name]
 	e.mu.Unlock()
 	if !ok {
-		return 125, fmt.Errorf("session %q: %w", name, ErrNotFound)
+		return 125, fmt.Errorf("session %q: %w", name, api.ErrNotFound)
 	}
 	if !s.rec.Sandbox {
-		return 125, fmt.Errorf("session %q was created with --network-only; join its netns with ip netns exec %s: %w", name, s.rec.Netns, ErrNoSandbox)
+		return 125, fmt.Errorf("session %q was created with --network-only; join its netns with ip netns exec %s: %w", name, s.rec.Netns, api.ErrNoSandbox)
 	}
 	if len(req.Args) == 0 {
 		return 125, badRequest(errors.New("exec: no command given"))
@@ -681,11 +642,11 @@ func (e *engine) Exec(ctx context.Context, name string, req ExecRequest, stdout,
 		// The command never started: 127 or 126, as container runtimes
 		// say it, with the reason in the one line.
 		e.lifecycle(name, "exec", map[string]any{"args": req.Args, "exit": serr.Code, "error": serr.Error()})
-		return serr.Code, classify(err, ErrNotStarted)
+		return serr.Code, api.Classify(err, api.ErrNotStarted)
 	}
 	if errors.Is(err, container.ErrTimeout) {
 		e.lifecycle(name, "exec_timeout", map[string]any{"args": req.Args, "timeout": req.Timeout})
-		return 124, fmt.Errorf("exec in %s: %w after %s", name, ErrExecTimeout, timeout)
+		return 124, fmt.Errorf("exec in %s: %w after %s", name, api.ErrExecTimeout, timeout)
 	}
 	if err != nil {
 		return 125, fmt.Errorf("exec in %s: %w", name, err)
@@ -695,12 +656,12 @@ func (e *engine) Exec(ctx context.Context, name string, req ExecRequest, stdout,
 }
 
 // Events returns a session's recorded events and, with follow, new ones.
-func (e *engine) Events(ctx context.Context, name string, follow bool) ([]Event, <-chan Event, error) {
+func (e *Daemon) Events(ctx context.Context, name string, follow bool) ([]api.Event, <-chan api.Event, error) {
 	e.mu.Lock()
 	_, ok := e.sessions[name]
 	e.mu.Unlock()
 	if !ok {
-		return nil, nil, fmt.Errorf("session %q: %w", name, ErrNotFound)
+		return nil, nil, fmt.Errorf("session %q: %w", name, api.ErrNotFound)
 	}
 	return e.events.Read(ctx, name, follow)
 }
@@ -708,19 +669,19 @@ func (e *engine) Events(ctx context.Context, name string, follow bool) ([]Event,
 // Healthy reports whether the daemon enforces what it says: its table and
 // base chains are in the kernel and the DNS interface holds the anycast
 // address. (The listeners' goroutines end the process when they stop.)
-func (e *engine) Healthy() error {
+func (e *Daemon) Healthy() error {
 	if err := e.fw.Check(); err != nil {
 		return err
 	}
 	return e.nets.CheckDNSInterface()
 }
 
-func (e *engine) lifecycle(name, action string, detail map[string]any) {
-	e.events.Record(Event{Time: time.Now().UTC(), Session: name, Kind: "lifecycle", Action: action, Detail: detail})
+func (e *Daemon) lifecycle(name, action string, detail map[string]any) {
+	e.events.Record(api.Event{Time: time.Now().UTC(), Session: name, Kind: "lifecycle", Action: action, Detail: detail})
 }
 
 // Record receives the DNS proxy's decisions (dnsproxy.EventSink).
-func (e *engine) Record(ev dnsproxy.Event) {
+func (e *Daemon) Record(ev dnsproxy.Event) {
 	detail := map[string]any{"name": ev.Name, "type": ev.Type}
 	if len(ev.Addrs) > 0 {
 		detail["addrs"] = addrStrings(ev.Addrs)
@@ -736,12 +697,12 @@ func (e *engine) Record(ev dnsproxy.Event) {
 		detail["error"] = ev.Err
 	}
 	if ev.Session != "" {
-		e.events.Record(Event{Time: ev.Time.UTC(), Session: ev.Session, Kind: "dns", Action: ev.Verdict, Detail: detail})
+		e.events.Record(api.Event{Time: ev.Time.UTC(), Session: ev.Session, Kind: "dns", Action: ev.Verdict, Detail: detail})
 	}
 	e.metrics.dnsQuery(ev.Verdict)
 }
 
-func (e *engine) logErr(what, name string, err error) {
+func (e *Daemon) logErr(what, name string, err error) {
 	if err != nil {
 		e.log.Error(what, "session", name, "err", err)
 	}
@@ -781,18 +742,18 @@ func attestedString(a netpolicy.AttestedAddr) string {
 }
 
 // SessionCount is the number of live sessions (for the metrics).
-func (e *engine) SessionCount() int {
+func (e *Daemon) SessionCount() int {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return len(e.sessions)
 }
 
 // DNSStats are the DNS proxy's counters (for the metrics).
-func (e *engine) DNSStats() dnsproxy.Stats { return e.dns.Stats() }
+func (e *Daemon) DNSStats() dnsproxy.Stats { return e.dns.Stats() }
 
 // SessionCounters reads every session's counters (for the metrics), in one
 // dump of the counter sets.
-func (e *engine) SessionCounters() map[string]netpolicy.Counters {
+func (e *Daemon) SessionCounters() map[string]netpolicy.Counters {
 	all, err := e.fw.AllCounters()
 	if err != nil {
 		e.log.Warn("read counters", "err", err)

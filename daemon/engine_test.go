@@ -1,4 +1,4 @@
-package main
+package daemon
 
 import (
 	"encoding/json"
@@ -7,6 +7,8 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+
+	"github.com/enforcerd/enforcerd/api"
 )
 
 func TestValidateCPUs(t *testing.T) {
@@ -41,21 +43,21 @@ func TestValidateRequestRootfs(t *testing.T) {
 	if err := os.Mkdir(filepath.Join(img, "bin"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	e := &engine{}
+	e := &Daemon{}
 	for _, tc := range []struct{ rootfs, want string }{
 		{img, `rootfs "` + img + `": no image directory is configured; the operator must start serve with --images-dir DIR to allow sandboxes`},
 		{"/", `rootfs "/": no image directory is configured; the operator must start serve with --images-dir DIR to allow sandboxes`},
 		{"rel", `rootfs "rel": give an absolute directory`},
 		{"/nonexistent", `rootfs "/nonexistent": no image directory is configured; the operator must start serve with --images-dir DIR to allow sandboxes`},
 	} {
-		req := CreateRequest{Name: "s1", Rootfs: tc.rootfs}
+		req := api.CreateRequest{Name: "s1", Rootfs: tc.rootfs}
 		err := e.validateRequest(&req)
-		if err == nil || err.Error() != tc.want || !errors.Is(err, ErrBadRequest) {
+		if err == nil || err.Error() != tc.want || !errors.Is(err, api.ErrBadRequest) {
 			t.Errorf("rootfs %q: %v, want a bad request %q", tc.rootfs, err, tc.want)
 		}
 	}
-	req := CreateRequest{Name: "s1", NetworkOnly: true, CPUs: 1e6}
-	if err := e.validateRequest(&req); err == nil || !errors.Is(err, ErrBadRequest) {
+	req := api.CreateRequest{Name: "s1", NetworkOnly: true, CPUs: 1e6}
+	if err := e.validateRequest(&req); err == nil || !errors.Is(err, api.ErrBadRequest) {
 		t.Errorf("cpus 1e6: %v, want a bad request", err)
 	}
 }
@@ -63,26 +65,26 @@ func TestValidateRequestRootfs(t *testing.T) {
 // TestValidateRequestNetworkOnlySandboxFields: the daemon refuses what the
 // CLI refuses, for API callers: a 400 naming the field and the flag.
 func TestValidateRequestNetworkOnlySandboxFields(t *testing.T) {
-	e := &engine{}
+	e := &Daemon{}
 	for _, tc := range []struct {
-		req         CreateRequest
+		req         api.CreateRequest
 		field, flag string
 	}{
-		{CreateRequest{MemoryBytes: 1 << 30}, "memory_bytes", "--memory"},
-		{CreateRequest{Pids: 10}, "pids", "--pids"},
-		{CreateRequest{CPUs: 0.5}, "cpus", "--cpus"},
-		{CreateRequest{NetRaw: true}, "net_raw", "--net-raw"},
-		{CreateRequest{Writable: true}, "writable", "--writable"},
+		{api.CreateRequest{MemoryBytes: 1 << 30}, "memory_bytes", "--memory"},
+		{api.CreateRequest{Pids: 10}, "pids", "--pids"},
+		{api.CreateRequest{CPUs: 0.5}, "cpus", "--cpus"},
+		{api.CreateRequest{NetRaw: true}, "net_raw", "--net-raw"},
+		{api.CreateRequest{Writable: true}, "writable", "--writable"},
 	} {
 		req := tc.req
 		req.Name, req.NetworkOnly = "s1", true
 		err := e.validateRequest(&req)
 		want := tc.field + " (" + tc.flag + ") has no effect with network_only (--network-only): there is no sandbox; leave it out"
-		if err == nil || err.Error() != want || !errors.Is(err, ErrBadRequest) {
+		if err == nil || err.Error() != want || !errors.Is(err, api.ErrBadRequest) {
 			t.Errorf("%+v: %v, want a bad request %q", tc.req, err, want)
 		}
 	}
-	req := CreateRequest{Name: "s1", NetworkOnly: true}
+	req := api.CreateRequest{Name: "s1", NetworkOnly: true}
 	if err := e.validateRequest(&req); err != nil {
 		t.Errorf("plain --network-only: %v", err)
 	}
@@ -93,7 +95,7 @@ func TestValidateRequestNetworkOnlySandboxFields(t *testing.T) {
 // and the resolver of a session with a NIC; a --network-only session shows
 // no sandbox fields at all.
 func TestSummaryShowsWhatTheSessionHolds(t *testing.T) {
-	e := &engine{dnsAddr: netip.MustParseAddr("10.20.255.254")}
+	e := &Daemon{dnsAddr: netip.MustParseAddr("10.20.255.254")}
 	render := func(rec SessionRecord) map[string]any {
 		t.Helper()
 		b, err := json.Marshal(e.summary(&liveSession{rec: rec}))
@@ -124,13 +126,13 @@ func TestSummaryShowsWhatTheSessionHolds(t *testing.T) {
 		"memory_bytes": float64(512 << 20), "pids": float64(1024), "cpus": float64(1),
 		"net_raw": false, "writable": false, "dns": "10.20.255.254",
 	})
-	check("given", render(SessionRecord{Name: "b", Slot: 1, Guest: guest, Sandbox: true, Request: CreateRequest{
+	check("given", render(SessionRecord{Name: "b", Slot: 1, Guest: guest, Sandbox: true, Request: api.CreateRequest{
 		MemoryBytes: 1 << 30, Pids: 50, CPUs: 1.5, NetRaw: true, Writable: true,
 	}}), map[string]any{
 		"memory_bytes": float64(1 << 30), "pids": float64(50), "cpus": 1.5,
 		"net_raw": true, "writable": true, "dns": "10.20.255.254",
 	})
 	check("no NIC", render(SessionRecord{Name: "c", Slot: -1, Sandbox: true}), map[string]any{"pids": float64(1024)}, "dns")
-	check("network-only", render(SessionRecord{Name: "d", Slot: 2, Guest: guest, Request: CreateRequest{NetworkOnly: true}}),
+	check("network-only", render(SessionRecord{Name: "d", Slot: 2, Guest: guest, Request: api.CreateRequest{NetworkOnly: true}}),
 		map[string]any{"dns": "10.20.255.254"}, "memory_bytes", "pids", "cpus", "net_raw", "writable")
 }

@@ -1,9 +1,11 @@
-package main
+package daemon
 
 import (
 	"context"
 	"sync"
 	"time"
+
+	"github.com/enforcerd/enforcerd/api"
 )
 
 // defaultEventCapacity bounds each session's ring when NewEventLog is given
@@ -13,13 +15,6 @@ const defaultEventCapacity = 1000
 
 // defaultSubscriberBuffer is a follower's channel capacity.
 const defaultSubscriberBuffer = 64
-
-// Event kinds and the marker a slow follower receives.
-const (
-	EventKindDNS       = "dns"
-	EventKindLifecycle = "lifecycle"
-	EventKindDropped   = "dropped" // Detail["count"]: events this follower missed
-)
 
 // EventLog keeps each session's recent events in a bounded ring and fans
 // new ones out to followers. Record never blocks: a follower whose channel
@@ -36,13 +31,13 @@ type EventLog struct {
 // eventRing is one session's events: buf holds up to capacity events, the
 // oldest at start once full.
 type eventRing struct {
-	buf   []Event
+	buf   []api.Event
 	start int
 	subs  map[*subscriber]struct{}
 }
 
 type subscriber struct {
-	ch      chan Event
+	ch      chan api.Event
 	dropped int
 }
 
@@ -66,7 +61,7 @@ func (l *EventLog) ringLocked(session string) *eventRing {
 
 // Record appends ev to its session's ring (ev.Session) and sends it to the
 // session's followers without blocking.
-func (l *EventLog) Record(ev Event) {
+func (l *EventLog) Record(ev api.Event) {
 	if ev.Time.IsZero() {
 		ev.Time = time.Now().UTC()
 	}
@@ -81,7 +76,7 @@ func (l *EventLog) Record(ev Event) {
 	}
 	for s := range r.subs {
 		if s.dropped > 0 {
-			marker := Event{Time: ev.Time, Session: ev.Session, Kind: EventKindDropped,
+			marker := api.Event{Time: ev.Time, Session: ev.Session, Kind: api.EventKindDropped,
 				Detail: map[string]any{"count": s.dropped}}
 			select {
 			case s.ch <- marker:
@@ -100,18 +95,18 @@ func (l *EventLog) Record(ev Event) {
 }
 
 // Recorded returns a copy of a session's events, oldest first.
-func (l *EventLog) Recorded(session string) []Event {
+func (l *EventLog) Recorded(session string) []api.Event {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.recordedLocked(session)
 }
 
-func (l *EventLog) recordedLocked(session string) []Event {
+func (l *EventLog) recordedLocked(session string) []api.Event {
 	r := l.sessions[session]
 	if r == nil {
-		return []Event{}
+		return []api.Event{}
 	}
-	out := make([]Event, 0, len(r.buf))
+	out := make([]api.Event, 0, len(r.buf))
 	out = append(out, r.buf[r.start:]...)
 	return append(out, r.buf[:r.start]...)
 }
@@ -119,18 +114,18 @@ func (l *EventLog) recordedLocked(session string) []Event {
 // Subscribe returns a channel of the session's new events and a cancel
 // function that unsubscribes and closes it (idempotent). The channel is
 // also closed by Close(session).
-func (l *EventLog) Subscribe(session string) (<-chan Event, func()) {
+func (l *EventLog) Subscribe(session string) (<-chan api.Event, func()) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.subscribeLocked(session)
 }
 
-func (l *EventLog) subscribeLocked(session string) (<-chan Event, func()) {
+func (l *EventLog) subscribeLocked(session string) (<-chan api.Event, func()) {
 	r := l.ringLocked(session)
 	if r.subs == nil {
 		r.subs = map[*subscriber]struct{}{}
 	}
-	s := &subscriber{ch: make(chan Event, l.buffer)}
+	s := &subscriber{ch: make(chan api.Event, l.buffer)}
 	r.subs[s] = struct{}{}
 	cancel := func() {
 		l.mu.Lock()
@@ -149,7 +144,7 @@ func (l *EventLog) subscribeLocked(session string) (<-chan Event, func()) {
 // Follow returns the recorded events and a channel of the ones after them,
 // with no gap and no duplicate between the two. The channel is closed when
 // ctx ends or the session is closed. It is what Engine.Events needs.
-func (l *EventLog) Follow(ctx context.Context, session string) ([]Event, <-chan Event) {
+func (l *EventLog) Follow(ctx context.Context, session string) ([]api.Event, <-chan api.Event) {
 	l.mu.Lock()
 	recorded := l.recordedLocked(session)
 	ch, cancel := l.subscribeLocked(session)
@@ -163,7 +158,7 @@ func (l *EventLog) Follow(ctx context.Context, session string) ([]Event, <-chan 
 
 // Read is what Engine.Events returns for a known session: the recorded
 // events and, with follow, the channel of later ones (nil without).
-func (l *EventLog) Read(ctx context.Context, session string, follow bool) ([]Event, <-chan Event, error) {
+func (l *EventLog) Read(ctx context.Context, session string, follow bool) ([]api.Event, <-chan api.Event, error) {
 	if !follow {
 		return l.Recorded(session), nil, nil
 	}

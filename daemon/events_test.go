@@ -1,4 +1,4 @@
-package main
+package daemon
 
 import (
 	"context"
@@ -6,13 +6,15 @@ import (
 	"reflect"
 	"testing"
 	"time"
+
+	"github.com/enforcerd/enforcerd/api"
 )
 
-func testEvent(session string, i int) Event {
-	return Event{Time: time.Unix(int64(i), 0).UTC(), Session: session, Kind: EventKindLifecycle, Action: fmt.Sprint(i)}
+func testEvent(session string, i int) api.Event {
+	return api.Event{Time: time.Unix(int64(i), 0).UTC(), Session: session, Kind: api.EventKindLifecycle, Action: fmt.Sprint(i)}
 }
 
-func eventActions(evs []Event) []string {
+func eventActions(evs []api.Event) []string {
 	out := []string{}
 	for _, e := range evs {
 		out = append(out, e.Action)
@@ -42,7 +44,7 @@ func TestEventRing(t *testing.T) {
 		t.Fatal("Recorded shares the ring")
 	}
 	// A zero time is stamped.
-	l.Record(Event{Session: "c", Kind: EventKindDNS})
+	l.Record(api.Event{Session: "c", Kind: api.EventKindDNS})
 	if l.Recorded("c")[0].Time.IsZero() {
 		t.Fatal("time not stamped")
 	}
@@ -56,7 +58,7 @@ func TestEventRing(t *testing.T) {
 	}
 }
 
-func recvEvent(t *testing.T, ch <-chan Event) Event {
+func recvEvent(t *testing.T, ch <-chan api.Event) api.Event {
 	t.Helper()
 	select {
 	case e, ok := <-ch:
@@ -67,7 +69,7 @@ func recvEvent(t *testing.T, ch <-chan Event) Event {
 	case <-time.After(5 * time.Second):
 		t.Fatal("no event")
 	}
-	return Event{}
+	return api.Event{}
 }
 
 func TestEventFollow(t *testing.T) {
@@ -138,7 +140,7 @@ func TestEventSlowFollower(t *testing.T) {
 	}
 	l.Record(testEvent("a", 6)) // room again: the marker first, then 6
 	m := recvEvent(t, ch)
-	if m.Kind != EventKindDropped || m.Detail["count"] != 3 {
+	if m.Kind != api.EventKindDropped || m.Detail["count"] != 3 {
 		t.Fatalf("marker %+v", m)
 	}
 	if e := recvEvent(t, ch); e.Action != "6" {

@@ -1,15 +1,17 @@
-package main
+package daemon
 
 import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/enforcerd/enforcerd/dnsproxy"
-	"github.com/enforcerd/enforcerd/netpolicy"
 	"net"
 	"net/http"
 	"sync"
 	"time"
+
+	"github.com/enforcerd/enforcerd/api"
+	"github.com/enforcerd/enforcerd/dnsproxy"
+	"github.com/enforcerd/enforcerd/netpolicy"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -110,6 +112,10 @@ func (m *Metrics) SetSessionSource(src sessionSource) {
 	m.src.mu.Unlock()
 }
 
+// CreateRefused counts a create refused before it reached the daemon
+// (api.HandlerOptions.CreateRefused).
+func (m *Metrics) CreateRefused(err error) { m.observeCreate(0, err) }
+
 // observeCreate records one create: its result, and its latency when it
 // succeeded, or its failure reason (from the error's sentinel).
 func (m *Metrics) observeCreate(d time.Duration, err error) {
@@ -128,11 +134,11 @@ func (m *Metrics) observeCreate(d time.Duration, err error) {
 // failureReason is the {reason} label of a failed create.
 func failureReason(err error) string {
 	switch {
-	case errors.Is(err, ErrBadRequest):
+	case errors.Is(err, api.ErrBadRequest):
 		return "bad_request"
-	case errors.Is(err, ErrNameTaken):
+	case errors.Is(err, api.ErrNameTaken):
 		return "name_taken"
-	case errors.Is(err, ErrPoolExhausted):
+	case errors.Is(err, api.ErrPoolExhausted):
 		return "pool_exhausted"
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		return "canceled"
@@ -194,8 +200,8 @@ func (c *sourceCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
-// handler serves the registry at /metrics, and /healthz and /readyz.
-func (m *Metrics) handler() http.Handler {
+// Handler serves the registry at /metrics, and /healthz and /readyz.
+func (m *Metrics) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{}))
 	// Health for orchestrators that probe over TCP: the same check as the
@@ -228,18 +234,9 @@ func (m *Metrics) handler() http.Handler {
 	return mux
 }
 
-// serveMetrics serves m at http://addr/metrics until ctx ends.
-func serveMetrics(ctx context.Context, addr string, m *Metrics) error {
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return fmt.Errorf("listen for metrics on %s: %w", addr, err)
-	}
-	return serveMetricsOn(ctx, ln, m)
-}
-
-// serveMetricsOn serves m on ln at /metrics until ctx ends.
-func serveMetricsOn(ctx context.Context, ln net.Listener, m *Metrics) error {
-	srv := &http.Server{Handler: m.handler(), ReadHeaderTimeout: 10 * time.Second}
+// Serve serves m on ln (/metrics, /healthz, /readyz) until ctx ends.
+func (m *Metrics) Serve(ctx context.Context, ln net.Listener) error {
+	srv := &http.Server{Handler: m.Handler(), ReadHeaderTimeout: 10 * time.Second}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	select {

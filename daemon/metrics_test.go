@@ -1,4 +1,4 @@
-package main
+package daemon
 
 import (
 	"context"
@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/enforcerd/enforcerd/api"
 
 	dto "github.com/prometheus/client_model/go"
 
@@ -76,9 +78,9 @@ func TestMetrics(t *testing.T) {
 	}
 	m.SetSessionSource(fakeSource{})
 	m.observeCreate(20*time.Millisecond, nil)
-	m.observeCreate(0, fmt.Errorf("x: %w", ErrNameTaken))
-	m.observeCreate(0, fmt.Errorf("x: %w", ErrPoolExhausted))
-	m.observeCreate(0, fmt.Errorf("x: %w", ErrBadRequest))
+	m.observeCreate(0, fmt.Errorf("x: %w", api.ErrNameTaken))
+	m.observeCreate(0, fmt.Errorf("x: %w", api.ErrPoolExhausted))
+	m.observeCreate(0, fmt.Errorf("x: %w", api.ErrBadRequest))
 	m.observeCreate(0, context.Canceled)
 	m.observeCreate(0, io.EOF)
 	m.dnsQuery("allowed")
@@ -122,7 +124,7 @@ func TestServeMetrics(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- serveMetricsOn(ctx, ln, m) }()
+	go func() { done <- m.Serve(ctx, ln) }()
 	resp, err := http.Get("http://" + ln.Addr().String() + "/metrics")
 	if err != nil {
 		t.Fatal(err)
@@ -135,8 +137,5 @@ func TestServeMetrics(t *testing.T) {
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatal(err)
-	}
-	if err := serveMetrics(context.Background(), "256.0.0.1:1", m); err == nil {
-		t.Fatal("bad address: no error")
 	}
 }

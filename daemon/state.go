@@ -1,4 +1,4 @@
-package main
+package daemon
 
 // State: one JSON record per session under <state-dir>/sessions/<name>.json,
 // written atomically (temp file in the same directory, fsync, rename, fsync
@@ -16,6 +16,9 @@ import (
 	"sort"
 	"strings"
 	"time"
+
+	"github.com/enforcerd/enforcerd/api"
+	"github.com/enforcerd/enforcerd/nsmgr"
 )
 
 // stateVersion is the schema version of SessionRecord.
@@ -31,7 +34,7 @@ type SessionRecord struct {
 	Version   int                     `json:"version"`
 	Name      string                  `json:"name"`
 	Created   time.Time               `json:"created"`
-	Request   CreateRequest           `json:"request"`
+	Request   api.CreateRequest       `json:"request"`
 	Slot      int                     `json:"slot"`                 // index of the session's /30 in the pool; -1 = no NIC
 	Netns     string                  `json:"netns"`                // named netns, <prefix>-<name>
 	NetnsPath string                  `json:"netns_path,omitempty"` // its bind mount
@@ -84,22 +87,10 @@ func (s *StateStore) Dir() string { return s.dir }
 
 func (s *StateStore) path(name string) string { return filepath.Join(s.dir, name+".json") }
 
-// sessionNameValid: 1 to 32 of [a-z0-9-], starting with a letter or digit
-// (the contract's session name; it is also the record's file name).
-func sessionNameValid(name string) bool {
-	if len(name) < 1 || len(name) > 32 || name[0] == '-' {
-		return false
-	}
-	for i := 0; i < len(name); i++ {
-		c := name[i]
-		if !((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-') {
-			return false
-		}
-	}
-	return true
-}
+// sessionNameValid is nsmgr's rule for a session name, which is also the
+// record's file name.
+func sessionNameValid(name string) bool { return nsmgr.ValidateSessionName(name) == nil }
 
-// Save writes rec atomically, replacing any earlier record of rec.Name.
 func (s *StateStore) Save(rec SessionRecord) error {
 	if !sessionNameValid(rec.Name) {
 		return fmt.Errorf("save state of session %q: invalid name", rec.Name)

@@ -1,4 +1,4 @@
-package main
+package daemon
 
 import (
 	"errors"
@@ -10,13 +10,15 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/enforcerd/enforcerd/api"
 )
 
 func sampleRecord(name string, slot int) SessionRecord {
 	return SessionRecord{
 		Name:      name,
 		Created:   time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC),
-		Request:   CreateRequest{Name: name, NetworkOnly: true, Allow: []string{"a.test"}, Pin: true, Labels: map[string]string{"run": "1"}},
+		Request:   api.CreateRequest{Name: name, NetworkOnly: true, Allow: []string{"a.test"}, Pin: true, Labels: map[string]string{"run": "1"}},
 		Slot:      slot,
 		Netns:     "enf-" + name,
 		NetnsPath: "/run/netns/enf-" + name,
@@ -81,7 +83,7 @@ func TestStateSaveLoadRemove(t *testing.T) {
 	}
 
 	// A session without a NIC: slot -1, no addresses.
-	none := SessionRecord{Name: "quiet", Slot: -1, Netns: "enf-quiet", Request: CreateRequest{Name: "quiet", NetworkOnly: true}}
+	none := SessionRecord{Name: "quiet", Slot: -1, Netns: "enf-quiet", Request: api.CreateRequest{Name: "quiet", NetworkOnly: true}}
 	if err := st.Save(none); err != nil {
 		t.Fatal(err)
 	}

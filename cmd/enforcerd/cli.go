@@ -14,6 +14,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/enforcerd/enforcerd/api"
 )
 
 // Exit statuses of the command line (the contract in issue 5).
@@ -21,14 +23,8 @@ const (
 	exitOK        = 0
 	exitRefused   = 1   // the daemon refused, or could not be reached
 	exitUsage     = 2   // the command line itself is malformed
-	exitTimeout   = 124 // session exec: the command timed out
-	exitEnforcerd = 125 // session exec: enforcerd itself failed
 	exitInterrupt = 130 // session exec: interrupted by the user
 )
-
-// defaultSocket is where the daemon listens and the client connects unless
-// --socket or ENFORCERD_SOCKET say otherwise.
-const defaultSocket = "/run/enforcerd/enforcerd.sock"
 
 // exitError is an error with the exit status the process ends with. Its
 // message is printed as one line on stderr; an empty message prints nothing.
@@ -90,18 +86,12 @@ func (c *cli) run(args []string) int {
 	var ee *exitError
 	if errors.As(err, &ee) {
 		if ee.msg != "" {
-			fmt.Fprintln(c.stderr, oneLine(ee.msg))
+			fmt.Fprintln(c.stderr, api.OneLine(ee.msg))
 		}
 		return ee.code
 	}
-	fmt.Fprintln(c.stderr, "enforcerd: "+oneLine(err.Error()))
+	fmt.Fprintln(c.stderr, "enforcerd: "+api.OneLine(err.Error()))
 	return exitRefused
-}
-
-// oneLine folds a message onto one line.
-func oneLine(s string) string {
-	s = strings.TrimSpace(s)
-	return strings.Join(strings.Fields(strings.ReplaceAll(s, "\n", " ")), " ")
 }
 
 // globalOpts are the options accepted before the command name.
@@ -126,7 +116,7 @@ commands:
   help [COMMAND]        show help
 
 global options:
-  --socket PATH         the daemon's socket (env ENFORCERD_SOCKET; default ` + defaultSocket + `)
+  --socket PATH         the daemon's socket (env ENFORCERD_SOCKET; default ` + api.DefaultSocket + `)
 
 Run 'enforcerd COMMAND --help' for a command's options.
 `

@@ -12,6 +12,8 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
+
+	"github.com/enforcerd/enforcerd/api"
 )
 
 const sessionUsage = `usage: enforcerd session SUBCOMMAND [ARGS]
@@ -58,7 +60,7 @@ func (c *cli) cmdSession(glob globalOpts, args []string) error {
 // sessionFlags starts a session subcommand's flag set with --socket.
 func sessionFlags(name string) (*flag.FlagSet, *string) {
 	fs := newFlagSet(name)
-	sock := fs.String("socket", "", "the daemon's socket `PATH` (env ENFORCERD_SOCKET; default "+defaultSocket+")")
+	sock := fs.String("socket", "", "the daemon's socket `PATH` (env ENFORCERD_SOCKET; default "+api.DefaultSocket+")")
 	return fs, sock
 }
 
@@ -73,7 +75,7 @@ func (c *cli) socketPath(glob globalOpts, local string) string {
 	case c.getenv("ENFORCERD_SOCKET") != "":
 		return c.getenv("ENFORCERD_SOCKET")
 	}
-	return defaultSocket
+	return api.DefaultSocket
 }
 
 // oneName checks that exactly one NAME was given.
@@ -205,7 +207,7 @@ func (c *cli) sessionCreate(glob globalOpts, args []string) error {
 	const cmd = "enforcerd session create"
 	fs, sock := sessionFlags("session create")
 	var (
-		req            CreateRequest
+		req            api.CreateRequest
 		allow, scope   listFlag
 		labPeers       listFlag
 		labels         kvFlag
@@ -287,7 +289,7 @@ func (c *cli) sessionCreate(glob globalOpts, args []string) error {
 
 	ctx, cancel := signalContext()
 	defer cancel()
-	info, err := newClient(c.socketPath(glob, *sock)).create(ctx, req)
+	info, err := api.NewClient(c.socketPath(glob, *sock)).Create(ctx, req)
 	if err != nil {
 		return refusedErr(cmd, err)
 	}
@@ -317,7 +319,7 @@ func (c *cli) sessionExec(glob globalOpts, args []string) error {
 	const cmd = "enforcerd session exec"
 	fs, sock := sessionFlags("session exec")
 	var (
-		req       ExecRequest
+		req       api.ExecRequest
 		env       kvFlag
 		timeout   durationFlag
 		withStdin bool
@@ -346,7 +348,7 @@ func (c *cli) sessionExec(glob globalOpts, args []string) error {
 	if withStdin {
 		data, err := io.ReadAll(io.LimitReader(c.stdin, maxExecStdin+1))
 		if err != nil {
-			return &exitError{code: exitEnforcerd, msg: cmd + ": read stdin: " + err.Error()}
+			return &exitError{code: api.ExitEnforcerd, msg: cmd + ": read stdin: " + err.Error()}
 		}
 		if len(data) > maxExecStdin {
 			return usageErr(cmd, "--stdin: input larger than %d bytes", maxExecStdin)
@@ -356,16 +358,16 @@ func (c *cli) sessionExec(glob globalOpts, args []string) error {
 
 	ctx, cancel := signalContext()
 	defer cancel()
-	code, err := newClient(c.socketPath(glob, *sock)).exec(ctx, name, req, c.stdout, c.stderr)
+	code, err := api.NewClient(c.socketPath(glob, *sock)).Exec(ctx, name, req, c.stdout, c.stderr)
 	if err != nil {
 		if ctx.Err() != nil {
 			return &exitError{code: exitInterrupt, msg: cmd + ": interrupted"}
 		}
-		var fe *execFrameError
-		if errors.As(err, &fe) && fe.exit != 0 {
-			return &exitError{code: fe.exit, msg: cmd + ": " + fe.msg}
+		var fe *api.ExecError
+		if errors.As(err, &fe) && fe.Exit != 0 {
+			return &exitError{code: fe.Exit, msg: cmd + ": " + fe.Message}
 		}
-		return &exitError{code: exitEnforcerd, msg: cmd + ": " + err.Error()}
+		return &exitError{code: api.ExitEnforcerd, msg: cmd + ": " + err.Error()}
 	}
 	if code != 0 {
 		return &exitError{code: code}
@@ -399,12 +401,12 @@ func (c *cli) sessionList(glob globalOpts, args []string) error {
 	key, value, _ := label.first()
 	ctx, cancel := signalContext()
 	defer cancel()
-	list, err := newClient(c.socketPath(glob, *sock)).list(ctx, key, value)
+	list, err := api.NewClient(c.socketPath(glob, *sock)).List(ctx, key, value)
 	if err != nil {
 		return refusedErr(cmd, err)
 	}
 	if list == nil {
-		list = []SessionInfo{}
+		list = []api.SessionInfo{}
 	}
 	if asJSON {
 		return writeJSON(c.stdout, list)
@@ -440,7 +442,7 @@ func (c *cli) sessionInspect(glob globalOpts, args []string) error {
 	}
 	ctx, cancel := signalContext()
 	defer cancel()
-	info, err := newClient(c.socketPath(glob, *sock)).inspect(ctx, name)
+	info, err := api.NewClient(c.socketPath(glob, *sock)).Inspect(ctx, name)
 	if err != nil {
 		return refusedErr(cmd, err)
 	}
@@ -474,9 +476,9 @@ func (c *cli) sessionRemove(glob globalOpts, args []string) error {
 	}
 	ctx, cancel := signalContext()
 	defer cancel()
-	cl := newClient(c.socketPath(glob, *sock))
+	cl := api.NewClient(c.socketPath(glob, *sock))
 	if byLabel {
-		names, err := cl.removeByLabel(ctx, key, value)
+		names, err := cl.RemoveByLabel(ctx, key, value)
 		for _, n := range names {
 			fmt.Fprintln(c.stdout, n)
 		}
@@ -487,10 +489,10 @@ func (c *cli) sessionRemove(glob globalOpts, args []string) error {
 	}
 	failed := 0
 	for _, name := range pos {
-		if err := cl.remove(ctx, name); err != nil {
+		if err := cl.Remove(ctx, name); err != nil {
 			failed++
-			fmt.Fprintln(c.stderr, oneLine(cmd+": "+err.Error()))
-			var ae *apiError
+			fmt.Fprintln(c.stderr, api.OneLine(cmd+": "+err.Error()))
+			var ae *api.Error
 			if !errors.As(err, &ae) {
 				break // the daemon is unreachable: no point trying the rest
 			}
@@ -528,7 +530,7 @@ func (c *cli) sessionEvents(glob globalOpts, args []string) error {
 	}
 	ctx, cancel := signalContext()
 	defer cancel()
-	err = newClient(c.socketPath(glob, *sock)).events(ctx, name, follow, c.stdout)
+	err = api.NewClient(c.socketPath(glob, *sock)).EventsTo(ctx, name, follow, c.stdout)
 	if err != nil && ctx.Err() == nil {
 		return refusedErr(cmd, err)
 	}

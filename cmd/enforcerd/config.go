@@ -18,6 +18,8 @@ import (
 	"time"
 
 	"github.com/BurntSushi/toml"
+	"github.com/enforcerd/enforcerd/api"
+	"github.com/enforcerd/enforcerd/daemon"
 )
 
 // ServeConfig is the validated configuration of `enforcerd serve`.
@@ -41,6 +43,15 @@ type ServeConfig struct {
 	MaxFlows        int              // per-session cap on concurrent tracked flows (> 0)
 	FlowRate        int              // per-session new flows per second (> 0); the burst is twice this
 	MaxAttested     int              // per-session cap on live DNS-attested elements (> 0)
+}
+
+// daemonConfig is the part of the configuration the session lifecycle uses.
+func (c ServeConfig) daemonConfig() daemon.Config {
+	return daemon.Config{
+		StateDir: c.StateDir, NamePrefix: c.NamePrefix, Pool: c.Pool,
+		Upstreams: c.Upstreams, PublicOverrides: c.PublicOverrides, DNSMinTTL: c.DNSMinTTL,
+		ImagesDirs: c.ImagesDirs, MaxFlows: c.MaxFlows, FlowRate: c.FlowRate, MaxAttested: c.MaxAttested,
+	}
 }
 
 // Defaults of the serve options.
@@ -120,7 +131,7 @@ type serveFlags struct {
 func defineServeFlags(fs *flag.FlagSet) *serveFlags {
 	f := &serveFlags{single: map[string]*string{}, lists: map[string]*listFlag{}}
 	fs.StringVar(&f.config, optConfig, "", "read options from the TOML `FILE` (flags win)")
-	f.single[optSocket] = fs.String(optSocket, "", "the API's unix socket `PATH` (default "+defaultSocket+")")
+	f.single[optSocket] = fs.String(optSocket, "", "the API's unix socket `PATH` (default "+api.DefaultSocket+")")
 	f.single[optSocketGroup] = fs.String(optSocketGroup, "", "`GROUP` allowed on the socket besides root (default: root only, mode 0600)")
 	f.single[optStateDir] = fs.String(optStateDir, "", "state `DIR` (default "+defaultStateDir+")")
 	f.single[optNamePrefix] = fs.String(optNamePrefix, "", "prefix `P` of every kernel object, 1-6 of [a-z0-9] (default "+defaultNamePrefix+")")
@@ -238,7 +249,7 @@ func buildServeConfig(o serveOptions, getenv func(string) string, resolvConf str
 		if env := getenv("ENFORCERD_SOCKET"); env != "" {
 			sock, origin = env, "ENFORCERD_SOCKET"
 		} else {
-			sock = defaultSocket
+			sock = api.DefaultSocket
 		}
 	}
 	if cfg.Socket, err = absPath(origin, sock); err != nil {

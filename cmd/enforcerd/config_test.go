@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/enforcerd/enforcerd/api"
 )
 
 func writeTOML(t *testing.T, text string) string {
@@ -36,7 +38,7 @@ func TestServeDefaults(t *testing.T) {
 	c := newTestCLI(t)
 	got := serveConfigOf(t, c)
 	want := ServeConfig{
-		Socket:     defaultSocket,
+		Socket:     api.DefaultSocket,
 		StateDir:   "/var/lib/enforcerd",
 		NamePrefix: "enf",
 		Pool:       netip.MustParsePrefix("10.20.0.0/16"),

@@ -12,20 +12,23 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/enforcerd/enforcerd/api"
+	"github.com/enforcerd/enforcerd/api/apitest"
 )
 
 // startAPI serves a fake engine on a unix socket in a temp dir, as the
 // daemon does (same listener, same SO_PEERCRED check), and returns a CLI
 // whose ENFORCERD_SOCKET points at it.
-func startAPI(t *testing.T) (*fakeEngine, *testCLI, string) {
+func startAPI(t *testing.T) (*apitest.Engine, *testCLI, string) {
 	t.Helper()
 	sock := filepath.Join(t.TempDir(), "enforcerd.sock")
-	f := newFakeEngine()
+	f := apitest.New()
 	ctx, cancel := context.WithCancel(context.Background())
 	ready := make(chan struct{})
 	done := make(chan error, 1)
 	go func() {
-		done <- serveAPI(ctx, ServeConfig{Socket: sock}, newAPIHandler(f, discardLogger(), NewMetrics()), func() { close(ready) })
+		done <- api.ListenAndServe(ctx, api.ListenConfig{Socket: sock}, api.NewHandler(f, api.HandlerOptions{}), func() { close(ready) })
 	}()
 	select {
 	case <-ready:
@@ -65,19 +68,19 @@ func TestEndToEndSessions(t *testing.T) {
 		"--lab-peer", "lab1", "--lab-peer", "lab2", "--net-raw", "--memory", "256M", "--pids", "64", "--cpus", "1.5",
 		"--label", "run=7", "--label", "owner=me", "--writable")
 	wd, _ := os.Getwd()
-	want := CreateRequest{Name: "s1", Rootfs: filepath.Join(wd, "rel/root"), Writable: true, Egress: "allowlist",
+	want := api.CreateRequest{Name: "s1", Rootfs: filepath.Join(wd, "rel/root"), Writable: true, Egress: "allowlist",
 		Allow: []string{"a.test", "*.b.test:443"}, Scope: []string{"https://c.test/x"}, Pin: true,
 		LabPeers: []string{"lab1", "lab2"}, NetRaw: true, MemoryBytes: 256 << 20, Pids: 64, CPUs: 1.5,
 		Labels: map[string]string{"run": "7", "owner": "me"}}
-	if !reflect.DeepEqual(f.creates[0], want) {
-		t.Fatalf("engine got\n %+v\nwant\n %+v", f.creates[0], want)
+	if !reflect.DeepEqual(f.Creates()[0], want) {
+		t.Fatalf("engine got\n %+v\nwant\n %+v", f.Creates()[0], want)
 	}
 	if out != "created s1: netns enf-s1, guest 10.20.0.2, gateway 10.20.0.1, egress allowlist, sandbox yes\n" {
 		t.Fatalf("create output %q", out)
 	}
 
 	out, _ = c.expect(t, 0, "session", "create", "--json", "s2", "--network-only", "--label", "run=8")
-	var info SessionInfo
+	var info api.SessionInfo
 	if err := json.Unmarshal([]byte(out), &info); err != nil || info.Name != "s2" || info.Sandbox {
 		t.Fatalf("create --json: %q %v", out, err)
 	}
@@ -101,7 +104,7 @@ func TestEndToEndSessions(t *testing.T) {
 		t.Fatalf("ls:\n%s", out)
 	}
 	out, _ = c.expect(t, 0, "session", "ls", "--json", "--label", "run=8")
-	var list []SessionInfo
+	var list []api.SessionInfo
 	if err := json.Unmarshal([]byte(out), &list); err != nil || len(list) != 1 || list[0].Name != "s2" {
 		t.Fatalf("ls --json --label: %q %v", out, err)
 	}
@@ -160,7 +163,7 @@ func TestEndToEndExec(t *testing.T) {
 	c.expect(t, 0, "session", "create", "box", "--rootfs", "/r")
 	c.expect(t, 0, "session", "create", "net", "--network-only")
 
-	f.execFn = func(_ context.Context, _ string, req ExecRequest, o, e io.Writer) (int, error) {
+	f.ExecFn = func(_ context.Context, _ string, req api.ExecRequest, o, e io.Writer) (int, error) {
 		fmt.Fprintf(o, "args=%q env=%q dir=%s user=%s stdin=%q\n", req.Args, req.Env, req.Dir, req.User, req.Stdin)
 		io.WriteString(e, "warning\n")
 		o.Write([]byte{0xff, '\n'})
@@ -177,39 +180,39 @@ func TestEndToEndExec(t *testing.T) {
 	if got := c.errOut.String(); got != "warning\n" {
 		t.Fatalf("stderr %q", got)
 	}
-	if f.execs[0].Timeout != "5s" {
-		t.Fatalf("exec request %+v", f.execs[0])
+	if f.Execs()[0].Timeout != "5s" {
+		t.Fatalf("exec request %+v", f.Execs()[0])
 	}
 
 	// Without "--": the command starts at the first non-flag after NAME.
-	f.execFn = nil
+	f.ExecFn = nil
 	if out, _ := c.expect(t, 0, "session", "exec", "box", "ls", "-la"); out != "ran ls -la\n" {
 		t.Fatalf("no --: %q", out)
 	}
 
 	// Timeout: 124 and one line.
-	f.execFn = func(_ context.Context, _ string, _ ExecRequest, o, _ io.Writer) (int, error) {
+	f.ExecFn = func(_ context.Context, _ string, _ api.ExecRequest, o, _ io.Writer) (int, error) {
 		io.WriteString(o, "partial\n")
-		return 124, fmt.Errorf("exec in box: %w after 1s", ErrExecTimeout)
+		return 124, fmt.Errorf("exec in box: %w after 1s", api.ErrExecTimeout)
 	}
-	out, errOut := c.expect(t, exitTimeout, "session", "exec", "box", "--timeout", "1s", "--", "sleep", "9")
+	out, errOut := c.expect(t, api.ExitTimeout, "session", "exec", "box", "--timeout", "1s", "--", "sleep", "9")
 	if out != "partial\n" || errOut != "enforcerd session exec: exec in box: command timed out after 1s\n" {
 		t.Fatalf("timeout: %q %q", out, errOut)
 	}
 
 	// enforcerd failures: 125 with one line.
-	_, errOut = c.expect(t, exitEnforcerd, "session", "exec", "nope", "--", "id")
+	_, errOut = c.expect(t, api.ExitEnforcerd, "session", "exec", "nope", "--", "id")
 	if errOut != "enforcerd session exec: session \"nope\": unknown session\n" {
 		t.Fatalf("unknown: %q", errOut)
 	}
-	_, errOut = c.expect(t, exitEnforcerd, "session", "exec", "net", "--", "id")
+	_, errOut = c.expect(t, api.ExitEnforcerd, "session", "exec", "net", "--", "id")
 	if errOut != "enforcerd session exec: session \"net\" was created with --network-only: session has no sandbox\n" {
 		t.Fatalf("network-only: %q", errOut)
 	}
-	f.execFn = func(context.Context, string, ExecRequest, io.Writer, io.Writer) (int, error) {
+	f.ExecFn = func(context.Context, string, api.ExecRequest, io.Writer, io.Writer) (int, error) {
 		return 125, fmt.Errorf("exec in box: start: permission denied")
 	}
-	_, errOut = c.expect(t, exitEnforcerd, "session", "exec", "box", "--", "id")
+	_, errOut = c.expect(t, api.ExitEnforcerd, "session", "exec", "box", "--", "id")
 	if errOut != "enforcerd session exec: exec in box: start: permission denied\n" {
 		t.Fatalf("failure: %q", errOut)
 	}
@@ -220,7 +223,7 @@ func TestEndToEndExec(t *testing.T) {
 		all = append(all, byte(b))
 	}
 	all = append(all, 0xc3, 0x28, 0xed, 0xa0, 0x80)
-	f.execFn = func(_ context.Context, _ string, req ExecRequest, _, _ io.Writer) (int, error) {
+	f.ExecFn = func(_ context.Context, _ string, req api.ExecRequest, _, _ io.Writer) (int, error) {
 		if !bytes.Equal(req.Stdin, all) {
 			return 1, fmt.Errorf("stdin: got %q", req.Stdin)
 		}
@@ -249,7 +252,7 @@ func TestEndToEndEventsFollow(t *testing.T) {
 	}()
 	go func() { done <- c.cli.run([]string{"session", "events", "s1", "--follow"}) }()
 	time.Sleep(200 * time.Millisecond)
-	f.events.Record(Event{Session: "s1", Kind: "dns", Action: "allowed"})
+	f.Record(api.Event{Session: "s1", Kind: "dns", Action: "allowed"})
 	time.Sleep(100 * time.Millisecond)
 	f.Delete(context.Background(), "s1") // closes the follow stream
 	select {
@@ -278,7 +281,7 @@ func TestEndToEndNoDaemon(t *testing.T) {
 	if errOut != want {
 		t.Fatalf("stderr\n got %q\nwant %q", errOut, want)
 	}
-	c.expect(t, exitEnforcerd, "session", "exec", "s1", "--", "id")
+	c.expect(t, api.ExitEnforcerd, "session", "exec", "s1", "--", "id")
 	_, errOut = c.expect(t, 1, "session", "rm", "a", "b")
 	if !strings.HasPrefix(errOut, "enforcerd session rm: cannot reach enforcerd") {
 		t.Fatalf("rm: %q", errOut)

@@ -5,10 +5,16 @@ import (
 	"fmt"
 	"os"
 
+	"github.com/enforcerd/enforcerd/api"
 	"github.com/enforcerd/enforcerd/container"
 )
 
-var version = "0.1.0-dev"
+// version and commit are stamped at build (make build passes -ldflags -X);
+// a plain go build reports the module's VCS information when it has any.
+var (
+	version = "0.1.0-dev"
+	commit  = ""
+)
 
 func main() {
 	// libcontainer re-executes this binary as "enforcerd init" inside a new
@@ -17,7 +23,7 @@ func main() {
 	if len(os.Args) > 1 && os.Args[1] == "init" {
 		container.Init()
 		fmt.Fprintln(os.Stderr, "enforcerd init: the sandbox init returned")
-		os.Exit(exitEnforcerd)
+		os.Exit(api.ExitEnforcerd)
 	}
 	os.Exit(newCLI().run(os.Args[1:]))
 }

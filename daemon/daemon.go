@@ -1,0 +1,158 @@
+package daemon
+
+import (
+	"context"
+	"log/slog"
+	"net/netip"
+	"sync"
+	"time"
+
+	"github.com/enforcerd/enforcerd/container"
+	"github.com/enforcerd/enforcerd/dnsproxy"
+	"github.com/enforcerd/enforcerd/netpolicy"
+	"github.com/enforcerd/enforcerd/nsmgr"
+)
+
+// Config is what the session lifecycle needs to know. The program checks
+// it (flags and TOML) before Open; Open checks again what the domain
+// packages own (the prefix and the pool are nsmgr's rules).
+type Config struct {
+	StateDir        string           // holds sessions/<name>.json, containers/ and layers/
+	NamePrefix      string           // tags every kernel object
+	Pool            netip.Prefix     // the /30s of the sessions come from here
+	Upstreams       []netip.AddrPort // DNS resolvers the proxy and pinning forward to
+	PublicOverrides []netip.Prefix   // special-purpose ranges treated as public (labs, tests)
+	DNSMinTTL       time.Duration    // floor of an attested address's lifetime
+	ImagesDirs      []string         // the only directories a sandbox rootfs may come from
+	MaxFlows        int              // per-session cap on concurrent tracked flows
+	FlowRate        int              // per-session new flows per second
+	MaxAttested     int              // per-session cap on live DNS-attested elements
+}
+
+// The daemon consumes the four domain packages through these interfaces,
+// declared here, where they are used: the production parts are
+// *nsmgr.Manager, *netpolicy.Firewall, *dnsproxy.Proxy and
+// *container.Manager (Open wires them); the engine's state-machine test
+// drives recording fakes.
+
+// Network makes and removes the sessions' netns, veth pairs and /30s.
+type Network interface {
+	Create(name string, nic bool) (nsmgr.Session, error)
+	Delete(name string, slot int) error
+	// Recover lists the sessions whose netns (and veth) exist.
+	Recover() ([]nsmgr.Session, error)
+	// Reap removes every object of the prefix not in keep.
+	Reap(keep map[string]bool) ([]string, error)
+	IsGuestAddr(a netip.Addr) bool
+	CheckDNSInterface() error
+}
+
+// Firewall holds the sessions' rules in the host's nftables table.
+type Firewall interface {
+	AddSession(r netpolicy.SessionRules) error
+	RemoveSession(r netpolicy.SessionRules) error
+	// Sessions lists the sessions the table holds rules for.
+	Sessions() ([]netpolicy.SessionKey, error)
+	// PruneGuests removes every element and conntrack entry of the
+	// addresses gone says are no live session's.
+	PruneGuests(gone func(netip.Addr) bool) (int, error)
+	Attested(guest netip.Addr) ([]netpolicy.AttestedAddr, error)
+	AllAttested() (map[netip.Addr][]netpolicy.AttestedAddr, error)
+	Counters(guest netip.Addr) (netpolicy.Counters, error)
+	AllCounters() (map[netip.Addr]netpolicy.Counters, error)
+	Check() error
+}
+
+// Resolver is the DNS proxy's registry of sessions.
+type Resolver interface {
+	Register(p dnsproxy.SessionPolicy) error
+	Unregister(guest netip.Addr)
+	Stats() dnsproxy.Stats
+}
+
+// Sandboxes runs the sessions' containers.
+type Sandboxes interface {
+	Create(spec container.Spec) error
+	Destroy(name string) error
+	Exists(name string) bool
+	Exec(ctx context.Context, name string, spec container.ExecSpec) (int, error)
+	// Reap removes every sandbox of the prefix not in keep.
+	Reap(keep map[string]bool) ([]string, error)
+}
+
+// PinResolver resolves a host's addresses once, for --pin.
+type PinResolver func(ctx context.Context, host string) ([]netip.Addr, error)
+
+// Parts are the daemon's collaborators.
+type Parts struct {
+	Network   Network
+	Firewall  Firewall
+	Resolver  Resolver
+	Sandboxes Sandboxes
+	Guard     *netpolicy.Guard // the special-purpose address table
+	Pin       PinResolver
+	DNSAddr   netip.Addr // the anycast address sessions resolve through
+	Store     *StateStore
+	Log       *slog.Logger // nil: discard
+	Metrics   *Metrics     // nil: none
+	// Close, when set, releases what Open opened (called by Daemon.Close).
+	Close func()
+}
+
+// Daemon composes the four packages into the session lifecycle the API
+// serves (it implements api.Engine). It owns the order of every
+// multi-package operation:
+//
+//	create: network (nsmgr) -> rules (netpolicy) -> DNS registration
+//	        (dnsproxy) -> sandbox (container) -> state record
+//	delete: sandbox -> DNS registration -> rules -> network -> record
+//
+// The record is written last, so a crash in the middle of a create leaves
+// kernel objects without a record, and the next start reaps them as
+// orphans: a create is complete or it is gone.
+type Daemon struct {
+	cfg     Config
+	log     *slog.Logger
+	nets    Network
+	guard   *netpolicy.Guard
+	fw      Firewall
+	dns     Resolver
+	boxes   Sandboxes
+	state   *StateStore
+	events  *EventLog
+	metrics *Metrics
+	dnsAddr netip.Addr
+	pin     PinResolver
+	closeFn func()
+	proxy   *dnsproxy.Proxy // set by Open only: what ListenDNS serves
+
+	mu       sync.Mutex // protects sessions and pending
+	sessions map[string]*liveSession
+	pending  map[string]bool // names whose create or delete is in flight
+}
+
+// New returns a daemon over the given parts. It changes nothing: call
+// Reconcile before serving.
+func New(cfg Config, p Parts) *Daemon {
+	log := p.Log
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Daemon{
+		cfg: cfg, log: log, nets: p.Network, guard: p.Guard, fw: p.Firewall,
+		dns: p.Resolver, boxes: p.Sandboxes, state: p.Store, events: NewEventLog(0),
+		metrics: p.Metrics, dnsAddr: p.DNSAddr, pin: p.Pin, closeFn: p.Close,
+		sessions: map[string]*liveSession{}, pending: map[string]bool{},
+	}
+}
+
+// Close releases the parts (the sessions stay up, enforced by the kernel).
+func (e *Daemon) Close() {
+	e.shutdownDNS()
+	if e.closeFn != nil {
+		e.closeFn()
+	}
+}
+
+// DNSAddr is the anycast address the sessions resolve through.
+func (e *Daemon) DNSAddr() netip.Addr { return e.dnsAddr }

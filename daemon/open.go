@@ -1,0 +1,163 @@
+package daemon
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"path/filepath"
+	"time"
+
+	"github.com/vishvananda/netns"
+
+	"github.com/enforcerd/enforcerd/container"
+	"github.com/enforcerd/enforcerd/dnsproxy"
+	"github.com/enforcerd/enforcerd/netpolicy"
+	"github.com/enforcerd/enforcerd/nsmgr"
+)
+
+// upstreamTimeout bounds one try of one upstream, for the proxy and for
+// pinned resolution.
+const upstreamTimeout = 2 * time.Second
+
+// Open opens the four domain packages in the daemon's own netns, in the
+// order that changes nothing of a host it should not serve (foreign links
+// are refused before the first kernel change), and returns the daemon
+// over them. It does not reconcile: call Reconcile next.
+func Open(cfg Config, log *slog.Logger, metrics *Metrics) (_ *Daemon, err error) {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	host, err := netns.Get()
+	if err != nil {
+		return nil, fmt.Errorf("open own netns: %w", err)
+	}
+	var (
+		nets *nsmgr.Manager
+		fw   *netpolicy.Firewall
+	)
+	closeAll := func() {
+		if fw != nil {
+			fw.Close()
+		}
+		if nets != nil {
+			nets.Close()
+		}
+		host.Close()
+	}
+	defer func() {
+		if err != nil {
+			closeAll()
+		}
+	}()
+	if err := nsmgr.EnableForwarding(host); err != nil {
+		return nil, err
+	}
+	// A released address is handed out again only once the firewall has
+	// flushed its conntrack entries (in the background, after removal).
+	guestClean := func(g netip.Addr) bool { return fw == nil || fw.FlowsFlushed(g) }
+	if nets, err = nsmgr.New(nsmgr.Config{Prefix: cfg.NamePrefix, Pool: cfg.Pool, HostNS: host, GuestClean: guestClean}); err != nil {
+		return nil, err
+	}
+	// Before the first kernel change: the table would treat such a link as
+	// a session veth and drop its traffic.
+	if err := nets.CheckNoForeignLinks(); err != nil {
+		return nil, err
+	}
+	dnsAddr, err := nets.EnsureDNSInterface()
+	if err != nil {
+		return nil, err
+	}
+	guard, err := netpolicy.NewGuard(cfg.Pool, cfg.PublicOverrides)
+	if err != nil {
+		return nil, err
+	}
+	fw, err = netpolicy.OpenFirewall(netpolicy.FirewallConfig{
+		NetNS: host, Prefix: cfg.NamePrefix, Pool: cfg.Pool, DNSAddr: dnsAddr,
+		Guard: guard, AttestFloor: cfg.DNSMinTTL,
+		MaxFlows: cfg.MaxFlows, FlowRate: cfg.FlowRate, MaxAttested: cfg.MaxAttested,
+		OnFlowFlushError: func(err error) { log.Error("flush conntrack entries of removed sessions (retrying)", "err", err) },
+	})
+	if err != nil {
+		return nil, err
+	}
+	if err := fw.Ensure(); err != nil {
+		return nil, err
+	}
+	boxes, err := container.New(container.Config{
+		StateDir: filepath.Join(cfg.StateDir, "containers"),
+		LayerDir: filepath.Join(cfg.StateDir, "layers"),
+		Prefix:   cfg.NamePrefix,
+	})
+	if err != nil {
+		return nil, err
+	}
+	store, err := NewStateStore(cfg.StateDir)
+	if err != nil {
+		return nil, err
+	}
+	d := New(cfg, Parts{
+		Network: nets, Firewall: fw, Sandboxes: boxes, Guard: guard,
+		Pin: upstreamResolver(cfg.Upstreams, upstreamTimeout), DNSAddr: dnsAddr,
+		Store: store, Log: log, Metrics: metrics, Close: closeAll,
+	})
+	proxy, err := dnsproxy.New(dnsproxy.Config{
+		Upstreams: cfg.Upstreams,
+		Timeout:   upstreamTimeout,
+		MinTTL:    cfg.DNSMinTTL,
+		Guard:     guard,
+		Attester:  attestTimer{fw, metrics},
+		Events:    d,
+		Logger:    log,
+	})
+	if err != nil {
+		return nil, err
+	}
+	d.dns, d.proxy = proxy, proxy
+	return d, nil
+}
+
+// attestTimer measures the attest hot path for the metrics.
+type attestTimer struct {
+	fw *netpolicy.Firewall
+	m  *Metrics
+}
+
+func (a attestTimer) Attest(guest netip.Addr, ips []netip.Addr, ttl time.Duration, ports []netpolicy.PortSpec) (time.Duration, error) {
+	start := time.Now()
+	d, err := a.fw.Attest(guest, ips, ttl, ports)
+	a.m.observeAttest(time.Since(start))
+	return d, err
+}
+
+// ListenDNS binds the DNS proxy's UDP and TCP sockets on the anycast
+// address, port 53, and returns the function that serves them until
+// Close (it returns the proxy's error if it stops by itself). Only a
+// daemon made by Open has a proxy to serve.
+func (e *Daemon) ListenDNS() (serve func() error, err error) {
+	if e.proxy == nil {
+		return nil, fmt.Errorf("listen dns: this daemon has no DNS proxy")
+	}
+	at := netip.AddrPortFrom(e.dnsAddr, 53)
+	udp, err := net.ListenPacket("udp4", at.String())
+	if err != nil {
+		return nil, fmt.Errorf("listen dns udp %s: %w", at, err)
+	}
+	tcp, err := net.Listen("tcp4", at.String())
+	if err != nil {
+		udp.Close()
+		return nil, fmt.Errorf("listen dns tcp %s: %w", at, err)
+	}
+	return func() error { return e.proxy.Serve(udp, tcp) }, nil
+}
+
+// shutdownDNS stops the proxy's listeners, waiting at most 2 s.
+func (e *Daemon) shutdownDNS() {
+	if e.proxy == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	_ = e.proxy.Shutdown(ctx)
+}
