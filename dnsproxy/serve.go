@@ -77,7 +77,9 @@ func (p *Proxy) Serve(udp net.PacketConn, tcp net.Listener) error {
 	if udp != nil {
 		readers := min(runtime.GOMAXPROCS(0), 4)
 		for range readers {
+			p.stats.udpLoops.Add(1)
 			wg.Go(func() {
+				defer p.stats.udpLoops.Add(-1)
 				if err := p.serveUDP(udp); err != nil {
 					fail(err)
 				}
@@ -85,7 +87,9 @@ func (p *Proxy) Serve(udp net.PacketConn, tcp net.Listener) error {
 		}
 	}
 	if tcp != nil {
+		p.stats.tcpLoops.Add(1)
 		wg.Go(func() {
+			defer p.stats.tcpLoops.Add(-1)
 			if err := p.serveTCP(tcp); err != nil {
 				fail(err)
 			}

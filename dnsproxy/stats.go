@@ -1,6 +1,7 @@
 package dnsproxy
 
 import (
+	"errors"
 	"sync/atomic"
 	"time"
 )
@@ -50,6 +51,10 @@ type Stats struct {
 	InFlight, Queued int
 	// Sessions is the number of registered sessions.
 	Sessions int
+	// UDPReaders and TCPAcceptors are the serve loops running now (each
+	// Serve call starts up to four UDP readers and one TCP accept loop;
+	// all of a call's loops end when one of its sockets fails for good).
+	UDPReaders, TCPAcceptors int
 	// Attest and Upstream are latency histograms of Attest calls and of
 	// successful upstream exchanges.
 	Attest, Upstream Histogram
@@ -118,6 +123,9 @@ type counters struct {
 	upstreamErrors atomic.Uint64
 	attest         histogram
 	upstream       histogram
+	// udpLoops and tcpLoops are the serve loops running now (Serve
+	// counts each before it starts it, and when it returns).
+	udpLoops, tcpLoops atomic.Int64
 }
 
 var verdictIndex = [...]string{
@@ -150,10 +158,31 @@ func (p *Proxy) Stats() Stats {
 		Sessions:       len(*p.sessions.Load()),
 		Attest:         c.attest.snapshot(),
 		Upstream:       c.upstream.snapshot(),
+		UDPReaders:     int(c.udpLoops.Load()),
+		TCPAcceptors:   int(c.tcpLoops.Load()),
 	}
 	for i, name := range verdictIndex {
 		s.Verdicts[name] = c.verdicts[i].Load()
 	}
 	s.InFlight, s.Queued = p.sched.load()
 	return s
+}
+
+// Serving reports whether the proxy reads queries: nil while at least one
+// UDP reader and one TCP accept loop run. It fails before the first Serve,
+// after Shutdown, and once a socket failed for good (which ends every loop
+// of its Serve call).
+func (p *Proxy) Serving() error {
+	u, t := p.stats.udpLoops.Load(), p.stats.tcpLoops.Load()
+	switch {
+	case p.isClosed():
+		return errors.New("dns proxy: shut down")
+	case u == 0 && t == 0:
+		return errors.New("dns proxy: not serving: no udp reader and no tcp accept loop runs")
+	case u == 0:
+		return errors.New("dns proxy: no udp reader runs")
+	case t == 0:
+		return errors.New("dns proxy: no tcp accept loop runs")
+	}
+	return nil
 }
