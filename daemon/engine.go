@@ -19,6 +19,7 @@ import (
 	"github.com/enforcerd/enforcerd/api"
 	"github.com/enforcerd/enforcerd/container"
 	"github.com/enforcerd/enforcerd/dnsproxy"
+	"github.com/enforcerd/enforcerd/internal/txn"
 	"github.com/enforcerd/enforcerd/netpolicy"
 	"github.com/enforcerd/enforcerd/nsmgr"
 )
@@ -282,12 +283,17 @@ func (e *Daemon) Create(ctx context.Context, req api.CreateRequest) (info api.Se
 		}
 	}
 
-	var undo []func()
+	// A failed step unwinds the steps before it; undos that fail are
+	// joined into the returned error (the step's error first, its sentinel
+	// kept) and logged, since what they left behind is the operator's.
+	var undo txn.Undo
 	defer func() {
-		if err != nil {
-			for i := len(undo) - 1; i >= 0; i-- {
-				undo[i]()
-			}
+		if err == nil {
+			return
+		}
+		if uerr := undo.Unwind(); uerr != nil {
+			e.log.Error("create failed and its undo left objects behind", "session", req.Name, "err", uerr)
+			err = errors.Join(err, uerr)
 		}
 	}()
 
@@ -300,7 +306,7 @@ func (e *Daemon) Create(ctx context.Context, req api.CreateRequest) (info api.Se
 		}
 		return info, fmt.Errorf("create network of %s: %w", req.Name, err)
 	}
-	undo = append(undo, func() { e.logErr("undo network", req.Name, e.nets.Delete(req.Name, netSess.Slot)) })
+	undo.Push("network", func() error { return e.nets.Delete(req.Name, netSess.Slot) })
 
 	rec := SessionRecord{
 		Name:      req.Name,
@@ -322,17 +328,17 @@ func (e *Daemon) Create(ctx context.Context, req api.CreateRequest) (info api.Se
 		if err = e.fw.AddSession(s.rules); err != nil {
 			return info, fmt.Errorf("add rules of %s: %w", req.Name, err)
 		}
-		undo = append(undo, func() { e.logErr("undo rules", req.Name, e.fw.RemoveSession(s.rules)) })
+		undo.Push("rules", func() error { return e.fw.RemoveSession(s.rules) })
 		if err = e.dns.Register(e.dnsPolicy(s)); err != nil {
 			return info, fmt.Errorf("register %s with the dns proxy: %w", req.Name, err)
 		}
-		undo = append(undo, func() { e.dns.Unregister(rec.Guest) })
+		undo.Push("dns registration", func() error { e.dns.Unregister(rec.Guest); return nil })
 	}
 	if rec.Sandbox {
 		if err = e.boxes.Create(e.sandboxSpec(s)); err != nil {
 			return info, fmt.Errorf("start sandbox of %s: %w", req.Name, err)
 		}
-		undo = append(undo, func() { e.logErr("undo sandbox", req.Name, e.boxes.Destroy(req.Name)) })
+		undo.Push("sandbox", func() error { return e.boxes.Destroy(req.Name) })
 	}
 	if err = e.state.Save(rec); err != nil {
 		return info, fmt.Errorf("save record of %s: %w", req.Name, err)
@@ -700,12 +706,6 @@ func (e *Daemon) Record(ev dnsproxy.Event) {
 		e.events.Record(api.Event{Time: ev.Time.UTC(), Session: ev.Session, Kind: "dns", Action: ev.Verdict, Detail: detail})
 	}
 	e.metrics.dnsQuery(ev.Verdict)
-}
-
-func (e *Daemon) logErr(what, name string, err error) {
-	if err != nil {
-		e.log.Error(what, "session", name, "err", err)
-	}
 }
 
 func addrString(a netip.Addr) string {

@@ -10,6 +10,8 @@ import (
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
+
+	"github.com/enforcerd/enforcerd/internal/txn"
 )
 
 // The steps of Create, in order; Config.Fault is called with each name
@@ -57,10 +59,7 @@ func (m *Manager) Create(name string, nic bool) (sess Session, err error) {
 	defer func() {
 		c.close()
 		if err != nil {
-			if uerr := c.undo.unwind(); uerr != nil {
-				err = errors.Join(err, uerr)
-			}
-			err = fmt.Errorf("create session %s: %w", name, err)
+			err = fmt.Errorf("create session %s: %w", name, c.undo.Fail(err))
 		}
 		m.mu.Lock()
 		delete(m.creating, name)
@@ -100,7 +99,7 @@ type creation struct {
 	m     *Manager
 	name  string
 	slot  int
-	undo  undoStack
+	undo  txn.Undo
 	nsFD  netns.NsHandle  // the session netns, open while creating; netns.None() before (the zero value is fd 0!)
 	guest *netlink.Handle // rtnetlink socket in the session netns
 	host  netlink.Link    // the host-side veth once added
@@ -175,7 +174,7 @@ func (c *creation) allocate() error {
 		return err
 	}
 	c.slot = slot
-	c.undo.push(fmt.Sprintf("slot %d", slot), func() error {
+	c.undo.Push(fmt.Sprintf("slot %d", slot), func() error {
 		m.mu.Lock()
 		m.ipam.Release(slot)
 		m.mu.Unlock()
@@ -193,7 +192,7 @@ func (c *creation) createNetns() error {
 	if err := createNetnsFile(path); err != nil {
 		return err
 	}
-	c.undo.push("netns "+path, func() error { return removeNetns(path) })
+	c.undo.Push("netns "+path, func() error { return removeNetns(path) })
 	return inNewNetns(path, func() error {
 		var err error
 		if c.nsFD, err = netns.Get(); err != nil {
@@ -239,7 +238,7 @@ func (c *creation) addVeth() error {
 	}
 	// Registered only now: if the add failed because the name exists, the
 	// link is not ours to delete.
-	c.undo.push("veth "+hostName, func() error {
+	c.undo.Push("veth "+hostName, func() error {
 		_, err := deleteLinkByName(m.host, hostName)
 		return err
 	})
@@ -303,7 +302,7 @@ func (c *creation) addDefaultRoute() error {
 // (and its directory when empty) even after a partial write.
 func (c *creation) writeResolvConf() error {
 	m, name := c.m, c.name
-	c.undo.push("resolv.conf "+m.ResolvConfPath(name), func() error { return m.removeResolvConf(name) })
+	c.undo.Push("resolv.conf "+m.ResolvConfPath(name), func() error { return m.removeResolvConf(name) })
 	return m.writeResolvConf(name)
 }
 
