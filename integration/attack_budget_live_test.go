@@ -65,14 +65,14 @@ func TestAttackFlowBudget(t *testing.T) {
 			switch {
 			case err == nil:
 				ok++
-			case isTimeout(err):
+			case world.IsTimeout(err):
 				timedOut++
 			default:
 				t.Errorf("connection failed without a timeout: %v", err)
 			}
 		}
 		// Control: another session is not affected while A holds its flows.
-		if err := world.TCPEcho(b.NetnsPath, dst, reachTimeout); err != nil {
+		if err := world.TCPEcho(b.NetnsPath, dst, world.ReachTimeout); err != nil {
 			t.Errorf("control: session B while A is at its cap: %v", err)
 		}
 		if ok < 30 {
@@ -154,7 +154,7 @@ func TestAttackFlowBudget(t *testing.T) {
 			t.Errorf("%d of %d new flows opened within half a second with FlowRate 50 (burst 100) were echoed: no new-flow rate limit", got, n)
 		}
 		time.Sleep(2 * time.Second)
-		if err := world.UDPEcho(a.NetnsPath, dst, reachTimeout); err != nil {
+		if err := world.UDPEcho(a.NetnsPath, dst, world.ReachTimeout); err != nil {
 			t.Errorf("control: a new flow 2 s after the burst: %v", err)
 		}
 		c, err := e.fw.Counters(a.Guest)

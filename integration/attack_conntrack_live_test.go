@@ -31,7 +31,7 @@ func TestAttackSpoofedEstablished(t *testing.T) {
 	b := atkSession(t, e, "b", netpolicy.ModeAllowlist, []netpolicy.Target{staticHost(w.Web[1])})
 
 	ua := atkDialUDP(t, a.NetnsPath, dst)
-	if err := atkEcho(ua, reachTimeout); err != nil {
+	if err := atkEcho(ua, world.ReachTimeout); err != nil {
 		t.Fatalf("control: A's udp flow to %s: %v", dst, err)
 	}
 	aSrc := netip.AddrPortFrom(a.Guest, atkLocalPort(ua))
@@ -40,7 +40,7 @@ func TestAttackSpoofedEstablished(t *testing.T) {
 	lb := atkListenUDP(t, b.NetnsPath, netip.AddrPortFrom(b.Guest, 0))
 	own := atkMarker(w, "own")
 	atkSendRaw(t, b.NetnsPath, world.UDPPacket(lb.LocalAddr().(*net.UDPAddr).AddrPort(), netip.AddrPortFrom(w.Web[1], 7), own))
-	if ok, err := atkSawMarker(lb, own, reachTimeout); !ok {
+	if ok, err := atkSawMarker(lb, own, world.ReachTimeout); !ok {
 		t.Fatalf("control: B's crafted datagram with its own source to %s:7 was not echoed: %v", w.Web[1], err)
 	}
 
@@ -50,7 +50,7 @@ func TestAttackSpoofedEstablished(t *testing.T) {
 	if ok, _ := atkSawMarker(ua, forged, time.Second); ok {
 		t.Errorf("B's datagram forged with A's flow %s -> %s was forwarded along A's conntrack entry: A's socket received B's payload echoed", aSrc, dst)
 	}
-	if err := atkEcho(ua, reachTimeout); err != nil {
+	if err := atkEcho(ua, world.ReachTimeout); err != nil {
 		t.Errorf("A's own flow after the forgery: %v", err)
 	}
 }
@@ -69,10 +69,10 @@ func TestAttackRelatedKillsHostSocket(t *testing.T) {
 
 	h1 := atkDialUDP(t, w.HostPath, dst)
 	h2 := atkDialUDP(t, w.HostPath, dst)
-	if err := atkEcho(h1, reachTimeout); err != nil {
+	if err := atkEcho(h1, world.ReachTimeout); err != nil {
 		t.Fatalf("control: host socket 1: %v", err)
 	}
-	if err := atkEcho(h2, reachTimeout); err != nil {
+	if err := atkEcho(h2, world.ReachTimeout); err != nil {
 		t.Fatalf("control: host socket 2: %v", err)
 	}
 	atkRelatedKill(t, w, b, dst, h1, atkLocalPort(h1), h2, atkLocalPort(h2), "the host's flow")
@@ -89,7 +89,7 @@ func atkRelatedKill(t *testing.T, w *world.World, b nsmgr.Session, dst netip.Add
 	atkSendRaw(t, b.NetnsPath, world.ICMPPortUnreachable(b.Guest, w.Uplink,
 		netip.AddrPortFrom(w.Uplink, victimPort), dst, atkMarker(w, "victim")))
 	time.Sleep(300 * time.Millisecond)
-	if err := atkEcho(victim, reachTimeout); err != nil {
+	if err := atkEcho(victim, world.ReachTimeout); err != nil {
 		t.Errorf("a port unreachable forged by session B quoting %s %s:%d -> %s was accepted as RELATED and killed its socket: %v", what, w.Uplink, victimPort, dst, err)
 	}
 	atkSendRaw(t, w.NetPath, world.ICMPPortUnreachable(dst.Addr(), w.Uplink,
@@ -114,10 +114,10 @@ func TestAttackRelatedKillsOtherSession(t *testing.T) {
 
 	a1 := atkDialUDP(t, a.NetnsPath, dst)
 	a2 := atkDialUDP(t, a.NetnsPath, dst)
-	if err := atkEcho(a1, reachTimeout); err != nil {
+	if err := atkEcho(a1, world.ReachTimeout); err != nil {
 		t.Fatalf("control: A's socket 1: %v", err)
 	}
-	if err := atkEcho(a2, reachTimeout); err != nil {
+	if err := atkEcho(a2, world.ReachTimeout); err != nil {
 		t.Fatalf("control: A's socket 2: %v", err)
 	}
 	m1 := atkMasqPort(t, w, netip.AddrPortFrom(a.Guest, atkLocalPort(a1)), dst)
@@ -139,7 +139,7 @@ func TestAttackRelatedReachesMetadata(t *testing.T) {
 	meta := netip.AddrPortFrom(w.Metadata, 7)
 
 	hm := atkDialUDP(t, w.HostPath, meta)
-	if err := atkEcho(hm, reachTimeout); err != nil {
+	if err := atkEcho(hm, world.ReachTimeout); err != nil {
 		t.Fatalf("control: the host's own flow to %s: %v", meta, err)
 	}
 	hostSrc := netip.AddrPortFrom(w.Uplink, atkLocalPort(hm))
@@ -152,7 +152,7 @@ func TestAttackRelatedReachesMetadata(t *testing.T) {
 
 	ctl := atkMarker(w, "ping")
 	atkSendRaw(t, b.NetnsPath, world.ICMPEchoPacket(b.Guest, w.Web[0], 0x4154, 1, ctl))
-	if _, ok := watch.Wait(ctl, reachTimeout); !ok {
+	if _, ok := watch.Wait(ctl, world.ReachTimeout); !ok {
 		t.Fatalf("control: B's crafted echo request to %s never reached the simulated internet", w.Web[0])
 	}
 
@@ -200,15 +200,15 @@ func TestAttackConntrackInherited(t *testing.T) {
 	atkReady(t, a.NetnsPath, "eth0", a.Guest, a.Gateway)
 
 	ua := atkDialUDP(t, a.NetnsPath, dst)
-	if err := atkEcho(ua, reachTimeout); err != nil {
+	if err := atkEcho(ua, world.ReachTimeout); err != nil {
 		t.Fatalf("control: A's udp flow: %v", err)
 	}
-	tc, err := world.DialTCP(a.NetnsPath, dst, reachTimeout)
+	tc, err := world.DialTCP(a.NetnsPath, dst, world.ReachTimeout)
 	if err != nil {
 		t.Fatalf("control: A's tcp connection: %v", err)
 	}
 	defer tc.Close()
-	if err := atkEcho(tc, reachTimeout); err != nil {
+	if err := atkEcho(tc, world.ReachTimeout); err != nil {
 		t.Fatalf("control: A's tcp echo: %v", err)
 	}
 	aPort := atkLocalPort(ua)
@@ -220,7 +220,7 @@ func TestAttackConntrackInherited(t *testing.T) {
 		atkSendRaw(t, w.NetPath, world.UDPPacket(dst, netip.AddrPortFrom(w.Uplink, masq), m))
 		return m
 	}
-	if ok, err := atkSawMarker(ua, push("live"), reachTimeout); !ok {
+	if ok, err := atkSawMarker(ua, push("live"), world.ReachTimeout); !ok {
 		t.Fatalf("control: a datagram from %s to %s:%d did not reach live session A: %v", dst, w.Uplink, masq, err)
 	}
 	ua.Close()

@@ -14,7 +14,6 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -253,18 +252,9 @@ func atkDelLink(t *testing.T, w *world.World, name string) {
 // world's ID) and removes it by that name when the test ends.
 func atkNewNamedNetns(t *testing.T, name string) netns.NsHandle {
 	t.Helper()
-	var ns netns.NsHandle
-	done := make(chan error, 1)
-	go func() {
-		// A thread that created a netns is left locked: it dies with this
-		// goroutine instead of running other code in the new namespace.
-		runtime.LockOSThread()
-		var err error
-		ns, err = netns.NewNamed(name)
-		done <- err
-	}()
-	if err := <-done; err != nil {
-		t.Fatalf("create netns %s: %v", name, err)
+	ns, err := world.NewNamedNetns(name)
+	if err != nil {
+		t.Fatal(err)
 	}
 	t.Cleanup(func() {
 		ns.Close()
@@ -304,7 +294,7 @@ func atkSession(t *testing.T, e *npEnv, name string, mode netpolicy.Mode, static
 // answered: both ends of the link then carry packets.
 func atkReady(t *testing.T, nsPath, iface string, self, gw netip.Addr) {
 	t.Helper()
-	deadline := time.Now().Add(2 * reachTimeout)
+	deadline := time.Now().Add(2 * world.ReachTimeout)
 	for {
 		got, err := world.ARPProbe(nsPath, iface, self, []netip.Addr{gw}, 200*time.Millisecond)
 		if err != nil {
@@ -314,7 +304,7 @@ func atkReady(t *testing.T, nsPath, iface string, self, gw netip.Addr) {
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("link %s in %s: no ARP reply from %s within %s", iface, nsPath, gw, 2*reachTimeout)
+			t.Fatalf("link %s in %s: no ARP reply from %s within %s", iface, nsPath, gw, 2*world.ReachTimeout)
 		}
 	}
 }

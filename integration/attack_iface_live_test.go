@@ -36,14 +36,14 @@ func TestAttackForeignIfaceAnycast(t *testing.T) {
 	if _, err := ua.Write(own); err != nil {
 		t.Fatal(err)
 	}
-	if ok, err := atkSawMarker(lis, own, reachTimeout); !ok {
+	if ok, err := atkSawMarker(lis, own, world.ReachTimeout); !ok {
 		t.Fatalf("control: session A's datagram to %s did not arrive: %v", anycast, err)
 	}
 	// Control: the foreign netns's raw path works.
 	lh := atkListenUDP(t, w.HostPath, netip.AddrPortFrom(f.hostAddr, 0))
 	raw := atkMarker(w, "raw")
 	atkSendRaw(t, f.nsPath, world.UDPPacket(netip.AddrPortFrom(f.addr, 40000), lh.LocalAddr().(*net.UDPAddr).AddrPort(), raw))
-	if ok, err := atkSawMarker(lh, raw, reachTimeout); !ok {
+	if ok, err := atkSawMarker(lh, raw, world.ReachTimeout); !ok {
 		t.Fatalf("control: the foreign netns's crafted datagram to %s did not arrive: %v", lh.LocalAddr(), err)
 	}
 
@@ -98,7 +98,7 @@ func TestAttackAllowReopensResolver(t *testing.T) {
 	p := atkSession(t, e, "p", netpolicy.ModeAllowlist, []netpolicy.Target{staticHost(res)})
 	q := atkSession(t, e, "q", netpolicy.ModeAllowlist, []netpolicy.Target{{Prefix: netip.PrefixFrom(res, 32), Port: 53, Proto: netpolicy.ProtoUDP}})
 
-	m, err := world.Lookup(q.NetnsPath, srv, name, dns.TypeA, false, reachTimeout)
+	m, err := world.Lookup(q.NetnsPath, srv, name, dns.TypeA, false, world.ReachTimeout)
 	if err != nil || len(world.AddrsOf(m)) == 0 {
 		t.Fatalf("control: explicit %s/udp entry: lookup %s: %v %v", srv, name, m, err)
 	}
@@ -113,11 +113,11 @@ func TestAttackAllowReopensResolver(t *testing.T) {
 	}
 
 	for _, tcp := range []bool{false, true} {
-		_, err := world.Lookup(p.NetnsPath, srv, name, dns.TypeA, tcp, blockTimeout)
+		_, err := world.Lookup(p.NetnsPath, srv, name, dns.TypeA, tcp, world.BlockTimeout)
 		switch {
 		case err == nil:
 			t.Errorf("port-less entry %s re-opened DNS behind the proxy: lookup over %s answered", res, atkNet(tcp))
-		case !isTimeout(err):
+		case !world.IsTimeout(err):
 			t.Errorf("port-less entry %s, DNS over %s: failed without a timeout (not a proof of a drop): %v", res, atkNet(tcp), err)
 		}
 	}
@@ -126,7 +126,7 @@ func TestAttackAllowReopensResolver(t *testing.T) {
 		err := atkRefused(p.NetnsPath, nw, netip.AddrPortFrom(res, 853))
 		if err == nil {
 			t.Errorf("port-less entry %s opened %s port 853 (refused by the resolver host: reached)", res, nw)
-		} else if !isTimeout(err) {
+		} else if !world.IsTimeout(err) {
 			t.Errorf("port-less entry %s, %s 853: neither refused nor a timeout: %v", res, nw, err)
 		}
 	}
@@ -145,12 +145,12 @@ func atkNet(tcp bool) string {
 func atkRefused(nsPath, network string, dst netip.AddrPort) error {
 	var c net.Conn
 	err := world.DoPath(nsPath, func() (err error) {
-		c, err = net.DialTimeout(network, dst.String(), blockTimeout)
+		c, err = net.DialTimeout(network, dst.String(), world.BlockTimeout)
 		return err
 	})
 	if err == nil {
 		defer c.Close()
-		c.SetDeadline(time.Now().Add(blockTimeout))
+		c.SetDeadline(time.Now().Add(world.BlockTimeout))
 		if _, err = c.Write([]byte("x")); err == nil {
 			_, err = c.Read(make([]byte, 16))
 		}

@@ -40,18 +40,6 @@ type ctEnv struct {
 	nets   int // session netns made so far
 }
 
-// ctRequireTool fails (CI=true) or skips when a command the test needs is missing.
-func ctRequireTool(t *testing.T, name string) {
-	t.Helper()
-	if _, err := exec.LookPath(name); err == nil {
-		return
-	}
-	if os.Getenv("CI") == "true" {
-		t.Fatalf("live test needs %s (CI=true: failing instead of skipping)", name)
-	}
-	t.Skipf("live test needs %s", name)
-}
-
 // ctBuildRootfs builds a fresh busybox image with scripts/mkrootfs.sh.
 func ctBuildRootfs(t *testing.T) string {
 	t.Helper()
@@ -65,7 +53,7 @@ func ctBuildRootfs(t *testing.T) string {
 func newCtEnv(t *testing.T) *ctEnv {
 	t.Helper()
 	w := world.New(t)
-	ctRequireTool(t, "ip")
+	world.RequireTool(t, "ip")
 	e := &ctEnv{w: w}
 	if e.rootfs = os.Getenv("ENFORCERD_ROOTFS"); e.rootfs == "" {
 		e.rootfs = ctBuildRootfs(t)

@@ -18,6 +18,7 @@ import (
 	"github.com/enforcerd/enforcerd/dnsproxy"
 	"github.com/enforcerd/enforcerd/integration/world"
 	"github.com/enforcerd/enforcerd/netpolicy"
+	"github.com/enforcerd/enforcerd/nsmgr"
 )
 
 // Live attacks on the DNS proxy (issue 8, items 2, 3, 6, 7 and 9): each test
@@ -89,7 +90,7 @@ func (d *dpSlowDNS) next(t *testing.T) netip.AddrPort {
 	select {
 	case from := <-d.arrived:
 		return from
-	case <-time.After(dpReach):
+	case <-time.After(world.ReachTimeout):
 		t.Fatal("the slow upstream got no query")
 		return netip.AddrPort{}
 	}
@@ -147,7 +148,7 @@ type dpLookupResult struct {
 func (e *dpEnv) lookupAsync(nsPath, name string) <-chan dpLookupResult {
 	ch := make(chan dpLookupResult, 1)
 	go func() {
-		m, err := world.Lookup(nsPath, e.anycast, name, dns.TypeA, false, 2*dpReach)
+		m, err := world.Lookup(nsPath, e.anycast, name, dns.TypeA, false, 2*world.ReachTimeout)
 		ch <- dpLookupResult{m, err}
 	}()
 	return ch
@@ -223,22 +224,22 @@ func TestDNSProxyAttackPinnedKeepsPort(t *testing.T) {
 	echo, web := netip.AddrPortFrom(e.w.Web[0], 7), e.w.Web[0]
 
 	dpExpectReach(t, "pinned port 80 before resolving", dpHTTPReach(s.NetnsPath, web))
-	dpExpectBlocked(t, "pinned port 7 before resolving", world.TCPEcho(s.NetnsPath, echo, dpBlocked))
+	dpExpectBlocked(t, "pinned port 7 before resolving", world.TCPEcho(s.NetnsPath, echo, world.BlockTimeout))
 
 	resp := e.lookup(t, s, name, dns.TypeA, false)
 	if got := world.AddrsOf(resp); !slices.Equal(got, []netip.Addr{web}) {
 		t.Fatalf("pinned answer %v", resp)
 	}
 	dpExpectReach(t, "pinned port 80 after resolving", dpHTTPReach(s.NetnsPath, web))
-	dpExpectBlocked(t, "pinned port 7 after resolving", world.TCPEcho(s.NetnsPath, echo, dpBlocked))
-	dpExpectBlocked(t, "pinned udp 7 after resolving", world.UDPEcho(s.NetnsPath, echo, dpBlocked))
+	dpExpectBlocked(t, "pinned port 7 after resolving", world.TCPEcho(s.NetnsPath, echo, world.BlockTimeout))
+	dpExpectBlocked(t, "pinned udp 7 after resolving", world.UDPEcho(s.NetnsPath, echo, world.BlockTimeout))
 	if got, err := e.fw.Attested(s.Guest); err != nil || len(got) != 0 {
 		t.Errorf("attested for a pinned name: %v, %v (the static sets already hold it with its port)", got, err)
 	}
 }
 
 func dpHTTPReach(nsPath string, a netip.Addr) error {
-	_, err := world.HTTPGet(nsPath, "http://"+a.String()+"/", dpReach)
+	_, err := world.HTTPGet(nsPath, "http://"+a.String()+"/", world.ReachTimeout)
 	return err
 }
 
@@ -270,7 +271,7 @@ func TestDNSProxyAttackBoundedAttest(t *testing.T) {
 	if got := e.attestedIPs(t, pub.Guest); len(got) != 0 {
 		t.Errorf("public session attested %d addresses, want none", len(got))
 	}
-	dpExpectReach(t, "public session to the first address", world.TCPEcho(pub.NetnsPath, echo, dpReach))
+	dpExpectReach(t, "public session to the first address", world.TCPEcho(pub.NetnsPath, echo, world.ReachTimeout))
 
 	var released []netip.Addr
 	for range 3 {
@@ -289,7 +290,7 @@ func TestDNSProxyAttackBoundedAttest(t *testing.T) {
 			t.Errorf("released %v without attesting it", a)
 		}
 	}
-	dpExpectReach(t, "allowlist session to the first address", world.TCPEcho(alw.NetnsPath, echo, dpReach))
+	dpExpectReach(t, "allowlist session to the first address", world.TCPEcho(alw.NetnsPath, echo, world.ReachTimeout))
 	if !e.events.findCapped(name) {
 		t.Errorf("no event names the per-answer cap")
 	}
@@ -363,7 +364,7 @@ func TestDNSProxyAttackTCPSlots(t *testing.T) {
 		}
 	})
 	for i := range 64 {
-		c, err := world.DialTCP(hog.NetnsPath, e.anycast, dpReach)
+		c, err := world.DialTCP(hog.NetnsPath, e.anycast, world.ReachTimeout)
 		if err != nil {
 			t.Fatalf("session connection %d: %v", i, err)
 		}
@@ -372,7 +373,7 @@ func TestDNSProxyAttackTCPSlots(t *testing.T) {
 	time.Sleep(200 * time.Millisecond) // let the proxy accept them all
 
 	for i := range 3 {
-		resp, err := world.Lookup(victim.NetnsPath, e.anycast, name, dns.TypeA, true, dpReach)
+		resp, err := world.Lookup(victim.NetnsPath, e.anycast, name, dns.TypeA, true, world.ReachTimeout)
 		if err != nil {
 			t.Fatalf("victim lookup %d over tcp during the attack: %v", i, err)
 		}
@@ -410,15 +411,15 @@ func dpHoldLocalConns(t *testing.T, e *dpEnv, n int) []net.Conn {
 		}
 	})
 	dropped := false
-	err := world.Do(e.w.Host, func() error {
+	err := nsmgr.Do(e.w.Host, func() error {
 		for i := range n {
 			src := netip.AddrFrom4([4]byte{127, 0, byte(1 + i/250), byte(1 + i%250)})
-			d := net.Dialer{LocalAddr: net.TCPAddrFromAddrPort(netip.AddrPortFrom(src, 0)), Timeout: dpReach}
+			d := net.Dialer{LocalAddr: net.TCPAddrFromAddrPort(netip.AddrPortFrom(src, 0)), Timeout: world.ReachTimeout}
 			if i == 0 {
-				d.Timeout = dpBlocked
+				d.Timeout = world.BlockTimeout
 			}
 			c, err := d.Dial("tcp4", e.anycast.String())
-			if i == 0 && dpIsTimeout(err) {
+			if i == 0 && world.IsTimeout(err) {
 				dropped = true
 				return nil
 			}
@@ -451,7 +452,7 @@ func dpStillOpen(conns []net.Conn, wait time.Duration) int {
 		wg.Go(func() {
 			c.SetReadDeadline(deadline)
 			_, err := c.Read(make([]byte, 1))
-			if dpIsTimeout(err) {
+			if world.IsTimeout(err) {
 				mu.Lock()
 				open++
 				mu.Unlock()

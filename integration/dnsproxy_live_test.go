@@ -30,9 +30,7 @@ import (
 // time out (a silent drop) and sits next to a positive control.
 
 const (
-	dpReach   = 3 * time.Second
-	dpBlocked = 700 * time.Millisecond
-	dpFloor   = 2 * time.Second // attest floor: low so expiry is observable
+	dpFloor = 2 * time.Second // attest floor: low so expiry is observable
 )
 
 // dpEnv is one world with nsmgr, a Firewall and a running proxy on its
@@ -183,7 +181,7 @@ func newDPEnvFirewall(t *testing.T, fwMod func(*netpolicy.FirewallConfig), mod f
 		// makes them in its own netns.
 		Dial: func(ctx context.Context, network, addr string) (net.Conn, error) {
 			var c net.Conn
-			err := world.Do(w.Host, func() (err error) {
+			err := nsmgr.Do(w.Host, func() (err error) {
 				var d net.Dialer
 				c, err = d.DialContext(ctx, network, addr)
 				return err
@@ -271,16 +269,11 @@ func (e *dpEnv) sessionWith(t *testing.T, name string, mode netpolicy.Mode, pinn
 // lookup resolves name through the anycast address from the session.
 func (e *dpEnv) lookup(t *testing.T, s nsmgr.Session, name string, qtype uint16, tcp bool) *dns.Msg {
 	t.Helper()
-	m, err := world.Lookup(s.NetnsPath, e.anycast, name, qtype, tcp, dpReach)
+	m, err := world.Lookup(s.NetnsPath, e.anycast, name, qtype, tcp, world.ReachTimeout)
 	if err != nil {
 		t.Fatalf("lookup %s via %s (tcp %v): %v", name, e.anycast, tcp, err)
 	}
 	return m
-}
-
-func dpIsTimeout(err error) bool {
-	var ne net.Error
-	return errors.As(err, &ne) && ne.Timeout()
 }
 
 // dpExpectBlocked requires err to be a timeout: a silent drop.
@@ -289,7 +282,7 @@ func dpExpectBlocked(t *testing.T, what string, err error) {
 	switch {
 	case err == nil:
 		t.Errorf("%s: reached, want blocked", what)
-	case !dpIsTimeout(err):
+	case !world.IsTimeout(err):
 		t.Errorf("%s: failed without a timeout (proves no drop): %v", what, err)
 	}
 }
@@ -312,7 +305,7 @@ func TestDNSProxyLiveAttestation(t *testing.T) {
 	s := e.session(t, e.w.UniqueName("att"), netpolicy.ModeAllowlist, name)
 	web := netip.AddrPortFrom(e.w.Web[0], 7)
 
-	dpExpectBlocked(t, "before resolving", world.TCPEcho(s.NetnsPath, web, dpBlocked))
+	dpExpectBlocked(t, "before resolving", world.TCPEcho(s.NetnsPath, web, world.BlockTimeout))
 
 	start := time.Now()
 	resp := e.lookup(t, s, name, dns.TypeA, false)
@@ -322,12 +315,12 @@ func TestDNSProxyLiveAttestation(t *testing.T) {
 	if ttl := resp.Answer[0].Header().Ttl; ttl > uint32(dpFloor/time.Second) {
 		t.Fatalf("answer ttl %d outlives the attestation (%v)", ttl, dpFloor)
 	}
-	dpExpectReach(t, "tcp after resolving", world.TCPEcho(s.NetnsPath, web, dpReach))
-	dpExpectReach(t, "udp after resolving", world.UDPEcho(s.NetnsPath, web, dpReach))
-	dpExpectReach(t, "icmp after resolving", world.Ping(s.NetnsPath, e.w.Web[0], dpReach))
-	dpExpectBlocked(t, "an address the proxy did not answer", world.TCPEcho(s.NetnsPath, netip.AddrPortFrom(e.w.Web[1], 7), dpBlocked))
+	dpExpectReach(t, "tcp after resolving", world.TCPEcho(s.NetnsPath, web, world.ReachTimeout))
+	dpExpectReach(t, "udp after resolving", world.UDPEcho(s.NetnsPath, web, world.ReachTimeout))
+	dpExpectReach(t, "icmp after resolving", world.Ping(s.NetnsPath, e.w.Web[0], world.ReachTimeout))
+	dpExpectBlocked(t, "an address the proxy did not answer", world.TCPEcho(s.NetnsPath, netip.AddrPortFrom(e.w.Web[1], 7), world.BlockTimeout))
 
-	conn, err := world.DialTCP(s.NetnsPath, web, dpReach)
+	conn, err := world.DialTCP(s.NetnsPath, web, world.ReachTimeout)
 	if err != nil {
 		t.Fatalf("open a connection before expiry: %v", err)
 	}
@@ -338,20 +331,20 @@ func TestDNSProxyLiveAttestation(t *testing.T) {
 
 	// Wait out the floor, then new connections are dropped.
 	time.Sleep(time.Until(start.Add(dpFloor + 500*time.Millisecond)))
-	dpExpectBlocked(t, "new connection after the floor", world.TCPEcho(s.NetnsPath, web, dpBlocked))
+	dpExpectBlocked(t, "new connection after the floor", world.TCPEcho(s.NetnsPath, web, world.BlockTimeout))
 	if err := dpEchoOn(conn); err != nil {
 		t.Errorf("established connection after expiry: %v", err)
 	}
 
 	e.lookup(t, s, name, dns.TypeA, false)
-	dpExpectReach(t, "tcp after resolving again", world.TCPEcho(s.NetnsPath, web, dpReach))
+	dpExpectReach(t, "tcp after resolving again", world.TCPEcho(s.NetnsPath, web, world.ReachTimeout))
 	if !e.events.find(name, dnsproxy.VerdictAllowed) {
 		t.Errorf("no allowed event for %s", name)
 	}
 }
 
 func dpEchoOn(c net.Conn) error {
-	c.SetDeadline(time.Now().Add(dpReach))
+	c.SetDeadline(time.Now().Add(world.ReachTimeout))
 	msg := []byte("still here")
 	if _, err := c.Write(msg); err != nil {
 		return err
@@ -393,7 +386,7 @@ func TestDNSProxyLiveDeniedAndRebinding(t *testing.T) {
 	if !e.events.find(denied, dnsproxy.VerdictDenied) {
 		t.Errorf("no denied event for %s", denied)
 	}
-	dpExpectBlocked(t, "denied name's address", world.TCPEcho(s.NetnsPath, netip.AddrPortFrom(e.w.Web[1], 7), dpBlocked))
+	dpExpectBlocked(t, "denied name's address", world.TCPEcho(s.NetnsPath, netip.AddrPortFrom(e.w.Web[1], 7), world.BlockTimeout))
 
 	for _, n := range []string{meta, priv} {
 		resp := e.lookup(t, s, n, dns.TypeA, false)
@@ -405,18 +398,18 @@ func TestDNSProxyLiveDeniedAndRebinding(t *testing.T) {
 	if got := world.AddrsOf(resp); !slices.Equal(got, []netip.Addr{e.w.Web[2]}) {
 		t.Fatalf("mixed: %v", resp)
 	}
-	dpExpectBlocked(t, "metadata", world.TCPEcho(s.NetnsPath, netip.AddrPortFrom(e.w.Metadata, 7), dpBlocked))
-	dpExpectBlocked(t, "private", world.TCPEcho(s.NetnsPath, netip.AddrPortFrom(e.w.Private, 7), dpBlocked))
+	dpExpectBlocked(t, "metadata", world.TCPEcho(s.NetnsPath, netip.AddrPortFrom(e.w.Metadata, 7), world.BlockTimeout))
+	dpExpectBlocked(t, "private", world.TCPEcho(s.NetnsPath, netip.AddrPortFrom(e.w.Private, 7), world.BlockTimeout))
 	dpExpectBlocked(t, "metadata http", dpHTTP(s.NetnsPath, e.w.Metadata))
 
 	// Positive control in the same world.
 	e.lookup(t, s, ok, dns.TypeA, false)
-	dpExpectReach(t, "allowed public name", world.TCPEcho(s.NetnsPath, netip.AddrPortFrom(e.w.Web[0], 7), dpReach))
-	dpExpectReach(t, "public half of mixed", world.TCPEcho(s.NetnsPath, netip.AddrPortFrom(e.w.Web[2], 7), dpReach))
+	dpExpectReach(t, "allowed public name", world.TCPEcho(s.NetnsPath, netip.AddrPortFrom(e.w.Web[0], 7), world.ReachTimeout))
+	dpExpectReach(t, "public half of mixed", world.TCPEcho(s.NetnsPath, netip.AddrPortFrom(e.w.Web[2], 7), world.ReachTimeout))
 }
 
 func dpHTTP(nsPath string, a netip.Addr) error {
-	_, err := world.HTTPGet(nsPath, "http://"+a.String()+"/", dpBlocked)
+	_, err := world.HTTPGet(nsPath, "http://"+a.String()+"/", world.BlockTimeout)
 	return err
 }
 
@@ -436,7 +429,7 @@ func TestDNSProxyLiveOnlyAnycastDNS(t *testing.T) {
 	s := e.session(t, e.w.UniqueName("dir"), netpolicy.ModeAllowlist, name, big)
 
 	for _, tcp := range []bool{false, true} {
-		_, err := world.Lookup(s.NetnsPath, e.w.DNS.Addr(), name, dns.TypeA, tcp, dpBlocked)
+		_, err := world.Lookup(s.NetnsPath, e.w.DNS.Addr(), name, dns.TypeA, tcp, world.BlockTimeout)
 		dpExpectBlocked(t, fmt.Sprintf("direct dns (tcp %v)", tcp), err)
 	}
 	if e.w.DNS.QueriedName(name) {
@@ -449,7 +442,7 @@ func TestDNSProxyLiveOnlyAnycastDNS(t *testing.T) {
 		}
 	}
 	// Attested through a lookup, the server's address is still not a resolver.
-	_, err := world.Lookup(s.NetnsPath, e.w.DNS.Addr(), name, dns.TypeA, false, dpBlocked)
+	_, err := world.Lookup(s.NetnsPath, e.w.DNS.Addr(), name, dns.TypeA, false, world.BlockTimeout)
 	dpExpectBlocked(t, "direct dns after resolving", err)
 
 	udp := e.lookup(t, s, big, dns.TypeA, false)
@@ -529,7 +522,7 @@ func TestDNSProxyLiveFlood(t *testing.T) {
 	floodStart := time.Now()
 	for i := 0; i < 10 || time.Since(floodStart) < 1500*time.Millisecond; i++ {
 		start := time.Now()
-		resp, err := world.Lookup(victim.NetnsPath, e.anycast, calm, dns.TypeA, i%2 == 1, dpReach)
+		resp, err := world.Lookup(victim.NetnsPath, e.anycast, calm, dns.TypeA, i%2 == 1, world.ReachTimeout)
 		if err != nil {
 			st := e.proxy.Stats()
 			t.Fatalf("victim lookup %d during the flood: %v (victim events %d; in flight %d, queued %d, shed %d; host udp: %s)",
@@ -557,7 +550,7 @@ func TestDNSProxyLiveFlood(t *testing.T) {
 	// moment).
 	var resp *dns.Msg
 	for deadline := time.Now().Add(10 * time.Second); ; {
-		resp, err = world.Lookup(flooder.NetnsPath, e.anycast, "x.flood."+id+".test", dns.TypeA, false, dpReach)
+		resp, err = world.Lookup(flooder.NetnsPath, e.anycast, "x.flood."+id+".test", dns.TypeA, false, world.ReachTimeout)
 		if err == nil || time.Now().After(deadline) {
 			break
 		}
@@ -569,14 +562,14 @@ func TestDNSProxyLiveFlood(t *testing.T) {
 	if got := world.AddrsOf(resp); !slices.Equal(got, []netip.Addr{e.w.Web[1]}) {
 		t.Fatalf("flooder after the flood: %v", resp)
 	}
-	dpExpectReach(t, "victim's name", world.TCPEcho(victim.NetnsPath, netip.AddrPortFrom(e.w.Web[0], 7), dpReach))
+	dpExpectReach(t, "victim's name", world.TCPEcho(victim.NetnsPath, netip.AddrPortFrom(e.w.Web[0], 7), world.ReachTimeout))
 }
 
 // dpUDPStats returns the simulated host's UDP counters (receive buffer
 // errors show packets the kernel dropped before the proxy read them).
 func dpUDPStats(t *testing.T, w *world.World) string {
 	var out string
-	world.Do(w.Host, func() error {
+	nsmgr.Do(w.Host, func() error {
 		b, err := os.ReadFile("/proc/thread-self/net/snmp")
 		if err != nil {
 			return err

@@ -94,7 +94,7 @@ func TestE2EAttackICMPSweepOnProxyUpstream(t *testing.T) {
 					return
 				default:
 				}
-				m, err := world.Lookup(vns, e2eAnycastDNS, "api.e2e.test", dns.TypeA, false, e2eReachTimeout)
+				m, err := world.Lookup(vns, e2eAnycastDNS, "api.e2e.test", dns.TypeA, false, world.ReachTimeout)
 				mu.Lock()
 				if err != nil || m.Rcode != dns.RcodeSuccess {
 					failed++

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/enforcerd/enforcerd/integration/world"
 	"github.com/miekg/dns"
 )
 
@@ -42,7 +43,7 @@ func TestE2EModeNone(t *testing.T) {
 	if !e.wget("open", "198.18.1.10") {
 		t.Error("open (control): wget 198.18.1.10 failed")
 	}
-	if out, code := e.nslookup("sealed", "api.e2e.test"); code == 0 || slices.Contains(e2eAnswerAddrs(out), "198.18.1.10") {
+	if out, code := e.nslookup("sealed", "api.e2e.test"); code == 0 || slices.Contains(world.NslookupAddrs(out), "198.18.1.10") {
 		t.Errorf("sealed: nslookup api.e2e.test succeeded (exit %d): %s", code, out)
 	}
 
@@ -79,7 +80,7 @@ func TestE2EModeAllowlistNames(t *testing.T) {
 		t.Errorf("agent: /etc/resolv.conf %q does not name the anycast proxy %s", rc, e2eAnycastDNS.Addr())
 	}
 	out, code := e.nslookup("agent", "api.e2e.test")
-	if code != 0 || !reflect.DeepEqual(e2eAnswerAddrs(out), []string{"198.18.1.10"}) {
+	if code != 0 || !reflect.DeepEqual(world.NslookupAddrs(out), []string{"198.18.1.10"}) {
 		t.Fatalf("agent: nslookup api.e2e.test: exit %d, want 198.18.1.10:\n%s", code, out)
 	}
 	if !strings.Contains(out, e2eAnycastDNS.Addr().String()) {
@@ -97,7 +98,7 @@ func TestE2EModeAllowlistNames(t *testing.T) {
 
 	// The unlisted name: NXDOMAIN from the proxy, never sent upstream.
 	out, code = e.nslookup("agent", "other.e2e.test")
-	if code == 0 || !strings.Contains(out, "NXDOMAIN") || len(e2eAnswerAddrs(out)) > 0 {
+	if code == 0 || !strings.Contains(out, "NXDOMAIN") || len(world.NslookupAddrs(out)) > 0 {
 		t.Errorf("agent: nslookup other.e2e.test: exit %d, want NXDOMAIN:\n%s", code, out)
 	}
 	if rcode, _ := e2eLookup(t, ns, "other.e2e.test"); rcode != dns.RcodeNameError {
@@ -221,7 +222,7 @@ func TestE2EModeScopeAndPin(t *testing.T) {
 	}
 	sns := e.nsPath("scoped")
 	e2eExpect(t, e2eHTTP(sns, "198.18.1.10", e2eDropped))
-	if out, code := e.nslookup("scoped", "api.e2e.test"); code != 0 || !slices.Contains(e2eAnswerAddrs(out), "198.18.1.10") {
+	if out, code := e.nslookup("scoped", "api.e2e.test"); code != 0 || !slices.Contains(world.NslookupAddrs(out), "198.18.1.10") {
 		t.Fatalf("scoped: nslookup api.e2e.test: exit %d\n%s", code, out)
 	}
 	if !e.wget("scoped", "198.18.1.10") {
@@ -263,7 +264,7 @@ func TestE2EModeScopeAndPin(t *testing.T) {
 	// The zone changes after create; the pin does not.
 	e.w.DNS.AddRR("docs.e2e.test. 300 IN A 198.18.2.10")
 	out, code := e.nslookup("pinned", "docs.e2e.test")
-	if code != 0 || !reflect.DeepEqual(e2eAnswerAddrs(out), []string{"198.18.1.11"}) {
+	if code != 0 || !reflect.DeepEqual(world.NslookupAddrs(out), []string{"198.18.1.11"}) {
 		t.Errorf("pinned: nslookup docs.e2e.test after the zone changed: exit %d, want only the pinned 198.18.1.11\n%s", code, out)
 	}
 	e2eExpect(t, e2eHTTP(pns, "198.18.2.10", e2eDropped))
@@ -304,7 +305,7 @@ func TestE2EModePublic(t *testing.T) {
 			t.Errorf("open: wget %s succeeded", ip)
 		}
 	}
-	if out, code := e.nslookup("open", "cdn.e2e.test"); code != 0 || !slices.Contains(e2eAnswerAddrs(out), "198.18.2.10") {
+	if out, code := e.nslookup("open", "cdn.e2e.test"); code != 0 || !slices.Contains(world.NslookupAddrs(out), "198.18.2.10") {
 		t.Errorf("open: nslookup cdn.e2e.test: exit %d\n%s", code, out)
 	}
 	if rcode, addrs := e2eLookup(t, ns, "meta.e2e.test"); len(addrs) > 0 {

@@ -17,14 +17,14 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/enforcerd/enforcerd/integration/world"
 )
 
 const e2eEtcNetns = "/etc/netns"
 
 func TestE2ENetworkOnlyResolvConf(t *testing.T) {
-	if _, err := exec.LookPath("ip"); err != nil {
-		t.Skip("needs iproute2's ip")
-	}
+	world.RequireTool(t, "ip")
 	// Registered before the world: runs after its cleanup (the daemon's
 	// reap), so it sees what the product left, then removes what the test
 	// itself made.

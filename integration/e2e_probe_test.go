@@ -9,12 +9,9 @@ package integration
 // declared unroutable (egress none: no route at all).
 
 import (
-	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/netip"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -22,11 +19,6 @@ import (
 	"github.com/miekg/dns"
 
 	"github.com/enforcerd/enforcerd/integration/world"
-)
-
-const (
-	e2eReachTimeout = 3 * time.Second
-	e2eBlockTimeout = 800 * time.Millisecond
 )
 
 // e2eAnycastDNS is the DNS proxy's address for the default pool.
@@ -105,9 +97,9 @@ func e2eExpect(t *testing.T, probes ...e2eProbe) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			to := e2eReachTimeout
+			to := world.ReachTimeout
 			if p.want == e2eDropped {
-				to = e2eBlockTimeout
+				to = world.BlockTimeout
 			}
 			errs[i] = p.run(to)
 		}()
@@ -120,22 +112,17 @@ func e2eExpect(t *testing.T, probes ...e2eProbe) {
 			t.Errorf("%s: want reached, got %v", p.what, err)
 		case p.want != e2eReach && err == nil:
 			t.Errorf("%s: want %s, but it was reached", p.what, p.want)
-		case p.want == e2eDropped && !e2eIsTimeout(err):
+		case p.want == e2eDropped && !world.IsTimeout(err):
 			t.Errorf("%s: want a silent drop (timeout), got %v", p.what, err)
 		}
 	}
-}
-
-func e2eIsTimeout(err error) bool {
-	var ne net.Error
-	return errors.As(err, &ne) && ne.Timeout()
 }
 
 // e2eLookup resolves name through the DNS proxy from ns and returns the
 // rcode and the A addresses.
 func e2eLookup(t *testing.T, ns, name string) (int, []string) {
 	t.Helper()
-	m, err := world.Lookup(ns, e2eAnycastDNS, name, dns.TypeA, false, e2eReachTimeout)
+	m, err := world.Lookup(ns, e2eAnycastDNS, name, dns.TypeA, false, world.ReachTimeout)
 	if err != nil {
 		t.Fatalf("look up %s through %s from %s: %v", name, e2eAnycastDNS, ns, err)
 	}
@@ -162,24 +149,6 @@ func (e *e2eEnv) nslookup(session, name string) (string, int) {
 	e.t.Helper()
 	out, errOut, code := e.sh(session, "timeout 3 nslookup -type=a "+name)
 	return out + errOut, code
-}
-
-// e2eAnswerAddrs returns the addresses busybox nslookup printed for the
-// answer (after the first Name: line).
-func e2eAnswerAddrs(out string) []string {
-	var addrs []string
-	seenName := false
-	for _, line := range strings.Split(out, "\n") {
-		line = strings.TrimSpace(line)
-		if strings.HasPrefix(line, "Name:") {
-			seenName = true
-		}
-		if seenName && strings.HasPrefix(line, "Address") {
-			f := strings.Fields(line)
-			addrs = append(addrs, f[len(f)-1])
-		}
-	}
-	return addrs
 }
 
 // e2eServeTCPEcho runs a TCP echo server on addr inside the namespace at

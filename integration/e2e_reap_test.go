@@ -47,7 +47,7 @@ func TestE2EReap(t *testing.T) {
 	otherDNS := netip.MustParseAddrPort("10.21.255.254:53")
 	lookupOther := func(when string) {
 		t.Helper()
-		m, err := world.Lookup(other.nsPath("keep"), otherDNS, "api.e2e.test", dns.TypeA, false, e2eReachTimeout)
+		m, err := world.Lookup(other.nsPath("keep"), otherDNS, "api.e2e.test", dns.TypeA, false, world.ReachTimeout)
 		if err != nil || m.Rcode != dns.RcodeSuccess || len(world.AddrsOf(m)) == 0 {
 			t.Errorf("%s: keep: api.e2e.test through %s: %v %v", when, otherDNS, m, err)
 		}

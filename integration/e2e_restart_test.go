@@ -40,7 +40,7 @@ func e2eEcho(t *testing.T, what string, c net.Conn) {
 	t.Helper()
 	msg := []byte("still there " + what)
 	got := make([]byte, len(msg))
-	c.SetDeadline(time.Now().Add(e2eReachTimeout))
+	c.SetDeadline(time.Now().Add(world.ReachTimeout))
 	_, err := c.Write(msg)
 	if err == nil {
 		_, err = io.ReadFull(c, got)
@@ -72,7 +72,7 @@ func e2eRestartSteady(t *testing.T, sig syscall.Signal) {
 	if !slices.Equal(attested, []string{"198.18.1.10"}) {
 		t.Fatalf("agent: attested %v before the restart", attested)
 	}
-	conn, err := world.DialTCP(ans, netip.MustParseAddrPort("198.18.1.10:7"), e2eReachTimeout)
+	conn, err := world.DialTCP(ans, netip.MustParseAddrPort("198.18.1.10:7"), world.ReachTimeout)
 	if err != nil {
 		t.Fatalf("agent: connect to the attested 198.18.1.10:7: %v", err)
 	}
@@ -130,7 +130,7 @@ func e2eRestartSteady(t *testing.T, sig syscall.Signal) {
 	if out := e.mustSh("sealed", "ip -o link | wc -l"); strings.TrimSpace(out) != "1" {
 		t.Errorf("sealed after the restart: %q links", out)
 	}
-	if out, code := e.nslookup("agent", "api.e2e.test"); code != 0 || !slices.Contains(e2eAnswerAddrs(out), "198.18.1.10") {
+	if out, code := e.nslookup("agent", "api.e2e.test"); code != 0 || !slices.Contains(world.NslookupAddrs(out), "198.18.1.10") {
 		t.Errorf("agent: nslookup api.e2e.test after the restart: exit %d\n%s", code, out)
 	}
 	if rcode, _ := e2eLookup(t, ans, "other.e2e.test"); rcode != dns.RcodeNameError {

@@ -11,6 +11,7 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/enforcerd/enforcerd/integration/world"
 	"golang.org/x/sys/unix"
 )
 
@@ -87,7 +88,7 @@ func TestE2EUnitSettings(t *testing.T) {
 	if len(caps) == 0 {
 		t.Fatal("the unit sets no CapabilityBoundingSet")
 	}
-	requireTool(t, "setpriv")
+	world.RequireTool(t, "setpriv")
 
 	e := prepareE2E(t, "")
 	wrapper := filepath.Join(t.TempDir(), "enforcerd-bounded")

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/enforcerd/enforcerd/integration/world"
 	"github.com/enforcerd/enforcerd/netpolicy"
 )
 
@@ -52,7 +53,7 @@ func TestNetpolicyAttestGroupCommit(t *testing.T) {
 				ports = []netpolicy.PortSpec{{Port: 443, Proto: netpolicy.ProtoTCP}}
 			}
 			for j := 0; j < calls; j++ {
-				eff, err := fw.Attest(g, publicAddrs(j + 1)[j:], ttlOf(i), ports)
+				eff, err := fw.Attest(g, world.PublicAddrs(j + 1)[j:], ttlOf(i), ports)
 				if err != nil {
 					errs <- err
 				} else if eff != ttlOf(i) {
@@ -66,7 +67,7 @@ func TestNetpolicyAttestGroupCommit(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for j := 0; j < calls; j++ {
-				if _, err := fw.Attest(bad, publicAddrs(1), time.Minute, nil); !errors.Is(err, errAttestInjected) {
+				if _, err := fw.Attest(bad, world.PublicAddrs(1), time.Minute, nil); !errors.Is(err, errAttestInjected) {
 					errs <- errors.New("attest for the faulty guest: want the injected error, got " + errString(err))
 				}
 			}
@@ -101,7 +102,7 @@ func TestNetpolicyAttestGroupCommit(t *testing.T) {
 		t.Errorf("the faulty guest has %d attested elements, want none", n)
 	}
 	// The fault did not poison the connection for later batches.
-	if _, err := fw.Attest(fakeSession(e.prefix, 0).Guest, publicAddrs(1), time.Minute, nil); err != nil {
+	if _, err := fw.Attest(fakeSession(e.prefix, 0).Guest, world.PublicAddrs(1), time.Minute, nil); err != nil {
 		t.Errorf("attest after injected failures: %v", err)
 	}
 }
@@ -121,7 +122,7 @@ func errString(err error) string {
 // is rejected and the dump takes over), when called again, and with the
 // guest only (an orphan).
 func TestNetpolicyRemoveSessionByKey(t *testing.T) {
-	requireTool(t, "nft")
+	world.RequireTool(t, "nft")
 	e := newNPEnv(t, time.Second)
 	table := func() string {
 		return run(t, "ip", "netns", "exec", e.w.HostName, "nft", "list", "table", "inet", e.prefix)
@@ -144,10 +145,10 @@ func TestNetpolicyRemoveSessionByKey(t *testing.T) {
 		if err := e.fw.AddSession(r); err != nil {
 			t.Fatalf("add session %d: %v", i, err)
 		}
-		if _, err := e.fw.Attest(r.Guest, publicAddrs(3), time.Hour, nil); err != nil {
+		if _, err := e.fw.Attest(r.Guest, world.PublicAddrs(3), time.Hour, nil); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := e.fw.Attest(r.Guest, publicAddrs(2), time.Hour, []netpolicy.PortSpec{{Port: 53, Proto: netpolicy.ProtoAny}}); err != nil {
+		if _, err := e.fw.Attest(r.Guest, world.PublicAddrs(2), time.Hour, []netpolicy.PortSpec{{Port: 53, Proto: netpolicy.ProtoAny}}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -177,7 +178,7 @@ func TestNetpolicyRemoveSessionByKey(t *testing.T) {
 
 	// Attested 1 s ago with the floor of 1 s: gone from the kernel, not
 	// from the index (slack): the by-key batch fails, the dump removes.
-	if _, err := e.fw.Attest(rules[2].Guest, publicAddrs(5)[4:], time.Second, nil); err != nil {
+	if _, err := e.fw.Attest(rules[2].Guest, world.PublicAddrs(5)[4:], time.Second, nil); err != nil {
 		t.Fatal(err)
 	}
 	time.Sleep(1300 * time.Millisecond)

@@ -1,9 +1,7 @@
 package integration
 
 import (
-	"context"
 	"errors"
-	"github.com/miekg/dns"
 	"net"
 	"net/netip"
 	"os"
@@ -15,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/miekg/dns"
+
 	"github.com/enforcerd/enforcerd/integration/world"
 	"github.com/enforcerd/enforcerd/netpolicy"
 	"github.com/enforcerd/enforcerd/nsmgr"
@@ -25,11 +25,6 @@ import (
 // traffic probed from inside the session namespaces. Every "blocked" check
 // requires a timeout (a silent drop), never just any error, and sits next to
 // a positive control in the same test.
-
-const (
-	reachTimeout = 3 * time.Second
-	blockTimeout = 700 * time.Millisecond
-)
 
 // npEnv is one world with an nsmgr Manager and a Firewall on its simulated host.
 type npEnv struct {
@@ -45,7 +40,7 @@ type npEnv struct {
 
 func newNPEnv(t *testing.T, floor time.Duration) *npEnv {
 	t.Helper()
-	requireTool(t, "ip")
+	world.RequireTool(t, "ip")
 	w := world.New(t)
 	e := &npEnv{w: w, prefix: "t" + w.ID[:4], pool: nsmgr.DefaultPool}
 	mgr, err := nsmgr.New(nsmgr.Config{Prefix: e.prefix, Pool: e.pool, HostNS: w.Host, EtcNetnsDir: t.TempDir()})
@@ -116,16 +111,6 @@ func (e *npEnv) session(t *testing.T, name string, mode netpolicy.Mode, static [
 	return s, r
 }
 
-func requireTool(t *testing.T, name string) {
-	t.Helper()
-	if _, err := exec.LookPath(name); err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("live test needs %s (CI=true: failing instead of skipping)", name)
-		}
-		t.Skipf("live test needs %s", name)
-	}
-}
-
 // run runs a command (ip, nft) and fails the test on error.
 func run(t *testing.T, args ...string) string {
 	t.Helper()
@@ -172,7 +157,7 @@ func allThree(ns string, dst netip.Addr) []probe {
 // expectReach requires every probe to succeed.
 func expectReach(t *testing.T, what string, ps ...probe) {
 	t.Helper()
-	for i, err := range runProbes(ps, reachTimeout) {
+	for i, err := range runProbes(ps, world.ReachTimeout) {
 		if err != nil {
 			t.Errorf("%s: %s should be reachable: %v", what, ps[i].name, err)
 		}
@@ -183,11 +168,11 @@ func expectReach(t *testing.T, what string, ps ...probe) {
 // error (refused, unreachable, a crash) proves nothing and fails the test.
 func expectBlocked(t *testing.T, what string, ps ...probe) {
 	t.Helper()
-	for i, err := range runProbes(ps, blockTimeout) {
+	for i, err := range runProbes(ps, world.BlockTimeout) {
 		switch {
 		case err == nil:
 			t.Errorf("%s: %s should be blocked but was reached", what, ps[i].name)
-		case !isTimeout(err):
+		case !world.IsTimeout(err):
 			t.Errorf("%s: %s failed without a timeout (not a proof of a drop): %v", what, ps[i].name, err)
 		}
 	}
@@ -205,12 +190,6 @@ func runProbes(ps []probe, timeout time.Duration) []error {
 	}
 	wg.Wait()
 	return errs
-}
-
-func isTimeout(err error) bool {
-	var ne net.Error
-	return errors.Is(err, os.ErrDeadlineExceeded) || errors.Is(err, context.DeadlineExceeded) ||
-		(errors.As(err, &ne) && ne.Timeout())
 }
 
 func staticHost(a netip.Addr) netpolicy.Target {
@@ -309,7 +288,7 @@ func TestNetpolicyPublicMode(t *testing.T) {
 	// Resolvers other than the anycast proxy stay out of reach in public
 	// mode: the world's DNS server answers the simulated host (control) but
 	// not the session, over UDP or TCP.
-	if _, err := world.Lookup(w.HostPath, w.DNS.Addr(), "example.test", dns.TypeA, false, reachTimeout); err != nil {
+	if _, err := world.Lookup(w.HostPath, w.DNS.Addr(), "example.test", dns.TypeA, false, world.ReachTimeout); err != nil {
 		t.Fatalf("control: the world's DNS server does not answer the simulated host: %v", err)
 	}
 	expectBlocked(t, "direct DNS from a public session",
@@ -325,7 +304,7 @@ func TestNetpolicyCloudHostEndpointBlocked(t *testing.T) {
 	w := e.w
 	pub, _ := e.session(t, "p", netpolicy.ModePublic, nil)
 	allow, _ := e.session(t, "a", netpolicy.ModeAllowlist, []netpolicy.Target{staticHost(w.CloudHost), staticHost(w.Web[0])})
-	if err := world.TCPEcho(w.HostPath, netip.AddrPortFrom(w.CloudHost, 7), reachTimeout); err != nil {
+	if err := world.TCPEcho(w.HostPath, netip.AddrPortFrom(w.CloudHost, 7), world.ReachTimeout); err != nil {
 		t.Fatalf("control: the simulated host cannot reach %s: %v", w.CloudHost, err)
 	}
 	expectReach(t, "public and allowed web servers", httpProbe(pub.NetnsPath, w.Web[1]), httpProbe(allow.NetnsPath, w.Web[0]))
@@ -478,14 +457,14 @@ func TestNetpolicyAntiSpoofing(t *testing.T) {
 	for dst, k := range sinks {
 		own := "own-" + dst.String()
 		sendFrom(t, s.NetnsPath, s.Guest, dst, own)
-		if !k.arrived(own, reachTimeout) {
+		if !k.arrived(own, world.ReachTimeout) {
 			t.Errorf("positive control: datagram from the guest address to %s did not arrive", dst)
 		}
 		for _, src := range spoofed {
 			sendFrom(t, s.NetnsPath, src, dst, "spoof-"+src.String()+"-"+dst.String())
 		}
 	}
-	time.Sleep(blockTimeout)
+	time.Sleep(world.BlockTimeout)
 	for dst, k := range sinks {
 		for _, src := range spoofed {
 			if k.arrived("spoof-"+src.String()+"-"+dst.String(), 0) {
@@ -497,7 +476,7 @@ func TestNetpolicyAntiSpoofing(t *testing.T) {
 	for dst, k := range sinks {
 		p := "other-" + dst.String()
 		sendFrom(t, other.NetnsPath, other.Guest, dst, p)
-		if !k.arrived(p, reachTimeout) {
+		if !k.arrived(p, world.ReachTimeout) {
 			t.Errorf("positive control: datagram from session b to %s did not arrive", dst)
 		}
 	}
@@ -507,7 +486,7 @@ func TestNetpolicyAntiSpoofing(t *testing.T) {
 // "all" and the given interfaces (effective value = max of the two).
 func disableRPFilter(t *testing.T, w *world.World, ifaces ...string) {
 	t.Helper()
-	err := world.Do(w.Host, func() error {
+	err := nsmgr.Do(w.Host, func() error {
 		for _, i := range append([]string{"all"}, ifaces...) {
 			if err := os.WriteFile("/proc/sys/net/ipv4/conf/"+i+"/rp_filter", []byte("0"), 0o644); err != nil {
 				return err
@@ -525,7 +504,7 @@ func disableRPFilter(t *testing.T, w *world.World, ifaces ...string) {
 // addresses and rewrites its routes; the host's table still lets nothing
 // through beyond its policy, and its real address keeps working.
 func TestNetpolicyEscalatedGuest(t *testing.T) {
-	requireTool(t, "nft")
+	world.RequireTool(t, "nft")
 	e := newNPEnv(t, time.Second)
 	w := e.w
 	s, _ := e.session(t, "esc", netpolicy.ModeAllowlist, []netpolicy.Target{staticHost(w.Web[0])})
@@ -542,7 +521,7 @@ func TestNetpolicyEscalatedGuest(t *testing.T) {
 	inNS := func(args ...string) { run(t, append([]string{"ip", "netns", "exec", nsName}, args...)...) }
 
 	sendFrom(t, s.NetnsPath, s.Guest, allowed, "before")
-	if !sinks[allowed].arrived("before", reachTimeout) {
+	if !sinks[allowed].arrived("before", world.ReachTimeout) {
 		t.Fatalf("positive control: allowed destination not reached before escalation")
 	}
 
@@ -560,7 +539,7 @@ func TestNetpolicyEscalatedGuest(t *testing.T) {
 			sendFrom(t, s.NetnsPath, src, dst, "esc-"+src.String()+"-"+dst.String())
 		}
 	}
-	time.Sleep(blockTimeout)
+	time.Sleep(world.BlockTimeout)
 	for _, src := range stolen {
 		for dst, k := range sinks {
 			if k.arrived("esc-"+src.String()+"-"+dst.String(), 0) {
@@ -572,13 +551,13 @@ func TestNetpolicyEscalatedGuest(t *testing.T) {
 		append(allThree(s.NetnsPath, w.Private), tcpProbe(s.NetnsPath, netip.AddrPortFrom(w.Web[2], 7)))...)
 	// Its real address still obeys exactly its policy.
 	sendFrom(t, s.NetnsPath, s.Guest, allowed, "after")
-	if !sinks[allowed].arrived("after", reachTimeout) {
+	if !sinks[allowed].arrived("after", world.ReachTimeout) {
 		t.Errorf("positive control: the guest address no longer reaches its allowed destination")
 	}
 	for _, dst := range []netip.AddrPort{outside, meta} {
 		sendFrom(t, s.NetnsPath, s.Guest, dst, "real-"+dst.String())
 	}
-	time.Sleep(blockTimeout)
+	time.Sleep(world.BlockTimeout)
 	for _, dst := range []netip.AddrPort{outside, meta} {
 		if sinks[dst].arrived("real-"+dst.String(), 0) {
 			t.Errorf("guest address reached %s outside its policy", dst)
@@ -609,7 +588,7 @@ func TestNetpolicyAttest(t *testing.T) {
 		t.Fatalf("attest 2s: %s %v", eff, err)
 	}
 	attestedAt := time.Now()
-	conn, err := world.DialTCP(ns, netip.AddrPortFrom(web2, 7), reachTimeout)
+	conn, err := world.DialTCP(ns, netip.AddrPortFrom(web2, 7), world.ReachTimeout)
 	if err != nil {
 		t.Fatalf("connect to attested address: %v", err)
 	}
@@ -662,7 +641,7 @@ func TestNetpolicyAttest(t *testing.T) {
 }
 
 func echoOn(c net.Conn) error {
-	c.SetDeadline(time.Now().Add(reachTimeout))
+	c.SetDeadline(time.Now().Add(world.ReachTimeout))
 	msg := []byte("still-there")
 	if _, err := c.Write(msg); err != nil {
 		return err
@@ -791,13 +770,13 @@ func TestNetpolicyIPv6GoesNowhere(t *testing.T) {
 		}
 	}
 	setSysctl(func(fn func() error) error { return world.DoPath(s.NetnsPath, fn) }, map[string]string{"all": "0", "default": "0", "eth0": "0"})
-	setSysctl(func(fn func() error) error { return world.Do(w.Host, fn) }, map[string]string{s.HostIface: "0"})
+	setSysctl(func(fn func() error) error { return nsmgr.Do(w.Host, fn) }, map[string]string{s.HostIface: "0"})
 	run(t, "ip", "netns", "exec", nsName, "ip", "-6", "addr", "add", "fd00:20::2/64", "dev", "eth0", "nodad")
 	run(t, "ip", "netns", "exec", w.HostName, "ip", "-6", "addr", "add", "fd00:20::1/64", "dev", s.HostIface, "nodad")
 	dst := netip.MustParseAddrPort("[fd00:20::1]:9996")
 
 	var sink net.PacketConn
-	err := world.Do(w.Host, func() (err error) { sink, err = net.ListenPacket("udp6", dst.String()); return err })
+	err := nsmgr.Do(w.Host, func() (err error) { sink, err = net.ListenPacket("udp6", dst.String()); return err })
 	if err != nil {
 		t.Fatalf("listen %s: %v", dst, err)
 	}
@@ -837,7 +816,7 @@ func TestNetpolicyIPv6GoesNowhere(t *testing.T) {
 	for i := 0; i < 3; i++ {
 		_ = send(s.NetnsPath) // may fail once neighbour discovery gives up: also "nowhere"
 	}
-	if got := received(blockTimeout); got != "" {
+	if got := received(world.BlockTimeout); got != "" {
 		t.Errorf("ipv6 datagram from the session arrived: %q", got)
 	}
 }
@@ -846,7 +825,7 @@ func TestNetpolicyIPv6GoesNowhere(t *testing.T) {
 // reads back through the nft tool as the rules the design describes, and a
 // session adds elements only (the chains do not grow per session).
 func TestNetpolicyRulesetAsNftSeesIt(t *testing.T) {
-	requireTool(t, "nft")
+	world.RequireTool(t, "nft")
 	e := newNPEnv(t, time.Second)
 	list := func() string {
 		return run(t, "ip", "netns", "exec", e.w.HostName, "nft", "list", "table", "inet", e.prefix)
@@ -905,15 +884,6 @@ func fakeSession(prefix string, i int) netpolicy.SessionRules {
 		Static: []netpolicy.Target{{Prefix: netip.MustParsePrefix("93.184.216.34/32")}, {Prefix: netip.MustParsePrefix("93.184.216.35/32"), Port: 443}}}
 }
 
-// publicAddrs returns n distinct public addresses (from 11.0.0.0/8).
-func publicAddrs(n int) []netip.Addr {
-	out := make([]netip.Addr, n)
-	for i := range out {
-		out[i] = netip.AddrFrom4([4]byte{11, byte(i >> 16), byte(i >> 8), byte(i)})
-	}
-	return out
-}
-
 // TestNetpolicyLargeBatches: thousands of sessions, a session with thousands
 // of static targets, and an attest of thousands of addresses go through one
 // batch each (no ENOBUFS or EMSGSIZE), list back completely, and are removed.
@@ -927,13 +897,13 @@ func TestNetpolicyLargeBatches(t *testing.T) {
 	}
 	big := fakeSession(e.prefix, sessions)
 	big.Static = nil
-	for _, a := range publicAddrs(3000) {
+	for _, a := range world.PublicAddrs(3000) {
 		big.Static = append(big.Static, netpolicy.Target{Prefix: netip.PrefixFrom(a, 32), Port: 443})
 	}
 	if err := e.fw.AddSession(big); err != nil {
 		t.Fatalf("add session with 3000 static targets: %v", err)
 	}
-	if _, err := e.fw.Attest(big.Guest, publicAddrs(3000), time.Minute, nil); err != nil {
+	if _, err := e.fw.Attest(big.Guest, world.PublicAddrs(3000), time.Minute, nil); err != nil {
 		t.Fatalf("attest 3000 addresses: %v", err)
 	}
 	list, err := e.fw.Attested(big.Guest)
@@ -984,7 +954,7 @@ func BenchmarkNetpolicyScaling(b *testing.B) {
 				if err := fw.AddSession(fakeSession(prefix, i)); err != nil {
 					b.Fatal(err)
 				}
-				if _, err := fw.Attest(fakeSession(prefix, i).Guest, publicAddrs(8), time.Minute, nil); err != nil {
+				if _, err := fw.Attest(fakeSession(prefix, i).Guest, world.PublicAddrs(8), time.Minute, nil); err != nil {
 					b.Fatal(err)
 				}
 			}
@@ -992,7 +962,7 @@ func BenchmarkNetpolicyScaling(b *testing.B) {
 			if err := fw.AddSession(probe); err != nil {
 				b.Fatal(err)
 			}
-			ips := publicAddrs(4)
+			ips := world.PublicAddrs(4)
 			b.Run("attest", func(b *testing.B) {
 				for i := 0; i < b.N; i++ {
 					if _, err := fw.Attest(probe.Guest, ips, time.Minute, nil); err != nil {
@@ -1032,7 +1002,7 @@ func BenchmarkNetpolicyScaling(b *testing.B) {
 					if err := fw.AddSession(r); err != nil {
 						b.Fatal(err)
 					}
-					if _, err := fw.Attest(r.Guest, publicAddrs(8), time.Minute, nil); err != nil {
+					if _, err := fw.Attest(r.Guest, world.PublicAddrs(8), time.Minute, nil); err != nil {
 						b.Fatal(err)
 					}
 					b.StartTimer()
@@ -1063,7 +1033,7 @@ func TestNetpolicyConcurrentUse(t *testing.T) {
 			defer wg.Done()
 			g := fakeSession(e.prefix, i).Guest
 			for j := 0; j < perWorker; j++ {
-				eff, err := e.fw.Attest(g, publicAddrs(j + 1)[j:], 48*time.Hour, nil)
+				eff, err := e.fw.Attest(g, world.PublicAddrs(j + 1)[j:], 48*time.Hour, nil)
 				if err != nil {
 					errs <- err
 				} else if eff != netpolicy.MaxAttestTimeout {

@@ -173,19 +173,6 @@ func Lookup(nsPath string, server netip.AddrPort, name string, qtype uint16, tcp
 	return resp, nil
 }
 
-// AddrsOf returns the A record addresses in a DNS answer.
-func AddrsOf(m *dns.Msg) []netip.Addr {
-	var out []netip.Addr
-	for _, rr := range m.Answer {
-		if a, ok := rr.(*dns.A); ok {
-			if ip, ok := netip.AddrFromSlice(a.A.To4()); ok {
-				out = append(out, ip)
-			}
-		}
-	}
-	return out
-}
-
 func prefixToIPNet(p netip.Prefix) *net.IPNet {
 	return &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
 }

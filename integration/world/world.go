@@ -8,7 +8,6 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
-	"runtime"
 	"sync"
 	"testing"
 
@@ -56,19 +55,6 @@ type World struct {
 	mu      sync.Mutex
 	closers []func() error
 	closed  bool
-}
-
-// RequireRoot stops a live test that cannot run: under CI=true it fails,
-// elsewhere it skips.
-func RequireRoot(tb testing.TB) {
-	tb.Helper()
-	if os.Geteuid() == 0 {
-		return
-	}
-	if os.Getenv("CI") == "true" {
-		tb.Fatal("live test needs root (CI=true: failing instead of skipping)")
-	}
-	tb.Skip("live test needs root")
 }
 
 // New builds a fresh world for a test and removes it when the test ends.
@@ -167,21 +153,9 @@ func (w *World) Close() error {
 
 // newNamedNetns creates a named namespace and registers its removal.
 func (w *World) newNamedNetns(name string) (netns.NsHandle, error) {
-	runtime.LockOSThread()
-	orig, err := netns.Get()
+	ns, err := NewNamedNetns(name)
 	if err != nil {
-		runtime.UnlockOSThread()
-		return netns.None(), fmt.Errorf("get current netns: %w", err)
-	}
-	defer orig.Close()
-	ns, err := netns.NewNamed(name)
-	if restoreErr := netns.Set(orig); restoreErr != nil {
-		// Thread stays locked and dies with its goroutine.
-		return netns.None(), fmt.Errorf("restore netns after creating %s: %w", name, restoreErr)
-	}
-	runtime.UnlockOSThread()
-	if err != nil {
-		return netns.None(), fmt.Errorf("create netns %s: %w", name, err)
+		return netns.None(), err
 	}
 	w.onClose(func() error {
 		ns.Close()

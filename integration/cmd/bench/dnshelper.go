@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/enforcerd/enforcerd/dnsproxy"
+	"github.com/enforcerd/enforcerd/integration/world"
 	"github.com/enforcerd/enforcerd/netpolicy"
 	"github.com/enforcerd/enforcerd/nsmgr"
 	"github.com/vishvananda/netns"
@@ -127,7 +128,7 @@ func serveDNSHelper(o helperOpts) error {
 		if err := register(r); err != nil {
 			return err
 		}
-		if _, err := fw.Attest(g, publicAddrs(4), 30*time.Minute, nil); err != nil {
+		if _, err := fw.Attest(g, world.PublicAddrs(4), 30*time.Minute, nil); err != nil {
 			return err
 		}
 		added++

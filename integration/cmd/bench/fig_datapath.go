@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/enforcerd/enforcerd/integration/world"
 	"github.com/enforcerd/enforcerd/nsmgr"
 )
 
@@ -65,7 +66,7 @@ func figDatapath(ctx context.Context, cfg *config, rep *Report) error {
 			if err := e.fw.AddSession(r); err != nil {
 				return 0, err
 			}
-			if _, err := e.fw.Attest(r.Guest, publicAddrs(4), 30*time.Minute, nil); err != nil {
+			if _, err := e.fw.Attest(r.Guest, world.PublicAddrs(4), 30*time.Minute, nil); err != nil {
 				return 0, err
 			}
 			added++

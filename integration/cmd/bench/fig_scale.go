@@ -5,13 +5,11 @@ import (
 	"fmt"
 	"math"
 	"os"
-	"runtime"
 	"slices"
 	"time"
 
 	"github.com/enforcerd/enforcerd/integration/world"
 	"github.com/enforcerd/enforcerd/nsmgr"
-	"github.com/vishvananda/netns"
 )
 
 // figScale is figure 2: create p50 and attest p99 with many live sessions
@@ -44,7 +42,7 @@ func figScale(ctx context.Context, cfg *config, rep *Report) error {
 			if err != nil {
 				return 0, fmt.Errorf("grow to %d live sessions: %w", to, err)
 			}
-			if _, err := e.fw.Attest(s.Guest, publicAddrs(8), ttl, nil); err != nil {
+			if _, err := e.fw.Attest(s.Guest, world.PublicAddrs(8), ttl, nil); err != nil {
 				return 0, err
 			}
 			loaded++
@@ -84,7 +82,7 @@ func figScale(ctx context.Context, cfg *config, rep *Report) error {
 				return lv, err
 			}
 		}
-		ips := publicAddrs(4)
+		ips := world.PublicAddrs(4)
 		for i := 0; i < cfg.attests; i++ {
 			if err := ctx.Err(); err != nil {
 				return lv, err
@@ -200,45 +198,21 @@ func (p *sysctlProbe) sample(nsPath string) error {
 	})
 }
 
-// sampleNew times the sysctl writes in a fresh netns made by unshare on a
-// locked thread; the thread switches back and the netns goes away with its
-// last reference. If switching back fails the thread stays locked and dies
-// with its goroutine.
+// sampleNew times the sysctl writes in a fresh netns (world.InNewNetns:
+// the thread switches back and the netns goes away with its last
+// reference).
 func (p *sysctlProbe) sampleNew() error {
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		orig, err := netns.Get()
-		if err != nil {
-			runtime.UnlockOSThread()
-			errc <- err
-			return
-		}
-		defer orig.Close()
-		ns, err := netns.New()
-		if err != nil {
-			netns.Set(orig)
-			errc <- err
-			return
-		}
-		var werr error
+	return world.InNewNetns(func() error {
 		for _, w := range []struct {
 			path string
 			into *Samples
 		}{{sysctlDefault, &p.newDflt}, {sysctlAll, &p.newAll}, {sysctlAll, &p.newAgain}} {
 			start := time.Now()
-			if werr = os.WriteFile(w.path, []byte("1"), 0); werr != nil {
-				break
+			if err := os.WriteFile(w.path, []byte("1"), 0); err != nil {
+				return err
 			}
 			*w.into = append(*w.into, time.Since(start))
 		}
-		ns.Close()
-		if err := netns.Set(orig); err != nil {
-			errc <- fmt.Errorf("restore netns: %w", err) // the thread stays locked
-			return
-		}
-		runtime.UnlockOSThread()
-		errc <- werr
-	}()
-	return <-errc
+		return nil
+	})
 }

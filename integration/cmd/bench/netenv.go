@@ -139,15 +139,6 @@ func (e *netEnv) synthetic(slot int) netpolicy.SessionRules {
 		Static: []netpolicy.Target{{Prefix: netip.MustParsePrefix("93.184.216.34/32")}}}
 }
 
-// publicAddrs returns n distinct addresses from 11.0.0.0/8 (public).
-func publicAddrs(n int) []netip.Addr {
-	out := make([]netip.Addr, n)
-	for i := range out {
-		out[i] = netip.AddrFrom4([4]byte{11, byte(i >> 16), byte(i >> 8), byte(i)})
-	}
-	return out
-}
-
 // addReturnRoute routes the pool back to the simulated host from the
 // simulated internet: without enforcerd's table (no masquerade) a session's
 // packets keep their pool source address. Removed by removeReturnRoute.

@@ -11,7 +11,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/enforcerd/enforcerd/integration/world"
+	"github.com/enforcerd/enforcerd/nsmgr"
 	"github.com/vishvananda/netns"
 )
 
@@ -41,7 +41,7 @@ func inNS(path string, args ...string) []string {
 // command), and returns how long it took from fork to exit.
 func forkIn(ns netns.NsHandle, cmd *exec.Cmd) (time.Duration, error) {
 	var took time.Duration
-	err := world.Do(ns, func() error {
+	err := nsmgr.Do(ns, func() error {
 		start := time.Now()
 		err := cmd.Run()
 		took = time.Since(start)

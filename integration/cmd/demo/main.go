@@ -245,7 +245,10 @@ func probe(d *daemon.Daemon, sess string, dst dest) verdict {
 	via := ""
 	if dst.name != "" {
 		out, _, _ := d.CLI("session", "exec", sess, "--timeout", "5s", "--", "nslookup", "-type=a", dst.name, "10.20.255.254")
-		addr = lastAddress(out)
+		addr = "" // the last address of the answer, if any
+		if addrs := world.NslookupAddrs(out); len(addrs) > 0 {
+			addr = addrs[len(addrs)-1]
+		}
 		switch {
 		case strings.Contains(out, "NXDOMAIN") || strings.Contains(out, "can't find"):
 			if addr == "" {
@@ -289,22 +292,4 @@ func probe(d *daemon.Daemon, sess string, dst dest) verdict {
 	default:
 		return verdict{false, via + "nft: destination not attested or allowed for this session: dropped"}
 	}
-}
-
-func lastAddress(out string) string {
-	// busybox nslookup prints the server first, then "Address: x" lines of
-	// the answer.
-	addr := ""
-	seenName := false
-	for _, line := range strings.Split(out, "\n") {
-		line = strings.TrimSpace(line)
-		if strings.HasPrefix(line, "Name:") {
-			seenName = true
-		}
-		if seenName && strings.HasPrefix(line, "Address") {
-			f := strings.Fields(line)
-			addr = f[len(f)-1]
-		}
-	}
-	return addr
 }
