@@ -673,13 +673,21 @@ func (e *Daemon) Events(ctx context.Context, name string, follow bool) ([]api.Ev
 }
 
 // Healthy reports whether the daemon enforces what it says: its table and
-// base chains are in the kernel and the DNS interface holds the anycast
-// address. (The listeners' goroutines end the process when they stop.)
+// base chains are in the kernel, the DNS interface holds the anycast
+// address, and the DNS proxy's serve loops run (checked on a daemon made
+// by Open; the process also ends when they stop, but a probe must not
+// answer ok in between).
 func (e *Daemon) Healthy() error {
 	if err := e.fw.Check(); err != nil {
 		return err
 	}
-	return e.nets.CheckDNSInterface()
+	if err := e.nets.CheckDNSInterface(); err != nil {
+		return err
+	}
+	if e.proxy != nil {
+		return e.proxy.Serving()
+	}
+	return nil
 }
 
 func (e *Daemon) lifecycle(name, action string, detail map[string]any) {
@@ -705,7 +713,6 @@ func (e *Daemon) Record(ev dnsproxy.Event) {
 	if ev.Session != "" {
 		e.events.Record(api.Event{Time: ev.Time.UTC(), Session: ev.Session, Kind: "dns", Action: ev.Verdict, Detail: detail})
 	}
-	e.metrics.dnsQuery(ev.Verdict)
 }
 
 func addrString(a netip.Addr) string {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"runtime"
 	"sync"
 	"time"
 
@@ -20,15 +21,14 @@ import (
 
 // Metrics are the daemon's Prometheus metrics in their own registry. Every
 // method is safe on a nil *Metrics (tests and callers without metrics).
-// The session gauge and the per-session dropped packets are read from the
-// engine at scrape time (SetSessionSource), so they are never stale.
+// What the engine and the DNS proxy already count (sessions, per-session
+// packet counters, every dnsproxy.Stats field) is read at scrape time
+// (SetSessionSource), never measured twice and never stale.
 type Metrics struct {
 	Registry       *prometheus.Registry
 	Creates        *prometheus.CounterVec // {result="ok"|"error"}
 	CreateFailures *prometheus.CounterVec // {reason}
 	CreateSeconds  prometheus.Histogram
-	DNSQueries     *prometheus.CounterVec // {verdict}
-	AttestSeconds  prometheus.Histogram
 
 	src *sourceCollector
 }
@@ -52,17 +52,29 @@ var dnsCounters = []struct {
 	name, help string
 	get        func(dnsproxy.Stats) uint64
 }{
+	{"enforcerd_dns_malformed_total", "Packets dropped unanswered because they did not parse as a query.", func(s dnsproxy.Stats) uint64 { return s.Malformed }},
+	{"enforcerd_dns_shed_total", "Queries dropped unanswered by the fairness limits (a full per-session queue, or a wait longer than the timeout).", func(s dnsproxy.Stats) uint64 { return s.Shed }},
+	{"enforcerd_dns_attest_errors_total", "Failed attests (each gave a SERVFAIL).", func(s dnsproxy.Stats) uint64 { return s.AttestErrors }},
 	{"enforcerd_dns_attest_cap_total", "Answers refused (SERVFAIL) because the session holds --max-attested live attested addresses.", func(s dnsproxy.Stats) uint64 { return s.AttestCap }},
 	{"enforcerd_dns_answer_cap_total", "Answers that carried more addresses than the per-answer cap (the rest were removed, not attested).", func(s dnsproxy.Stats) uint64 { return s.AnswerCap }},
 	{"enforcerd_dns_session_gone_total", "Queries whose session was removed while they were in flight (SERVFAIL, nothing attested).", func(s dnsproxy.Stats) uint64 { return s.SessionGone }},
 	{"enforcerd_dns_tcp_refused_total", "TCP connections closed at accept: unknown source, or over the per-session or total limits.", func(s dnsproxy.Stats) uint64 { return s.TCPRefused }},
-	{"enforcerd_dns_attest_errors_total", "Failed attests (each gave a SERVFAIL).", func(s dnsproxy.Stats) uint64 { return s.AttestErrors }},
-	{"enforcerd_dns_shed_total", "Queries dropped unanswered by the fairness limits.", func(s dnsproxy.Stats) uint64 { return s.Shed }},
-	{"enforcerd_dns_upstream_errors_total", "Failed upstream tries.", func(s dnsproxy.Stats) uint64 { return s.UpstreamErrors }},
+	{"enforcerd_dns_upstream_errors_total", "Failed upstream tries (each try, not each query).", func(s dnsproxy.Stats) uint64 { return s.UpstreamErrors }},
 }
 
-// NewMetrics registers every metric, the Go runtime's and the process's.
-func NewMetrics() *Metrics {
+// dnsGauges are the DNS proxy's levels now.
+var dnsGauges = []struct {
+	name, help string
+	get        func(dnsproxy.Stats) int
+}{
+	{"enforcerd_dns_in_flight", "DNS queries being worked on now.", func(s dnsproxy.Stats) int { return s.InFlight }},
+	{"enforcerd_dns_queued", "DNS queries waiting for a slot now.", func(s dnsproxy.Stats) int { return s.Queued }},
+	{"enforcerd_dns_sessions", "Sessions registered with the DNS proxy.", func(s dnsproxy.Stats) int { return s.Sessions }},
+}
+
+// NewMetrics registers every metric, the Go runtime's and the process's;
+// version and commit label enforcerd_build_info.
+func NewMetrics(version, commit string) *Metrics {
 	m := &Metrics{
 		Registry: prometheus.NewRegistry(),
 		Creates: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -75,26 +87,33 @@ func NewMetrics() *Metrics {
 			Name: "enforcerd_session_create_seconds", Help: "Latency of successful session creates.",
 			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10},
 		}),
-		DNSQueries: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "enforcerd_dns_queries_total", Help: "DNS queries from sessions by verdict.",
-		}, []string{"verdict"}),
-		AttestSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name: "enforcerd_dns_attest_seconds", Help: "Time to put an answer's addresses into the session's set.",
-			Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25},
-		}),
 		src: &sourceCollector{
 			sessions: prometheus.NewDesc("enforcerd_sessions", "Sessions that exist now.", nil, nil),
-			dropped: prometheus.NewDesc("enforcerd_session_dropped_packets",
+			dropped: prometheus.NewDesc("enforcerd_session_dropped_packets_total",
 				"Packets the session's policy dropped (from the nftables counters).", []string{"session"}, nil),
-			limited: prometheus.NewDesc("enforcerd_session_limited_packets",
+			limited: prometheus.NewDesc("enforcerd_session_limited_packets_total",
 				"New flows of the session dropped because it was at its flow cap or over its new-flow rate (--max-flows, --flow-rate).", []string{"session"}, nil),
+			queries: prometheus.NewDesc("enforcerd_dns_queries_total", "DNS queries answered, by verdict.", []string{"verdict"}, nil),
+			loops: prometheus.NewDesc("enforcerd_dns_serve_loops",
+				"DNS proxy serve loops running now (proto udp: readers, tcp: accept loops); 0 means queries of that protocol go unanswered.", []string{"proto"}, nil),
+			attest: prometheus.NewDesc("enforcerd_dns_attest_seconds",
+				"Time to put an answer's addresses into the session's set (each attest, failed ones too).", nil, nil),
+			upstream: prometheus.NewDesc("enforcerd_dns_upstream_seconds",
+				"Round-trip time of successful upstream exchanges.", nil, nil),
 		},
 	}
 	for _, d := range dnsCounters {
-		m.src.dns = append(m.src.dns, prometheus.NewDesc(d.name, d.help, nil, nil))
+		m.src.counters = append(m.src.counters, prometheus.NewDesc(d.name, d.help, nil, nil))
 	}
-	m.Registry.MustRegister(m.Creates, m.CreateFailures, m.CreateSeconds,
-		m.DNSQueries, m.AttestSeconds, m.src,
+	for _, d := range dnsGauges {
+		m.src.gauges = append(m.src.gauges, prometheus.NewDesc(d.name, d.help, nil, nil))
+	}
+	build := prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "enforcerd_build_info", Help: "Always 1; the labels say which build runs.",
+		ConstLabels: prometheus.Labels{"version": version, "commit": commit, "goversion": runtime.Version()},
+	})
+	build.Set(1)
+	m.Registry.MustRegister(m.Creates, m.CreateFailures, m.CreateSeconds, m.src, build,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	for _, r := range []string{"ok", "error"} {
 		m.Creates.WithLabelValues(r) // export zeros from the start
@@ -146,37 +165,26 @@ func failureReason(err error) string {
 	return "internal"
 }
 
-// dnsQuery counts one query with its verdict (the dnsproxy's verdict).
-func (m *Metrics) dnsQuery(verdict string) {
-	if m != nil {
-		m.DNSQueries.WithLabelValues(verdict).Inc()
-	}
-}
-
-// observeAttest records one attestation latency.
-func (m *Metrics) observeAttest(d time.Duration) {
-	if m != nil {
-		m.AttestSeconds.Observe(d.Seconds())
-	}
-}
-
-// sourceCollector reads the session count and per-session dropped packets
-// from the engine at scrape time, so sessions that went leave no series.
-// mu guards source.
+// sourceCollector reads the engine's and the DNS proxy's counters at
+// scrape time, so sessions that went leave no series. mu guards source.
 type sourceCollector struct {
-	sessions *prometheus.Desc
-	dropped  *prometheus.Desc
-	limited  *prometheus.Desc
-	dns      []*prometheus.Desc // one per dnsCounters entry
-	mu       sync.Mutex
-	source   sessionSource
+	sessions, dropped, limited *prometheus.Desc
+	queries, loops             *prometheus.Desc
+	attest, upstream           *prometheus.Desc
+	counters                   []*prometheus.Desc // one per dnsCounters entry
+	gauges                     []*prometheus.Desc // one per dnsGauges entry
+	mu                         sync.Mutex
+	source                     sessionSource
 }
 
 func (c *sourceCollector) Describe(ch chan<- *prometheus.Desc) {
-	ch <- c.sessions
-	ch <- c.dropped
-	ch <- c.limited
-	for _, d := range c.dns {
+	for _, d := range []*prometheus.Desc{c.sessions, c.dropped, c.limited, c.queries, c.loops, c.attest, c.upstream} {
+		ch <- d
+	}
+	for _, d := range c.counters {
+		ch <- d
+	}
+	for _, d := range c.gauges {
 		ch <- d
 	}
 }
@@ -191,13 +199,32 @@ func (c *sourceCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	ch <- prometheus.MustNewConstMetric(c.sessions, prometheus.GaugeValue, float64(src.SessionCount()))
 	for name, n := range src.SessionCounters() {
-		ch <- prometheus.MustNewConstMetric(c.dropped, prometheus.GaugeValue, float64(n.DroppedPackets), name)
-		ch <- prometheus.MustNewConstMetric(c.limited, prometheus.GaugeValue, float64(n.LimitedPackets), name)
+		ch <- prometheus.MustNewConstMetric(c.dropped, prometheus.CounterValue, float64(n.DroppedPackets), name)
+		ch <- prometheus.MustNewConstMetric(c.limited, prometheus.CounterValue, float64(n.LimitedPackets), name)
 	}
 	st := src.DNSStats()
-	for i, d := range c.dns {
+	for verdict, n := range st.Verdicts {
+		ch <- prometheus.MustNewConstMetric(c.queries, prometheus.CounterValue, float64(n), verdict)
+	}
+	for i, d := range c.counters {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(dnsCounters[i].get(st)))
 	}
+	for i, d := range c.gauges {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, float64(dnsGauges[i].get(st)))
+	}
+	ch <- prometheus.MustNewConstMetric(c.loops, prometheus.GaugeValue, float64(st.UDPReaders), "udp")
+	ch <- prometheus.MustNewConstMetric(c.loops, prometheus.GaugeValue, float64(st.TCPAcceptors), "tcp")
+	ch <- constHistogram(c.attest, st.Attest)
+	ch <- constHistogram(c.upstream, st.Upstream)
+}
+
+// constHistogram exports one of the proxy's cumulative histograms as is.
+func constHistogram(d *prometheus.Desc, h dnsproxy.Histogram) prometheus.Metric {
+	buckets := make(map[float64]uint64, len(h.Bounds))
+	for i, b := range h.Bounds {
+		buckets[b.Seconds()] = h.Counts[i]
+	}
+	return prometheus.MustNewConstHistogram(d, h.Count, h.Sum.Seconds(), buckets)
 }
 
 // Handler serves the registry at /metrics, and /healthz and /readyz.

@@ -2,10 +2,13 @@ package daemon
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"net/netip"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -23,7 +26,15 @@ type fakeSource struct{}
 func (fakeSource) SessionCount() int { return 2 }
 func (fakeSource) Healthy() error    { return nil }
 
-func (fakeSource) DNSStats() dnsproxy.Stats { return dnsproxy.Stats{AttestCap: 2, TCPRefused: 9} }
+func (fakeSource) DNSStats() dnsproxy.Stats {
+	ms := time.Millisecond
+	return dnsproxy.Stats{
+		Verdicts:  map[string]uint64{dnsproxy.VerdictAllowed: 2, dnsproxy.VerdictDenied: 1},
+		Malformed: 4, Shed: 5, AttestErrors: 3, AttestCap: 2, UpstreamErrors: 7, TCPRefused: 9,
+		InFlight: 6, Queued: 8, Sessions: 2, UDPReaders: 4, TCPAcceptors: 1,
+		Attest: dnsproxy.Histogram{Bounds: []time.Duration{ms, 10 * ms}, Counts: []uint64{1, 2}, Count: 3, Sum: 2 * time.Second},
+	}
+}
 
 func (fakeSource) SessionCounters() map[string]netpolicy.Counters {
 	return map[string]netpolicy.Counters{"s1": {DroppedPackets: 5, LimitedPackets: 3}, "s2": {}}
@@ -57,7 +68,12 @@ func metricSeries(f *dto.MetricFamily) []string {
 		case m.Gauge != nil:
 			v = m.GetGauge().GetValue()
 		case m.Histogram != nil:
-			v = float64(m.GetHistogram().GetSampleCount())
+			h := m.GetHistogram()
+			v = float64(h.GetSampleCount())
+			for _, b := range h.GetBucket() {
+				ls = append(ls, fmt.Sprintf("le%g:%d", b.GetUpperBound(), b.GetCumulativeCount()))
+			}
+			ls = append(ls, fmt.Sprintf("sum:%g", h.GetSampleSum()))
 		}
 		out = append(out, fmt.Sprintf("%s=%g", strings.Join(ls, ","), v))
 	}
@@ -67,11 +83,9 @@ func metricSeries(f *dto.MetricFamily) []string {
 func TestMetrics(t *testing.T) {
 	var nilM *Metrics // every method is nil-safe
 	nilM.observeCreate(time.Second, nil)
-	nilM.dnsQuery("allowed")
-	nilM.observeAttest(time.Millisecond)
 	nilM.SetSessionSource(fakeSource{})
 
-	m := NewMetrics()
+	m := NewMetrics("1.2.3", "abc")
 	fams := gatherMetrics(t, m)
 	if got := metricSeries(fams["enforcerd_sessions"]); fmt.Sprint(got) != "[=0]" {
 		t.Fatalf("sessions without source: %v", got)
@@ -83,23 +97,31 @@ func TestMetrics(t *testing.T) {
 	m.observeCreate(0, fmt.Errorf("x: %w", api.ErrBadRequest))
 	m.observeCreate(0, context.Canceled)
 	m.observeCreate(0, io.EOF)
-	m.dnsQuery("allowed")
-	m.dnsQuery("allowed")
-	m.dnsQuery("denied")
-	m.observeAttest(300 * time.Microsecond)
 
 	fams = gatherMetrics(t, m)
 	want := map[string]string{
 		"enforcerd_sessions":                      "[=2]",
 		"enforcerd_session_creates_total":         "[result=error=5 result=ok=1]",
 		"enforcerd_session_create_failures_total": "[reason=bad_request=1 reason=canceled=1 reason=internal=1 reason=name_taken=1 reason=pool_exhausted=1]",
-		"enforcerd_session_create_seconds":        "[=1]",
+		"enforcerd_session_create_seconds":        "[le0.001:0,le0.0025:0,le0.005:0,le0.01:0,le0.025:1,le0.05:1,le0.1:1,le0.25:1,le0.5:1,le1:1,le2.5:1,le5:1,le10:1,sum:0.02=1]",
+		"enforcerd_session_dropped_packets_total": "[session=s1=5 session=s2=0]",
+		"enforcerd_session_limited_packets_total": "[session=s1=3 session=s2=0]",
 		"enforcerd_dns_queries_total":             "[verdict=allowed=2 verdict=denied=1]",
-		"enforcerd_dns_attest_seconds":            "[=1]",
-		"enforcerd_session_dropped_packets":       "[session=s1=5 session=s2=0]",
-		"enforcerd_session_limited_packets":       "[session=s1=3 session=s2=0]",
+		"enforcerd_dns_malformed_total":           "[=4]",
+		"enforcerd_dns_shed_total":                "[=5]",
+		"enforcerd_dns_attest_errors_total":       "[=3]",
 		"enforcerd_dns_attest_cap_total":          "[=2]",
+		"enforcerd_dns_answer_cap_total":          "[=0]",
+		"enforcerd_dns_session_gone_total":        "[=0]",
+		"enforcerd_dns_upstream_errors_total":     "[=7]",
 		"enforcerd_dns_tcp_refused_total":         "[=9]",
+		"enforcerd_dns_in_flight":                 "[=6]",
+		"enforcerd_dns_queued":                    "[=8]",
+		"enforcerd_dns_sessions":                  "[=2]",
+		"enforcerd_dns_serve_loops":               "[proto=tcp=1 proto=udp=4]",
+		"enforcerd_dns_attest_seconds":            "[le0.001:1,le0.01:2,sum:2=3]",
+		"enforcerd_dns_upstream_seconds":          "[sum:0=0]",
+		"enforcerd_build_info":                    "[commit=abc,goversion=" + runtime.Version() + ",version=1.2.3=1]",
 	}
 	for name, w := range want {
 		f := fams[name]
@@ -117,7 +139,7 @@ func TestMetrics(t *testing.T) {
 }
 
 func TestServeMetrics(t *testing.T) {
-	m := NewMetrics()
+	m := NewMetrics("1.2.3", "abc")
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -138,4 +160,71 @@ func TestServeMetrics(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
+}
+
+type healthFirewall struct {
+	Firewall
+	err error
+}
+
+func (f healthFirewall) Check() error { return f.err }
+
+type healthNetwork struct{ Network }
+
+func (healthNetwork) CheckDNSInterface() error { return nil }
+
+type noAttest struct{}
+
+func (noAttest) Attest(netip.Addr, []netip.Addr, time.Duration, []netpolicy.PortSpec) (time.Duration, error) {
+	return 0, nil
+}
+
+// Healthy (the /healthz of both listeners) fails while the DNS proxy's
+// serve loops do not run, not only when the kernel's objects are gone.
+func TestHealthyChecksTheDNSServeLoops(t *testing.T) {
+	fw := &healthFirewall{}
+	d := New(Config{}, Parts{Firewall: fw, Network: healthNetwork{}})
+	if err := d.Healthy(); err != nil {
+		t.Fatalf("without a proxy: %v", err)
+	}
+	guard, err := netpolicy.NewGuard(netip.MustParsePrefix("10.250.0.0/16"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy, err := dnsproxy.New(dnsproxy.Config{Upstreams: []netip.AddrPort{netip.MustParseAddrPort("127.0.0.1:53")}, Guard: guard, Attester: noAttest{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.proxy = proxy
+	if err := d.Healthy(); err == nil || err.Error() != "dns proxy: not serving: no udp reader and no tcp accept loop runs" {
+		t.Fatalf("before the proxy serves: %v", err)
+	}
+	pc, err := net.ListenPacket("udp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- proxy.Serve(pc, ln) }()
+	for deadline := time.Now().Add(5 * time.Second); d.Healthy() != nil; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("serving: %v", d.Healthy())
+		}
+	}
+	fw.err = errors.New("table enforcerd: gone")
+	if err := d.Healthy(); err != fw.err {
+		t.Fatalf("without the table: %v", err)
+	}
+	fw.err = nil
+	ln.Close() // the TCP socket fails for good: every serve loop ends
+	<-done
+	if err := d.Healthy(); err == nil {
+		t.Fatal("healthy after the DNS serve loops ended")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	_ = proxy.Shutdown(ctx)
 }

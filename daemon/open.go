@@ -107,7 +107,7 @@ func Open(cfg Config, log *slog.Logger, metrics *Metrics) (_ *Daemon, err error)
 		Timeout:   upstreamTimeout,
 		MinTTL:    cfg.DNSMinTTL,
 		Guard:     guard,
-		Attester:  attestTimer{fw, metrics},
+		Attester:  fw,
 		Events:    d,
 		Logger:    log,
 	})
@@ -116,19 +116,6 @@ func Open(cfg Config, log *slog.Logger, metrics *Metrics) (_ *Daemon, err error)
 	}
 	d.dns, d.proxy = proxy, proxy
 	return d, nil
-}
-
-// attestTimer measures the attest hot path for the metrics.
-type attestTimer struct {
-	fw *netpolicy.Firewall
-	m  *Metrics
-}
-
-func (a attestTimer) Attest(guest netip.Addr, ips []netip.Addr, ttl time.Duration, ports []netpolicy.PortSpec) (time.Duration, error) {
-	start := time.Now()
-	d, err := a.fw.Attest(guest, ips, ttl, ports)
-	a.m.observeAttest(time.Since(start))
-	return d, err
 }
 
 // ListenDNS binds the DNS proxy's UDP and TCP sockets on the anycast

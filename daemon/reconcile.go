@@ -13,9 +13,13 @@ import (
 // each). It never flushes the table: adopted sessions keep their attested
 // elements.
 func (e *Daemon) Reconcile() error {
-	recs, err := e.state.LoadAll()
+	recs, bad, err := e.state.LoadAllReport()
 	if err != nil {
 		return err
+	}
+	for _, b := range bad {
+		// Its kernel objects, if any, are reaped below as orphans.
+		e.log.Error("skipped a state record that does not load (a bad record is kept as file, never loaded again)", "file", b.Path, "session", b.Name, "reason", b.Err)
 	}
 	found, err := e.nets.Recover()
 	if err != nil {

@@ -30,7 +30,7 @@ func runServe(cfg ServeConfig) error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 
-	metrics := daemon.NewMetrics()
+	metrics := daemon.NewMetrics(version, commit)
 	d, err := daemon.Open(cfg.daemonConfig(), log, metrics)
 	if err != nil {
 		return err
