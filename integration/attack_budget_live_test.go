@@ -26,7 +26,7 @@ func atkBudgetEnv(t *testing.T, maxFlows, rate int) *npEnv {
 	return e
 }
 
-// TestAttackFlowBudget (issue 8 item 14): a session may not fill the
+// TestAttackFlowBudget: a session may not fill the
 // shared conntrack table. With MaxFlows 40, 60 concurrent TCP connections
 // from one session: at least 15 fail by timeout (their SYNs dropped), and
 // the drops are counted as limited; another session connects meanwhile

@@ -13,10 +13,9 @@ import (
 	"github.com/enforcerd/enforcerd/nsmgr"
 )
 
-// Attacks on conntrack state shared by every session in the daemon's netns
-// (issue 8 items 1, 2 and 4).
+// Attacks on conntrack state shared by every session in the daemon's netns.
 
-// TestAttackSpoofedEstablished (issue 8 item 1): session B, with a raw
+// TestAttackSpoofedEstablished: session B, with a raw
 // socket, forges a datagram carrying session A's address and A's live
 // flow's 5-tuple. The firewall must drop it before any conntrack-based
 // accept: it must not be forwarded along A's flow, so A's socket never
@@ -55,7 +54,7 @@ func TestAttackSpoofedEstablished(t *testing.T) {
 	}
 }
 
-// TestAttackRelatedKillsHostSocket (issue 8 item 2; the host socket stands
+// TestAttackRelatedKillsHostSocket (the host socket stands
 // for the DNS proxy's upstream sockets): session B sends an ICMP port
 // unreachable to the host's uplink address quoting a flow the host has with
 // the internet. It must not be RELATED to the host's flow: the host socket
@@ -100,7 +99,7 @@ func atkRelatedKill(t *testing.T, w *world.World, b nsmgr.Session, dst netip.Add
 	}
 }
 
-// TestAttackRelatedKillsOtherSession (issue 8 item 2): session B sends a
+// TestAttackRelatedKillsOtherSession: session B sends a
 // port unreachable to the uplink address quoting the reply-direction tuple
 // of session A's masqueraded flow. It must not be RELATED to A's flow (and
 // so not de-NATed and delivered to A): A's socket keeps working. Control:
@@ -126,7 +125,7 @@ func TestAttackRelatedKillsOtherSession(t *testing.T) {
 	atkRelatedKill(t, w, b, dst, a1, m1, a2, m2, "session A's masqueraded flow")
 }
 
-// TestAttackRelatedReachesMetadata (issue 8 item 2, the guard): the host
+// TestAttackRelatedReachesMetadata (the guard): the host
 // has a flow with the metadata address; session B sends an ICMP error to
 // 169.254.169.254 quoting that flow's reply. RELATED must never bypass the
 // special-purpose guard: nothing carrying B's marker reaches the simulated
@@ -163,7 +162,7 @@ func TestAttackRelatedReachesMetadata(t *testing.T) {
 	}
 }
 
-// TestAttackConntrackInherited (issue 8 item 4): after a session is
+// TestAttackConntrackInherited: after a session is
 // removed, no conntrack entry of its guest address may remain; and a new
 // session that gets the same address must not inherit the old flows (a
 // datagram from the old peer to the old masqueraded port must not reach

@@ -1,8 +1,8 @@
 package integration
 
 // Helpers of the attack tests (attack_*_live_test.go): live tests that
-// perform, against the netpolicy firewall in a test world, the attacks of
-// issue 8 the way an attacker inside a session would (raw sockets, spoofed
+// perform, against the netpolicy firewall in a test world, the attacks an
+// attacker inside a session would (raw sockets, spoofed
 // sources, crafted ICMP errors, ARP, a foreign netns on the simulated host,
 // a flood of flows). Each asserts the secure behaviour next to a positive
 // control in the same test; crafting lives in integration/world/craft.go.

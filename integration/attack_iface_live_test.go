@@ -13,9 +13,9 @@ import (
 	"github.com/miekg/dns"
 )
 
-// Attacks on what the daemon's netns answers to (issue 8 items 9, 12, 13).
+// Attacks on what the daemon's netns answers to.
 
-// TestAttackForeignIfaceAnycast (issue 8 item 9): a foreign netns on the
+// TestAttackForeignIfaceAnycast: a foreign netns on the
 // simulated host (a veth without the firewall's prefix) sends a datagram
 // spoofing session A's guest address to the DNS anycast address. Only a
 // session's own veth, with that session's address, may reach the anycast
@@ -54,7 +54,7 @@ func TestAttackForeignIfaceAnycast(t *testing.T) {
 	}
 }
 
-// TestAttackARPOracle (issue 8 item 12): from session B's netns, ARP
+// TestAttackARPOracle: from session B's netns, ARP
 // who-has for addresses of the daemon's netns that are not on B's veth
 // (A's gateway, the uplink address, the DNS anycast address) must get no
 // reply. Control: who-has for B's own gateway is answered.
@@ -82,7 +82,7 @@ func TestAttackARPOracle(t *testing.T) {
 	}
 }
 
-// TestAttackAllowReopensResolver (issue 8 item 13): a port-less allow
+// TestAttackAllowReopensResolver: a port-less allow
 // entry naming a resolver must not open DNS (TCP/UDP 53, 853) to it: the
 // proxy is the session's only resolver. Controls: an entry naming the port
 // explicitly (198.18.0.53:53/udp) is the operator's choice and answers; the

@@ -13,7 +13,7 @@ import (
 	"github.com/vishvananda/netlink"
 )
 
-// TestAttackPrefixCutsHost (issue 8 item 11, through the real binary): a
+// TestAttackPrefixCutsHost (through the real binary): a
 // link of the daemon's netns that the daemon does not own but whose name
 // starts with its prefix (here "<prefix>up", an uplink) would fall under
 // the input chain's anti-spoofing rule and cut the host off. `serve` must

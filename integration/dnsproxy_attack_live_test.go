@@ -21,7 +21,7 @@ import (
 	"github.com/enforcerd/enforcerd/nsmgr"
 )
 
-// Live attacks on the DNS proxy (issue 8, items 2, 3, 6, 7 and 9): each test
+// Live attacks on the DNS proxy: each test
 // performs the attack the way a sandbox, a local user or an off-path
 // packet would, watches what got through, and has a positive control in
 // the same run.
@@ -154,7 +154,7 @@ func (e *dpEnv) lookupAsync(nsPath, name string) <-chan dpLookupResult {
 	return ch
 }
 
-// TestDNSProxyAttackAnswerOutlivesSession (issue 8 item 3): a session asks
+// TestDNSProxyAttackAnswerOutlivesSession: a session asks
 // for an allowed name whose upstream takes 1.5 s; the session is removed
 // (Unregister, then the firewall's RemoveSession, the daemon's order) while
 // the answer is on its way. Nothing may be attested for the removed guest
@@ -212,7 +212,7 @@ func TestDNSProxyAttackAnswerOutlivesSession(t *testing.T) {
 	}
 }
 
-// TestDNSProxyAttackPinnedKeepsPort (issue 8 item 6): with --pin and an
+// TestDNSProxyAttackPinnedKeepsPort: with --pin and an
 // entry for port 80 only, resolving the pinned name through the proxy must
 // not open the address's other ports. Positive control: port 80 works
 // before and after the lookup.
@@ -243,7 +243,7 @@ func dpHTTPReach(nsPath string, a netip.Addr) error {
 	return err
 }
 
-// TestDNSProxyAttackBoundedAttest (issue 8 item 7): a name answering 201 A
+// TestDNSProxyAttackBoundedAttest: a name answering 201 A
 // records (TTL 86400, so only TCP carries them all) queried by a public and
 // an allowlist session. The public session attests nothing (its traffic is
 // accepted by the public set: positive control, it reaches the first
@@ -299,7 +299,7 @@ func TestDNSProxyAttackBoundedAttest(t *testing.T) {
 	}
 }
 
-// TestDNSProxyAttackAttestCap (issue 8 item 7): with the firewall's
+// TestDNSProxyAttackAttestCap: with the firewall's
 // per-session cap at 40 elements, a session that resolved one name of 32
 // addresses gets SERVFAIL for a second such name (never an answer with
 // unattested addresses), the event names the cap and the stats count it.
@@ -341,7 +341,7 @@ func TestDNSProxyAttackAttestCap(t *testing.T) {
 	}
 }
 
-// TestDNSProxyAttackTCPSlots (issue 8 item 9): a local user on the host
+// TestDNSProxyAttackTCPSlots: a local user on the host
 // holds 1100 idle TCP connections to the anycast address from 127.0.0.0/8
 // source addresses, and a session holds 64 more; another session still
 // resolves over TCP (positive control before the attack, the check during
@@ -463,7 +463,7 @@ func dpStillOpen(conns []net.Conn, wait time.Duration) int {
 	return open
 }
 
-// TestDNSProxyAttackUpstreamPortUnreachable (issue 8 item 2, last part): an
+// TestDNSProxyAttackUpstreamPortUnreachable: an
 // off-path ICMP port unreachable quoting the proxy's upstream socket, sent
 // while a query waits on it, must not turn that query into SERVFAIL: it is
 // asked again on another socket. Positive control: the same lookup without

@@ -12,7 +12,7 @@ import (
 	"github.com/enforcerd/enforcerd/integration/world"
 )
 
-// TestE2EAttackICMPSweepOnProxyUpstream (issue 8, item 2): a session with
+// TestE2EAttackICMPSweepOnProxyUpstream: a session with
 // CAP_NET_RAW sweeps port-unreachable errors quoting every UDP flow the DNS
 // proxy has with its upstream (every source port of the ephemeral range,
 // and the ports read from the conntrack table for good measure). Conntrack

@@ -7,13 +7,13 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"io"
-	"net"
-	"net/http"
+	"errors"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/enforcerd/enforcerd/api"
 )
 
 func TestE2EBadInputCLI(t *testing.T) {
@@ -109,26 +109,12 @@ func TestE2EBadInputCLI(t *testing.T) {
 	e.expectConsistent("after the pool filled up")
 }
 
-// e2eAPIClient speaks HTTP over the daemon's unix socket.
-func e2eAPIClient(socket string) *http.Client {
-	return &http.Client{
-		Timeout: 30 * time.Second,
-		Transport: &http.Transport{
-			DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-				var d net.Dialer
-				return d.DialContext(ctx, "unix", socket)
-			},
-		},
-	}
-}
-
 func TestE2EBadInputAPI(t *testing.T) {
 	e := newE2E(t, "--pool", "10.20.0.0/28")
 	e.createNetOnly("taken", "--allow", "api.e2e.test")
 	e.createNetOnly("lab", "--lab")
 	e.createNetOnly("third", "--egress", "public")
 	before := e.expectConsistent("before the bad requests")
-	c := e2eAPIClient(e.d.Socket)
 
 	huge := `{"name":"big","network_only":true,"labels":{"k":"` + strings.Repeat("a", 2<<20) + `"}}`
 	for _, tc := range []struct {
@@ -167,28 +153,17 @@ func TestE2EBadInputAPI(t *testing.T) {
 		{"GET", "/v2/sessions", ``, 404, "no route GET /v2/sessions"},
 	} {
 		what := tc.method + " " + tc.path + " " + e2eShort(tc.body)
-		req, err := http.NewRequest(tc.method, "http://enforcerd"+tc.path, strings.NewReader(tc.body))
-		if err != nil {
-			t.Fatal(err)
-		}
-		req.Header.Set("Content-Type", "application/json")
-		resp, err := c.Do(req)
-		if err != nil {
-			t.Errorf("%s: %v", what, err)
-			continue
-		}
-		body, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
+		status, header, body := rawRequest(t, e.d.Socket, tc.method, tc.path, tc.body)
 		var eb struct {
 			Error string `json:"error"`
 		}
 		dec := json.NewDecoder(bytes.NewReader(body))
 		dec.DisallowUnknownFields()
 		switch {
-		case resp.StatusCode != tc.status:
-			t.Errorf("%s: status %d, want %d (body %s)", what, resp.StatusCode, tc.status, body)
-		case resp.Header.Get("Content-Type") != "application/json":
-			t.Errorf("%s: content type %q", what, resp.Header.Get("Content-Type"))
+		case status != tc.status:
+			t.Errorf("%s: status %d, want %d (body %s)", what, status, tc.status, body)
+		case header.Get("Content-Type") != "application/json":
+			t.Errorf("%s: content type %q", what, header.Get("Content-Type"))
 		case dec.Decode(&eb) != nil || eb.Error == "" || strings.Contains(eb.Error, "\n") || bytes.Count(body, []byte("\n")) != 1:
 			t.Errorf("%s: body %q is not one line of {\"error\": \"...\"}", what, body)
 		case tc.msg != "" && eb.Error != tc.msg:
@@ -199,27 +174,25 @@ func TestE2EBadInputAPI(t *testing.T) {
 		e.expectObjects(t, "after "+what, e.expected(before))
 	}
 
-	// Positive controls on the same socket: health, a create and a delete.
-	for _, tc := range []struct {
-		method, path, body string
-		status             int
-	}{
-		{"GET", "/v1/healthz", ``, 200},
-		{"POST", "/v1/sessions", `{"name": "raw", "network_only": true}`, 201},
-		{"GET", "/v1/sessions/raw", ``, 200},
-		{"DELETE", "/v1/sessions/raw", ``, 200},
-		{"DELETE", "/v1/sessions/raw", ``, 404},
-	} {
-		req, _ := http.NewRequest(tc.method, "http://enforcerd"+tc.path, strings.NewReader(tc.body))
-		resp, err := c.Do(req)
-		if err != nil {
-			t.Fatalf("%s %s: %v", tc.method, tc.path, err)
-		}
-		io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != tc.status {
-			t.Errorf("%s %s: status %d, want %d", tc.method, tc.path, resp.StatusCode, tc.status)
-		}
+	// Positive controls on the same socket, through the API client: health,
+	// a create, an inspect and a delete; a second delete is ErrNotFound.
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c := e.d.Client()
+	if err := c.Healthz(ctx); err != nil {
+		t.Errorf("healthz: %v", err)
+	}
+	if info, err := c.Create(ctx, api.CreateRequest{Name: "raw", NetworkOnly: true}); err != nil || info.Name != "raw" {
+		t.Errorf("create raw: %+v, %v", info, err)
+	}
+	if info, err := c.Inspect(ctx, "raw"); err != nil || info.Name != "raw" {
+		t.Errorf("inspect raw: %+v, %v", info, err)
+	}
+	if err := c.Remove(ctx, "raw"); err != nil {
+		t.Errorf("remove raw: %v", err)
+	}
+	if err := c.Remove(ctx, "raw"); !errors.Is(err, api.ErrNotFound) {
+		t.Errorf("remove raw again: %v, want api.ErrNotFound", err)
 	}
 	e.expectObjects(t, "after the raw create and delete", e.expected(before))
 }

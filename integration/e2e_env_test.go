@@ -2,7 +2,8 @@ package integration
 
 // End-to-end tests: the real enforcerd binary, started in a test world's
 // simulated host (integration/daemon) and driven through its command line
-// and its raw API, as an operator and their tools drive it. Every test
+// and its API client (api.Client), as an operator and their tools drive
+// it; raw HTTP only where a test sends what no client would (rawRequest). Every test
 // builds its own world and daemon with a prefix unique to the run, and at
 // cleanup removes its sessions, stops the daemon, runs `enforcerd reap` for
 // its prefix and checks that no object of the prefix is left.
@@ -14,13 +15,16 @@ package integration
 import (
 	"context"
 	"encoding/json"
-	"fmt"
+	"io"
+	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/enforcerd/enforcerd/api"
 	"github.com/enforcerd/enforcerd/integration/daemon"
 	"github.com/enforcerd/enforcerd/integration/world"
 )
@@ -220,57 +224,31 @@ func e2eOneLine(t *testing.T, what, s string) {
 	}
 }
 
-// e2eInfo is what `session inspect` and `session ls --json` print.
-type e2eInfo struct {
-	Name      string `json:"name"`
-	Netns     string `json:"netns"`
-	GuestIP   string `json:"guest_ip"`
-	GatewayIP string `json:"gateway_ip"`
-	HostVeth  string `json:"host_veth"`
-	Egress    string `json:"egress"`
-	Policy    struct {
-		Allow    []string            `json:"allow"`
-		LabPeers []string            `json:"lab_peers"`
-		Lab      bool                `json:"lab"`
-		Pinned   map[string][]string `json:"pinned"`
-	} `json:"policy"`
-	Sandbox  bool `json:"sandbox"`
-	Attested []struct {
-		IP      string    `json:"ip"`
-		Expires time.Time `json:"expires"`
-	} `json:"attested"`
-	Counters struct {
-		AcceptedPackets uint64 `json:"accepted_packets"`
-		DroppedPackets  uint64 `json:"dropped_packets"`
-	} `json:"counters"`
-	Labels map[string]string `json:"labels"`
-}
-
-// attested returns the addresses of the session's attested set.
-func (i e2eInfo) attested() []string {
+// e2eAttested returns the addresses of the session's attested set.
+func e2eAttested(info api.SessionInfo) []string {
 	var out []string
-	for _, a := range i.Attested {
+	for _, a := range info.Attested {
 		out = append(out, a.IP)
 	}
 	return out
 }
 
 // create creates a session with a sandbox from the test rootfs.
-func (e *e2eEnv) create(name string, args ...string) e2eInfo {
+func (e *e2eEnv) create(name string, args ...string) api.SessionInfo {
 	e.t.Helper()
 	return e.createWith(append([]string{"--rootfs", e.rootfs}, args...), name)
 }
 
 // createNetOnly creates a --network-only session.
-func (e *e2eEnv) createNetOnly(name string, args ...string) e2eInfo {
+func (e *e2eEnv) createNetOnly(name string, args ...string) api.SessionInfo {
 	e.t.Helper()
 	return e.createWith(append([]string{"--network-only"}, args...), name)
 }
 
-func (e *e2eEnv) createWith(args []string, name string) e2eInfo {
+func (e *e2eEnv) createWith(args []string, name string) api.SessionInfo {
 	e.t.Helper()
 	out := e.cli(append([]string{"session", "create", name, "--json"}, args...)...)
-	var info e2eInfo
+	var info api.SessionInfo
 	if err := json.Unmarshal([]byte(out), &info); err != nil {
 		e.t.Fatalf("session create %s --json: %v\n%s", name, err, out)
 	}
@@ -281,10 +259,10 @@ func (e *e2eEnv) createWith(args []string, name string) e2eInfo {
 }
 
 // inspect returns `session inspect NAME`.
-func (e *e2eEnv) inspect(name string) e2eInfo {
+func (e *e2eEnv) inspect(name string) api.SessionInfo {
 	e.t.Helper()
 	out := e.cli("session", "inspect", name)
-	var info e2eInfo
+	var info api.SessionInfo
 	if err := json.Unmarshal([]byte(out), &info); err != nil {
 		e.t.Fatalf("session inspect %s: %v\n%s", name, err, out)
 	}
@@ -292,36 +270,29 @@ func (e *e2eEnv) inspect(name string) e2eInfo {
 }
 
 // list returns `session ls --json` (with an optional label filter).
-func (e *e2eEnv) list(label ...string) []e2eInfo {
+func (e *e2eEnv) list(label ...string) []api.SessionInfo {
 	e.t.Helper()
 	args := []string{"session", "ls", "--json"}
 	if len(label) > 0 {
 		args = append(args, "--label", label[0])
 	}
 	out := e.cli(args...)
-	var list []e2eInfo
+	var list []api.SessionInfo
 	if err := json.Unmarshal([]byte(out), &list); err != nil {
 		e.t.Fatalf("session ls --json: %v\n%s", err, out)
 	}
 	return list
 }
 
-// tryList is list for the cleanup: an error instead of a failure.
-func (e *e2eEnv) tryList() ([]e2eInfo, error) {
+// tryList is list for the cleanup, through the API client: an error
+// instead of a failure.
+func (e *e2eEnv) tryList() ([]api.SessionInfo, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	out, errOut, code, err := e.d.CLIStatus(ctx, "session", "ls", "--json")
-	if err != nil {
-		return nil, err
-	}
-	if code != 0 {
-		return nil, fmt.Errorf("session ls: exit %d: %s", code, strings.TrimSpace(errOut))
-	}
-	var list []e2eInfo
-	return list, json.Unmarshal([]byte(out), &list)
+	return e.d.Client().List(ctx, "", "")
 }
 
-func e2eNames(list []e2eInfo) []string {
+func e2eNames(list []api.SessionInfo) []string {
 	names := []string{}
 	for _, s := range list {
 		names = append(names, s.Name)
@@ -352,3 +323,36 @@ func (e *e2eEnv) nsPath(name string) string {
 }
 
 func (e *e2eEnv) dnsIface() string { return e.d.Prefix + "dns" }
+
+// rawRequest sends one HTTP request over the daemon's unix socket as
+// written, for the tests that send what api.Client never would (malformed
+// JSON, unknown fields, wrong methods), and returns the status, the
+// headers and the whole body. It fails the test only when no answer came.
+func rawRequest(t *testing.T, socket, method, path, body string) (int, http.Header, []byte) {
+	t.Helper()
+	c := &http.Client{
+		Timeout: 30 * time.Second,
+		Transport: &http.Transport{
+			DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+				var d net.Dialer
+				return d.DialContext(ctx, "unix", socket)
+			},
+			DisableKeepAlives: true,
+		},
+	}
+	req, err := http.NewRequest(method, "http://enforcerd"+path, strings.NewReader(body))
+	if err != nil {
+		t.Fatalf("%s %s: %v", method, path, err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := c.Do(req)
+	if err != nil {
+		t.Fatalf("%s %s: %v", method, path, err)
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("%s %s: read response: %v", method, path, err)
+	}
+	return resp.StatusCode, resp.Header, data
+}

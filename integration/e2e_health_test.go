@@ -2,8 +2,7 @@ package integration
 
 import (
 	"context"
-	"io"
-	"net"
+	"errors"
 	"net/http"
 	"net/netip"
 	"os/exec"
@@ -11,10 +10,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/enforcerd/enforcerd/api"
 	"github.com/enforcerd/enforcerd/integration/world"
 )
 
-// TestE2EHealthReflectsKernel (issue 10, item 6): /v1/healthz answers
+// TestE2EHealthReflectsKernel: /v1/healthz answers
 // "ok" only while the daemon's kernel objects are in place: a table deleted
 // behind its back (`nft flush ruleset` by another tool) or a DNS interface
 // that lost the anycast address makes it 503, naming what is missing, so an
@@ -23,25 +23,19 @@ import (
 func TestE2EHealthReflectsKernel(t *testing.T) {
 	e := newE2E(t)
 	e.createNetOnly("a", "--allow", "api.e2e.test")
-	c := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
-		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			return (&net.Dialer{}).DialContext(ctx, "unix", e.d.Socket)
-		}}}
-	get := func(path string) (int, string) {
-		t.Helper()
-		resp, err := c.Get("http://enforcerd" + path)
-		if err != nil {
-			t.Fatalf("GET %s: %v", path, err)
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, string(b)
-	}
+	c := e.d.Client()
 	expect := func(when string, code int, want string) {
 		t.Helper()
-		got, body := get("/v1/healthz")
-		if got != code || !strings.Contains(body, want) {
-			t.Errorf("%s: healthz %d %q, want %d containing %q", when, got, body, code, want)
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		err := c.Healthz(ctx)
+		var ae *api.Error
+		switch {
+		case code == http.StatusOK && err != nil:
+			t.Errorf("%s: healthz: %v, want ok", when, err)
+		case code == http.StatusOK:
+		case !errors.As(err, &ae) || ae.Status != code || !strings.Contains(ae.Message, want) || !errors.Is(err, api.ErrUnavailable):
+			t.Errorf("%s: healthz: %v, want %d containing %q (api.ErrUnavailable)", when, err, code, want)
 		}
 	}
 	inHost := func(args ...string) {
@@ -50,24 +44,26 @@ func TestE2EHealthReflectsKernel(t *testing.T) {
 			t.Fatalf("%v: %v\n%s", args, err, out)
 		}
 	}
-	if code, body := get("/v1/readyz"); code != 200 || !strings.Contains(body, "ready") {
-		t.Errorf("readyz: %d %q", code, body)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := c.Ready(ctx); err != nil {
+		t.Errorf("readyz: %v", err)
 	}
-	expect("control", 200, "ok")
+	expect("control", http.StatusOK, "")
 
 	inHost("nft", "delete", "table", "inet", e.d.Prefix)
-	expect("table deleted behind the daemon's back", 503, "table inet "+e.d.Prefix+" is missing")
+	expect("table deleted behind the daemon's back", http.StatusServiceUnavailable, "table inet "+e.d.Prefix+" is missing")
 	if err := e.d.Stop(); err != nil {
 		t.Fatalf("stop: %v", err)
 	}
 	e.start() // Ensure rebuilds the table; the session lost its rules and is reaped
-	expect("after the restart", 200, "ok")
+	expect("after the restart", http.StatusOK, "")
 
 	inHost("ip", "addr", "flush", "dev", e.dnsIface())
-	expect("anycast address removed", 503, "lacks the anycast address")
+	expect("anycast address removed", http.StatusServiceUnavailable, "lacks the anycast address")
 }
 
-// TestE2EMetricsListenerBeforeReady (issue 10, item 6): a metrics address
+// TestE2EMetricsListenerBeforeReady: a metrics address
 // that cannot be had fails the start in one line (before: the daemon
 // started and only logged it later); a free one serves /healthz and
 // /readyz beside /metrics (control).

@@ -9,7 +9,7 @@ import (
 	"github.com/enforcerd/enforcerd/integration/daemon"
 )
 
-// TestE2ESecondInstanceRefused (issue 10, item 2): a second `serve` started
+// TestE2ESecondInstanceRefused: a second `serve` started
 // by mistake beside a live daemon, in the same network namespace, refuses
 // before it touches anything, with one line naming the conflict and the
 // live daemon's pid: the same state dir (even with a weaker

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/enforcerd/enforcerd/api"
 	"github.com/enforcerd/enforcerd/integration/world"
 	"github.com/miekg/dns"
 )
@@ -127,7 +128,7 @@ func TestE2EModeAllowlistNames(t *testing.T) {
 		e2eDNS(ns, e.w.DNS.Addr(), "api.e2e.test", e2eDropped), // only the proxy answers DNS
 		e2eDNS(ns, e2eAnycastDNS, "api.e2e.test", e2eReach),
 	)
-	got := e.inspect("agent").attested()
+	got := e2eAttested(e.inspect("agent"))
 	slices.Sort(got)
 	if !reflect.DeepEqual(got, []string{"198.18.1.10", "198.18.2.10"}) {
 		t.Errorf("agent: attested %v, want [198.18.1.10 198.18.2.10]", got)
@@ -204,7 +205,7 @@ func TestE2EModeCIDRAndPort(t *testing.T) {
 		e2eUDP(ns, "198.18.1.11:7", e2eDropped), // the name's port is tcp only
 		e2eTCP(ns, "198.18.1.10:7", e2eDropped), // and only for its own answer
 	)
-	if got := e.inspect("cidr").attested(); !reflect.DeepEqual(got, []string{"198.18.1.11:7/tcp"}) {
+	if got := e2eAttested(e.inspect("cidr")); !reflect.DeepEqual(got, []string{"198.18.1.11:7/tcp"}) {
 		t.Errorf("cidr: attested %v, want [198.18.1.11:7/tcp]", got)
 	}
 	e.expectConsistent("with a CIDR session")
@@ -329,7 +330,7 @@ func TestE2EModeLab(t *testing.T) {
 		t.Errorf("tester: egress %q lab peers %v, want allowlist with peer lab", tester.Egress, tester.Policy.LabPeers)
 	}
 	lns, tns, ons := e.nsPath("lab"), e.nsPath("tester"), e.nsPath("third")
-	for _, s := range []e2eInfo{lab, tester, third} {
+	for _, s := range []api.SessionInfo{lab, tester, third} {
 		e2eServeTCPEcho(t, e.nsPath(s.Name), netip.MustParseAddrPort(s.GuestIP+":7"))
 	}
 	e.mustSh("lab", "mkdir -p /tmp/www && echo lab > /tmp/www/index.html && httpd -p 8080 -h /tmp/www")

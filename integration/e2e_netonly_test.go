@@ -1,6 +1,6 @@
 package integration
 
-// Network-only sessions ready to use (issue 10, item 5): a session with a
+// Network-only sessions ready to use: a session with a
 // NIC gets iproute2's /etc/netns/<netns>/resolv.conf naming the anycast
 // DNS address, so `ip netns exec` resolves through the proxy; the file goes
 // at delete and at reap, and reap takes only this prefix's directories.

@@ -7,6 +7,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/enforcerd/enforcerd/api"
 )
 
 func TestE2EPinFailsClosed(t *testing.T) {
@@ -32,7 +34,7 @@ func TestE2EPinFailsClosed(t *testing.T) {
 			if msg := e.expectFail(1, args...); msg != tc.msg {
 				t.Errorf("enforcerd %s:\n got  %q\n want %q", strings.Join(args, " "), msg, tc.msg)
 			}
-			if got := e.list(); !slices.EqualFunc(got, before, func(a, b e2eInfo) bool { return a.Name == b.Name }) {
+			if got := e.list(); !slices.EqualFunc(got, before, func(a, b api.SessionInfo) bool { return a.Name == b.Name }) {
 				t.Errorf("after a refused --pin create the daemon lists %v", e2eNames(got))
 			}
 			e.expectObjects(t, "after a refused --pin create", e.expected(before))

@@ -15,7 +15,7 @@ import (
 	"github.com/enforcerd/enforcerd/nsmgr"
 )
 
-// TestE2ERestartPrunesOrphanedGuestState (issue 8, items 3 and 4): state
+// TestE2ERestartPrunesOrphanedGuestState: state
 // keyed by a pool address whose session is gone (an answer attested after
 // its session was removed, a conntrack entry a crash left behind) is
 // deleted when the daemon starts, so the next session on that address

@@ -14,6 +14,7 @@ import (
 
 	"github.com/miekg/dns"
 
+	"github.com/enforcerd/enforcerd/api"
 	"github.com/enforcerd/enforcerd/integration/daemon"
 	"github.com/enforcerd/enforcerd/integration/world"
 )
@@ -81,7 +82,7 @@ func TestE2EReap(t *testing.T) {
 	if got := other.objects(); !reflect.DeepEqual(got, objects) {
 		t.Errorf("reap of %s changed the objects of %s:\n got  %s\n want %s", e.d.Prefix, other.d.Prefix, got, objects)
 	}
-	if got := other.list(); !slices.EqualFunc(got, otherBefore, func(a, b e2eInfo) bool { return a.Name == b.Name }) {
+	if got := other.list(); !slices.EqualFunc(got, otherBefore, func(a, b api.SessionInfo) bool { return a.Name == b.Name }) {
 		t.Errorf("after the reap the other daemon lists %v", e2eNames(got))
 	}
 	lookupOther("after the reap")

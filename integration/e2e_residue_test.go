@@ -19,6 +19,7 @@ import (
 	"github.com/google/nftables"
 	"github.com/vishvananda/netlink"
 
+	"github.com/enforcerd/enforcerd/api"
 	"github.com/enforcerd/enforcerd/integration/world"
 )
 
@@ -210,7 +211,7 @@ func e2eNftAttested(t *testing.T, w *world.World, prefix string, guest netip.Add
 // elements; a sandbox session's container state, layer dir and cgroup; plus
 // the shared DNS interface, the table and the cgroup parent when any
 // sandbox runs.
-func (e *e2eEnv) expected(list []e2eInfo) e2eObjects {
+func (e *e2eEnv) expected(list []api.SessionInfo) e2eObjects {
 	o := e2eObjects{Links: []string{e.dnsIface()}, Table: true}
 	for _, s := range list {
 		o.Netns = append(o.Netns, s.Name)
@@ -257,7 +258,7 @@ func (e *e2eEnv) expectObjects(t *testing.T, when string, want e2eObjects) {
 
 // expectConsistent checks that the prefix's objects are exactly those of
 // the sessions the daemon lists: nothing missing, no orphan.
-func (e *e2eEnv) expectConsistent(when string) []e2eInfo {
+func (e *e2eEnv) expectConsistent(when string) []api.SessionInfo {
 	e.t.Helper()
 	list := e.list()
 	e.expectObjects(e.t, when, e.expected(list))

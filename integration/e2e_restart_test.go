@@ -23,6 +23,7 @@ import (
 
 	"github.com/miekg/dns"
 
+	"github.com/enforcerd/enforcerd/api"
 	"github.com/enforcerd/enforcerd/integration/world"
 )
 
@@ -68,7 +69,7 @@ func e2eRestartSteady(t *testing.T, sig syscall.Signal) {
 		t.Fatalf("api.e2e.test: %s %v", dns.RcodeToString[rcode], addrs)
 	}
 	guest := netip.MustParseAddr(agent.GuestIP)
-	attested := e.inspect("agent").attested()
+	attested := e2eAttested(e.inspect("agent"))
 	if !slices.Equal(attested, []string{"198.18.1.10"}) {
 		t.Fatalf("agent: attested %v before the restart", attested)
 	}
@@ -119,7 +120,7 @@ func e2eRestartSteady(t *testing.T, sig syscall.Signal) {
 	if got := e2eNames(list); !slices.Equal(got, []string{"agent", "lab", "open", "peer", "sealed"}) {
 		t.Errorf("after the restart the daemon lists %v", got)
 	}
-	if got := e.inspect("agent").attested(); !slices.Equal(got, attested) {
+	if got := e2eAttested(e.inspect("agent")); !slices.Equal(got, attested) {
 		t.Errorf("agent: attested %v after the restart, want %v (kept)", got, attested)
 	}
 	enforced("after the restart")
@@ -287,7 +288,7 @@ func TestE2ERestartKillDuringCreate(t *testing.T) {
 // proxy, reaches the attested address and nothing else, and (with a
 // sandbox) runs commands; that every name in present is listed and no name
 // in absent is.
-func (e *e2eEnv) expectUsable(t *testing.T, list []e2eInfo, present, absent []string) {
+func (e *e2eEnv) expectUsable(t *testing.T, list []api.SessionInfo, present, absent []string) {
 	t.Helper()
 	names := e2eNames(list)
 	for _, n := range present {

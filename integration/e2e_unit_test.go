@@ -50,7 +50,7 @@ var capNumbers = map[string]int{
 	"CAP_MKNOD": unix.CAP_MKNOD, "CAP_AUDIT_WRITE": unix.CAP_AUDIT_WRITE,
 }
 
-// TestE2EUnitSettings (issue 10, item 1): the shipped unit gives the daemon
+// TestE2EUnitSettings: the shipped unit gives the daemon
 // no mount namespace of its own and no seccomp filter its sandboxes would
 // inherit, delegates its cgroup, and bounds its capabilities; a daemon
 // started with exactly that bounding set (read from the unit, applied with

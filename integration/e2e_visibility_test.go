@@ -1,6 +1,6 @@
 package integration
 
-// What a session holds is visible (issue 10, item 8): inspect shows the
+// What a session holds is visible: inspect shows the
 // sandbox's limits with their defaults, its capabilities, its root and its
 // resolver; --network-only refuses what only a sandbox has, in the CLI and
 // the API; and `session exec` of a command that never started exits as
@@ -8,11 +8,15 @@ package integration
 // pids limit is why.
 
 import (
+	"context"
 	"encoding/json"
-	"io"
+	"errors"
 	"net/http"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/enforcerd/enforcerd/api"
 )
 
 // e2eHeld is what inspect says a session holds.
@@ -75,17 +79,21 @@ func TestE2EInspectShowsWhatASessionHolds(t *testing.T) {
 		}
 	}
 	// And the daemon refuses the same from an API caller: 400, the field named.
-	c := e2eAPIClient(e.d.Socket)
-	for field, value := range map[string]string{"memory_bytes": "1073741824", "pids": "10", "cpus": "0.5", "net_raw": "true", "writable": "true"} {
-		resp, err := c.Post("http://enforcerd/v1/sessions", "application/json",
-			strings.NewReader(`{"name":"x","network_only":true,"`+field+`":`+value+`}`))
-		if err != nil {
-			t.Fatal(err)
-		}
-		body, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusBadRequest || !strings.Contains(string(body), field+" (--") || !strings.Contains(string(body), "no effect with network_only") {
-			t.Errorf("POST network_only with %s: %d %s, want 400 naming the field", field, resp.StatusCode, body)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for field, req := range map[string]api.CreateRequest{
+		"memory_bytes": {MemoryBytes: 1 << 30},
+		"pids":         {Pids: 10},
+		"cpus":         {CPUs: 0.5},
+		"net_raw":      {NetRaw: true},
+		"writable":     {Writable: true},
+	} {
+		req.Name, req.NetworkOnly = "x", true
+		_, err := e.d.Client().Create(ctx, req)
+		var ae *api.Error
+		if !errors.As(err, &ae) || ae.Status != http.StatusBadRequest || !errors.Is(err, api.ErrBadRequest) ||
+			!strings.Contains(ae.Message, field+" (--") || !strings.Contains(ae.Message, "no effect with network_only") {
+			t.Errorf("create network_only with %s: %v, want 400 naming the field", field, err)
 		}
 	}
 	if names := e2eNames(e.list()); strings.Join(names, " ") != "again bare plain sealed sized" {

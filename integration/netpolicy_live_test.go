@@ -295,7 +295,7 @@ func TestNetpolicyPublicMode(t *testing.T) {
 		dnsProbe(ns, w.DNS.Addr(), false), dnsProbe(ns, w.DNS.Addr(), true))
 }
 
-// TestNetpolicyCloudHostEndpointBlocked (issue 8, item 8): 168.63.129.16,
+// TestNetpolicyCloudHostEndpointBlocked: 168.63.129.16,
 // Azure's platform endpoint, is public unicast in the IANA registry but
 // serves the host: it is blocked in every mode like the metadata address,
 // even when attested or allowed statically, and an override opens it.

@@ -1,7 +1,8 @@
 // Package daemon runs the real enforcerd binary inside a test world's
 // simulated host, the way an operator runs it on a real host, and drives it
-// through its command-line client. The end-to-end tests and the demo share
-// it; product code never imports it.
+// through its command-line client and the API client the CLI is built on
+// (api.Client). The end-to-end tests, the demo and the bench share it;
+// product code never imports it.
 package daemon
 
 import (
@@ -13,9 +14,11 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
+	"github.com/enforcerd/enforcerd/api"
 	"github.com/enforcerd/enforcerd/integration/world"
 )
 
@@ -36,6 +39,9 @@ type Daemon struct {
 
 	cmd  *exec.Cmd
 	done chan error
+
+	clientMu sync.Mutex
+	client   *api.Client // made by Client for Socket
 }
 
 // New describes a daemon for w; Start runs it. dir must exist.
@@ -113,7 +119,12 @@ func (d *Daemon) Start() error {
 	}
 	d.done = make(chan error, 1)
 	go func() { d.done <- d.cmd.Wait(); logf.Close() }()
-	deadline := time.Now().Add(20 * time.Second)
+	return d.waitAnswering(20 * time.Second)
+}
+
+// waitAnswering waits until the started daemon's API answers, or it exits.
+func (d *Daemon) waitAnswering(limit time.Duration) error {
+	deadline := time.Now().Add(limit)
 	for time.Now().Before(deadline) {
 		select {
 		case err := <-d.done:
@@ -121,13 +132,27 @@ func (d *Daemon) Start() error {
 			return fmt.Errorf("enforcerd exited during start: %v\n%s", err, d.Log())
 		default:
 		}
-		if _, _, err := d.CLI("session", "ls"); err == nil {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		err := d.Client().Ready(ctx)
+		cancel()
+		if err == nil {
 			return nil
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
 	d.Kill()
-	return fmt.Errorf("enforcerd did not answer within 20s\n%s", d.Log())
+	return fmt.Errorf("enforcerd did not answer within %s\n%s", limit, d.Log())
+}
+
+// Client is the API client of the daemon's socket, the one the CLI is
+// built on.
+func (d *Daemon) Client() *api.Client {
+	d.clientMu.Lock()
+	defer d.clientMu.Unlock()
+	if d.client == nil {
+		d.client = api.NewClient(d.Socket)
+	}
+	return d.client
 }
 
 // PID is the daemon's process id (nsenter execs it, so the pid is the

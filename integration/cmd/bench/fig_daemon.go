@@ -41,7 +41,7 @@ func figDaemon(ctx context.Context, cfg *config, rep *Report) error {
 			logf("cleanup: reap %s: %v: %s", d.Prefix, err, out)
 		}
 	}()
-	c := newAPIClient(d.Socket)
+	c := newAPIClient(d.Client())
 	peer, err := newPtpPeer(w.Host, "pd"+w.ID, cfg.tmp)
 	if err != nil {
 		return err

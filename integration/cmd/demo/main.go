@@ -17,6 +17,7 @@ import (
 	"sync"
 	"text/tabwriter"
 
+	"github.com/enforcerd/enforcerd/api"
 	"github.com/enforcerd/enforcerd/integration/daemon"
 	"github.com/enforcerd/enforcerd/integration/world"
 )
@@ -199,21 +200,16 @@ func run(bin, rootfs string) (err error) {
 	}
 	step("what the kernel recorded for agent (enforcerd session inspect agent, abridged)")
 	if out, _, err := d.CLI("session", "inspect", "agent"); err == nil {
-		var in struct {
-			GuestIP  string `json:"guest_ip"`
-			HostVeth string `json:"host_veth"`
-			Attested []struct {
-				IP string `json:"ip"`
-			} `json:"attested"`
-			Counters map[string]uint64 `json:"counters"`
-		}
+		var in api.SessionInfo
 		json.Unmarshal([]byte(out), &in)
 		var att []string
 		for _, a := range in.Attested {
 			att = append(att, a.IP)
 		}
 		sort.Strings(att)
-		fmt.Printf("    guest %s behind %s; attested: %s; counters: %v\n", in.GuestIP, in.HostVeth, strings.Join(att, ", "), in.Counters)
+		c := in.Counters
+		fmt.Printf("    guest %s behind %s; attested: %s; counters: accepted %d packets, dropped %d (flow limits %d)\n",
+			in.GuestIP, in.HostVeth, strings.Join(att, ", "), c.AcceptedPackets, c.DroppedPackets, c.LimitedPackets)
 	}
 	return nil
 }
@@ -223,9 +219,7 @@ func guestIP(d *daemon.Daemon, name string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	var in struct {
-		GuestIP string `json:"guest_ip"`
-	}
+	var in api.SessionInfo
 	if err := json.Unmarshal([]byte(out), &in); err != nil {
 		return "", fmt.Errorf("inspect %s: %w", name, err)
 	}
