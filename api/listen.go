@@ -218,9 +218,13 @@ type Listener struct {
 	info   os.FileInfo // the socket file we created, to remove only ours
 }
 
-// Close stops listening and removes the socket file if it is still ours.
+// Close stops listening and removes the socket file if it is still ours
+// (an inherited socket's file belongs to the service manager).
 func (l *Listener) Close() error {
 	err := l.Listener.Close()
+	if l.info == nil {
+		return err
+	}
 	if fi, serr := os.Lstat(l.path); serr == nil && os.SameFile(fi, l.info) {
 		_ = os.Remove(l.path)
 	}
@@ -240,13 +244,9 @@ type ListenConfig struct {
 // stale socket nobody answers on is replaced.
 func Listen(cfg ListenConfig) (*Listener, error) {
 	path := cfg.Socket
-	pol := AccessPolicy{OwnerUID: uint32(os.Geteuid()), Group: cfg.Group}
-	if cfg.Group != "" {
-		gid, err := lookupGroupID(cfg.Group)
-		if err != nil {
-			return nil, err
-		}
-		pol.GID = gid
+	pol, err := accessPolicyFor(cfg)
+	if err != nil {
+		return nil, err
 	}
 	dir := filepath.Dir(path)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
@@ -291,6 +291,36 @@ func Listen(cfg ListenConfig) (*Listener, error) {
 		return fail(fmt.Errorf("stat socket %s: %w", path, err))
 	}
 	return &Listener{Listener: ln, Policy: pol, path: path, info: fi}, nil
+}
+
+// Inherited reports whether the service manager bound the socket.
+func (l *Listener) Inherited() bool { return l.info == nil }
+
+// ListenerFrom serves the API on a socket the service manager bound and
+// passed (socket activation): ln must be a unix listener at cfg.Socket.
+// Its file mode is the manager's (SocketMode=); the SO_PEERCRED check
+// applies as on a socket Listen made. Close leaves the socket file.
+func ListenerFrom(ln net.Listener, cfg ListenConfig) (*Listener, error) {
+	if got := ln.Addr().String(); got != cfg.Socket {
+		return nil, fmt.Errorf("socket activation: the API socket passed is %s, but the socket is configured at %s; make them the same", got, cfg.Socket)
+	}
+	pol, err := accessPolicyFor(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return &Listener{Listener: ln, Policy: pol, path: cfg.Socket}, nil
+}
+
+func accessPolicyFor(cfg ListenConfig) (AccessPolicy, error) {
+	pol := AccessPolicy{OwnerUID: uint32(os.Geteuid()), Group: cfg.Group}
+	if cfg.Group != "" {
+		gid, err := lookupGroupID(cfg.Group)
+		if err != nil {
+			return AccessPolicy{}, err
+		}
+		pol.GID = gid
+	}
+	return pol, nil
 }
 
 // shutdownGrace bounds how long Serve waits for requests on shutdown.

@@ -118,23 +118,26 @@ func Open(cfg Config, log *slog.Logger, metrics *Metrics) (_ *Daemon, err error)
 	return d, nil
 }
 
-// ListenDNS binds the DNS proxy's UDP and TCP sockets on the anycast
-// address, port 53, and returns the function that serves them until
-// Close (it returns the proxy's error if it stops by itself). Only a
-// daemon made by Open has a proxy to serve.
-func (e *Daemon) ListenDNS() (serve func() error, err error) {
+// ListenDNS returns the function that serves the DNS proxy on udp and tcp
+// until Close (it returns the proxy's error if it stops by itself). Nil
+// sockets are bound here, on the anycast address, port 53; the service
+// manager passes its own (socket activation) so that queries sent while
+// the daemon restarts wait in them. Only a daemon made by Open has a proxy.
+func (e *Daemon) ListenDNS(udp net.PacketConn, tcp net.Listener) (serve func() error, err error) {
 	if e.proxy == nil {
 		return nil, fmt.Errorf("listen dns: this daemon has no DNS proxy")
 	}
 	at := netip.AddrPortFrom(e.dnsAddr, 53)
-	udp, err := net.ListenPacket("udp4", at.String())
-	if err != nil {
-		return nil, fmt.Errorf("listen dns udp %s: %w", at, err)
+	if udp == nil {
+		if udp, err = net.ListenPacket("udp4", at.String()); err != nil {
+			return nil, fmt.Errorf("listen dns udp %s: %w", at, err)
+		}
 	}
-	tcp, err := net.Listen("tcp4", at.String())
-	if err != nil {
-		udp.Close()
-		return nil, fmt.Errorf("listen dns tcp %s: %w", at, err)
+	if tcp == nil {
+		if tcp, err = net.Listen("tcp4", at.String()); err != nil {
+			udp.Close()
+			return nil, fmt.Errorf("listen dns tcp %s: %w", at, err)
+		}
 	}
 	return func() error { return e.proxy.Serve(udp, tcp) }, nil
 }

@@ -11,6 +11,7 @@ install -m 0644 README.md docs/network-model.md docs/threat-model.md /usr/local/
 # admin's place for overrides (systemctl edit enforcerd).
 install -d -m 0755 /usr/local/lib/systemd/system
 install -m 0644 scripts/enforcerd.service /usr/local/lib/systemd/system/enforcerd.service
+install -m 0644 scripts/enforcerd.socket /usr/local/lib/systemd/system/enforcerd.socket
 if [ ! -e /etc/enforcerd.toml ]; then
 	cat >/etc/enforcerd.toml <<'TOML'
 # enforcerd configuration; every key is also a `enforcerd serve` flag (flags win).
@@ -21,7 +22,7 @@ TOML
 fi
 if command -v systemctl >/dev/null && [ -d /run/systemd/system ]; then
 	systemctl daemon-reload
-	echo "installed; start with: systemctl enable --now enforcerd"
+	echo "installed; start with: systemctl enable --now enforcerd.socket enforcerd"
 else
 	echo "installed /usr/local/bin/enforcerd; no systemd here: run 'enforcerd serve' under your supervisor"
 fi

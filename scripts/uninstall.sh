@@ -5,9 +5,9 @@ set -euo pipefail
 [ "$(id -u)" -eq 0 ] || { echo "uninstall.sh: run as root" >&2; exit 1; }
 unit=/usr/local/lib/systemd/system/enforcerd.service
 if command -v systemctl >/dev/null && [ -d /run/systemd/system ] && [ -e "$unit" ]; then
-	systemctl disable --now enforcerd || true
+	systemctl disable --now enforcerd enforcerd.socket || true
 fi
-rm -f "$unit" /usr/local/bin/enforcerd
+rm -f "$unit" /usr/local/lib/systemd/system/enforcerd.socket /usr/local/bin/enforcerd
 rm -rf /usr/local/share/doc/enforcerd
 if command -v systemctl >/dev/null && [ -d /run/systemd/system ]; then
 	systemctl daemon-reload

@@ -29,6 +29,11 @@ func runServe(cfg ServeConfig) error {
 	defer inst.release()
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
+	inherited, err := takeInheritedSockets()
+	if err != nil {
+		return err
+	}
+	defer inherited.close()
 
 	metrics := daemon.NewMetrics(version, commit)
 	d, err := daemon.Open(cfg.daemonConfig(), log, metrics)
@@ -42,10 +47,14 @@ func runServe(cfg ServeConfig) error {
 	}
 	metrics.SetSessionSource(d)
 
-	serveDNS, err := d.ListenDNS()
+	if err := inherited.checkDNS(d.DNSAddr()); err != nil {
+		return err
+	}
+	serveDNS, err := d.ListenDNS(inherited.dnsUDP, inherited.dnsTCP)
 	if err != nil {
 		return err
 	}
+	inherited.dnsUDP, inherited.dnsTCP = nil, nil // the proxy owns them now
 	dnsDone := make(chan error, 1)
 	go func() { dnsDone <- serveDNS() }()
 
@@ -63,7 +72,6 @@ func runServe(cfg ServeConfig) error {
 		}()
 	}
 	dnsAt := netip.AddrPortFrom(d.DNSAddr(), 53)
-	log.Info("enforcerd serving", "version", version, "commit", commit, "socket", cfg.Socket, "dns", dnsAt.String(), "config", cfg)
 	if len(cfg.PublicOverrides) > 0 {
 		log.Warn("PUBLIC OVERRIDE: special-purpose ranges treated as public destinations", "ranges", fmt.Sprint(cfg.PublicOverrides))
 	}
@@ -72,9 +80,22 @@ func runServe(cfg ServeConfig) error {
 		sdNotify(fmt.Sprintf("READY=1\nSTATUS=serving %d sessions on %s, DNS on %s", d.SessionCount(), cfg.Socket, dnsAt))
 	}
 	h := api.NewHandler(d, api.HandlerOptions{Log: log, Version: version, CreateRefused: metrics.CreateRefused})
-	go func() {
-		apiErr <- api.ListenAndServe(ctx, api.ListenConfig{Socket: cfg.Socket, Group: cfg.SocketGroup}, h, ready)
-	}()
+	lcfg := api.ListenConfig{Socket: cfg.Socket, Group: cfg.SocketGroup}
+	var ln *api.Listener
+	if inherited.api != nil {
+		if ln, err = api.ListenerFrom(inherited.api, lcfg); err == nil {
+			inherited.api = nil // ln owns it now
+		}
+	} else {
+		ln, err = api.Listen(lcfg)
+	}
+	if err != nil {
+		return err
+	}
+	log.Info("enforcerd serving", "version", version, "commit", commit, "socket", cfg.Socket, "dns", dnsAt.String(),
+		"socket_activated", ln.Inherited(), "config", cfg)
+	ready()
+	go func() { apiErr <- api.Serve(ctx, ln, h, log) }()
 	select {
 	case err = <-apiErr:
 	case err = <-dnsDone:
