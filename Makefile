@@ -2,9 +2,20 @@
 #   make demo   install what is missing, build, and show enforcement in a simulated world
 #   make test   install what is missing, build, run unit, fuzz and live tests
 SHELL := /bin/bash
-export PATH := /usr/local/go/bin:$(PATH)
 export CGO_ENABLED := 1
-GO        ?= go
+# GO: a go at least as new as go.mod's, found once per make: go on PATH, /usr/local/go, or the
+# toolchain scripts/ensure-go.sh downloads from the Go module proxy into .cache/go (verified).
+# make GO=/path/to/go overrides it; `make clean` alone looks for none. Its directory goes first
+# on PATH so that scripts and tests which run plain `go` (scripts/fuzz.sh) get the same one.
+ifeq ($(origin GO),undefined)
+ifneq ($(filter-out clean,$(or $(MAKECMDGOALS),all)),)
+GO := $(shell scripts/ensure-go.sh)
+$(if $(and $(GO),$(filter 0,$(.SHELLSTATUS))),,$(error no Go toolchain: scripts/ensure-go.sh failed, see its message above))
+endif
+endif
+ifneq ($(findstring /,$(GO)),)
+export PATH := $(dir $(abspath $(GO))):$(PATH)
+endif
 TAGS      := seccomp
 BIN       := bin/enforcerd
 ROOTFS    ?= $(CURDIR)/.cache/rootfs
@@ -53,5 +64,6 @@ demo: build rootfs
 bench: build rootfs bench-deps
 	ENFORCERD_BIN=$(CURDIR)/$(BIN) ENFORCERD_ROOTFS=$(ROOTFS) scripts/bench.sh
 
+# Keeps .cache/go, the downloaded toolchain (`make clean build` uses it, as does the next make).
 clean:
-	rm -rf bin .cache
+	rm -rf bin $(filter-out .cache/go,$(wildcard .cache/*))
