@@ -273,6 +273,10 @@ func (m *Manager) startError(box *sandbox, command string, pidsBefore int64, err
 		}
 		return se
 	}
+	if dir, detail, ok := classifyChdir(err.Error()); ok {
+		se.Code, se.Reason, se.Detail = ExitCannotRun, fmt.Sprintf("working directory %q cannot be entered", dir), detail
+		return se
+	}
 	if after := m.pidsRefused(box); pidsBefore >= 0 && after > pidsBefore {
 		se.Code, se.Reason, se.Detail = ExitCannotRun, "pids limit reached", err.Error()
 		if max, ok := m.pidsMax(box); ok {
@@ -281,6 +285,28 @@ func (m *Manager) startError(box *sandbox, command string, pidsBefore int64, err
 		return se
 	}
 	return nil
+}
+
+// classifyChdir finds libcontainer's failure to enter the working
+// directory (`chdir to cwd ("DIR") set in config.json failed: REASON`): the
+// caller named a directory the sandbox does not have, a mistake of the
+// request, not a failure of enforcerd.
+func classifyChdir(msg string) (dir, detail string, ok bool) {
+	const marker = "chdir to cwd ("
+	i := strings.LastIndex(msg, marker)
+	if i < 0 {
+		return "", "", false
+	}
+	rest := msg[i+len(marker):]
+	end := strings.Index(rest, ") set in config.json failed: ")
+	if end < 0 {
+		return "", "", false
+	}
+	dir, err := strconv.Unquote(rest[:end])
+	if err != nil {
+		dir = rest[:end]
+	}
+	return dir, rest[end+len(") set in config.json failed: "):], true
 }
 
 // classifyLookup finds the lookup failure of command in libcontainer's error text and returns

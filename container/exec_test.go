@@ -26,7 +26,8 @@ func TestClassifyLookup(t *testing.T) {
 		}
 	}
 	// Not a lookup failure of this command: the caller reports the error as
-	// it is (125). A working directory that does not exist is one.
+	// it is (125), unless another classifier knows it (a working directory
+	// that does not exist: classifyChdir).
 	for _, tc := range []struct{ command, msg string }{
 		{"true", start + `chdir to cwd ("/nonexistent") set in config.json failed: no such file or directory`},
 		{"sh", start + "procReady not received"},
@@ -35,5 +36,16 @@ func TestClassifyLookup(t *testing.T) {
 		if code, detail, ok := classifyLookup(tc.command, tc.msg); ok {
 			t.Errorf("classifyLookup(%q, %q) = %d %q, want not classified", tc.command, tc.msg, code, detail)
 		}
+	}
+}
+
+func TestClassifyChdir(t *testing.T) {
+	const start = "unable to start container process: error during container init: "
+	dir, detail, ok := classifyChdir(start + `chdir to cwd ("/no such") set in config.json failed: no such file or directory`)
+	if !ok || dir != "/no such" || detail != "no such file or directory" {
+		t.Errorf("classifyChdir = %q %q %v", dir, detail, ok)
+	}
+	if _, _, ok := classifyChdir(start + "procReady not received"); ok {
+		t.Error("classifyChdir took a pids failure for a working directory")
 	}
 }

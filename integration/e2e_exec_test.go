@@ -63,14 +63,23 @@ func TestE2EExecStatusAndStreams(t *testing.T) {
 	if msg := e.expectFail(125, "session", "exec", "nosuch", "--", "true"); !strings.Contains(msg, `"nosuch"`) || !strings.Contains(msg, "unknown session") {
 		t.Errorf("exec in an unknown session: %q", msg)
 	}
-	if msg := e.expectFail(125, "session", "exec", "box", "--workdir", "/nonexistent", "--", "true"); !strings.Contains(msg, "/nonexistent") {
-		t.Errorf("exec --workdir /nonexistent: %q, want it named", msg)
+	// A working directory the sandbox lacks: the command cannot be run
+	// (126, as container runtimes say it), and the line names it.
+	if msg := e.expectFail(126, "session", "exec", "box", "--workdir", "/nonexistent", "--", "true"); !strings.Contains(msg, `"/nonexistent"`) || !strings.Contains(msg, "no such file or directory") {
+		t.Errorf("exec --workdir /nonexistent: %q, want it named with the reason", msg)
 	}
 	// A command that does not exist: 125 (or a shell's 127), one line naming it.
 	if out, errOut, code := e.run("session", "exec", "box", "--", "/nonexistent/cmd"); (code != 125 && code != 127) || out != "" || !strings.Contains(errOut, "/nonexistent/cmd") {
 		t.Errorf("exec of a missing command: exit %d stdout %q stderr %q, want 125 or 127 and one line naming it", code, out, errOut)
 	} else {
 		e2eOneLine(t, "exec of a missing command", errOut)
+	}
+	// The caller's mistakes are not the daemon's errors: nothing above is
+	// logged at ERROR (journalctl -p err stays quiet).
+	for _, line := range strings.Split(e.d.Log(), "\n") {
+		if strings.Contains(line, "level=ERROR") {
+			t.Errorf("a refused exec was logged at ERROR: %s", line)
+		}
 	}
 	// The sandbox is still usable after all that.
 	if out := e.cli("session", "exec", "box", "--", "echo", "still here"); out != "still here\n" {
