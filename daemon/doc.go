@@ -1,0 +1,16 @@
+// Package daemon is enforcerd's session lifecycle: it composes the four
+// domain packages (nsmgr: netns, veth pairs and /30s; netpolicy: the
+// nftables table; dnsproxy: the one DNS listener; container: libcontainer
+// sandboxes) into the api.Engine the API serves.
+//
+// It owns the order of every multi-package operation (create, delete,
+// reconcile and adopt after a restart, reap), the building and validation
+// of a session's policy from a request, pinning, the state store (one
+// record per session under the state dir), the event log, and the
+// metrics. It reaches the domain packages through the small interfaces it
+// declares (Network, Firewall, Resolver, Sandboxes in daemon.go): Open
+// wires the real ones, and the state-machine tests drive recording fakes.
+//
+// It knows nothing of flags, TOML, sockets or systemd: cmd/enforcerd turns
+// the command line into a Config and serves the Daemon with package api.
+package daemon
