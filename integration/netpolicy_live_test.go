@@ -821,61 +821,6 @@ func TestNetpolicyIPv6GoesNowhere(t *testing.T) {
 	}
 }
 
-// TestNetpolicyRulesetAsNftSeesIt: the table built through google/nftables
-// reads back through the nft tool as the rules the design describes, and a
-// session adds elements only (the chains do not grow per session).
-func TestNetpolicyRulesetAsNftSeesIt(t *testing.T) {
-	world.RequireTool(t, "nft")
-	e := newNPEnv(t, time.Second)
-	list := func() string {
-		return run(t, "ip", "netns", "exec", e.w.HostName, "nft", "list", "table", "inet", e.prefix)
-	}
-	chainsOf := func(s string) string { return s[strings.Index(s, "chain "):] }
-	empty := list()
-	a, _ := e.session(t, "a", netpolicy.ModeAllowlist, []netpolicy.Target{
-		staticHost(e.w.Web[0]), {Prefix: netip.MustParsePrefix("198.18.2.0/24"), Port: 443, Proto: netpolicy.ProtoTCP}})
-	full := list()
-	if chainsOf(empty) != chainsOf(full) {
-		t.Errorf("adding a session changed the chains:\n%s\n---\n%s", chainsOf(empty), chainsOf(full))
-	}
-	p := e.prefix
-	for _, want := range []string{
-		`iifname "` + p + `*" meta nfproto != ipv4 drop`,
-		`ct state established,related accept`,
-		`iifname "` + p + `*" goto from_session`,
-		`oifname "` + p + `*" drop`,
-		`iifname . ip saddr != @sessions drop`,
-		`ip saddr . ip daddr @peers goto accept_new`,
-		`ip daddr @blocked goto drop_session`,
-		`ip saddr . meta l4proto . ip daddr . th dport @static_ports goto accept_new`,
-		`ip saddr . ip daddr @static_cidr goto accept_new`,
-		`ip saddr . meta l4proto . ip daddr . th dport @static_cidr_ports goto accept_new`,
-		`ct state established goto accept_session`,
-		`ct state related goto related_session`,
-		`ct count over 8192`,
-		`limit rate over 2000/second burst 4000 packets`,
-		`type filter hook prerouting priority raw`,
-		`size 1048576`,
-		`ip daddr ` + e.dns.String() + ` drop`,
-		`ip daddr ` + e.dns.String() + ` udp dport 53 accept`,
-		`ip saddr 10.20.0.0/16 oifname != "` + p + `*" masquerade`,
-		`"` + a.HostIface + `" . ` + a.Guest.String(),
-		a.Guest.String() + ` . ` + e.w.Web[0].String(),
-		a.Guest.String() + ` . tcp . 198.18.2.0/24 . 443`,
-		`10.0.0.0/8`, `224.0.0.0/3`,
-	} {
-		if !strings.Contains(full, want) {
-			t.Errorf("nft list lacks %q", want)
-		}
-	}
-	if strings.Contains(full, "198.18.0.0/15") {
-		t.Errorf("the public override 198.18.0.0/15 is in the blocked set")
-	}
-	if t.Failed() {
-		t.Log(full)
-	}
-}
-
 // fakeSession returns rules for slot i of the pool without a network: the
 // firewall only stores elements, so scale tests need no veths.
 func fakeSession(prefix string, i int) netpolicy.SessionRules {
