@@ -53,21 +53,32 @@ type IPAM struct {
 	cursor int // the next slot to look at
 }
 
-// NewIPAM returns an IPAM for an IPv4 pool between /8 and /28 given as its
-// network address.
-func NewIPAM(pool netip.Prefix) (*IPAM, error) {
+// ValidatePool checks a session pool: an IPv4 prefix between /8 and /28
+// given as its network address (the slot math needs the reserved DNS /30
+// and at least three session /30s; slot numbers of a /8 still fit the
+// interface names). It is the one rule: NewIPAM applies it, and the
+// program's configuration calls it before any kernel change.
+func ValidatePool(pool netip.Prefix) error {
 	const want = "want an IPv4 prefix between /8 and /28"
 	switch {
 	case !pool.IsValid():
-		return nil, fmt.Errorf("invalid pool: not set; %s", want)
+		return fmt.Errorf("invalid pool: not set; %s", want)
 	case !pool.Addr().Is4():
-		return nil, fmt.Errorf("invalid pool %s: IPv6 is not supported; %s", pool, want)
+		return fmt.Errorf("invalid pool %s: IPv6 is not supported; %s", pool, want)
 	case pool.Bits() < MinPoolBits:
-		return nil, fmt.Errorf("invalid pool %s: larger than /8, the largest pool (4194303 session slots); %s", pool, want)
+		return fmt.Errorf("invalid pool %s: larger than /8, the largest pool (4194303 session slots); %s", pool, want)
 	case pool.Bits() > MaxPoolBits:
-		return nil, fmt.Errorf("invalid pool %s: smaller than /28, the smallest pool (3 session /30s beside the reserved DNS /30); %s", pool, want)
+		return fmt.Errorf("invalid pool %s: smaller than /28, the smallest pool (3 session /30s beside the reserved DNS /30); %s", pool, want)
 	case pool.Masked() != pool:
-		return nil, fmt.Errorf("invalid pool %s: host bits set (the network is %s); %s", pool, pool.Masked(), want)
+		return fmt.Errorf("invalid pool %s: host bits set (did you mean %s?); %s", pool, pool.Masked(), want)
+	}
+	return nil
+}
+
+// NewIPAM returns an IPAM for a pool ValidatePool accepts.
+func NewIPAM(pool netip.Prefix) (*IPAM, error) {
+	if err := ValidatePool(pool); err != nil {
+		return nil, err
 	}
 	n := 1<<(32-pool.Bits())/4 - 1
 	words := (n + 63) / 64

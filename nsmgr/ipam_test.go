@@ -25,7 +25,7 @@ func allocate(t *testing.T, p *IPAM) int {
 	return s
 }
 
-func TestNewIPAMErrors(t *testing.T) {
+func TestValidatePool(t *testing.T) {
 	const want = "want an IPv4 prefix between /8 and /28"
 	tests := []struct {
 		pool netip.Prefix
@@ -35,12 +35,19 @@ func TestNewIPAMErrors(t *testing.T) {
 		{netip.MustParsePrefix("fd00::/64"), "invalid pool fd00::/64: IPv6 is not supported; " + want},
 		{netip.MustParsePrefix("10.0.0.0/7"), "invalid pool 10.0.0.0/7: larger than /8, the largest pool (4194303 session slots); " + want},
 		{netip.MustParsePrefix("10.20.0.0/29"), "invalid pool 10.20.0.0/29: smaller than /28, the smallest pool (3 session /30s beside the reserved DNS /30); " + want},
-		{netip.MustParsePrefix("10.20.1.0/16"), "invalid pool 10.20.1.0/16: host bits set (the network is 10.20.0.0/16); " + want},
+		{netip.MustParsePrefix("10.20.1.0/16"), "invalid pool 10.20.1.0/16: host bits set (did you mean 10.20.0.0/16?); " + want},
 	}
 	for _, tt := range tests {
-		_, err := NewIPAM(tt.pool)
-		if err == nil || err.Error() != tt.want {
+		if err := ValidatePool(tt.pool); err == nil || err.Error() != tt.want {
+			t.Errorf("ValidatePool(%v) = %v, want %q", tt.pool, err, tt.want)
+		}
+		if _, err := NewIPAM(tt.pool); err == nil || err.Error() != tt.want {
 			t.Errorf("NewIPAM(%v) = %v, want %q", tt.pool, err, tt.want)
+		}
+	}
+	for _, ok := range []string{"10.0.0.0/8", "10.20.0.0/16", "192.168.7.0/28"} {
+		if err := ValidatePool(netip.MustParsePrefix(ok)); err != nil {
+			t.Errorf("ValidatePool(%s) = %v, want nil", ok, err)
 		}
 	}
 }

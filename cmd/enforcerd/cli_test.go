@@ -70,7 +70,7 @@ func TestCLIUsageErrors(t *testing.T) {
 		{[]string{"serve", "--bogus"}, "enforcerd serve: flag provided but not defined: --bogus"},
 		{[]string{"serve", "now"}, `enforcerd serve: unexpected argument "now" (serve takes options only)`},
 		{[]string{"serve", "--pool"}, "enforcerd serve: flag needs an argument: --pool"},
-		{[]string{"reap", "--name-prefix", "Enf"}, `enforcerd reap: --name-prefix "Enf": want 1 to 6 lower-case letters and digits, starting with a letter`},
+		{[]string{"reap", "--name-prefix", "Enf"}, `enforcerd reap: --name-prefix: invalid prefix "Enf": character 'E' not allowed; want 1 to 6 characters of a-z and 0-9, starting with a letter`},
 		{[]string{"reap", "x"}, `enforcerd reap: unexpected argument "x" (reap takes options only)`},
 		{[]string{"session"}, "enforcerd session: missing subcommand (create, exec, ls, inspect, rm or events)"},
 		{[]string{"session", "bogus"}, `enforcerd session: unknown subcommand "bogus" (create, exec, ls, inspect, rm or events)`},

@@ -20,6 +20,7 @@ import (
 	"github.com/BurntSushi/toml"
 	"github.com/enforcerd/enforcerd/api"
 	"github.com/enforcerd/enforcerd/daemon"
+	"github.com/enforcerd/enforcerd/nsmgr"
 )
 
 // ServeConfig is the validated configuration of `enforcerd serve`.
@@ -383,30 +384,23 @@ func absPath(origin, p string) (string, error) {
 	return a, nil
 }
 
-// parseNamePrefix accepts 1 to 6 of [a-z0-9] starting with a letter.
+// parseNamePrefix accepts what nsmgr.ValidatePrefix accepts, with its text.
 func parseNamePrefix(origin, p string) (string, error) {
-	ok := len(p) >= 1 && len(p) <= 6 && p[0] >= 'a' && p[0] <= 'z'
-	for i := 0; ok && i < len(p); i++ {
-		c := p[i]
-		ok = (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9')
-	}
-	if !ok {
-		return "", fmt.Errorf("%s %q: want 1 to 6 lower-case letters and digits, starting with a letter", origin, p)
+	if err := nsmgr.ValidatePrefix(p); err != nil {
+		return "", fmt.Errorf("%s: %w", origin, err)
 	}
 	return p, nil
 }
 
-// parsePool accepts a masked IPv4 CIDR with room for at least one /30.
+// parsePool accepts a CIDR nsmgr.ValidatePool accepts, with its text, so a
+// pool the daemon could not use fails here, before any kernel change.
 func parsePool(origin, s string) (netip.Prefix, error) {
 	p, err := netip.ParsePrefix(s)
-	if err != nil || !p.Addr().Is4() {
+	if err != nil {
 		return netip.Prefix{}, fmt.Errorf("%s %q: want an IPv4 CIDR such as %s", origin, s, defaultPool)
 	}
-	if p != p.Masked() {
-		return netip.Prefix{}, fmt.Errorf("%s %q: host bits set; did you mean %s", origin, s, p.Masked())
-	}
-	if p.Bits() > 30 {
-		return netip.Prefix{}, fmt.Errorf("%s %q: too small; want /30 or wider", origin, s)
+	if err := nsmgr.ValidatePool(p); err != nil {
+		return netip.Prefix{}, fmt.Errorf("%s: %w", origin, err)
 	}
 	return p, nil
 }

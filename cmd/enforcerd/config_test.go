@@ -142,13 +142,15 @@ func TestServeConfigErrors(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"--name-prefix", "toolong"}, `--name-prefix "toolong": want 1 to 6 lower-case letters and digits, starting with a letter`},
-		{[]string{"--name-prefix", "1ab"}, `--name-prefix "1ab": want 1 to 6 lower-case letters and digits, starting with a letter`},
-		{[]string{"--name-prefix", "a-b"}, `--name-prefix "a-b": want 1 to 6 lower-case letters and digits, starting with a letter`},
-		{[]string{"--name-prefix", ""}, `--name-prefix "": want 1 to 6 lower-case letters and digits, starting with a letter`},
-		{[]string{"--pool", "10.20.0.1/16"}, `--pool "10.20.0.1/16": host bits set; did you mean 10.20.0.0/16`},
-		{[]string{"--pool", "fd00::/64"}, `--pool "fd00::/64": want an IPv4 CIDR such as 10.20.0.0/16`},
-		{[]string{"--pool", "10.20.0.0/31"}, `--pool "10.20.0.0/31": too small; want /30 or wider`},
+		{[]string{"--name-prefix", "toolong"}, `--name-prefix: invalid prefix "toolong": 7 characters; want 1 to 6 characters of a-z and 0-9, starting with a letter`},
+		{[]string{"--name-prefix", "1ab"}, `--name-prefix: invalid prefix "1ab": starts with '1'; want 1 to 6 characters of a-z and 0-9, starting with a letter`},
+		{[]string{"--name-prefix", "a-b"}, `--name-prefix: invalid prefix "a-b": character '-' not allowed; want 1 to 6 characters of a-z and 0-9, starting with a letter`},
+		{[]string{"--name-prefix", ""}, `--name-prefix: invalid prefix "": empty; want 1 to 6 characters of a-z and 0-9, starting with a letter`},
+		{[]string{"--pool", "10.20.0.1/16"}, `--pool: invalid pool 10.20.0.1/16: host bits set (did you mean 10.20.0.0/16?); want an IPv4 prefix between /8 and /28`},
+		{[]string{"--pool", "fd00::/64"}, `--pool: invalid pool fd00::/64: IPv6 is not supported; want an IPv4 prefix between /8 and /28`},
+		{[]string{"--pool", "10.20.0.0/31"}, `--pool: invalid pool 10.20.0.0/31: smaller than /28, the smallest pool (3 session /30s beside the reserved DNS /30); want an IPv4 prefix between /8 and /28`},
+		{[]string{"--pool", "10.0.0.0/29"}, `--pool: invalid pool 10.0.0.0/29: smaller than /28, the smallest pool (3 session /30s beside the reserved DNS /30); want an IPv4 prefix between /8 and /28`},
+		{[]string{"--pool", "10.0.0.0/7"}, `--pool: invalid pool 10.0.0.0/7: larger than /8, the largest pool (4194303 session slots); want an IPv4 prefix between /8 and /28`},
 		{[]string{"--pool", "ten"}, `--pool "ten": want an IPv4 CIDR such as 10.20.0.0/16`},
 		{[]string{"--upstream", "192.0.2.1", "--upstream", "dns.google"}, `--upstream "dns.google": want IP or IP:PORT such as 192.0.2.53 or 192.0.2.53:5353`},
 		{[]string{"--upstream", "192.0.2.1:0"}, `--upstream "192.0.2.1:0": want IP or IP:PORT such as 192.0.2.53 or 192.0.2.53:5353`},
@@ -164,7 +166,7 @@ func TestServeConfigErrors(t *testing.T) {
 		{[]string{"--config", unknown}, "config " + unknown + `: unknown key "bogus", "extra", "extra.x" (keys are the serve option names, e.g. state-dir)`},
 		{[]string{"--config", badType}, "config " + badType + `: toml: line 1 (last key "pool"): incompatible types: TOML value has type int64; destination has type string`},
 		{[]string{"--config", badSyntax}, "config " + badSyntax + `: toml: line 1 (last key "pool"): expected value but found '\n' instead`},
-		{[]string{"--config", badValue}, badValue + `: pool "10.20.0.1/16": host bits set; did you mean 10.20.0.0/16`},
+		{[]string{"--config", badValue}, badValue + `: pool: invalid pool 10.20.0.1/16: host bits set (did you mean 10.20.0.0/16?); want an IPv4 prefix between /8 and /28`},
 		{[]string{"--config", noNS}, ""},
 	}
 	for _, tc := range cases {
