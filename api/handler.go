@@ -49,6 +49,7 @@ func NewHandler(e Engine, opts HandlerOptions) http.Handler {
 	// The API serves only once reconcile is done, so answering is readiness.
 	mux.HandleFunc(Prefix+"/readyz", a.methods(map[string]http.HandlerFunc{"GET": a.readyz}))
 	mux.HandleFunc(Prefix+"/version", a.methods(map[string]http.HandlerFunc{"GET": a.version}))
+	mux.HandleFunc(Prefix+"/openapi.json", a.methods(map[string]http.HandlerFunc{"GET": a.openapi}))
 	mux.HandleFunc(Prefix+"/sessions", a.methods(map[string]http.HandlerFunc{
 		"GET": a.list, "POST": a.create, "DELETE": a.deleteByLabel,
 	}))
