@@ -39,20 +39,24 @@ func (m *Manager) Exec(ctx context.Context, name string, p ExecSpec) (exitCode i
 	if err != nil {
 		return -1, err
 	}
-	env, err := execEnv(p.Env, uid)
-	if err != nil {
-		return -1, err
-	}
-	dir := p.Dir
-	if dir == "" {
-		dir = "/"
-	}
 	if err := ctx.Err(); err != nil {
 		return -1, err
 	}
 	box, err := m.get(name)
 	if err != nil {
 		return -1, err
+	}
+	readOnlyRoot := box.c.Config().Readonlyfs
+	env, err := execEnv(p.Env, uid, readOnlyRoot)
+	if err != nil {
+		return -1, err
+	}
+	dir := p.Dir
+	if dir == "" {
+		dir = "/"
+		if readOnlyRoot {
+			dir = "/tmp"
+		}
 	}
 
 	xio, err := newExecIO(p)

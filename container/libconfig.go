@@ -105,7 +105,14 @@ func buildConfig(prefix string, l layout, spec Spec, facts hostFacts) (*configs.
 			Bounding:  caps,
 			Effective: caps,
 			Permitted: caps,
+			// NET_RAW is also ambient, so a tool run as a non-root --user
+			// keeps it across execve (ping, nmap -sS); nothing else is.
+			Inheritable: ambientCaps(spec),
+			Ambient:     ambientCaps(spec),
 		},
+		// Unprivileged ICMP echo sockets for every group, as container
+		// runtimes set it: ping works without NET_RAW.
+		Sysctl: map[string]string{"net.ipv4.ping_group_range": "0 2147483647"},
 		Namespaces: configs.Namespaces{
 			{Type: configs.NEWNS},
 			{Type: configs.NEWPID},
@@ -145,6 +152,15 @@ func buildConfig(prefix string, l layout, spec Spec, facts hostFacts) (*configs.
 		c.GIDMappings = append([]configs.IDMap(nil), m...)
 	}
 	return c, nil
+}
+
+// ambientCaps are the capabilities a sandbox's processes keep whatever
+// their uid: NET_RAW with spec.NetRaw, else none.
+func ambientCaps(spec Spec) []string {
+	if spec.NetRaw {
+		return []string{"CAP_NET_RAW"}
+	}
+	return nil
 }
 
 func sandboxMounts(l layout, spec Spec) []*configs.Mount {

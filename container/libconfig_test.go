@@ -91,8 +91,13 @@ func TestBuildConfigSecurity(t *testing.T) {
 				t.Errorf("%+v: CAP_NET_RAW in %v", spec, set)
 			}
 		}
-		if len(caps.Inheritable) != 0 || len(caps.Ambient) != 0 {
-			t.Errorf("inheritable/ambient capabilities: %+v", caps)
+		// Only NET_RAW (with --net-raw) is inheritable and ambient: a
+		// non-root user keeps it, and nothing else, across execve.
+		if want := ambientCaps(spec); !slices.Equal(caps.Inheritable, want) || !slices.Equal(caps.Ambient, want) {
+			t.Errorf("%+v: inheritable/ambient capabilities %v %v, want %v", spec, caps.Inheritable, caps.Ambient, want)
+		}
+		if c.Sysctl["net.ipv4.ping_group_range"] != "0 2147483647" {
+			t.Errorf("%+v: ping_group_range %q: unprivileged ping would fail", spec, c.Sysctl["net.ipv4.ping_group_range"])
 		}
 		for _, p := range []string{"/proc/sys", "/proc/sysrq-trigger"} {
 			if !slices.Contains(c.ReadonlyPaths, p) {

@@ -101,9 +101,11 @@ type Spec struct {
 // ExecSpec describes one command run in a sandbox.
 type ExecSpec struct {
 	Args []string
-	// Env entries are KEY=VALUE; PATH, HOME and TERM get defaults when absent.
+	// Env entries are KEY=VALUE; PATH, HOME, TERM and LANG get defaults
+	// when absent (see execEnv).
 	Env []string
-	// Dir is the working directory inside the sandbox (default /).
+	// Dir is the working directory inside the sandbox (default / on a
+	// writable root, /tmp on a read-only one, so downloads land somewhere).
 	Dir string
 	// User is "uid[:gid]" (numbers; gid defaults to uid; default 0:0).
 	User string
@@ -169,13 +171,7 @@ func validateSpec(s Spec) error {
 	if s.NetnsPath != "" && !filepath.IsAbs(s.NetnsPath) {
 		return fmt.Errorf("netns path %q: not an absolute path; give e.g. /run/netns/NAME", s.NetnsPath)
 	}
-	if s.MemoryBytes < 0 || (s.MemoryBytes > 0 && s.MemoryBytes < 4<<20) {
-		return fmt.Errorf("memory limit %d: give at least 4 MiB (or 0 for the default)", s.MemoryBytes)
-	}
-	if s.PidsMax < 0 || (s.PidsMax > 0 && s.PidsMax < 4) {
-		return fmt.Errorf("pids limit %d: give at least 4 (or 0 for the default)", s.PidsMax)
-	}
-	if _, err := cpuQuota(s.CPUs); err != nil {
+	if err := CheckResources(s.MemoryBytes, s.PidsMax, s.CPUs); err != nil {
 		return err
 	}
 	if s.Hostname != "" && (len(s.Hostname) > 64 || !validHostname(s.Hostname)) {
@@ -228,9 +224,13 @@ func parseID(s string) (int, error) {
 // defaultPath is the PATH an exec gets unless its Env sets one.
 const defaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
-// execEnv validates env entries and adds PATH, HOME and TERM when absent.
-func execEnv(env []string, uid int) ([]string, error) {
-	out := make([]string, 0, len(env)+3)
+// execEnv validates env entries and adds PATH, HOME, TERM and LANG when
+// absent. HOME is a directory the user can write: /root for root on a
+// writable root, else /tmp (the sandbox's tmpfs on a read-only root);
+// LANG=C.UTF-8 so that tools accept the internationalised names a policy
+// allows (curl and wget refuse an IDN URL in the C locale).
+func execEnv(env []string, uid int, readOnlyRoot bool) ([]string, error) {
+	out := make([]string, 0, len(env)+4)
 	seen := map[string]bool{}
 	for _, e := range env {
 		k, _, ok := strings.Cut(e, "=")
@@ -240,11 +240,11 @@ func execEnv(env []string, uid int) ([]string, error) {
 		seen[k] = true
 		out = append(out, e)
 	}
-	home := "/root"
-	if uid != 0 {
-		home = "/"
+	home := "/tmp"
+	if uid == 0 && !readOnlyRoot {
+		home = "/root"
 	}
-	for _, d := range []struct{ k, v string }{{"PATH", defaultPath}, {"HOME", home}, {"TERM", "xterm"}} {
+	for _, d := range []struct{ k, v string }{{"PATH", defaultPath}, {"HOME", home}, {"TERM", "xterm"}, {"LANG", "C.UTF-8"}} {
 		if !seen[d.k] {
 			out = append(out, d.k+"="+d.v)
 		}

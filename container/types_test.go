@@ -3,6 +3,7 @@ package container
 import (
 	"fmt"
 	"net/netip"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -45,11 +46,9 @@ func TestValidateSpec(t *testing.T) {
 		{func(s *Spec) { s.Name = strings.Repeat("a", 33) }, `sandbox name "` + strings.Repeat("a", 33) + `": use 1 to 32 of [a-z0-9-], starting with a letter or digit`},
 		{func(s *Spec) { s.Rootfs = "img" }, `rootfs "img": not an absolute path; give the image directory's absolute path`},
 		{func(s *Spec) { s.NetnsPath = "enf-s1" }, `netns path "enf-s1": not an absolute path; give e.g. /run/netns/NAME`},
-		{func(s *Spec) { s.MemoryBytes = 1 << 20 }, `memory limit 1048576: give at least 4 MiB (or 0 for the default)`},
-		{func(s *Spec) { s.MemoryBytes = -1 }, `memory limit -1: give at least 4 MiB (or 0 for the default)`},
-		{func(s *Spec) { s.CPUs = 0.001 }, `cpu limit 0.001: give at least 0.01 CPUs (or 0 for the default 1)`},
-		{func(s *Spec) { s.CPUs = -2 }, `cpu limit -2: give at least 0.01 CPUs (or 0 for the default 1)`},
-		{func(s *Spec) { s.PidsMax = 2 }, `pids limit 2: give at least 4 (or 0 for the default)`},
+		{func(s *Spec) { s.MemoryBytes = 1 << 20 }, `memory 1048576 bytes: want at least 4 MiB (4194304 bytes), or 0 for the default 512 MiB`},
+		{func(s *Spec) { s.CPUs = -2 }, fmt.Sprintf("cpus -2: want 0.01 to %d (the CPUs of this machine), or 0 for the default 1", runtime.NumCPU())},
+		{func(s *Spec) { s.PidsMax = 2 }, `pids 2: want at least 4, or 0 for the default 1024`},
 		{func(s *Spec) { s.Hostname = "a b" }, `hostname "a b": use at most 64 letters, digits, '-', '_' and dots`},
 		{func(s *Spec) { s.DNS = netip.MustParseAddr("fe80::1%eth0") }, `dns address fe80::1%eth0: zoned addresses are not accepted`},
 		{func(s *Spec) { s.ExtraCaps = []string{"nope"} }, `capability "nope": unknown; use a Linux capability name such as CAP_NET_RAW`},
@@ -88,19 +87,19 @@ func TestParseUser(t *testing.T) {
 }
 
 func TestExecEnv(t *testing.T) {
-	got, err := execEnv([]string{"A=1", "PATH=/bin"}, 0)
+	got, err := execEnv([]string{"A=1", "PATH=/bin"}, 0, false)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := []string{"A=1", "PATH=/bin", "HOME=/root", "TERM=xterm"}; !slices.Equal(got, want) {
+	if want := []string{"A=1", "PATH=/bin", "HOME=/root", "TERM=xterm", "LANG=C.UTF-8"}; !slices.Equal(got, want) {
 		t.Errorf("got %v, want %v", got, want)
 	}
-	got, _ = execEnv(nil, 1000)
-	if want := []string{"PATH=" + defaultPath, "HOME=/", "TERM=xterm"}; !slices.Equal(got, want) {
+	got, _ = execEnv(nil, 1000, false)
+	if want := []string{"PATH=" + defaultPath, "HOME=/tmp", "TERM=xterm", "LANG=C.UTF-8"}; !slices.Equal(got, want) {
 		t.Errorf("got %v, want %v", got, want)
 	}
 	for _, bad := range []string{"NOVALUE", "=x", "A=\x00"} {
-		if _, err := execEnv([]string{bad}, 0); errString(err) != fmt.Sprintf("env %q: use KEY=VALUE", bad) {
+		if _, err := execEnv([]string{bad}, 0, false); errString(err) != fmt.Sprintf("env %q: use KEY=VALUE", bad) {
 			t.Errorf("execEnv(%q): %v", bad, err)
 		}
 	}
