@@ -29,11 +29,13 @@ type filtered struct {
 //     records outside the chain are removed;
 //   - AAAA records are removed everywhere (IPv4 only);
 //   - SVCB/HTTPS records lose ipv6hint; ipv4hint keeps only public
-//     addresses, and only for records of the chain;
+//     addresses, only for records of the chain, and only when hints is set
+//     (no entry that allowed qname said NoHints: a scope attests the
+//     host's A records and nothing else);
 //   - the authority and additional sections lose every address record and
 //     every hint, and the OPT record (the reply gets its own);
 //   - every other record passes unchanged.
-func filterResponse(qname string, up *dns.Msg, public func(netip.Addr) bool) filtered {
+func filterResponse(qname string, up *dns.Msg, hints bool, public func(netip.Addr) bool) filtered {
 	chain := map[string]bool{dns.CanonicalName(qname): true}
 	for grew := true; grew; {
 		grew = false
@@ -75,11 +77,11 @@ func filterResponse(qname string, up *dns.Msg, public func(netip.Addr) bool) fil
 		case *dns.AAAA:
 		case *dns.SVCB:
 			c := dns.Copy(r).(*dns.SVCB)
-			c.Value = f.filterHints(c.Value, c.Hdr.Ttl, inChain, public, keep)
+			c.Value = f.filterHints(c.Value, c.Hdr.Ttl, inChain && hints, public, keep)
 			f.answer = append(f.answer, c)
 		case *dns.HTTPS:
 			c := dns.Copy(r).(*dns.HTTPS)
-			c.Value = f.filterHints(c.Value, c.Hdr.Ttl, inChain, public, keep)
+			c.Value = f.filterHints(c.Value, c.Hdr.Ttl, inChain && hints, public, keep)
 			f.answer = append(f.answer, c)
 		default:
 			f.answer = append(f.answer, rr)

@@ -117,14 +117,15 @@ func (p *Proxy) answer(ctx context.Context, s *compiledSession, req *dns.Msg, ev
 		return p.answerPinned(q, addrs, resp, ev)
 	}
 	var ports []netpolicy.PortSpec
+	hints := true
 	switch s.mode {
 	case netpolicy.ModePublic:
 	case netpolicy.ModeAllowlist:
-		ok, pp := s.match.match(q.Name)
+		ok, pp, h := s.match.match(q.Name)
 		if !ok {
 			return reply(VerdictDenied, dns.RcodeNameError)
 		}
-		ports = pp
+		ports, hints = pp, h
 	default:
 		return reply(VerdictDenied, dns.RcodeNameError)
 	}
@@ -135,7 +136,7 @@ func (p *Proxy) answer(ctx context.Context, s *compiledSession, req *dns.Msg, ev
 		return reply(VerdictServfail, dns.RcodeServerFailure)
 	}
 	ev.Upstream, ev.Latency = p.upstreamAddrs[idx], rtt
-	f := filterResponse(q.Name, up, p.cfg.Guard.IsPublicUnicast)
+	f := filterResponse(q.Name, up, hints, p.cfg.Guard.IsPublicUnicast)
 	ev.Dropped = f.dropped
 	if n := f.limit(p.cfg.MaxAnswerAddrs); n > 0 {
 		ev.Capped = n

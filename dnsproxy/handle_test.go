@@ -560,3 +560,49 @@ func TestUpstreamAnswerForAnotherQuestionRejected(t *testing.T) {
 		t.Fatalf("%d attest calls", n)
 	}
 }
+
+// A scope entry allows its host's A records and nothing else: the hints of
+// its HTTPS records are removed, not attested. The same name given as an
+// --allow entry too gets them back.
+func TestSVCBHintsNotAttestedForScope(t *testing.T) {
+	up := startUpstream(t, zoneHandler(map[string][]string{
+		"svc.test.": {
+			`svc.test. 100 IN HTTPS 1 . alpn="h2" ipv4hint="198.18.1.10"`,
+			`svc.test. 100 IN A 198.18.1.20`,
+		},
+	}))
+	scope, err := netpolicy.ParseScope("https://svc.test/", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name  string
+		allow []netpolicy.Entry
+		want  []netip.Addr
+	}{
+		{"scope only", []netpolicy.Entry{scope}, mustAddrs("198.18.1.20")},
+		{"scope and allow", netpolicy.DedupEntries(append(entries("svc.test:443/tcp"), scope)), mustAddrs("198.18.1.10", "198.18.1.20")},
+		{"allow and scope", netpolicy.DedupEntries(append([]netpolicy.Entry{scope}, entries("svc.test:443/tcp")...)), mustAddrs("198.18.1.10", "198.18.1.20")},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tp := newTestProxy(t, []netip.AddrPort{up.addr}, nil)
+			if err := tp.Register(SessionPolicy{Name: "s", Guest: guest1, Mode: netpolicy.ModeAllowlist, Allow: tc.allow}); err != nil {
+				t.Fatal(err)
+			}
+			resp := tp.ask(t, guest1, query("svc.test.", dns.TypeHTTPS), false)
+			var got []netip.Addr
+			for _, c := range tp.att.Calls() {
+				got = append(got, c.ips...)
+			}
+			slices.SortFunc(got, netip.Addr.Compare)
+			if !slices.Equal(got, tc.want) {
+				t.Errorf("attested %v, want %v (answer %v)", got, tc.want, resp.Answer)
+			}
+			for _, rr := range resp.Answer {
+				if h, ok := rr.(*dns.HTTPS); ok && len(tc.want) == 1 && strings.Contains(h.String(), "ipv4hint") {
+					t.Errorf("a hint that was not attested reached the session: %s", h)
+				}
+			}
+		})
+	}
+}

@@ -29,9 +29,11 @@ type trieNode struct {
 }
 
 // portSet is the union of the port constraints of the entries that ended at
-// one node. any is set when one of them had no constraint.
+// one node. any is set when one of them had no constraint; hints when one
+// of them lets SVCB/HTTPS ipv4hint addresses be attested.
 type portSet struct {
 	any   bool
+	hints bool
 	ports []netpolicy.PortSpec
 }
 
@@ -79,6 +81,7 @@ func newMatcher(allow []netpolicy.Entry) (*matcher, error) {
 			*slot = &portSet{}
 		}
 		(*slot).add(entryPorts(e))
+		(*slot).hints = (*slot).hints || !e.NoHints
 	}
 	return m, nil
 }
@@ -103,12 +106,13 @@ func (m *matcher) insert(name string) *trieNode {
 }
 
 // match reports whether qname (presentation format as miekg/dns gives it,
-// any case, with or without the trailing dot) is allowed, and the ports
-// the matching entries allow, sorted: nil means any port.
-func (m *matcher) match(qname string) (bool, []netpolicy.PortSpec) {
+// any case, with or without the trailing dot) is allowed, the ports the
+// matching entries allow, sorted (nil means any port), and whether one of
+// them lets ipv4hint addresses be attested.
+func (m *matcher) match(qname string) (ok bool, ports []netpolicy.PortSpec, hints bool) {
 	name := lowerASCII(strings.TrimSuffix(qname, "."))
 	if name == "" || strings.HasSuffix(name, ".") {
-		return false, nil
+		return false, nil, false
 	}
 	starts := dns.Split(name + ".")
 	for i, st := range starts {
@@ -117,7 +121,7 @@ func (m *matcher) match(qname string) (bool, []netpolicy.PortSpec) {
 			end = starts[i+1] - 1
 		}
 		if end <= st {
-			return false, nil // an empty label: not a host name
+			return false, nil, false // an empty label: not a host name
 		}
 	}
 	var acc portSet
@@ -127,6 +131,7 @@ func (m *matcher) match(qname string) (bool, []netpolicy.PortSpec) {
 			return
 		}
 		matched = true
+		hints = hints || s.hints
 		if s.any {
 			acc.add(nil)
 			return
@@ -159,10 +164,10 @@ func (m *matcher) match(qname string) (bool, []netpolicy.PortSpec) {
 		n = c
 	}
 	if !matched {
-		return false, nil
+		return false, nil, false
 	}
 	if acc.any {
-		return true, nil
+		return true, nil, hints
 	}
 	slices.SortFunc(acc.ports, func(a, b netpolicy.PortSpec) int {
 		if a.Port != b.Port {
@@ -170,7 +175,7 @@ func (m *matcher) match(qname string) (bool, []netpolicy.PortSpec) {
 		}
 		return strings.Compare(string(a.Proto), string(b.Proto))
 	})
-	return true, acc.ports
+	return true, acc.ports, hints
 }
 
 // lowerASCII lower-cases A-Z only: DNS names compare case-insensitively for

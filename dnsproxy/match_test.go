@@ -62,7 +62,7 @@ func TestMatcher(t *testing.T) {
 		{"x..many.example.net.", false, nil},
 	}
 	for _, tt := range tests {
-		ok, ports := m.match(tt.name)
+		ok, ports, _ := m.match(tt.name)
 		if ok != tt.want || !slices.Equal(ports, tt.ports) {
 			t.Errorf("match(%q) = %v %v, want %v %v", tt.name, ok, ports, tt.want, tt.ports)
 		}
@@ -75,7 +75,7 @@ func TestMatcherEmpty(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, n := range []string{"example.com.", ".", "", "a.b.c.d."} {
-		if ok, _ := m.match(n); ok {
+		if ok, _, _ := m.match(n); ok {
 			t.Errorf("empty matcher matched %q", n)
 		}
 	}

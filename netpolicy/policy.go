@@ -106,6 +106,11 @@ type Entry struct {
 	Name   string
 	Prefix netip.Prefix
 	PortSpec
+	// NoHints: the DNS proxy attests only the A records of the names this
+	// entry allows, never the ipv4hint addresses of their SVCB/HTTPS
+	// records (which could point anywhere). Scope entries set it: a scope
+	// is "this host and nothing else".
+	NoHints bool
 }
 
 // Policy is a session's egress policy.

@@ -26,6 +26,7 @@ func ParseScope(rawURL string, g *Guard) (Entry, error) {
 	if err != nil {
 		return Entry{}, fmt.Errorf("scope %q: %w", rawURL, err)
 	}
+	e.NoHints = e.Kind == KindHost
 	return e, nil
 }
 
@@ -99,14 +100,17 @@ func cutScheme(s string) (scheme, rest string, ok bool) {
 // DedupEntries returns entries without exact duplicates (same canonical
 // text), keeping the first occurrence and the original order.
 func DedupEntries(entries []Entry) []Entry {
-	seen := make(map[string]bool, len(entries))
+	seen := make(map[string]int, len(entries))
 	out := make([]Entry, 0, len(entries))
 	for _, e := range entries {
 		k := e.String()
-		if seen[k] {
+		if i, dup := seen[k]; dup {
+			// The same reach given twice: hints are attested if either
+			// entry allows them (an --allow beside a --scope of one host).
+			out[i].NoHints = out[i].NoHints && e.NoHints
 			continue
 		}
-		seen[k] = true
+		seen[k] = len(out)
 		out = append(out, e)
 	}
 	return out
