@@ -724,3 +724,124 @@ func TestEngineStates(t *testing.T) {
 		})
 	}
 }
+
+// TestEngineCreateUndoFailureIsJoined: when a step fails and an undo fails
+// too, the error is the step's joined with the undo's (one line once the
+// API folds it, both findable with errors.Is), and what the undo left is
+// reaped by the next start.
+func TestEngineCreateUndoFailureIsJoined(t *testing.T) {
+	w := newWorld(t)
+	w.in.arm(map[string]int{callBoxesCreate: 1, callFwRemove: 1}, crashPoint{})
+	_, err := w.d.Create(context.Background(), smBox.request(w.image))
+	w.in.disarm()
+	want := "start sandbox of s: injected fault in boxes.Create\nundo rules: injected fault in fw.RemoveSession"
+	if err == nil || err.Error() != want {
+		t.Fatalf("create = %q, want %q", err, want)
+	}
+	if !errors.Is(err, errInjected) {
+		t.Fatalf("create = %v: the injected fault is not found", err)
+	}
+	if got, want := api.OneLine(err.Error()), "start sandbox of s: injected fault in boxes.Create undo rules: injected fault in fw.RemoveSession"; got != want {
+		t.Fatalf("folded = %q, want %q", got, want)
+	}
+	// The other undos ran: only the rules the failed undo left remain.
+	w.compare("the failed undo", []string{"rules 10.20.0.2 s iface sm0h egress allowlist"})
+	w.restart(nil)
+	w.compare("restart", nil)
+}
+
+// TestEngineRestartReapsWhatNoLongerValidates: a restart adopts the
+// sessions whose records still hold and reaps, with all their objects, a
+// session whose policy no longer validates (an allow entry in a range the
+// operator no longer treats as public; an egress mode that does not
+// parse) and one whose record does not load (quarantined as .bad).
+func TestEngineRestartReapsWhatNoLongerValidates(t *testing.T) {
+	w := newWorld(t)
+	w.restart([]netip.Prefix{netip.MustParsePrefix("198.51.100.0/24")})
+	override := spec{name: "o", allow: []string{"198.51.100.0/24"}}
+	bogus := spec{name: "b", sandbox: true, allow: []string{"example.com"}}
+	corrupt := spec{name: "c", sandbox: true}
+	m := newModel()
+	for _, s := range []spec{smAllow, override, bogus, corrupt} {
+		w.apply(m, create(s))
+	}
+	sessions := filepath.Join(w.stateDir, "sessions")
+	data, err := os.ReadFile(filepath.Join(sessions, "b.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rec SessionRecord
+	if err := json.Unmarshal(data, &rec); err != nil {
+		t.Fatal(err)
+	}
+	rec.Request.Egress = "bogus"
+	store, err := NewStateStore(w.stateDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Save(rec); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(sessions, "c.json"), []byte(`{"version":1,"name":`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	w.restart(nil)
+	w.compare("restart", []string{
+		"dns 10.20.0.2 a allowlist allow 8.8.8.0/24,example.com",
+		"file c.json.bad",
+		"netns a slot 0 iface sm0h gateway 10.20.0.1 guest 10.20.0.2",
+		"record a slot 0 guest 10.20.0.2 labels team=red",
+		"rules 10.20.0.2 a iface sm0h egress allowlist static 8.8.8.0/24",
+	})
+	for _, name := range []string{"o", "b", "c"} {
+		if _, err := w.d.Inspect(name); !errors.Is(err, api.ErrNotFound) {
+			t.Errorf("inspect %s after the restart: %v, want not found", name, err)
+		}
+	}
+	// The name is free again; the quarantined record stays for the operator.
+	if _, err := w.d.Create(context.Background(), corrupt.request(w.image)); err != nil {
+		t.Fatalf("create c again: %v", err)
+	}
+	w.compare("create c again", []string{
+		"box c netns /run/netns/sm-c dns none",
+		"dns 10.20.0.2 a allowlist allow 8.8.8.0/24,example.com",
+		"file c.json.bad",
+		"netns a slot 0 iface sm0h gateway 10.20.0.1 guest 10.20.0.2",
+		"netns c no nic",
+		"record a slot 0 guest 10.20.0.2 labels team=red",
+		"record c no nic sandbox",
+		"rules 10.20.0.2 a iface sm0h egress allowlist static 8.8.8.0/24",
+	})
+}
+
+// TestEngineDeleteByLabelFault: a delete by label that fails on one
+// session deletes the others, names the one that failed, and keeps it (its
+// record and what its failed step did not remove) for a retry, which
+// finishes it.
+func TestEngineDeleteByLabelFault(t *testing.T) {
+	w := newWorld(t)
+	m := newModel()
+	for _, s := range []spec{smAllow, smPublic, smNone} {
+		w.apply(m, create(s))
+	}
+	w.in.arm(map[string]int{callNetsDelete: 2}, crashPoint{})
+	deleted, err := w.d.DeleteByLabel(context.Background(), "team", "red")
+	w.in.disarm()
+	if want := "delete session p: delete network: injected fault in nets.Delete"; err == nil || err.Error() != want || !slices.Equal(deleted, []string{"a"}) {
+		t.Fatalf("delete by label = %v, %q; want [a], %q", deleted, err, want)
+	}
+	if _, err := w.d.Inspect("p"); err != nil {
+		t.Fatalf("inspect p after its failed delete: %v", err)
+	}
+	w.compare("the failed delete by label", []string{
+		"netns n no nic",
+		"netns p slot 1 iface sm1h gateway 10.20.0.5 guest 10.20.0.6",
+		"record n no nic",
+		"record p slot 1 guest 10.20.0.6 labels team=red",
+	})
+	if deleted, err := w.d.DeleteByLabel(context.Background(), "team", "red"); err != nil || !slices.Equal(deleted, []string{"p"}) {
+		t.Fatalf("retry = %v, %v; want [p]", deleted, err)
+	}
+	w.compare("the retry", []string{"netns n no nic", "record n no nic"})
+}
