@@ -6,11 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math"
 	"net/netip"
 	"os"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"sort"
 	"strings"
@@ -132,19 +130,13 @@ func (e *Daemon) validateRequest(req *api.CreateRequest) error {
 		}
 		req.Rootfs = real
 	}
-	if req.MemoryBytes < 0 {
-		return badRequest(fmt.Errorf("memory %d: must be positive", req.MemoryBytes))
-	}
-	if req.Pids < 0 {
-		return badRequest(fmt.Errorf("pids %d: must be positive", req.Pids))
-	}
-	if err := validateCPUs(req.CPUs, runtime.NumCPU()); err != nil {
-		return badRequest(err)
-	}
 	if req.NetworkOnly {
 		if err := sandboxOnlyField(*req); err != nil {
 			return badRequest(err)
 		}
+	} else if err := container.CheckResources(req.MemoryBytes, req.Pids, req.CPUs); err != nil {
+		// The container layer's rule and text, before any network is built.
+		return badRequest(err)
 	}
 	for k := range req.Labels {
 		if k == "" || strings.ContainsAny(k, "=,") {
@@ -194,21 +186,6 @@ func (e *Daemon) grantImage(rootfs string) (string, error) {
 		return "", fmt.Errorf("rootfs %q: not a root filesystem (no bin directory)", rootfs)
 	}
 	return resolved, nil
-}
-
-// validateCPUs checks a request's CPU limit against the machine: 0 is the
-// default (container.DefaultCPUs), anything else must be positive and at
-// most the CPUs the daemon may run on (more would be no limit at all).
-func validateCPUs(cpus float64, machine int) error {
-	switch {
-	case cpus == 0:
-		return nil
-	case math.IsNaN(cpus) || math.IsInf(cpus, 0) || cpus < 0.01:
-		return fmt.Errorf("cpus %v: give a number of CPUs from 0.01 to %d (this machine's count), e.g. 0.5", cpus, machine)
-	case cpus > float64(machine):
-		return fmt.Errorf("cpus %v: this machine has %d CPUs; give at most %d", cpus, machine, machine)
-	}
-	return nil
 }
 
 // resolvePeers finds the lab targets a session names. Each must be a live

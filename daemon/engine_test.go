@@ -3,38 +3,15 @@ package daemon
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/netip"
 	"os"
 	"path/filepath"
+	"runtime"
 	"testing"
 
 	"github.com/enforcerd/enforcerd/api"
 )
-
-func TestValidateCPUs(t *testing.T) {
-	for _, tc := range []struct {
-		cpus    float64
-		machine int
-		want    string
-	}{
-		{0, 4, ""}, // the default
-		{0.01, 4, ""},
-		{1.5, 4, ""},
-		{4, 4, ""},
-		{4.5, 4, "cpus 4.5: this machine has 4 CPUs; give at most 4"},
-		{3, 2, "cpus 3: this machine has 2 CPUs; give at most 2"},
-		{-1, 4, "cpus -1: give a number of CPUs from 0.01 to 4 (this machine's count), e.g. 0.5"},
-		{0.001, 4, "cpus 0.001: give a number of CPUs from 0.01 to 4 (this machine's count), e.g. 0.5"},
-	} {
-		got := ""
-		if err := validateCPUs(tc.cpus, tc.machine); err != nil {
-			got = err.Error()
-		}
-		if got != tc.want {
-			t.Errorf("validateCPUs(%v, %d) = %q, want %q", tc.cpus, tc.machine, got, tc.want)
-		}
-	}
-}
 
 // TestValidateRequestRootfs: without --images-dir every rootfs is refused
 // (a 400 naming the value and the option); the refusal is a bad request.
@@ -59,6 +36,36 @@ func TestValidateRequestRootfs(t *testing.T) {
 	req := api.CreateRequest{Name: "s1", NetworkOnly: true, CPUs: 1e6}
 	if err := e.validateRequest(&req); err == nil || !errors.Is(err, api.ErrBadRequest) {
 		t.Errorf("cpus 1e6: %v, want a bad request", err)
+	}
+}
+
+// TestValidateRequestSandboxResources: a sandbox limit the container layer
+// would refuse is a bad request with its text, before anything is made.
+func TestValidateRequestSandboxResources(t *testing.T) {
+	images := t.TempDir()
+	img := filepath.Join(images, "img")
+	if err := os.MkdirAll(filepath.Join(img, "bin"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	e := &Daemon{cfg: Config{ImagesDirs: []string{images}}}
+	for _, tc := range []struct {
+		req  api.CreateRequest
+		want string
+	}{
+		{api.CreateRequest{MemoryBytes: 1 << 20}, "memory 1048576 bytes: want at least 4 MiB (4194304 bytes), or 0 for the default 512 MiB"},
+		{api.CreateRequest{Pids: 2}, "pids 2: want at least 4, or 0 for the default 1024"},
+		{api.CreateRequest{CPUs: 1e6}, fmt.Sprintf("cpus 1e+06: want 0.01 to %d (the CPUs of this machine), or 0 for the default 1", runtime.NumCPU())},
+	} {
+		req := tc.req
+		req.Name, req.Rootfs = "s1", img
+		err := e.validateRequest(&req)
+		if err == nil || err.Error() != tc.want || !errors.Is(err, api.ErrBadRequest) {
+			t.Errorf("%+v: %v, want a bad request %q", tc.req, err, tc.want)
+		}
+	}
+	req := api.CreateRequest{Name: "s1", Rootfs: img, MemoryBytes: 4 << 20, Pids: 4, CPUs: 0.5}
+	if err := e.validateRequest(&req); err != nil {
+		t.Errorf("the smallest limits: %v", err)
 	}
 }
 
