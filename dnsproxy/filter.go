@@ -19,6 +19,29 @@ type filtered struct {
 	kept              []netip.Addr // deduplicated, in answer order
 	dropped           []netip.Addr // removed by the guard
 	minTTL            uint32       // lowest TTL among records that carry a kept address
+	// changed are the types of the answer's RRsets that lost or changed a
+	// record (AAAA removed, an address dropped, a hint removed): their
+	// signatures no longer verify.
+	changed map[uint16]bool
+}
+
+func (f *filtered) change(t uint16) {
+	if f.changed == nil {
+		f.changed = map[uint16]bool{}
+	}
+	f.changed[t] = true
+}
+
+// withoutStaleSignatures is the answer without the RRSIGs over a changed
+// RRset (the others still verify: their RRsets passed unchanged).
+func (f *filtered) withoutStaleSignatures() []dns.RR {
+	if len(f.changed) == 0 {
+		return f.answer
+	}
+	return slices.DeleteFunc(f.answer, func(rr dns.RR) bool {
+		sig, ok := rr.(*dns.RRSIG)
+		return ok && f.changed[sig.TypeCovered]
+	})
 }
 
 // filterResponse applies the answer rules to up, the upstream's answer to a
@@ -66,22 +89,31 @@ func filterResponse(qname string, up *dns.Msg, hints bool, public func(netip.Add
 		case *dns.A:
 			a, ok := netip.AddrFromSlice(r.A.To4())
 			if !ok || !inChain {
+				f.change(dns.TypeA)
 				continue
 			}
 			if !public(a) {
+				f.change(dns.TypeA)
 				f.dropped = append(f.dropped, a)
 				continue
 			}
 			keep(a, r.Hdr.Ttl)
 			f.answer = append(f.answer, r)
 		case *dns.AAAA:
+			f.change(dns.TypeAAAA)
 		case *dns.SVCB:
 			c := dns.Copy(r).(*dns.SVCB)
 			c.Value = f.filterHints(c.Value, c.Hdr.Ttl, inChain && hints, public, keep)
+			if c.String() != r.String() {
+				f.change(dns.TypeSVCB)
+			}
 			f.answer = append(f.answer, c)
 		case *dns.HTTPS:
 			c := dns.Copy(r).(*dns.HTTPS)
 			c.Value = f.filterHints(c.Value, c.Hdr.Ttl, inChain && hints, public, keep)
+			if c.String() != r.String() {
+				f.change(dns.TypeHTTPS)
+			}
 			f.answer = append(f.answer, c)
 		default:
 			f.answer = append(f.answer, rr)
@@ -103,6 +135,9 @@ func (f *filtered) limit(n int) int {
 	}
 	removed := len(f.kept) - n
 	f.kept = f.kept[:n:n]
+	for _, t := range []uint16{dns.TypeA, dns.TypeSVCB, dns.TypeHTTPS} {
+		f.change(t) // conservative: the capped RRsets may have lost records
+	}
 	out := f.answer[:0]
 	for _, rr := range f.answer {
 		switch r := rr.(type) {

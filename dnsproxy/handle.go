@@ -99,7 +99,7 @@ func (p *Proxy) answer(ctx context.Context, s *compiledSession, req *dns.Msg, ev
 	}
 	opt := req.IsEdns0()
 	if opt != nil {
-		resp.SetEdns0(ednsSize, false)
+		resp.SetEdns0(ednsSize, opt.Do()) // DO mirrored (RFC 3225)
 		if opt.Version() != 0 {
 			return reply(VerdictFormerr, dns.RcodeBadVers)
 		}
@@ -130,7 +130,8 @@ func (p *Proxy) answer(ctx context.Context, s *compiledSession, req *dns.Msg, ev
 		return reply(VerdictDenied, dns.RcodeNameError)
 	}
 
-	up, idx, rtt, err := p.forwardFor(ctx, s, q, req.CheckingDisabled)
+	do := opt != nil && opt.Do()
+	up, idx, rtt, err := p.forwardFor(ctx, s, q, queryFlags{cd: req.CheckingDisabled, do: do})
 	if err != nil {
 		ev.Err = err.Error()
 		return reply(VerdictServfail, dns.RcodeServerFailure)
@@ -155,6 +156,13 @@ func (p *Proxy) answer(ctx context.Context, s *compiledSession, req *dns.Msg, ev
 		capTTLs(f.answer, ttlCap(eff))
 	}
 	ev.Addrs = f.kept
+	if do {
+		// Signatures stay valid only over what passed unchanged: those over
+		// a changed RRset are removed, and the answer is authenticated only
+		// when nothing in it changed.
+		f.answer = f.withoutStaleSignatures()
+		resp.AuthenticatedData = up.AuthenticatedData && len(f.changed) == 0
+	}
 	resp.Answer, resp.Ns = f.answer, f.ns
 	resp.Extra = append(f.extra, resp.Extra...) // keeps our OPT last
 	resp.Rcode = up.Rcode
@@ -166,8 +174,8 @@ func (p *Proxy) answer(ctx context.Context, s *compiledSession, req *dns.Msg, ev
 // registration does (s.ctx, which descends from the proxy's context), and
 // the error then wraps ErrSessionGone. A caller context other than the
 // proxy's own (tests drive handle with their own) is joined to s.ctx.
-func (p *Proxy) forwardFor(ctx context.Context, s *compiledSession, q dns.Question, cd bool) (*dns.Msg, int, time.Duration, error) {
-	up, idx, rtt, err := p.forwardIn(ctx, s.ctx, q, cd)
+func (p *Proxy) forwardFor(ctx context.Context, s *compiledSession, q dns.Question, fl queryFlags) (*dns.Msg, int, time.Duration, error) {
+	up, idx, rtt, err := p.forwardIn(ctx, s.ctx, q, fl)
 	if err != nil && s.ctx.Err() != nil && p.ctx.Err() == nil {
 		p.stats.sessionGone.Add(1)
 		err = fmt.Errorf("%w: session %q (guest %s): %w", ErrSessionGone, s.name, s.guest, err)
@@ -178,15 +186,15 @@ func (p *Proxy) forwardFor(ctx context.Context, s *compiledSession, q dns.Questi
 // forwardIn runs forward under session context sctx joined with ctx (no
 // allocation when ctx is the proxy's own, of which sctx descends, or
 // cannot end).
-func (p *Proxy) forwardIn(ctx, sctx context.Context, q dns.Question, cd bool) (*dns.Msg, int, time.Duration, error) {
+func (p *Proxy) forwardIn(ctx, sctx context.Context, q dns.Question, fl queryFlags) (*dns.Msg, int, time.Duration, error) {
 	if ctx == p.ctx || ctx.Done() == nil {
-		return p.forward(sctx, q, cd)
+		return p.forward(sctx, q, fl)
 	}
 	joined, cancel := context.WithCancel(ctx)
 	defer cancel()
 	stop := context.AfterFunc(sctx, cancel)
 	defer stop()
-	return p.forward(joined, q, cd)
+	return p.forward(joined, q, fl)
 }
 
 // pinnedTTL is the TTL of a pinned answer when Config.MinTTL is zero.

@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -604,5 +605,65 @@ func TestSVCBHintsNotAttestedForScope(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// DNSSEC: a query with DO is forwarded with DO; the signatures of RRsets
+// that pass unchanged are returned (and the upstream's AD bit with them
+// when nothing changed); a signature over a changed RRset is removed.
+func TestDNSSECSignaturesPassWhenUnchanged(t *testing.T) {
+	var sawDO []bool
+	var mu sync.Mutex
+	up := startUpstream(t, func(_ dns.ResponseWriter, req *dns.Msg, _ bool) *dns.Msg {
+		opt := req.IsEdns0()
+		mu.Lock()
+		sawDO = append(sawDO, opt != nil && opt.Do())
+		mu.Unlock()
+		resp := new(dns.Msg)
+		resp.SetReply(req)
+		resp.AuthenticatedData = true
+		resp.Answer = []dns.RR{
+			mustRR("signed.test. 60 IN A 198.18.1.10"),
+			mustRR("signed.test. 60 IN RRSIG A 13 2 60 20300101000000 20200101000000 12345 signed.test. c2lnbmF0dXJl"),
+		}
+		if req.Question[0].Name == "mixed.test." {
+			resp.Answer = []dns.RR{
+				mustRR("mixed.test. 60 IN A 198.18.1.10"),
+				mustRR("mixed.test. 60 IN A 10.0.0.1"), // dropped by the guard: the A RRset changed
+				mustRR("mixed.test. 60 IN RRSIG A 13 2 60 20300101000000 20200101000000 12345 mixed.test. c2lnbmF0dXJl"),
+				mustRR(`mixed.test. 60 IN TXT "kept"`),
+				mustRR("mixed.test. 60 IN RRSIG TXT 13 2 60 20300101000000 20200101000000 12345 mixed.test. c2lnbmF0dXJl"),
+			}
+		}
+		return resp
+	})
+	tp := newTestProxy(t, []netip.AddrPort{up.addr}, nil)
+	tp.register(t, guest1, netpolicy.ModeAllowlist, "signed.test", "mixed.test")
+	withDO := func(name string) *dns.Msg {
+		q := query(name, dns.TypeA)
+		q.SetEdns0(1232, true)
+		return q
+	}
+	sigs := func(m *dns.Msg) (out []string) {
+		for _, rr := range m.Answer {
+			if s, ok := rr.(*dns.RRSIG); ok {
+				out = append(out, dns.TypeToString[s.TypeCovered])
+			}
+		}
+		return out
+	}
+	resp := tp.ask(t, guest1, withDO("signed.test."), false)
+	if got := sigs(resp); !slices.Equal(got, []string{"A"}) || !resp.AuthenticatedData || resp.IsEdns0() == nil || !resp.IsEdns0().Do() {
+		t.Errorf("unchanged signed answer: signatures %v AD %v opt %v", got, resp.AuthenticatedData, resp.IsEdns0())
+	}
+	resp = tp.ask(t, guest1, withDO("mixed.test."), false)
+	if got := sigs(resp); !slices.Equal(got, []string{"TXT"}) || resp.AuthenticatedData {
+		t.Errorf("changed answer: signatures %v (want only TXT's) AD %v (want false)", got, resp.AuthenticatedData)
+	}
+	tp.ask(t, guest1, query("signed.test.", dns.TypeA), false)
+	mu.Lock()
+	defer mu.Unlock()
+	if !slices.Equal(sawDO, []bool{true, true, false}) {
+		t.Errorf("DO seen upstream %v, want the client's [true true false]", sawDO)
 	}
 }

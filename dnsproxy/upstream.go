@@ -26,17 +26,23 @@ const queryBufSize = 512
 // spare bytes in front of the message for the TCP length prefix.
 var queryBufs = sync.Pool{New: func() any { b := make([]byte, queryBufSize); return &b }}
 
+// queryFlags are what a client's query asks of the upstream's answer.
+type queryFlags struct {
+	cd bool // checking disabled: the client validates itself
+	do bool // DNSSEC OK: the client wants the signatures
+}
+
 // forward asks the upstreams for q: over UDP first, over TCP when the UDP
 // answer is truncated, each try bounded by cfg.Timeout, moving to the next
 // upstream on an error, a timeout, SERVFAIL or REFUSED. It starts with the
 // upstream that answered last, so a dead first upstream does not cost a
 // timeout per query. It returns the answer, the index of the upstream that
 // gave it and the round trip.
-func (p *Proxy) forward(ctx context.Context, q dns.Question, cd bool) (*dns.Msg, int, time.Duration, error) {
+func (p *Proxy) forward(ctx context.Context, q dns.Question, fl queryFlags) (*dns.Msg, int, time.Duration, error) {
 	m := dns.Msg{Question: []dns.Question{q}}
 	m.RecursionDesired = true
-	m.CheckingDisabled = cd
-	m.SetEdns0(ednsSize, false)
+	m.CheckingDisabled = fl.cd
+	m.SetEdns0(ednsSize, fl.do)
 	bp := queryBufs.Get().(*[]byte)
 	defer queryBufs.Put(bp)
 	wire, err := m.PackBuffer((*bp)[2:])

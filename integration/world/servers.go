@@ -151,6 +151,16 @@ func (d *DNSServer) AddRR(s string) {
 	d.mu.Unlock()
 }
 
+// AddRRs adds records (signatures among them, e.g. from dns.RRSIG.Sign).
+func (d *DNSServer) AddRRs(rrs ...dns.RR) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, rr := range rrs {
+		key := rrKey(rr.Header().Name, rr.Header().Rrtype)
+		d.records[key] = append(d.records[key], rr)
+	}
+}
+
 // Queries lists "name. TYPE" for every query received, in order.
 func (d *DNSServer) Queries() []string {
 	d.mu.Lock()
@@ -189,6 +199,27 @@ func (d *DNSServer) ServeDNS(rw dns.ResponseWriter, req *dns.Msg) {
 	known := d.knownLocked(q.Name)
 	d.mu.Unlock()
 	resp.Answer = answer
+	if opt := req.IsEdns0(); opt != nil && opt.Do() {
+		// A signed zone: the RRSIGs held for the answer's RRsets go with
+		// them, as a signing server sends them to a DO query.
+		resp.SetEdns0(opt.UDPSize(), true)
+		d.mu.Lock()
+		covered := map[string]bool{}
+		for _, rr := range answer {
+			h := rr.Header()
+			k := rrKey(h.Name, h.Rrtype)
+			if covered[k] {
+				continue
+			}
+			covered[k] = true
+			for _, sig := range d.records[rrKey(h.Name, dns.TypeRRSIG)] {
+				if sig.(*dns.RRSIG).TypeCovered == h.Rrtype {
+					resp.Answer = append(resp.Answer, sig)
+				}
+			}
+		}
+		d.mu.Unlock()
+	}
 	if len(answer) == 0 && !known {
 		resp.Rcode = dns.RcodeNameError
 	}
