@@ -138,6 +138,10 @@ func TestE2EBadInputAPI(t *testing.T) {
 		{"POST", "/v1/sessions", `{"name": "x", "network_only": true, "allow": ["nov4.e2e.test"], "pin": true}`, 400, "--pin: host nov4.e2e.test has no public IPv4 address; refusing to create the session"},
 		{"POST", "/v1/sessions", `{"name": "taken", "network_only": true}`, 409, `session "taken" already exists: session name taken`},
 		{"POST", "/v1/sessions", `{"name": "x", "network_only": true, "egress": "public"}`, 503, ""},
+		// A limit the container layer refuses is a 400 before any network
+		// is built (the pool is full: building one first would give 503).
+		{"POST", "/v1/sessions", `{"name": "x", "rootfs": "` + e.rootfs + `", "memory_bytes": 1048576}`, 400, "memory 1048576 bytes: want at least 4 MiB (4194304 bytes), or 0 for the default 512 MiB"},
+		{"POST", "/v1/sessions", `{"name": "x", "rootfs": "` + e.rootfs + `", "pids": 2}`, 400, "pids 2: want at least 4, or 0 for the default 1024"},
 		{"GET", "/v1/sessions/nosuch", ``, 404, `session "nosuch": unknown session`},
 		{"DELETE", "/v1/sessions/nosuch", ``, 404, `session "nosuch": unknown session`},
 		{"GET", "/v1/sessions/nosuch/events", ``, 404, `session "nosuch": unknown session`},

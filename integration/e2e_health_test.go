@@ -85,8 +85,21 @@ func TestE2EMetricsListenerBeforeReady(t *testing.T) {
 	taken.Close()
 	e.start()
 	for _, path := range []string{"/healthz", "/readyz", "/metrics"} {
-		if _, err := world.HTTPGet(e.w.HostPath, "http://"+addr+path, 3*time.Second); err != nil {
+		body, err := world.HTTPGet(e.w.HostPath, "http://"+addr+path, 3*time.Second)
+		if err != nil {
 			t.Errorf("GET %s on the metrics listener: %v", path, err)
+			continue
+		}
+		if path != "/metrics" {
+			continue
+		}
+		// What the DNS proxy counts, read at scrape time, and the build.
+		for _, want := range []string{`enforcerd_build_info{commit=`, `enforcerd_dns_serve_loops{proto="tcp"} 1`,
+			`enforcerd_dns_queries_total{verdict="allowed"} 0`, `enforcerd_dns_attest_seconds_bucket{le="0.0001"} 0`,
+			`enforcerd_dns_upstream_seconds_count 0`, `enforcerd_dns_in_flight 0`, `enforcerd_dns_shed_total 0`} {
+			if !strings.Contains(body, want) {
+				t.Errorf("/metrics lacks %q", want)
+			}
 		}
 	}
 }
