@@ -35,8 +35,11 @@ deps:
 bench-deps: deps
 	@scripts/ensure-packages.sh $(BENCHPKGS)
 
+# Stamped into the binary (enforcerd version): the nearest tag, else 0.1.0-dev, and the commit.
+VERSION   ?= $(shell git describe --tags --dirty 2>/dev/null || echo 0.1.0-dev)
+COMMIT    ?= $(shell git rev-parse --short=12 HEAD 2>/dev/null)
 build: deps
-	$(GO) build -tags $(TAGS) -o $(BIN) ./cmd/enforcerd
+	$(GO) build -tags $(TAGS) -ldflags "-X main.version=$(VERSION) -X main.commit=$(COMMIT)" -o $(BIN) ./cmd/enforcerd
 
 vet: deps
 	$(GO) vet -tags $(TAGS) ./...

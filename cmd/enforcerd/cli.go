@@ -3,22 +3,26 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"net/netip"
 	"os"
 	"os/signal"
-	"regexp"
+	"runtime"
 	"sort"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
 
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+
 	"github.com/enforcerd/enforcerd/api"
 )
 
-// Exit statuses of the command line (the contract in issue 5).
+// Exit statuses of the command line. Session exec adds the command's own
+// status and those of api.ExitTimeout through api.ExitNotFound.
 const (
 	exitOK        = 0
 	exitRefused   = 1   // the daemon refused, or could not be reached
@@ -40,7 +44,7 @@ var errHelpShown = errors.New("help shown")
 
 // usageErr is a malformed command line: exit status 2.
 func usageErr(cmd, format string, a ...any) error {
-	return &exitError{code: exitUsage, msg: cmd + ": " + doubleDash(fmt.Sprintf(format, a...))}
+	return &exitError{code: exitUsage, msg: cmd + ": " + fmt.Sprintf(format, a...)}
 }
 
 // refusedErr is a refusal (or failure) reported by or about the daemon: exit 1.
@@ -78,7 +82,9 @@ func newCLI() *cli {
 // run executes one command line (without the program name) and returns the
 // exit status. Errors are printed as exactly one line on stderr.
 func (c *cli) run(args []string) int {
-	err := c.dispatch(args)
+	root := c.rootCommand()
+	root.SetArgs(args)
+	err := root.Execute()
 	switch {
 	case err == nil, errors.Is(err, errHelpShown):
 		return exitOK
@@ -94,87 +100,264 @@ func (c *cli) run(args []string) int {
 	return exitRefused
 }
 
-// globalOpts are the options accepted before the command name.
+// globalOpts are the options every command accepts, before or after its name.
 type globalOpts struct {
 	socket string // "" = not given
 }
 
-const topUsage = `usage: enforcerd [--socket PATH] COMMAND [ARGS]
-
-enforcerd runs sandbox sessions whose network egress is enforced from the host.
-
-commands:
-  serve                 run the daemon
-  session create        create a session
-  session exec          run a command in a session's sandbox
-  session ls            list sessions
-  session inspect       show one session as JSON
-  session rm            remove sessions by name or label
-  session events        print a session's events (NDJSON)
-  reap                  offline: remove every object of a name prefix
-  version               print the version
-  help [COMMAND]        show help
-
+// helpTemplate is every command's --help: the usage line, the description,
+// the subcommands and the options.
+const helpTemplate = `usage: {{.UseLine}}
+{{with .Long}}
+{{. | trimTrailingWhitespaces}}
+{{end}}{{if .HasAvailableSubCommands}}
+commands:{{range .Commands}}{{if .IsAvailableCommand}}
+  {{rpad .Name .NamePadding}}  {{.Short}}{{end}}{{end}}
+{{end}}{{if .HasAvailableLocalFlags}}
+options:
+{{.LocalFlags.FlagUsages | trimTrailingWhitespaces}}
+{{end}}{{if .HasAvailableInheritedFlags}}
 global options:
-  --socket PATH         the daemon's socket (env ENFORCERD_SOCKET; default ` + api.DefaultSocket + `)
+{{.InheritedFlags.FlagUsages | trimTrailingWhitespaces}}
+{{end}}{{if .HasAvailableSubCommands}}
+Run '{{.CommandPath}} COMMAND --help' for a command's options.
+{{end}}`
 
-Run 'enforcerd COMMAND --help' for a command's options.
-`
+// rootCommand builds the command tree of one run. The tree holds the
+// parsed flag values, so every run builds a new one.
+func (c *cli) rootCommand() *cobra.Command {
+	glob := &globalOpts{}
+	root := &cobra.Command{
+		Use:   "enforcerd [--socket PATH] COMMAND [ARGS]",
+		Short: "sandbox sessions with host-enforced network egress",
+		Long:  "enforcerd runs sandbox sessions whose network egress is enforced from the host.",
+		Args:  cobra.ArbitraryArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			const name = "enforcerd"
+			switch {
+			case len(args) == 0:
+				return usageErr(name, "missing command (run 'enforcerd help')")
+			case args[0] == "init":
+				// main dispatches "enforcerd init" before any parsing;
+				// reaching here means it was not the first argument.
+				return usageErr(name, "init is internal to the sandbox runtime and must be the first argument")
+			}
+			return unknownCommand(cmd, name, "command", args[0], "run 'enforcerd help'")
+		},
+		SilenceErrors:              true,
+		SilenceUsage:               true,
+		SuggestionsMinimumDistance: 2,
+		CompletionOptions:          cobra.CompletionOptions{DisableDefaultCmd: true},
+	}
+	root.SetIn(c.stdin)
+	root.SetOut(c.stdout)
+	root.SetErr(c.stderr)
+	root.SetHelpTemplate(helpTemplate)
+	root.SetFlagErrorFunc(flagError)
+	root.PersistentFlags().StringVar(&glob.socket, "socket", "",
+		"the daemon's socket `PATH` (env ENFORCERD_SOCKET; default "+api.DefaultSocket+")")
 
-func (c *cli) dispatch(args []string) error {
-	g := newFlagSet("enforcerd")
-	var glob globalOpts
-	g.StringVar(&glob.socket, "socket", "", "")
-	if err := g.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			fmt.Fprint(c.stdout, topUsage)
-			return errHelpShown
+	root.AddCommand(
+		c.serveCommand(glob),
+		c.sessionCommand(glob),
+		c.reapCommand(),
+		c.versionCommand(),
+		c.completionCommand(root),
+		c.manCommand(root),
+	)
+	root.SetHelpCommand(c.helpCommand(root))
+	for _, cmd := range allCommands(root) {
+		cmd.DisableFlagsInUseLine = true
+		cmd.Flags().SortFlags = false
+	}
+	return root
+}
+
+// allCommands returns cmd and all its descendants.
+func allCommands(cmd *cobra.Command) []*cobra.Command {
+	out := []*cobra.Command{cmd}
+	for _, sub := range cmd.Commands() {
+		out = append(out, allCommands(sub)...)
+	}
+	return out
+}
+
+// unknownCommand is the usage error of a mistyped (sub)command; it suggests
+// the nearest of cmd's subcommands, else points at hint.
+func unknownCommand(cmd *cobra.Command, name, what, typed, hint string) error {
+	if s := cmd.SuggestionsFor(typed); len(s) > 0 {
+		return usageErr(name, "unknown %s %q; did you mean %q?", what, typed, s[0])
+	}
+	return usageErr(name, "unknown %s %q (%s)", what, typed, hint)
+}
+
+// flagError turns pflag's parse errors into the contract's one-line usage
+// errors: "flag provided but not defined: --x", "flag needs an argument:
+// --x", `invalid value "v" for flag --x: what is accepted`.
+func flagError(cmd *cobra.Command, err error) error {
+	name := cmd.CommandPath()
+	var (
+		notExist *pflag.NotExistError
+		invalid  *pflag.InvalidValueError
+	)
+	switch {
+	case errors.As(err, &notExist) && notExist.GetSpecifiedShortnames() != "":
+		msg := "flag provided but not defined: -" + notExist.GetSpecifiedName()
+		if len(notExist.GetSpecifiedShortnames()) > 1 {
+			msg += " (long options take two dashes, as in --json)"
 		}
-		return usageErr("enforcerd", "%v", err)
+		return usageErr(name, "%s", msg)
+	case errors.As(err, &notExist):
+		if cmd.HasSubCommands() && cmd.HasParent() {
+			return usageErr(name, "flag --%s before the subcommand (flags go after it)", notExist.GetSpecifiedName())
+		}
+		return usageErr(name, "flag provided but not defined: --%s", notExist.GetSpecifiedName())
+	case errors.As(err, &invalid):
+		cause := errors.Unwrap(invalid)
+		var num *strconv.NumError
+		switch {
+		case invalid.GetFlag().Value.Type() == "bool":
+			cause = errors.New("want true or false")
+		case errors.As(cause, &num):
+			cause = errors.New("want a number")
+		}
+		return usageErr(name, "invalid value %q for flag --%s: %v", invalid.GetValue(), invalid.GetFlag().Name, cause)
 	}
-	rest := g.Args()
-	if len(rest) == 0 {
-		return usageErr("enforcerd", "missing command (run 'enforcerd help')")
-	}
-	cmd, rest := rest[0], rest[1:]
-	switch cmd {
-	case "serve":
-		return c.cmdServe(glob, rest)
-	case "session":
-		return c.cmdSession(glob, rest)
-	case "reap":
-		return c.cmdReap(rest)
-	case "version":
-		return c.cmdVersion(rest)
-	case "help":
-		return c.cmdHelp(rest)
-	case "init":
-		// main dispatches "enforcerd init" before any parsing; reaching
-		// here means it was not the first argument.
-		return usageErr("enforcerd", "init is internal to the sandbox runtime and must be the first argument")
-	}
-	return usageErr("enforcerd", "unknown command %q (run 'enforcerd help')", cmd)
+	return usageErr(name, "%v", err)
 }
 
-func (c *cli) cmdHelp(args []string) error {
+// noArgs is the check of a command that takes options only.
+func noArgs(name, hint string, args []string) error {
 	if len(args) == 0 {
-		fmt.Fprint(c.stdout, topUsage)
-		return errHelpShown
+		return nil
 	}
-	return c.dispatch(append(append([]string{}, args...), "--help"))
+	if hint != "" {
+		return usageErr(name, "unexpected argument %q (%s)", args[0], hint)
+	}
+	return usageErr(name, "unexpected argument %q", args[0])
 }
 
-func (c *cli) cmdVersion(args []string) error {
-	fs := newFlagSet("version")
-	pos, _, err := c.parse(fs, "enforcerd version", "usage: enforcerd version\n\nPrint the version of this binary.\n", args, 0)
-	if err != nil {
-		return err
+// ---- help, version, completion, man -------------------------------------
+
+// helpCommand is "enforcerd help [COMMAND]...". An unknown topic is a
+// usage error, as a mistyped command is.
+func (c *cli) helpCommand(root *cobra.Command) *cobra.Command {
+	return &cobra.Command{
+		Use:   "help [COMMAND]...",
+		Short: "show help",
+		Args:  cobra.ArbitraryArgs,
+		RunE: func(_ *cobra.Command, args []string) error {
+			target, rest, err := root.Find(args)
+			if err != nil {
+				return usageErr("enforcerd help", "%v", err)
+			}
+			if len(rest) > 0 {
+				if target == root {
+					return unknownCommand(target, "enforcerd help", "command", rest[0], "run 'enforcerd help'")
+				}
+				return unknownCommand(target, "enforcerd help", "subcommand of "+target.CommandPath(), rest[0],
+					"run '"+target.CommandPath()+" --help'")
+			}
+			if err := target.Help(); err != nil {
+				return err
+			}
+			return errHelpShown
+		},
 	}
-	if len(pos) > 0 {
-		return usageErr("enforcerd version", "unexpected argument %q", pos[0])
+}
+
+// buildInfo is what `enforcerd version` prints.
+type buildInfo struct {
+	Version string `json:"version"`
+	Commit  string `json:"commit"`
+	Go      string `json:"go"`
+	API     string `json:"api"` // the API version this client speaks
+}
+
+func (c *cli) versionCommand() *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "version [--json]",
+		Short: "print the version",
+		Long:  "Print the version of this binary, the git commit it was built from and its Go version.",
+		Args:  cobra.ArbitraryArgs,
+		RunE: func(_ *cobra.Command, args []string) error {
+			if err := noArgs("enforcerd version", "", args); err != nil {
+				return err
+			}
+			bi := buildInfo{Version: version, Commit: commit, Go: runtime.Version(), API: strings.TrimPrefix(api.Prefix, "/")}
+			if asJSON {
+				return writeJSON(c.stdout, bi)
+			}
+			fmt.Fprintf(c.stdout, "enforcerd %s (commit %s, %s)\n", bi.Version, orUnknown(bi.Commit), bi.Go)
+			return nil
+		},
 	}
-	fmt.Fprintln(c.stdout, "enforcerd", version)
-	return nil
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the version, commit, Go and API version as JSON")
+	return cmd
+}
+
+func orUnknown(s string) string {
+	if s == "" {
+		return "unknown"
+	}
+	return s
+}
+
+// completionShells are the shells `enforcerd completion` writes scripts for.
+var completionShells = []string{"bash", "zsh", "fish"}
+
+func (c *cli) completionCommand(root *cobra.Command) *cobra.Command {
+	return &cobra.Command{
+		Use:   "completion bash|zsh|fish",
+		Short: "print a shell completion script",
+		Long: `Print the completion script of a shell on stdout. Load it for this shell
+with, for bash, source <(enforcerd completion bash); install it with
+scripts/install.sh, which puts the scripts in the shells' standard
+directories.`,
+		Args:      cobra.ArbitraryArgs,
+		ValidArgs: completionShells,
+		RunE: func(_ *cobra.Command, args []string) error {
+			const name = "enforcerd completion"
+			if len(args) == 0 {
+				return usageErr(name, "missing shell (bash, zsh or fish)")
+			}
+			if len(args) > 1 {
+				return usageErr(name, "unexpected argument %q after the shell %q", args[1], args[0])
+			}
+			switch args[0] {
+			case "bash":
+				return root.GenBashCompletionV2(c.stdout, true)
+			case "zsh":
+				return root.GenZshCompletion(c.stdout)
+			case "fish":
+				return root.GenFishCompletion(c.stdout, true)
+			}
+			return usageErr(name, "unknown shell %q (bash, zsh or fish)", args[0])
+		},
+	}
+}
+
+// manCommand writes the man pages of every command into a directory; it is
+// hidden (scripts/install.sh runs it), and built from the same definitions
+// as --help.
+func (c *cli) manCommand(root *cobra.Command) *cobra.Command {
+	return &cobra.Command{
+		Use:    "man DIR",
+		Short:  "write the man pages into DIR",
+		Hidden: true,
+		Args:   cobra.ArbitraryArgs,
+		RunE: func(_ *cobra.Command, args []string) error {
+			const name = "enforcerd man"
+			if len(args) != 1 {
+				return usageErr(name, "want exactly one DIR, got %d arguments", len(args))
+			}
+			if err := writeManPages(root, args[0], c.now()); err != nil {
+				return refusedErr(name, err)
+			}
+			return nil
+		},
+	}
 }
 
 // signalContext is the context of a client command: cancelled by SIGINT or
@@ -183,137 +366,7 @@ func signalContext() (context.Context, context.CancelFunc) {
 	return signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 }
 
-// ---- flag parsing -------------------------------------------------------
-
-// newFlagSet returns a flag set that reports errors to its caller only.
-func newFlagSet(name string) *flag.FlagSet {
-	fs := flag.NewFlagSet(name, flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
-	fs.Usage = func() {}
-	return fs
-}
-
-// parse parses args against fs, allowing flags and positional arguments to
-// interleave ("session create s1 --allow x"). "--" ends the flags. When
-// stopAfter > 0, the first non-flag argument after stopAfter positionals
-// starts the rest verbatim (the command of "session exec NAME CMD...").
-// It returns the positionals and the rest (everything after "--" or the
-// stop). On --help it prints usage on stdout and returns errHelpShown; any
-// other error is a usage error (exit 2) naming the command.
-// flagInError matches a flag name as the flag package prints it ("-timeout").
-var flagInError = regexp.MustCompile(`(flag |: )-([a-z])`)
-
-// doubleDash spells flags in the flag package's errors the way the command
-// line contract does: --timeout, not -timeout.
-func doubleDash(msg string) string { return flagInError.ReplaceAllString(msg, "${1}--${2}") }
-
-func (c *cli) parse(fs *flag.FlagSet, cmd, usage string, args []string, stopAfter int) (pos, rest []string, err error) {
-	var flagArgs []string
-	rest = nil
-	for i := 0; i < len(args); i++ {
-		a := args[i]
-		if a == "--" {
-			rest = append([]string{}, args[i+1:]...)
-			break
-		}
-		if len(a) < 2 || a[0] != '-' {
-			if stopAfter > 0 && len(pos) == stopAfter {
-				rest = append([]string{}, args[i:]...)
-				break
-			}
-			pos = append(pos, a)
-			continue
-		}
-		flagArgs = append(flagArgs, a)
-		name := strings.TrimPrefix(strings.TrimPrefix(a, "-"), "-")
-		if strings.Contains(name, "=") {
-			continue
-		}
-		f := fs.Lookup(name)
-		if f == nil || isBoolFlag(f) {
-			continue // unknown flags are reported by fs.Parse
-		}
-		if i+1 < len(args) {
-			i++
-			flagArgs = append(flagArgs, args[i])
-		}
-	}
-	if err := fs.Parse(flagArgs); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			fmt.Fprint(c.stdout, usage)
-			printFlags(c.stdout, fs)
-			return nil, nil, errHelpShown
-		}
-		return nil, nil, usageErr(cmd, "%v", err)
-	}
-	pos = append(pos, fs.Args()...) // only odd tokens such as "---x" land here
-	return pos, rest, nil
-}
-
-func isBoolFlag(f *flag.Flag) bool {
-	b, ok := f.Value.(interface{ IsBoolFlag() bool })
-	return ok && b.IsBoolFlag()
-}
-
-// printFlags prints a flag set's options in the --long style of the contract.
-func printFlags(w io.Writer, fs *flag.FlagSet) {
-	var lines []string
-	fs.VisitAll(func(f *flag.Flag) {
-		arg, help := flag.UnquoteUsage(f)
-		if isBoolFlag(f) {
-			arg = ""
-		}
-		left := "  --" + f.Name
-		if arg != "" {
-			left += " " + arg
-		}
-		if _, ok := f.Value.(*listFlag); ok {
-			left += "..."
-		}
-		if kv, ok := f.Value.(*kvFlag); ok && !kv.single {
-			left += "..."
-		}
-		if len(left) <= 22 {
-			left += strings.Repeat(" ", 24-len(left))
-		} else {
-			left += "\n" + strings.Repeat(" ", 24)
-		}
-		if f.DefValue != "" && f.DefValue != "false" && f.DefValue != "[]" && f.DefValue != "0" && f.DefValue != "0s" {
-			help += " (default " + f.DefValue + ")"
-		}
-		lines = append(lines, left+help)
-	})
-	if len(lines) == 0 {
-		return
-	}
-	fmt.Fprintln(w, "\noptions:")
-	for _, l := range lines {
-		fmt.Fprintln(w, l)
-	}
-}
-
-// listFlag is a repeatable string flag; check, when set, validates each value.
-type listFlag struct {
-	values []string
-	check  func(string) error
-}
-
-func (l *listFlag) String() string {
-	if l == nil || len(l.values) == 0 {
-		return "[]"
-	}
-	return strings.Join(l.values, ",")
-}
-
-func (l *listFlag) Set(v string) error {
-	if l.check != nil {
-		if err := l.check(v); err != nil {
-			return err
-		}
-	}
-	l.values = append(l.values, v)
-	return nil
-}
+// ---- flag values ------------------------------------------------------------
 
 // kvFlag is a repeatable KEY=VALUE flag (--label, --env). With single set it
 // accepts at most one occurrence (a filter).
@@ -323,15 +376,13 @@ type kvFlag struct {
 	single bool
 }
 
+func (k *kvFlag) Type() string { return "KEY=VALUE" }
+
 func (k *kvFlag) String() string {
 	if k == nil || len(k.keys) == 0 {
 		return ""
 	}
-	parts := make([]string, len(k.keys))
-	for i, key := range k.keys {
-		parts[i] = key + "=" + k.values[key]
-	}
-	return strings.Join(parts, ",")
+	return strings.Join(k.pairs(), ",")
 }
 
 func (k *kvFlag) Set(v string) error {
@@ -394,9 +445,7 @@ func sortedKV(m map[string]string) string {
 
 // ---- serve and reap -------------------------------------------------------
 
-const serveUsage = `usage: enforcerd serve [options]
-
-Run the daemon: re-adopt surviving sessions, reap partial ones, serve the API
+const serveLong = `Run the daemon: re-adopt surviving sessions, reap partial ones, serve the API
 on the unix socket and tell systemd it is ready. Every option can also be set
 in a TOML file given with --config (keys are the option names, e.g.
 state-dir = "/var/lib/enforcerd", upstream = ["192.0.2.53"]); flags win.
@@ -405,63 +454,73 @@ API access is powerful: whoever may use the socket (root, and the members of
 --socket-group) can run any program as root in a sandbox, from any image under
 --images-dir, and choose its network policy, public egress included. Grant
 the group only to those you would let run containers as root. Without
---images-dir no sandbox can be created (--network-only sessions still can).
-`
+--images-dir no sandbox can be created (--network-only sessions still can).`
 
-func (c *cli) cmdServe(glob globalOpts, args []string) error {
-	const cmd = "enforcerd serve"
-	fs := newFlagSet("serve")
-	flags := defineServeFlags(fs)
-	pos, _, err := c.parse(fs, cmd, serveUsage, args, 0)
-	if err != nil {
-		return err
+func (c *cli) serveCommand(glob *globalOpts) *cobra.Command {
+	var flags *serveFlags
+	cmd := &cobra.Command{
+		Use:   "serve [options]",
+		Short: "run the daemon",
+		Long:  serveLong,
+		Args:  cobra.ArbitraryArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			const name = "enforcerd serve"
+			if err := noArgs(name, "serve takes options only", args); err != nil {
+				return err
+			}
+			flags.single[optSocket] = &glob.socket // the global option, wherever it was given
+			src, err := collectServeOptions(cmd.Flags(), flags)
+			if err != nil {
+				return usageErr(name, "%v", err)
+			}
+			cfg, err := buildServeConfig(src, c.getenv, c.resolvConf)
+			if err != nil {
+				return usageErr(name, "%v", err)
+			}
+			if err := c.serve(cfg); err != nil {
+				return refusedErr(name, err)
+			}
+			return nil
+		},
 	}
-	if len(pos) > 0 {
-		return usageErr(cmd, "unexpected argument %q (serve takes options only)", pos[0])
+	flags = defineServeFlags(cmd.Flags())
+	for opt, values := range map[string][]string{optLogFormat: {"text", "json"}} {
+		_ = cmd.RegisterFlagCompletionFunc(opt, cobra.FixedCompletions(values, cobra.ShellCompDirectiveNoFileComp))
 	}
-	src, err := collectServeOptions(fs, flags, glob)
-	if err != nil {
-		return usageErr(cmd, "%v", err)
-	}
-	cfg, err := buildServeConfig(src, c.getenv, c.resolvConf)
-	if err != nil {
-		return usageErr(cmd, "%v", err)
-	}
-	if err := c.serve(cfg); err != nil {
-		return &exitError{code: exitRefused, msg: cmd + ": " + err.Error()}
-	}
-	return nil
+	return cmd
 }
 
-const reapUsage = `usage: enforcerd reap [--name-prefix P] [--state-dir DIR] [--pool CIDR] [--config FILE] [--force]
-
-Offline, with the daemon stopped: remove every kernel object of the name
+const reapLong = `Offline, with the daemon stopped: remove every kernel object of the name
 prefix (network namespaces, interfaces, the nftables table, sandboxes) and
 the state records. It refuses while a daemon serves the prefix or the state
-dir (--force removes them anyway, from under it).
-`
+dir (--force removes them anyway, from under it).`
 
-func (c *cli) cmdReap(args []string) error {
-	const cmd = "enforcerd reap"
-	fs := newFlagSet("reap")
-	flags := defineReapFlags(fs)
-	pos, _, err := c.parse(fs, cmd, reapUsage, args, 0)
-	if err != nil {
-		return err
+func (c *cli) reapCommand() *cobra.Command {
+	var flags *serveFlags
+	cmd := &cobra.Command{
+		Use:   "reap [--name-prefix P] [--state-dir DIR] [--pool CIDR] [--config FILE] [--force]",
+		Short: "offline: remove every object of a name prefix",
+		Long:  reapLong,
+		Args:  cobra.ArbitraryArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			const name = "enforcerd reap"
+			if err := noArgs(name, "reap takes options only", args); err != nil {
+				return err
+			}
+			src, err := collectServeOptions(cmd.Flags(), flags)
+			if err != nil {
+				return usageErr(name, "%v", err)
+			}
+			prefix, stateDir, pool, err := buildReapConfig(src)
+			if err != nil {
+				return usageErr(name, "%v", err)
+			}
+			if err := c.reap(prefix, stateDir, pool, flags.force); err != nil {
+				return refusedErr(name, err)
+			}
+			return nil
+		},
 	}
-	if len(pos) > 0 {
-		return usageErr(cmd, "unexpected argument %q (reap takes options only)", pos[0])
-	}
-	src, err := collectServeOptions(fs, flags, globalOpts{})
-	if err != nil {
-		return usageErr(cmd, "%v", err)
-	}
-	prefix, stateDir, pool, err := buildReapConfig(src)
-	if err != nil {
-		return usageErr(cmd, "%v", err)
-	}
-	if err := c.reap(prefix, stateDir, pool, *flags.force); err != nil {
-		return &exitError{code: exitRefused, msg: cmd + ": " + err.Error()}
-	}
-	return nil
+	flags = defineReapFlags(cmd.Flags())
+	return cmd
 }

@@ -1,9 +1,9 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"math"
@@ -13,69 +13,79 @@ import (
 	"text/tabwriter"
 	"time"
 
+	units "github.com/docker/go-units"
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+
 	"github.com/enforcerd/enforcerd/api"
 )
 
-const sessionUsage = `usage: enforcerd session SUBCOMMAND [ARGS]
+// sessionSubcommands names the subcommands in the errors of "enforcerd session".
+const sessionSubcommands = "create, exec, ls, inspect, rm or events"
 
-subcommands:
-  create NAME (--rootfs DIR | --network-only) [options]
-  exec NAME [--timeout DURATION] [--env KEY=VALUE]... [--workdir DIR] -- CMD [ARG]...
-  ls [--json] [--label KEY=VALUE]
-  inspect NAME
-  rm NAME... | --label KEY=VALUE
-  events NAME [--follow]
-
-Run 'enforcerd session SUBCOMMAND --help' for its options.
-`
-
-func (c *cli) cmdSession(glob globalOpts, args []string) error {
-	if len(args) == 0 {
-		return usageErr("enforcerd session", "missing subcommand (create, exec, ls, inspect, rm or events)")
+func (c *cli) sessionCommand(glob *globalOpts) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "session SUBCOMMAND [ARGS]",
+		Short: "create, run in, list, inspect and remove sessions",
+		Long:  "Manage sessions through the daemon's API socket.",
+		Args:  cobra.ArbitraryArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			const name = "enforcerd session"
+			switch {
+			case len(args) == 0:
+				return usageErr(name, "missing subcommand (%s)", sessionSubcommands)
+			case args[0] == "help":
+				if err := cmd.Help(); err != nil {
+					return err
+				}
+				return errHelpShown
+			}
+			return unknownCommand(cmd, name, "subcommand", args[0], sessionSubcommands)
+		},
+		SuggestionsMinimumDistance: 2,
 	}
-	sub, rest := args[0], args[1:]
-	switch sub {
-	case "create":
-		return c.sessionCreate(glob, rest)
-	case "exec":
-		return c.sessionExec(glob, rest)
-	case "ls":
-		return c.sessionList(glob, rest)
-	case "inspect":
-		return c.sessionInspect(glob, rest)
-	case "rm":
-		return c.sessionRemove(glob, rest)
-	case "events":
-		return c.sessionEvents(glob, rest)
-	case "-h", "-help", "--help", "help":
-		fmt.Fprint(c.stdout, sessionUsage)
-		return errHelpShown
-	}
-	if strings.HasPrefix(sub, "-") {
-		return usageErr("enforcerd session", "flag %s before the subcommand (flags go after it)", sub)
-	}
-	return usageErr("enforcerd session", "unknown subcommand %q (create, exec, ls, inspect, rm or events)", sub)
+	cmd.AddCommand(
+		c.sessionCreate(glob),
+		c.sessionExec(glob),
+		c.sessionList(glob),
+		c.sessionInspect(glob),
+		c.sessionRemove(glob),
+		c.sessionEvents(glob),
+	)
+	return cmd
 }
 
-// sessionFlags starts a session subcommand's flag set with --socket.
-func sessionFlags(name string) (*flag.FlagSet, *string) {
-	fs := newFlagSet(name)
-	sock := fs.String("socket", "", "the daemon's socket `PATH` (env ENFORCERD_SOCKET; default "+api.DefaultSocket+")")
-	return fs, sock
-}
-
-// socketPath resolves the client's socket: the subcommand's --socket, the
-// global --socket, ENFORCERD_SOCKET, the default.
-func (c *cli) socketPath(glob globalOpts, local string) string {
+// socketPath resolves the client's socket: --socket, ENFORCERD_SOCKET, the
+// default.
+func (c *cli) socketPath(glob *globalOpts) string {
 	switch {
-	case local != "":
-		return local
 	case glob.socket != "":
 		return glob.socket
 	case c.getenv("ENFORCERD_SOCKET") != "":
 		return c.getenv("ENFORCERD_SOCKET")
 	}
 	return api.DefaultSocket
+}
+
+// completeSessions completes a session NAME from the daemon's list; it
+// offers nothing when the daemon cannot be asked within a second.
+func (c *cli) completeSessions(glob *globalOpts, max int) cobra.CompletionFunc {
+	return func(_ *cobra.Command, args []string, _ string) ([]cobra.Completion, cobra.ShellCompDirective) {
+		if max > 0 && len(args) >= max {
+			return nil, cobra.ShellCompDirectiveNoFileComp
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		list, err := api.NewClient(c.socketPath(glob)).List(ctx, "", "")
+		if err != nil {
+			return nil, cobra.ShellCompDirectiveNoFileComp
+		}
+		names := make([]cobra.Completion, 0, len(list))
+		for _, s := range list {
+			names = append(names, s.Name)
+		}
+		return names, cobra.ShellCompDirectiveNoFileComp
+	}
 }
 
 // oneName checks that exactly one NAME was given.
@@ -91,17 +101,14 @@ func oneName(cmd string, pos []string) (string, error) {
 
 // ---- create ---------------------------------------------------------------
 
-const createUsage = `usage: enforcerd session create NAME (--rootfs DIR | --network-only) [options]
-
-Create a session: its own network namespace, address and egress policy, and
+const createLong = `Create a session: its own network namespace, address and egress policy, and
 (with --rootfs) a sandbox running in it. NAME is 1 to 32 of [a-z0-9-],
 starting with a letter or digit. The policy is fixed at create.
 
 The sandbox's root user is root over its image: the daemon accepts a
 --rootfs only inside a directory the operator gave serve with --images-dir
 (root-owned, writable by root only), never / itself. A sandbox gets 512 MiB
-of memory, 1024 processes and one CPU unless told otherwise.
-`
+of memory, 1024 processes and one CPU unless told otherwise.`
 
 // enumFlag is a string flag restricted to a fixed set of values.
 type enumFlag struct {
@@ -109,6 +116,7 @@ type enumFlag struct {
 	allowed []string
 }
 
+func (e *enumFlag) Type() string   { return "MODE" }
 func (e *enumFlag) String() string { return e.value }
 func (e *enumFlag) Set(v string) error {
 	for _, a := range e.allowed {
@@ -120,11 +128,17 @@ func (e *enumFlag) Set(v string) error {
 	return fmt.Errorf("want %s", strings.Join(e.allowed, ", "))
 }
 
-// sizeFlag is a byte size such as 512M or 2G (binary multiples).
 // durationFlag is a positive Go duration; its error says what is accepted.
 type durationFlag time.Duration
 
-func (d *durationFlag) String() string { return time.Duration(*d).String() }
+func (d *durationFlag) Type() string { return "DURATION" }
+
+func (d *durationFlag) String() string {
+	if d == nil || *d == 0 {
+		return ""
+	}
+	return time.Duration(*d).String()
+}
 
 func (d *durationFlag) Set(v string) error {
 	t, err := time.ParseDuration(v)
@@ -138,6 +152,8 @@ func (d *durationFlag) Set(v string) error {
 // cpusFlag is a positive, finite number of CPUs such as 0.5 or 2 (the
 // daemon checks it against its machine's CPU count).
 type cpusFlag float64
+
+func (c *cpusFlag) Type() string { return "N" }
 
 func (c *cpusFlag) String() string {
 	if c == nil || *c == 0 {
@@ -155,7 +171,31 @@ func (c *cpusFlag) Set(v string) error {
 	return nil
 }
 
+// positiveFlag is a whole number of at least 1 (--pids).
+type positiveFlag int64
+
+func (p *positiveFlag) Type() string { return "N" }
+
+func (p *positiveFlag) String() string {
+	if p == nil || *p == 0 {
+		return ""
+	}
+	return strconv.FormatInt(int64(*p), 10)
+}
+
+func (p *positiveFlag) Set(v string) error {
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err != nil || n <= 0 {
+		return errors.New("want a positive number")
+	}
+	*p = positiveFlag(n)
+	return nil
+}
+
+// sizeFlag is a byte size such as 512M or 2G (binary multiples).
 type sizeFlag struct{ bytes int64 }
+
+func (s *sizeFlag) Type() string { return "SIZE" }
 
 func (s *sizeFlag) String() string {
 	if s == nil || s.bytes == 0 {
@@ -173,369 +213,414 @@ func (s *sizeFlag) Set(v string) error {
 	return nil
 }
 
-// parseSize parses a positive byte count with an optional K, M, G or T
-// suffix (binary multiples; "KiB", "KB", "k" are all 1024).
+// parseSize parses a positive whole byte count with an optional k, m, g, t
+// or p suffix in binary multiples, as docker's --memory does ("512M",
+// "512MiB", "512mb" and "524288k" are the same size). Fractions are refused:
+// a size is a whole number of its unit.
 func parseSize(v string) (int64, error) {
 	bad := errors.New("want a positive size such as 512M, 2G or 1048576")
-	s := strings.ToLower(strings.TrimSpace(v))
-	s = strings.TrimSuffix(s, "b")
-	s = strings.TrimSuffix(s, "i")
-	mult := int64(1)
-	if s != "" {
-		switch s[len(s)-1] {
-		case 'k':
-			mult = 1 << 10
-		case 'm':
-			mult = 1 << 20
-		case 'g':
-			mult = 1 << 30
-		case 't':
-			mult = 1 << 40
-		}
-		if mult != 1 {
-			s = s[:len(s)-1]
-		}
-	}
-	n, err := strconv.ParseInt(s, 10, 64)
-	if err != nil || n <= 0 || n > (1<<62)/mult {
+	if strings.Contains(v, ".") {
 		return 0, bad
 	}
-	return n * mult, nil
+	n, err := units.RAMInBytes(strings.TrimSpace(v))
+	// Beyond 2^62 bytes the float inside RAMInBytes has overflowed.
+	if err != nil || n <= 0 || n > 1<<62 {
+		return 0, bad
+	}
+	return n, nil
 }
 
-func (c *cli) sessionCreate(glob globalOpts, args []string) error {
-	const cmd = "enforcerd session create"
-	fs, sock := sessionFlags("session create")
+func (c *cli) sessionCreate(glob *globalOpts) *cobra.Command {
 	var (
-		req            api.CreateRequest
-		allow, scope   listFlag
-		labPeers       listFlag
-		labels         kvFlag
-		memory         sizeFlag
-		cpus           cpusFlag
-		asJSON         bool
-		egress         = enumFlag{allowed: []string{"none", "allowlist", "public"}}
-		pidsSet, rootf bool
+		req          api.CreateRequest
+		allow, scope []string
+		labPeers     []string
+		labels       kvFlag
+		memory       sizeFlag
+		cpus         cpusFlag
+		pids         positiveFlag
+		asJSON       bool
+		egress       = enumFlag{allowed: []string{"none", "allowlist", "public"}}
 	)
+	cmd := &cobra.Command{
+		Use:   "create NAME (--rootfs DIR | --network-only) [options]",
+		Short: "create a session",
+		Long:  createLong,
+		Args:  cobra.ArbitraryArgs,
+	}
+	fs := cmd.Flags()
 	fs.StringVar(&req.Rootfs, "rootfs", "", "run a sandbox from the root filesystem `DIR` (shared, never changed; must be inside the daemon's --images-dir)")
 	fs.BoolVar(&req.NetworkOnly, "network-only", false, "no sandbox: bring your own runtime and join the netns")
 	fs.BoolVar(&req.Writable, "writable", false, "give the sandbox a writable overlay instead of a read-only root with a tmpfs /tmp")
-	fs.Var(&allow, "allow", "allow egress to `ENTRY` (name, *.wildcard, CIDR, optionally :PORT), repeatable")
-	fs.Var(&scope, "scope", "allow the host of the scope `URL`, repeatable; a scope without a port allows every port (a browser would use only the scheme's default), and an IPv4-mapped IPv6 address is judged by its IPv4 address")
+	fs.StringArrayVar(&allow, "allow", nil, "allow egress to `ENTRY` (name, *.wildcard, CIDR, optionally :PORT), repeatable")
+	fs.StringArrayVar(&scope, "scope", nil, "allow the host of the scope `URL`, repeatable; a scope without a port allows every port (a browser would use only the scheme's default), and an IPv4-mapped IPv6 address is judged by its IPv4 address")
 	fs.BoolVar(&req.Pin, "pin", false, "resolve every allowed host once now and pin its IPv4 addresses")
 	fs.Var(&egress, "egress", "egress `MODE`: none, allowlist or public (default: allowlist when something is allowed, else none)")
 	fs.BoolVar(&req.Lab, "lab", false, "make the session a lab target (an address, no egress unless given more)")
-	fs.Var(&labPeers, "lab-peer", "may connect to the lab target `NAME`, repeatable")
+	fs.StringArrayVar(&labPeers, "lab-peer", nil, "may connect to the lab target `NAME`, repeatable")
 	fs.BoolVar(&req.NetRaw, "net-raw", false, "grant CAP_NET_RAW in the sandbox (scanners, ping)")
 	fs.Var(&memory, "memory", "memory limit `SIZE` of the sandbox, e.g. 512M")
-	fs.Int64Var(&req.Pids, "pids", 0, "process limit `N` of the sandbox")
+	fs.Var(&pids, "pids", "process limit `N` of the sandbox")
 	fs.Var(&cpus, "cpus", "CPU limit `N` of the sandbox, like docker's: 1.5 is one and a half CPUs (default 1)")
 	fs.Var(&labels, "label", "attach the label `KEY=VALUE`, repeatable")
 	fs.BoolVar(&asJSON, "json", false, "print the session as JSON")
-	pos, _, err := c.parse(fs, cmd, createUsage, args, 0)
-	if err != nil {
-		return err
-	}
-	name, err := oneName(cmd, pos)
-	if err != nil {
-		return err
-	}
-	fs.Visit(func(f *flag.Flag) {
-		pidsSet = pidsSet || f.Name == "pids"
-		rootf = rootf || f.Name == "rootfs"
-	})
-	// The first flag given that configures the sandbox, in the daemon's
-	// order (a false --net-raw or --writable asks for nothing).
-	var sandboxOnly string
-	for _, f := range []struct {
-		name string
-		set  bool
-	}{
-		{"memory", memory.bytes != 0}, {"pids", pidsSet}, {"cpus", cpus != 0},
-		{"net-raw", req.NetRaw}, {"writable", req.Writable},
-	} {
-		if f.set && sandboxOnly == "" {
-			sandboxOnly = f.name
-		}
-	}
-	if pidsSet && req.Pids <= 0 {
-		return usageErr(cmd, "invalid value \"%d\" for flag -pids: want a positive number", req.Pids)
-	}
-	switch {
-	case rootf && req.NetworkOnly:
-		return usageErr(cmd, "--rootfs %q and --network-only exclude each other", req.Rootfs)
-	case !rootf && !req.NetworkOnly:
-		return usageErr(cmd, "missing --rootfs DIR or --network-only")
-	case rootf && req.Rootfs == "":
-		return usageErr(cmd, "invalid value \"\" for flag -rootfs: want a directory")
-	case req.NetworkOnly && sandboxOnly != "":
-		return usageErr(cmd, "--%s has no effect with --network-only: there is no sandbox; leave it out", sandboxOnly)
-	}
-	if req.Rootfs != "" {
-		abs, err := filepath.Abs(req.Rootfs)
-		if err != nil {
-			return usageErr(cmd, "--rootfs %q: %v", req.Rootfs, err)
-		}
-		req.Rootfs = abs // the daemon has its own working directory
-	}
-	req.Name = name
-	req.Allow = allow.values
-	req.Scope = scope.values
-	req.LabPeers = labPeers.values
-	req.Egress = egress.value
-	req.MemoryBytes = memory.bytes
-	req.CPUs = float64(cpus)
-	req.Labels = labels.values
+	_ = cmd.RegisterFlagCompletionFunc("egress", cobra.FixedCompletions(egress.allowed, cobra.ShellCompDirectiveNoFileComp))
+	_ = cmd.MarkFlagDirname("rootfs")
+	cmd.ValidArgsFunction = cobra.NoFileCompletions
 
-	ctx, cancel := signalContext()
-	defer cancel()
-	info, err := api.NewClient(c.socketPath(glob, *sock)).Create(ctx, req)
-	if err != nil {
-		return refusedErr(cmd, err)
+	cmd.RunE = func(cmd *cobra.Command, args []string) error {
+		const name = "enforcerd session create"
+		sessionName, err := oneName(name, args)
+		if err != nil {
+			return err
+		}
+		rootf := fs.Changed("rootfs")
+		// The first flag given that configures the sandbox, in the daemon's
+		// order (a false --net-raw or --writable asks for nothing).
+		var sandboxOnly string
+		for _, f := range []struct {
+			name string
+			set  bool
+		}{
+			{"memory", memory.bytes != 0}, {"pids", fs.Changed("pids")}, {"cpus", cpus != 0},
+			{"net-raw", req.NetRaw}, {"writable", req.Writable},
+		} {
+			if f.set && sandboxOnly == "" {
+				sandboxOnly = f.name
+			}
+		}
+		switch {
+		case rootf && req.NetworkOnly:
+			return usageErr(name, "--rootfs %q and --network-only exclude each other", req.Rootfs)
+		case !rootf && !req.NetworkOnly:
+			return usageErr(name, "missing --rootfs DIR or --network-only")
+		case rootf && req.Rootfs == "":
+			return usageErr(name, "invalid value \"\" for flag --rootfs: want a directory")
+		case req.NetworkOnly && sandboxOnly != "":
+			return usageErr(name, "--%s has no effect with --network-only: there is no sandbox; leave it out", sandboxOnly)
+		}
+		if req.Rootfs != "" {
+			abs, err := filepath.Abs(req.Rootfs)
+			if err != nil {
+				return usageErr(name, "--rootfs %q: %v", req.Rootfs, err)
+			}
+			req.Rootfs = abs // the daemon has its own working directory
+		}
+		req.Name = sessionName
+		req.Allow = allow
+		req.Scope = scope
+		req.LabPeers = labPeers
+		req.Egress = egress.value
+		req.MemoryBytes = memory.bytes
+		req.Pids = int64(pids)
+		req.CPUs = float64(cpus)
+		req.Labels = labels.values
+
+		ctx, cancel := signalContext()
+		defer cancel()
+		info, err := api.NewClient(c.socketPath(glob)).Create(ctx, req)
+		if err != nil {
+			return refusedErr(name, err)
+		}
+		if asJSON {
+			return writeJSON(c.stdout, info)
+		}
+		fmt.Fprintf(c.stdout, "created %s: netns %s, guest %s, gateway %s, egress %s, sandbox %s\n",
+			info.Name, info.Netns, orDash(info.GuestIP), orDash(info.GatewayIP), info.Egress, yesNo(info.Sandbox))
+		return nil
 	}
-	if asJSON {
-		return writeJSON(c.stdout, info)
-	}
-	fmt.Fprintf(c.stdout, "created %s: netns %s, guest %s, gateway %s, egress %s, sandbox %s\n",
-		info.Name, info.Netns, orDash(info.GuestIP), orDash(info.GatewayIP), info.Egress, yesNo(info.Sandbox))
-	return nil
+	return cmd
 }
 
 // ---- exec -----------------------------------------------------------------
 
-const execUsage = `usage: enforcerd session exec NAME [options] -- CMD [ARG]...
-
-Run a command in the session's sandbox, streaming its output. The exit status
-is the command's, 124 when it timed out, 125 when enforcerd itself failed
-(including an unknown session or one without a sandbox), 127 when the command
-is not found and 126 when it cannot be run (not executable, a directory, or
-the sandbox's pids limit reached).
-`
+const execLong = `Run a command in the session's sandbox, streaming its output. Options go
+before the command: the command starts after "--", or at the first argument
+after NAME that is not an option. The exit status is the command's, 124 when
+it timed out, 125 when enforcerd itself failed (including an unknown session
+or one without a sandbox), 127 when the command is not found and 126 when it
+cannot be run (not executable, a directory, or the sandbox's pids limit
+reached).`
 
 // maxExecStdin bounds --stdin: the request body is limited to 1 MiB.
 const maxExecStdin = 512 << 10
 
-func (c *cli) sessionExec(glob globalOpts, args []string) error {
-	const cmd = "enforcerd session exec"
-	fs, sock := sessionFlags("session exec")
+func (c *cli) sessionExec(glob *globalOpts) *cobra.Command {
 	var (
 		req       api.ExecRequest
 		env       kvFlag
 		timeout   durationFlag
 		withStdin bool
 	)
+	cmd := &cobra.Command{
+		Use:               "exec NAME [options] -- CMD [ARG]...",
+		Short:             "run a command in a session's sandbox",
+		Long:              execLong,
+		Args:              cobra.ArbitraryArgs,
+		ValidArgsFunction: c.completeSessions(glob, 1),
+	}
+	fs := cmd.Flags()
 	fs.Var(&timeout, "timeout", "kill the command's process group after `DURATION` (exit 124)")
 	fs.Var(&env, "env", "set the environment variable `KEY=VALUE`, repeatable")
 	fs.StringVar(&req.Dir, "workdir", "", "run in the directory `DIR` of the sandbox")
 	fs.StringVar(&req.User, "user", "", "run as `USER` (name or uid[:gid]) of the sandbox")
 	fs.BoolVar(&withStdin, "stdin", false, "send this program's standard input (at most 512 KiB) to the command")
-	pos, rest, err := c.parse(fs, cmd, execUsage, args, 1)
-	if err != nil {
-		return err
-	}
-	name, err := oneName(cmd, pos)
-	if err != nil {
-		return err
-	}
-	if len(rest) == 0 {
-		return usageErr(cmd, "missing command after NAME %q (enforcerd session exec NAME -- CMD [ARG]...)", name)
-	}
-	if timeout > 0 {
-		req.Timeout = time.Duration(timeout).String()
-	}
-	req.Args = rest
-	req.Env = env.pairs()
-	if withStdin {
-		data, err := io.ReadAll(io.LimitReader(c.stdin, maxExecStdin+1))
-		if err != nil {
-			return &exitError{code: api.ExitEnforcerd, msg: cmd + ": read stdin: " + err.Error()}
-		}
-		if len(data) > maxExecStdin {
-			return usageErr(cmd, "--stdin: input larger than %d bytes", maxExecStdin)
-		}
-		req.Stdin = data
-	}
+	// Parsing stops at NAME; RunE parses the options after it up to the
+	// command, so that the command's own options stay its own.
+	fs.SetInterspersed(false)
 
-	ctx, cancel := signalContext()
-	defer cancel()
-	code, err := api.NewClient(c.socketPath(glob, *sock)).Exec(ctx, name, req, c.stdout, c.stderr)
-	if err != nil {
-		if ctx.Err() != nil {
-			return &exitError{code: exitInterrupt, msg: cmd + ": interrupted"}
+	cmd.RunE = func(cmd *cobra.Command, args []string) error {
+		const name = "enforcerd session exec"
+		if len(args) == 0 {
+			return usageErr(name, "missing session NAME")
 		}
-		var fe *api.ExecError
-		if errors.As(err, &fe) && fe.Exit != 0 {
-			return &exitError{code: fe.Exit, msg: cmd + ": " + fe.Message}
+		sessionName := args[0]
+		if err := fs.Parse(args[1:]); err != nil {
+			return cmd.FlagErrorFunc()(cmd, err)
 		}
-		return &exitError{code: api.ExitEnforcerd, msg: cmd + ": " + err.Error()}
+		if help, _ := fs.GetBool("help"); help {
+			if err := cmd.Help(); err != nil {
+				return err
+			}
+			return errHelpShown
+		}
+		command := fs.Args()
+		if len(command) == 0 {
+			return usageErr(name, "missing command after NAME %q (enforcerd session exec NAME -- CMD [ARG]...)", sessionName)
+		}
+		if timeout > 0 {
+			req.Timeout = time.Duration(timeout).String()
+		}
+		req.Args = command
+		req.Env = env.pairs()
+		if withStdin {
+			data, err := io.ReadAll(io.LimitReader(c.stdin, maxExecStdin+1))
+			if err != nil {
+				return &exitError{code: api.ExitEnforcerd, msg: name + ": read stdin: " + err.Error()}
+			}
+			if len(data) > maxExecStdin {
+				return usageErr(name, "--stdin: input larger than %d bytes", maxExecStdin)
+			}
+			req.Stdin = data
+		}
+
+		ctx, cancel := signalContext()
+		defer cancel()
+		code, err := api.NewClient(c.socketPath(glob)).Exec(ctx, sessionName, req, c.stdout, c.stderr)
+		if err != nil {
+			if ctx.Err() != nil {
+				return &exitError{code: exitInterrupt, msg: name + ": interrupted"}
+			}
+			var fe *api.ExecError
+			if errors.As(err, &fe) && fe.Exit != 0 {
+				return &exitError{code: fe.Exit, msg: name + ": " + fe.Message}
+			}
+			return &exitError{code: api.ExitEnforcerd, msg: name + ": " + err.Error()}
+		}
+		if code != 0 {
+			return &exitError{code: code}
+		}
+		return nil
 	}
-	if code != 0 {
-		return &exitError{code: code}
-	}
-	return nil
+	return cmd
 }
 
 // ---- ls -------------------------------------------------------------------
 
-const listUsage = `usage: enforcerd session ls [--json] [--label KEY=VALUE]
-
-List the sessions, optionally only those with a label.
-`
-
-func (c *cli) sessionList(glob globalOpts, args []string) error {
-	const cmd = "enforcerd session ls"
-	fs, sock := sessionFlags("session ls")
+func (c *cli) sessionList(glob *globalOpts) *cobra.Command {
 	var (
 		asJSON bool
 		label  = kvFlag{single: true}
 	)
-	fs.BoolVar(&asJSON, "json", false, "print a JSON array")
-	fs.Var(&label, "label", "only sessions with the label `KEY=VALUE`")
-	pos, _, err := c.parse(fs, cmd, listUsage, args, 0)
-	if err != nil {
-		return err
+	cmd := &cobra.Command{
+		Use:               "ls [--json] [--label KEY=VALUE]",
+		Short:             "list sessions",
+		Long:              "List the sessions, optionally only those with a label.",
+		Args:              cobra.ArbitraryArgs,
+		ValidArgsFunction: cobra.NoFileCompletions,
 	}
-	if len(pos) > 0 {
-		return usageErr(cmd, "unexpected argument %q (filter with --label KEY=VALUE)", pos[0])
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print a JSON array")
+	cmd.Flags().Var(&label, "label", "only sessions with the label `KEY=VALUE`")
+	cmd.RunE = func(_ *cobra.Command, args []string) error {
+		const name = "enforcerd session ls"
+		if err := noArgs(name, "filter with --label KEY=VALUE", args); err != nil {
+			return err
+		}
+		key, value, _ := label.first()
+		ctx, cancel := signalContext()
+		defer cancel()
+		list, err := api.NewClient(c.socketPath(glob)).List(ctx, key, value)
+		if err != nil {
+			return refusedErr(name, err)
+		}
+		if list == nil {
+			list = []api.SessionInfo{}
+		}
+		if asJSON {
+			return writeJSON(c.stdout, list)
+		}
+		tw := tabwriter.NewWriter(c.stdout, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "NAME\tEGRESS\tGUEST IP\tSANDBOX\tATTESTED\tDROPPED\tLABELS\tAGE")
+		for _, s := range list {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\n", s.Name, s.Egress, orDash(s.GuestIP),
+				yesNo(s.Sandbox), len(s.Attested), s.Counters.DroppedPackets, orDash(sortedKV(s.Labels)),
+				age(c.now(), s.Created))
+		}
+		return tw.Flush()
 	}
-	key, value, _ := label.first()
-	ctx, cancel := signalContext()
-	defer cancel()
-	list, err := api.NewClient(c.socketPath(glob, *sock)).List(ctx, key, value)
-	if err != nil {
-		return refusedErr(cmd, err)
-	}
-	if list == nil {
-		list = []api.SessionInfo{}
-	}
-	if asJSON {
-		return writeJSON(c.stdout, list)
-	}
-	tw := tabwriter.NewWriter(c.stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NAME\tEGRESS\tGUEST IP\tSANDBOX\tATTESTED\tDROPPED\tLABELS\tAGE")
-	for _, s := range list {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\n", s.Name, s.Egress, orDash(s.GuestIP),
-			yesNo(s.Sandbox), len(s.Attested), s.Counters.DroppedPackets, orDash(sortedKV(s.Labels)),
-			age(c.now(), s.Created))
-	}
-	return tw.Flush()
+	return cmd
 }
 
 // ---- inspect --------------------------------------------------------------
 
-const inspectUsage = `usage: enforcerd session inspect NAME
-
-Print one session as JSON: addresses, policy, attested addresses, counters,
-labels.
-`
-
-func (c *cli) sessionInspect(glob globalOpts, args []string) error {
-	const cmd = "enforcerd session inspect"
-	fs, sock := sessionFlags("session inspect")
-	pos, _, err := c.parse(fs, cmd, inspectUsage, args, 0)
-	if err != nil {
-		return err
+func (c *cli) sessionInspect(glob *globalOpts) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "inspect NAME",
+		Short: "show one session as JSON",
+		Long: `Print one session as JSON: addresses, policy, attested addresses, counters,
+labels. The output is always JSON; --json is accepted as on the other commands.`,
+		Args:              cobra.ArbitraryArgs,
+		ValidArgsFunction: c.completeSessions(glob, 1),
 	}
-	name, err := oneName(cmd, pos)
-	if err != nil {
-		return err
+	cmd.Flags().Bool("json", false, "print JSON (the only format of inspect; accepted for symmetry)")
+	cmd.RunE = func(_ *cobra.Command, args []string) error {
+		const name = "enforcerd session inspect"
+		sessionName, err := oneName(name, args)
+		if err != nil {
+			return err
+		}
+		ctx, cancel := signalContext()
+		defer cancel()
+		info, err := api.NewClient(c.socketPath(glob)).Inspect(ctx, sessionName)
+		if err != nil {
+			return refusedErr(name, err)
+		}
+		return writeJSON(c.stdout, info)
 	}
-	ctx, cancel := signalContext()
-	defer cancel()
-	info, err := api.NewClient(c.socketPath(glob, *sock)).Inspect(ctx, name)
-	if err != nil {
-		return refusedErr(cmd, err)
-	}
-	return writeJSON(c.stdout, info)
+	return cmd
 }
 
 // ---- rm -------------------------------------------------------------------
 
-const removeUsage = `usage: enforcerd session rm NAME... | --label KEY=VALUE
+const removeLong = `Remove sessions by name, or every session with a label. Each removed name is
+printed (with --json, one object {"deleted": [NAME...]}). An unknown NAME is
+reported (exit status 1); the others are still removed.`
 
-Remove sessions by name, or every session with a label. Each removed name is
-printed. An unknown NAME is reported (exit status 1); the others are still
-removed.
-`
-
-func (c *cli) sessionRemove(glob globalOpts, args []string) error {
-	const cmd = "enforcerd session rm"
-	fs, sock := sessionFlags("session rm")
-	label := kvFlag{single: true}
-	fs.Var(&label, "label", "remove every session with the label `KEY=VALUE`")
-	pos, _, err := c.parse(fs, cmd, removeUsage, args, 0)
-	if err != nil {
-		return err
+func (c *cli) sessionRemove(glob *globalOpts) *cobra.Command {
+	var (
+		asJSON bool
+		label  = kvFlag{single: true}
+	)
+	cmd := &cobra.Command{
+		Use:               "rm NAME... | --label KEY=VALUE",
+		Short:             "remove sessions by name or label",
+		Long:              removeLong,
+		Args:              cobra.ArbitraryArgs,
+		ValidArgsFunction: c.completeSessions(glob, 0),
 	}
-	key, value, byLabel := label.first()
-	switch {
-	case byLabel && len(pos) > 0:
-		return usageErr(cmd, "NAME %q and --label exclude each other", pos[0])
-	case !byLabel && len(pos) == 0:
-		return usageErr(cmd, "missing session NAME or --label KEY=VALUE")
-	}
-	ctx, cancel := signalContext()
-	defer cancel()
-	cl := api.NewClient(c.socketPath(glob, *sock))
-	if byLabel {
-		names, err := cl.RemoveByLabel(ctx, key, value)
-		for _, n := range names {
-			fmt.Fprintln(c.stdout, n)
+	cmd.Flags().Var(&label, "label", "remove every session with the label `KEY=VALUE`")
+	cmd.Flags().BoolVar(&asJSON, "json", false, `print the removed names as JSON: {"deleted": [...]}`)
+	cmd.RunE = func(_ *cobra.Command, args []string) error {
+		const name = "enforcerd session rm"
+		key, value, byLabel := label.first()
+		switch {
+		case byLabel && len(args) > 0:
+			return usageErr(name, "NAME %q and --label exclude each other", args[0])
+		case !byLabel && len(args) == 0:
+			return usageErr(name, "missing session NAME or --label KEY=VALUE")
 		}
-		if err != nil {
-			return refusedErr(cmd, err)
-		}
-		return nil
-	}
-	failed := 0
-	for _, name := range pos {
-		if err := cl.Remove(ctx, name); err != nil {
-			failed++
-			fmt.Fprintln(c.stderr, api.OneLine(cmd+": "+err.Error()))
-			var ae *api.Error
-			if !errors.As(err, &ae) {
-				break // the daemon is unreachable: no point trying the rest
+		ctx, cancel := signalContext()
+		defer cancel()
+		cl := api.NewClient(c.socketPath(glob))
+		deleted := []string{}
+		// removed records a removed name and prints it at once, or (with
+		// --json) all of them at the end.
+		removed := func(n string) {
+			deleted = append(deleted, n)
+			if !asJSON {
+				fmt.Fprintln(c.stdout, n)
 			}
-			continue
 		}
-		fmt.Fprintln(c.stdout, name)
+		var failure error
+		if byLabel {
+			names, err := cl.RemoveByLabel(ctx, key, value)
+			for _, n := range names {
+				removed(n)
+			}
+			if err != nil {
+				failure = refusedErr(name, err)
+			}
+		} else {
+			failed := 0
+			for _, n := range args {
+				if err := cl.Remove(ctx, n); err != nil {
+					failed++
+					fmt.Fprintln(c.stderr, api.OneLine(name+": "+err.Error()))
+					var ae *api.Error
+					if !errors.As(err, &ae) {
+						break // the daemon is unreachable: no point trying the rest
+					}
+					continue
+				}
+				removed(n)
+			}
+			if failed > 0 {
+				failure = &exitError{code: exitRefused} // each failure is already printed
+			}
+		}
+		if asJSON {
+			if err := writeJSON(c.stdout, api.DeleteResponse{Deleted: deleted}); err != nil {
+				return err
+			}
+		}
+		return failure
 	}
-	if failed > 0 {
-		return &exitError{code: exitRefused} // each failure is already printed
-	}
-	return nil
+	return cmd
 }
 
 // ---- events ---------------------------------------------------------------
 
-const eventsUsage = `usage: enforcerd session events NAME [--follow]
-
-Print the session's recorded events (DNS decisions and lifecycle) as NDJSON;
+const eventsLong = `Print the session's recorded events (DNS decisions and lifecycle) as NDJSON;
 with --follow keep printing new ones until the session is removed or the
-command is interrupted.
-`
+command is interrupted.`
 
-func (c *cli) sessionEvents(glob globalOpts, args []string) error {
-	const cmd = "enforcerd session events"
-	fs, sock := sessionFlags("session events")
+func (c *cli) sessionEvents(glob *globalOpts) *cobra.Command {
 	var follow bool
-	fs.BoolVar(&follow, "follow", false, "keep printing new events")
-	pos, _, err := c.parse(fs, cmd, eventsUsage, args, 0)
-	if err != nil {
-		return err
+	cmd := &cobra.Command{
+		Use:               "events NAME [--follow]",
+		Short:             "print a session's events (NDJSON)",
+		Long:              eventsLong,
+		Args:              cobra.ArbitraryArgs,
+		ValidArgsFunction: c.completeSessions(glob, 1),
 	}
-	name, err := oneName(cmd, pos)
-	if err != nil {
-		return err
+	cmd.Flags().BoolVar(&follow, "follow", false, "keep printing new events")
+	cmd.Flags().Bool("json", false, "print NDJSON (the only format of events; accepted for symmetry)")
+	cmd.RunE = func(_ *cobra.Command, args []string) error {
+		const name = "enforcerd session events"
+		sessionName, err := oneName(name, args)
+		if err != nil {
+			return err
+		}
+		ctx, cancel := signalContext()
+		defer cancel()
+		err = api.NewClient(c.socketPath(glob)).EventsTo(ctx, sessionName, follow, c.stdout)
+		if err != nil && ctx.Err() == nil {
+			return refusedErr(name, err)
+		}
+		return nil
 	}
-	ctx, cancel := signalContext()
-	defer cancel()
-	err = api.NewClient(c.socketPath(glob, *sock)).EventsTo(ctx, name, follow, c.stdout)
-	if err != nil && ctx.Err() == nil {
-		return refusedErr(cmd, err)
-	}
-	return nil
+	return cmd
 }
+
+// The flag types are pflag values.
+var (
+	_ pflag.Value = (*kvFlag)(nil)
+	_ pflag.Value = (*enumFlag)(nil)
+	_ pflag.Value = (*durationFlag)(nil)
+	_ pflag.Value = (*cpusFlag)(nil)
+	_ pflag.Value = (*positiveFlag)(nil)
+	_ pflag.Value = (*sizeFlag)(nil)
+)
 
 // ---- output helpers -------------------------------------------------------
 

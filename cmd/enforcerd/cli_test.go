@@ -2,14 +2,19 @@ package main
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"net/netip"
 	"os"
 	"path/filepath"
 	"reflect"
+	"runtime"
+	"sort"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/spf13/cobra"
 )
 
 // testCLI is a cli with buffers, an environment map and fake daemon entry
@@ -88,10 +93,10 @@ func TestCLIUsageErrors(t *testing.T) {
 		{[]string{"session", "create", "s1", "--network-only", "--label", "a=1", "--label", "a=2"}, `enforcerd session create: invalid value "a=2" for flag --label: key "a" given twice`},
 		{[]string{"session", "create", "s1", "--network-only", "--memory", "12X"}, `enforcerd session create: invalid value "12X" for flag --memory: want a positive size such as 512M, 2G or 1048576`},
 		{[]string{"session", "create", "s1", "--network-only", "--memory", "0"}, `enforcerd session create: invalid value "0" for flag --memory: want a positive size such as 512M, 2G or 1048576`},
-		{[]string{"session", "create", "s1", "--network-only", "--pids", "many"}, `enforcerd session create: invalid value "many" for flag --pids: parse error`},
+		{[]string{"session", "create", "s1", "--network-only", "--pids", "many"}, `enforcerd session create: invalid value "many" for flag --pids: want a positive number`},
 		{[]string{"session", "create", "s1", "--network-only", "--pids", "0"}, `enforcerd session create: invalid value "0" for flag --pids: want a positive number`},
 		{[]string{"session", "create", "s1", "--network-only", "--egress", "open"}, `enforcerd session create: invalid value "open" for flag --egress: want none, allowlist, public`},
-		{[]string{"session", "create", "s1", "--network-only", "--json=maybe"}, `enforcerd session create: invalid boolean value "maybe" for -json: parse error`},
+		{[]string{"session", "create", "s1", "--network-only", "--json=maybe"}, `enforcerd session create: invalid value "maybe" for flag --json: want true or false`},
 		{[]string{"session", "exec"}, "enforcerd session exec: missing session NAME"},
 		{[]string{"session", "exec", "s1"}, `enforcerd session exec: missing command after NAME "s1" (enforcerd session exec NAME -- CMD [ARG]...)`},
 		{[]string{"session", "exec", "s1", "--"}, `enforcerd session exec: missing command after NAME "s1" (enforcerd session exec NAME -- CMD [ARG]...)`},
@@ -103,12 +108,27 @@ func TestCLIUsageErrors(t *testing.T) {
 		{[]string{"session", "ls", "--label", "a=1", "--label", "b=2"}, `enforcerd session ls: invalid value "b=2" for flag --label: given twice; only one KEY=VALUE filter is accepted`},
 		{[]string{"session", "inspect"}, "enforcerd session inspect: missing session NAME"},
 		{[]string{"session", "inspect", "a", "b"}, `enforcerd session inspect: unexpected argument "b" after NAME "a"`},
-		{[]string{"session", "inspect", "a", "--json"}, "enforcerd session inspect: flag provided but not defined: --json"},
+		{[]string{"session", "inspect", "a", "--bogus"}, "enforcerd session inspect: flag provided but not defined: --bogus"},
 		{[]string{"session", "rm"}, "enforcerd session rm: missing session NAME or --label KEY=VALUE"},
 		{[]string{"session", "rm", "a", "--label", "k=v"}, `enforcerd session rm: NAME "a" and --label exclude each other`},
 		{[]string{"session", "rm", "--label", "k"}, `enforcerd session rm: invalid value "k" for flag --label: want KEY=VALUE with a non-empty KEY`},
 		{[]string{"session", "events"}, "enforcerd session events: missing session NAME"},
-		{[]string{"session", "events", "a", "--follow=x"}, `enforcerd session events: invalid boolean value "x" for -follow: parse error`},
+		{[]string{"session", "events", "a", "--follow=x"}, `enforcerd session events: invalid value "x" for flag --follow: want true or false`},
+		// A mistyped command gets the nearest one suggested.
+		{[]string{"sesion"}, `enforcerd: unknown command "sesion"; did you mean "session"?`},
+		{[]string{"--socket", "/x", "serv"}, `enforcerd: unknown command "serv"; did you mean "serve"?`},
+		{[]string{"session", "craete", "s1"}, `enforcerd session: unknown subcommand "craete"; did you mean "create"?`},
+		{[]string{"help", "sesion"}, `enforcerd help: unknown command "sesion"; did you mean "session"?`},
+		{[]string{"help", "session", "bogus"}, `enforcerd help: unknown subcommand of enforcerd session "bogus" (run 'enforcerd session --help')`},
+		// Long options take two dashes; a single dash is a shorthand.
+		{[]string{"session", "ls", "-json"}, "enforcerd session ls: flag provided but not defined: -j (long options take two dashes, as in --json)"},
+		{[]string{"session", "exec", "s1", "-x", "--", "ls"}, "enforcerd session exec: flag provided but not defined: -x"},
+		{[]string{"session", "exec", "s1", "--bogus", "--", "ls"}, "enforcerd session exec: flag provided but not defined: --bogus"},
+		{[]string{"version", "--json=no"}, `enforcerd version: invalid value "no" for flag --json: want true or false`},
+		{[]string{"completion"}, "enforcerd completion: missing shell (bash, zsh or fish)"},
+		{[]string{"completion", "tcsh"}, `enforcerd completion: unknown shell "tcsh" (bash, zsh or fish)`},
+		{[]string{"completion", "bash", "zsh"}, `enforcerd completion: unexpected argument "zsh" after the shell "bash"`},
+		{[]string{"man"}, "enforcerd man: want exactly one DIR, got 0 arguments"},
 	}
 	for _, tc := range cases {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
@@ -143,12 +163,16 @@ func TestCLIHelp(t *testing.T) {
 		{[]string{"help", "serve"}, "usage: enforcerd serve [options]"},
 		{[]string{"help", "session", "exec"}, "usage: enforcerd session exec NAME"},
 		{[]string{"version", "--help"}, "usage: enforcerd version"},
-		{[]string{"serve", "--help"}, "--public-override CIDR..."},
+		{[]string{"serve", "--help"}, "--public-override CIDR"},
 		{[]string{"serve", "-h"}, "--dns-min-ttl DURATION"},
 		{[]string{"reap", "--help"}, "usage: enforcerd reap"},
 		{[]string{"session", "--help"}, "usage: enforcerd session SUBCOMMAND"},
 		{[]string{"session", "help"}, "usage: enforcerd session SUBCOMMAND"},
-		{[]string{"session", "create", "--help"}, "--allow ENTRY..."},
+		{[]string{"session", "create", "--help"}, "--allow ENTRY"},
+		{[]string{"session", "exec", "s1", "--help"}, "usage: enforcerd session exec NAME"},
+		{[]string{"--socket", "/x", "session", "ls", "-h"}, "--label KEY=VALUE"},
+		{[]string{"session", "rm", "--help"}, "--json"},
+		{[]string{"help", "completion"}, "usage: enforcerd completion bash|zsh|fish"},
 		{[]string{"session", "create", "s1", "--allow", "x", "-h"}, "usage: enforcerd session create NAME"},
 		{[]string{"session", "exec", "--help"}, "--timeout DURATION"},
 		{[]string{"session", "ls", "--help"}, "usage: enforcerd session ls"},
@@ -172,67 +196,146 @@ func TestCLIHelp(t *testing.T) {
 	}
 }
 
+// TestCLIVersion: the version, the commit and the Go version, as one line
+// or as JSON; no daemon is asked.
 func TestCLIVersion(t *testing.T) {
 	c := newTestCLI(t)
-	if code := c.run("version"); code != 0 || c.out.String() != "enforcerd "+version+"\n" {
-		t.Fatalf("exit %d, stdout %q", code, c.out.String())
+	want := "enforcerd " + version + " (commit " + orUnknown(commit) + ", " + runtime.Version() + ")\n"
+	if code := c.run("version"); code != 0 || c.out.String() != want {
+		t.Fatalf("exit %d, stdout %q, want %q", code, c.out.String(), want)
+	}
+	if code := c.run("version", "--json"); code != 0 {
+		t.Fatalf("version --json: exit %d: %s", code, c.errOut.String())
+	}
+	var got buildInfo
+	if err := json.Unmarshal(c.out.Bytes(), &got); err != nil {
+		t.Fatalf("version --json: %v: %q", err, c.out.String())
+	}
+	if wantBI := (buildInfo{Version: version, Commit: commit, Go: runtime.Version(), API: "v1"}); got != wantBI {
+		t.Fatalf("version --json: %+v, want %+v", got, wantBI)
 	}
 }
 
-// TestParseInterleaved: flags may come before or after positionals; "--"
-// ends flags; exec's command starts at the first non-flag after NAME.
-func TestParseInterleaved(t *testing.T) {
-	type result struct {
-		pos, rest []string
-		allow     []string
-		json      bool
-		env       string
+// TestCLICompletion: each shell's script comes from the command tree, and
+// the completion of a command line (what the scripts ask) offers the
+// subcommands and a flag's fixed values.
+func TestCLICompletion(t *testing.T) {
+	for shell, marker := range map[string]string{
+		"bash": "__start_enforcerd", "zsh": "#compdef enforcerd", "fish": "complete -c enforcerd",
+	} {
+		c := newTestCLI(t)
+		if code := c.run("completion", shell); code != 0 {
+			t.Fatalf("completion %s: exit %d: %s", shell, code, c.errOut.String())
+		}
+		if !strings.Contains(c.out.String(), marker) {
+			t.Errorf("completion %s lacks %q", shell, marker)
+		}
 	}
-	cases := []struct {
-		name      string
-		args      []string
-		stopAfter int
-		want      result
+	c := newTestCLI(t)
+	for _, tc := range []struct {
+		args []string
+		want []string
 	}{
-		{"flags after name", []string{"s1", "--allow", "a.test", "--json"}, 0,
-			result{pos: []string{"s1"}, allow: []string{"a.test"}, json: true}},
-		{"flags around name", []string{"--allow=a.test", "s1", "--allow", "b.test"}, 0,
-			result{pos: []string{"s1"}, allow: []string{"a.test", "b.test"}}},
-		{"single dash", []string{"-json", "s1", "-allow", "c"}, 0,
-			result{pos: []string{"s1"}, allow: []string{"c"}, json: true}},
-		{"value looks like a flag", []string{"s1", "--allow", "--json"}, 0,
-			result{pos: []string{"s1"}, allow: []string{"--json"}}},
-		{"dash dash", []string{"s1", "--", "--json", "x"}, 0,
-			result{pos: []string{"s1"}, rest: []string{"--json", "x"}}},
-		{"exec with --", []string{"s1", "--env", "A=1", "--", "sh", "-c", "echo --json"}, 1,
-			result{pos: []string{"s1"}, rest: []string{"sh", "-c", "echo --json"}, env: "A=1"}},
-		{"exec flags before name", []string{"--env", "A=1", "s1", "--", "ls"}, 1,
-			result{pos: []string{"s1"}, rest: []string{"ls"}, env: "A=1"}},
-		{"exec without --", []string{"s1", "ls", "-la", "--json"}, 1,
-			result{pos: []string{"s1"}, rest: []string{"ls", "-la", "--json"}}},
-		{"exec flag after name, no --", []string{"s1", "--json", "ls"}, 1,
-			result{pos: []string{"s1"}, rest: []string{"ls"}, json: true}},
-		{"single dash positional", []string{"-", "s1"}, 0,
-			result{pos: []string{"-", "s1"}}},
+		{[]string{"session", ""}, []string{"create", "events", "exec", "inspect", "ls", "rm"}},
+		{[]string{"se"}, []string{"serve", "session"}},
+		{[]string{"session", "create", "s1", "--egress", ""}, []string{"none", "allowlist", "public"}},
+		{[]string{"serve", "--log-format", ""}, []string{"text", "json"}},
+		{[]string{"completion", ""}, []string{"bash", "zsh", "fish"}},
+	} {
+		if code := c.run(append([]string{cobra.ShellCompNoDescRequestCmd}, tc.args...)...); code != 0 {
+			t.Fatalf("complete %q: exit %d: %s", tc.args, code, c.errOut.String())
+		}
+		lines := strings.Split(strings.TrimSpace(c.out.String()), "\n")
+		got := lines[:len(lines)-1] // the last line is the directive
+		if !reflect.DeepEqual(got, tc.want) {
+			t.Errorf("complete %q: %q, want %q", tc.args, got, tc.want)
+		}
 	}
-	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			c := newTestCLI(t)
-			fs := newFlagSet("t")
-			var allow listFlag
-			var env kvFlag
-			js := fs.Bool("json", false, "")
-			fs.Var(&allow, "allow", "")
-			fs.Var(&env, "env", "")
-			pos, rest, err := c.parse(fs, "t", "usage", tc.args, tc.stopAfter)
-			if err != nil {
-				t.Fatal(err)
-			}
-			got := result{pos: pos, rest: rest, allow: allow.values, json: *js, env: env.String()}
-			if !reflect.DeepEqual(got, tc.want) {
-				t.Errorf("got %+v\nwant %+v", got, tc.want)
-			}
-		})
+}
+
+// TestCLIManPages: the hidden man command writes one page per visible
+// command, from the same definitions as --help.
+func TestCLIManPages(t *testing.T) {
+	c := newTestCLI(t)
+	dir := filepath.Join(t.TempDir(), "man1")
+	if code := c.run("man", dir); code != 0 {
+		t.Fatalf("man: exit %d: %s", code, c.errOut.String())
+	}
+	var want []string
+	for _, cmd := range allCommands(c.rootCommand()) {
+		if cmd.Hidden {
+			continue
+		}
+		want = append(want, strings.ReplaceAll(cmd.CommandPath(), " ", "-")+".1")
+	}
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, e := range entries {
+		got = append(got, e.Name())
+	}
+	sort.Strings(want)
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("man pages %q, want %q", got, want)
+	}
+	page, err := os.ReadFile(filepath.Join(dir, "enforcerd-session-create.1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range []string{`.TH "ENFORCERD-SESSION-CREATE" "1" "Jan 2025"`, `\fB--network-only\fP`, `--images-dir`} {
+		if !strings.Contains(string(page), s) {
+			t.Errorf("enforcerd-session-create.1 lacks %q:\n%s", s, page)
+		}
+	}
+}
+
+// TestCLIInterleaved: flags may come before or after positionals; "--"
+// ends flags; exec's command starts after "--" or at the first non-flag
+// after NAME, and keeps its own options.
+func TestCLIInterleaved(t *testing.T) {
+	f, c, _ := startAPI(t)
+	for _, tc := range []struct {
+		args  []string
+		allow []string
+	}{
+		{[]string{"s1", "--network-only", "--allow", "a.test", "--json"}, []string{"a.test"}},
+		{[]string{"--allow=a.test", "s1", "--allow", "b.test", "--network-only"}, []string{"a.test", "b.test"}},
+		{[]string{"s1", "--network-only", "--allow", "--json"}, []string{"--json"}}, // a value that looks like a flag
+		{[]string{"--network-only", "--", "s1"}, nil},
+	} {
+		before := len(f.Creates())
+		c.expect(t, 0, append([]string{"session", "create"}, tc.args...)...)
+		got := f.Creates()[before]
+		if got.Name != "s1" || !reflect.DeepEqual(got.Allow, tc.allow) {
+			t.Errorf("create %q: name %q allow %q, want s1 %q", tc.args, got.Name, got.Allow, tc.allow)
+		}
+		c.expect(t, 0, "session", "rm", "s1")
+	}
+	_, errOut := c.expect(t, exitUsage, "session", "create", "s1", "--network-only", "--", "--json")
+	if errOut != `enforcerd session create: unexpected argument "--json" after NAME "s1"`+"\n" {
+		t.Errorf("-- then --json: %q", errOut)
+	}
+
+	c.expect(t, 0, "session", "create", "box", "--rootfs", "/r")
+	for _, tc := range []struct {
+		args    []string
+		command []string
+		env     []string
+	}{
+		{[]string{"box", "--env", "A=1", "--", "sh", "-c", "echo --json"}, []string{"sh", "-c", "echo --json"}, []string{"A=1"}},
+		{[]string{"--env", "A=1", "box", "--", "ls"}, []string{"ls"}, []string{"A=1"}},
+		{[]string{"box", "ls", "-la", "--env", "B=2"}, []string{"ls", "-la", "--env", "B=2"}, nil},
+		{[]string{"box", "--env", "A=1", "ls", "--", "x"}, []string{"ls", "--", "x"}, []string{"A=1"}},
+		{[]string{"--socket", c.env["ENFORCERD_SOCKET"], "box", "-", "x"}, []string{"-", "x"}, nil},
+	} {
+		before := len(f.Execs())
+		c.expect(t, 0, append([]string{"session", "exec"}, tc.args...)...)
+		got := f.Execs()[before]
+		if !reflect.DeepEqual(got.Args, tc.command) || !reflect.DeepEqual(got.Env, tc.env) {
+			t.Errorf("exec %q: args %q env %q, want %q %q", tc.args, got.Args, got.Env, tc.command, tc.env)
+		}
 	}
 }
 

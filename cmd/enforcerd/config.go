@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"bytes"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -18,6 +17,8 @@ import (
 	"time"
 
 	"github.com/BurntSushi/toml"
+	"github.com/spf13/pflag"
+
 	"github.com/enforcerd/enforcerd/api"
 	"github.com/enforcerd/enforcerd/daemon"
 	"github.com/enforcerd/enforcerd/nsmgr"
@@ -124,47 +125,44 @@ func (o serveOptions) get(name string) (rawOption, bool) {
 // serveFlags holds the flag variables of serve and reap.
 type serveFlags struct {
 	config string
-	force  *bool // reap only
+	force  bool // reap only
 	single map[string]*string
-	lists  map[string]*listFlag
+	lists  map[string]*[]string
 }
 
-func defineServeFlags(fs *flag.FlagSet) *serveFlags {
-	f := &serveFlags{single: map[string]*string{}, lists: map[string]*listFlag{}}
+func defineServeFlags(fs *pflag.FlagSet) *serveFlags {
+	f := &serveFlags{single: map[string]*string{}, lists: map[string]*[]string{}}
 	fs.StringVar(&f.config, optConfig, "", "read options from the TOML `FILE` (flags win)")
-	f.single[optSocket] = fs.String(optSocket, "", "the API's unix socket `PATH` (default "+api.DefaultSocket+")")
 	f.single[optSocketGroup] = fs.String(optSocketGroup, "", "`GROUP` allowed on the socket besides root (default: root only, mode 0600)")
 	f.single[optStateDir] = fs.String(optStateDir, "", "state `DIR` (default "+defaultStateDir+")")
 	f.single[optNamePrefix] = fs.String(optNamePrefix, "", "prefix `P` of every kernel object, 1-6 of [a-z0-9] (default "+defaultNamePrefix+")")
 	f.single[optPool] = fs.String(optPool, "", "address pool `CIDR` of the sessions' /30s (default "+defaultPool+")")
-	f.lists[optUpstream] = &listFlag{}
-	fs.Var(f.lists[optUpstream], optUpstream, "upstream DNS resolver `IP[:PORT]`, repeatable (default: /etc/resolv.conf nameservers)")
-	f.lists[optPublicOverride] = &listFlag{}
-	fs.Var(f.lists[optPublicOverride], optPublicOverride, "treat the special-purpose `CIDR` as public (labs, tests), repeatable")
+	f.lists[optUpstream] = fs.StringArray(optUpstream, nil, "upstream DNS resolver `IP[:PORT]`, repeatable (default: /etc/resolv.conf nameservers)")
+	f.lists[optPublicOverride] = fs.StringArray(optPublicOverride, nil, "treat the special-purpose `CIDR` as public (labs, tests), repeatable")
 	f.single[optDNSMinTTL] = fs.String(optDNSMinTTL, "", "minimum lifetime `DURATION` of an attested address (default "+defaultDNSMinTTL+")")
 	f.single[optMetricsListen] = fs.String(optMetricsListen, "", "serve Prometheus metrics on `ADDR` (host:port; default off)")
 	f.single[optLogFormat] = fs.String(optLogFormat, "", "log `FORMAT`: text or json (default json under systemd, else text)")
-	f.lists[optImagesDir] = &listFlag{}
-	fs.Var(f.lists[optImagesDir], optImagesDir, "a root-owned `DIR` sandbox rootfs directories may come from, repeatable (default: none, so every --rootfs is refused)")
+	f.lists[optImagesDir] = fs.StringArray(optImagesDir, nil, "a root-owned `DIR` sandbox rootfs directories may come from, repeatable (default: none, so every --rootfs is refused)")
 	f.single[optMaxFlows] = fs.String(optMaxFlows, "", "per-session cap on concurrent tracked flows `N` (default "+strconv.Itoa(defaultMaxFlows)+")")
 	f.single[optFlowRate] = fs.String(optFlowRate, "", "per-session new flows per second `N`, burst twice that (default "+strconv.Itoa(defaultFlowRate)+")")
 	f.single[optMaxAttested] = fs.String(optMaxAttested, "", "per-session cap on live DNS-attested addresses `N` (default "+strconv.Itoa(defaultMaxAttest)+")")
 	return f
 }
 
-func defineReapFlags(fs *flag.FlagSet) *serveFlags {
-	f := &serveFlags{single: map[string]*string{}, lists: map[string]*listFlag{}}
+func defineReapFlags(fs *pflag.FlagSet) *serveFlags {
+	f := &serveFlags{single: map[string]*string{}, lists: map[string]*[]string{}}
 	fs.StringVar(&f.config, optConfig, "", "read options from the TOML `FILE` (flags win)")
 	f.single[optNamePrefix] = fs.String(optNamePrefix, "", "prefix `P` of the objects to remove (default "+defaultNamePrefix+")")
 	f.single[optStateDir] = fs.String(optStateDir, "", "state `DIR` (default "+defaultStateDir+")")
 	f.single[optPool] = fs.String(optPool, "", "address pool `CIDR` (default "+defaultPool+")")
-	f.force = fs.Bool("force", false, "remove everything even while a daemon serves the prefix or the state dir")
+	fs.BoolVar(&f.force, "force", false, "remove everything even while a daemon serves the prefix or the state dir")
 	return f
 }
 
-// collectServeOptions merges the config file, the global --socket and the
-// flags that were set (in that order; later wins).
-func collectServeOptions(fs *flag.FlagSet, f *serveFlags, glob globalOpts) (serveOptions, error) {
+// collectServeOptions merges the config file and the flags that were given
+// (later wins). The socket of serve is the global --socket: the caller puts
+// it into f.single.
+func collectServeOptions(fs *pflag.FlagSet, f *serveFlags) (serveOptions, error) {
 	o := serveOptions{opts: map[string]rawOption{}}
 	if f.config != "" {
 		fileOpts, err := loadConfigFile(f.config)
@@ -174,15 +172,12 @@ func collectServeOptions(fs *flag.FlagSet, f *serveFlags, glob globalOpts) (serv
 		o.opts = fileOpts
 		o.configFile = f.config
 	}
-	if glob.socket != "" {
-		o.opts[optSocket] = rawOption{values: []string{glob.socket}, origin: "--socket"}
-	}
-	fs.Visit(func(fl *flag.Flag) {
+	fs.Visit(func(fl *pflag.Flag) {
 		if p, ok := f.single[fl.Name]; ok {
 			o.opts[fl.Name] = rawOption{values: []string{*p}, origin: "--" + fl.Name}
 		}
 		if l, ok := f.lists[fl.Name]; ok {
-			o.opts[fl.Name] = rawOption{values: l.values, origin: "--" + fl.Name}
+			o.opts[fl.Name] = rawOption{values: *l, origin: "--" + fl.Name}
 		}
 	})
 	return o, nil

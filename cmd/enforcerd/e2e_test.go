@@ -140,6 +140,13 @@ func TestEndToEndSessions(t *testing.T) {
 		t.Fatalf("events: %q", out)
 	}
 	c.expect(t, 1, "session", "events", "nope")
+	// inspect and events print JSON anyway; --json is accepted on both.
+	if js, _ := c.expect(t, 0, "session", "inspect", "--json", "s1"); !json.Valid([]byte(js)) {
+		t.Fatalf("inspect --json: %q", js)
+	}
+	if ev, _ := c.expect(t, 0, "session", "events", "s1", "--json"); ev != out {
+		t.Fatalf("events --json: %q, want %q", ev, out)
+	}
 
 	// rm: an unknown name is reported, the others still go.
 	c.expect(t, 0, "session", "create", "s3", "--network-only")
@@ -152,6 +159,23 @@ func TestEndToEndSessions(t *testing.T) {
 	}
 	if out, _ = c.expect(t, 0, "session", "rm", "--label", "run=8"); out != "" {
 		t.Fatalf("rm --label again: %q", out)
+	}
+	// rm --json: one object of the removed names, by name or by label, and
+	// still the failures on stderr.
+	c.expect(t, 0, "session", "create", "s4", "--network-only", "--label", "run=9")
+	c.expect(t, 0, "session", "create", "s5", "--network-only", "--label", "run=9")
+	c.expect(t, 0, "session", "create", "s6", "--network-only")
+	out, errOut = c.expect(t, 1, "session", "rm", "--json", "s6", "nope")
+	if out != "{\n  \"deleted\": [\n    \"s6\"\n  ]\n}\n" || errOut != "enforcerd session rm: session \"nope\": unknown session\n" {
+		t.Fatalf("rm --json s6 nope: stdout %q stderr %q", out, errOut)
+	}
+	out, _ = c.expect(t, 0, "session", "rm", "--label", "run=9", "--json")
+	var del api.DeleteResponse
+	if err := json.Unmarshal([]byte(out), &del); err != nil || len(del.Deleted) != 2 {
+		t.Fatalf("rm --label --json: %q %v", out, err)
+	}
+	if out, _ = c.expect(t, 0, "session", "rm", "--label", "run=9", "--json"); out != "{\n  \"deleted\": []\n}\n" {
+		t.Fatalf("rm --label --json again: %q", out)
 	}
 	if out, _ = c.expect(t, 0, "session", "ls", "--json"); out != "[]\n" {
 		t.Fatalf("after rm: %q", out)

@@ -4,6 +4,7 @@ package main
 import (
 	"fmt"
 	"os"
+	"runtime/debug"
 
 	"github.com/enforcerd/enforcerd/api"
 	"github.com/enforcerd/enforcerd/container"
@@ -25,5 +26,34 @@ func main() {
 		fmt.Fprintln(os.Stderr, "enforcerd init: the sandbox init returned")
 		os.Exit(api.ExitEnforcerd)
 	}
+	if commit == "" {
+		commit = vcsRevision()
+	}
 	os.Exit(newCLI().run(os.Args[1:]))
+}
+
+// vcsRevision is the commit go build recorded (12 hex digits, "-dirty" for a
+// modified tree), or "" when it recorded none (-buildvcs=false, no git).
+func vcsRevision() string {
+	bi, ok := debug.ReadBuildInfo()
+	if !ok {
+		return ""
+	}
+	var rev string
+	var dirty bool
+	for _, s := range bi.Settings {
+		switch s.Key {
+		case "vcs.revision":
+			rev = s.Value
+		case "vcs.modified":
+			dirty = s.Value == "true"
+		}
+	}
+	if len(rev) > 12 {
+		rev = rev[:12]
+	}
+	if rev != "" && dirty {
+		rev += "-dirty"
+	}
+	return rev
 }
