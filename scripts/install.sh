@@ -5,6 +5,19 @@ cd "$(dirname "$0")/.."
 [ "$(id -u)" -eq 0 ] || { echo "install.sh: run as root" >&2; exit 1; }
 [ -x bin/enforcerd ] || { echo "install.sh: bin/enforcerd missing; run make build first" >&2; exit 1; }
 install -m 0755 bin/enforcerd /usr/local/bin/enforcerd
+# Man pages and shell completions, generated from the installed binary's own command definitions.
+gen=$(mktemp -d)
+trap 'rm -rf "$gen"' EXIT
+/usr/local/bin/enforcerd man "$gen/man1"
+/usr/local/bin/enforcerd completion bash >"$gen/enforcerd.bash"
+/usr/local/bin/enforcerd completion zsh >"$gen/_enforcerd"
+/usr/local/bin/enforcerd completion fish >"$gen/enforcerd.fish"
+install -d -m 0755 /usr/local/share/man/man1 /usr/local/share/bash-completion/completions \
+	/usr/local/share/zsh/site-functions /usr/local/share/fish/vendor_completions.d
+install -m 0644 "$gen"/man1/*.1 /usr/local/share/man/man1/
+install -m 0644 "$gen/enforcerd.bash" /usr/local/share/bash-completion/completions/enforcerd
+install -m 0644 "$gen/_enforcerd" /usr/local/share/zsh/site-functions/_enforcerd
+install -m 0644 "$gen/enforcerd.fish" /usr/local/share/fish/vendor_completions.d/enforcerd.fish
 install -d -m 0755 /usr/local/share/doc/enforcerd
 install -m 0644 README.md docs/network-model.md docs/threat-model.md /usr/local/share/doc/enforcerd/
 # The vendor unit directory for locally installed software; /etc/systemd/system stays the

@@ -9,6 +9,9 @@ if command -v systemctl >/dev/null && [ -d /run/systemd/system ] && [ -e "$unit"
 fi
 rm -f "$unit" /usr/local/lib/systemd/system/enforcerd.socket /usr/local/bin/enforcerd
 rm -rf /usr/local/share/doc/enforcerd
+rm -f /usr/local/share/man/man1/enforcerd.1 /usr/local/share/man/man1/enforcerd-*.1 \
+	/usr/local/share/bash-completion/completions/enforcerd /usr/local/share/zsh/site-functions/_enforcerd \
+	/usr/local/share/fish/vendor_completions.d/enforcerd.fish
 if command -v systemctl >/dev/null && [ -d /run/systemd/system ]; then
 	systemctl daemon-reload
 fi
