@@ -1,0 +1,206 @@
+package daemon
+
+import (
+	"fmt"
+	"net/netip"
+	"os"
+	"time"
+
+	"github.com/vishvananda/netns"
+)
+
+// Doctor is `enforcerd doctor`: a preflight an operator runs before and
+// after installing, and whose fatal subset `serve` runs before its first
+// kernel change. Every check reads the kernel (netlink, nftables, /proc,
+// /sys); the kernel-feature checks change nothing of the host: they work in
+// a throwaway netns that is gone when they return. Only the datapath check
+// (DoctorOptions.Datapath) makes objects in the daemon's netns, under a
+// throwaway prefix and pool, and removes them before it returns.
+
+// The statuses of a check.
+const (
+	StatusOK   = "ok"
+	StatusWarn = "warn" // worth reading; doctor still exits 0
+	StatusFail = "fail" // doctor exits 1; serve refuses to start when the check is Fatal
+)
+
+// The names of the checks, in the order Doctor runs them.
+const (
+	CheckRoot         = "root"
+	CheckNetnsVeth    = "netns-veth"
+	CheckNftables     = "nftables"
+	CheckOverlay      = "overlay"
+	CheckSeccomp      = "seccomp"
+	CheckCgroup       = "cgroup"
+	CheckPropagation  = "netns-propagation"
+	CheckForeignLinks = "foreign-links"
+	CheckPoolOverlap  = "pool-overlap"
+	CheckForwardDrop  = "forward-firewall"
+	CheckLegacyTables = "iptables-legacy"
+	CheckUpstreams    = "upstreams"
+	CheckDatapath     = "datapath"
+)
+
+// Check is the outcome of one check. Fatal says that serve refuses to
+// start when this check fails (it is a property of the check, shown also
+// when it passed).
+type Check struct {
+	Name   string `json:"name"`
+	Status string `json:"status"`
+	Detail string `json:"detail"`
+	Fatal  bool   `json:"fatal"`
+}
+
+// Report is the outcome of every check, in the order they ran.
+type Report []Check
+
+// Failed reports whether a check failed.
+func (r Report) Failed() bool {
+	for _, c := range r {
+		if c.Status == StatusFail {
+			return true
+		}
+	}
+	return false
+}
+
+// FatalFailure returns the first failed check serve refuses to start on.
+func (r Report) FatalFailure() (Check, bool) {
+	for _, c := range r {
+		if c.Fatal && c.Status == StatusFail {
+			return c, true
+		}
+	}
+	return Check{}, false
+}
+
+// DoctorOptions select the checks.
+type DoctorOptions struct {
+	// FatalOnly runs only the checks serve refuses to start on (serve's
+	// start: they take a few tens of milliseconds).
+	FatalOnly bool
+	// Datapath adds the datapath check: a throwaway pair of sessions whose
+	// counters must show one packet accepted and one dropped.
+	Datapath bool
+	// DatapathPool is the throwaway pool of the datapath check (zero:
+	// DefaultDatapathPool). It must not overlap Config.Pool nor anything
+	// of the host.
+	DatapathPool netip.Prefix
+	// UpstreamTimeout bounds each upstream's answer (zero: 2 s).
+	UpstreamTimeout time.Duration
+}
+
+// DefaultDatapathPool is the pool of the datapath check's throwaway
+// sessions: the smallest pool (three /30s) at the top of the shared
+// address space, where hosts rarely number anything.
+var DefaultDatapathPool = netip.MustParsePrefix("100.127.255.240/28")
+
+// check is one check of the list: the function returns its status and
+// detail.
+type check struct {
+	name  string
+	fatal bool
+	root  bool // needs root: not run (warn) when the root check failed
+	run   func(*doctorEnv) (string, string)
+}
+
+// doctorEnv is what the checks share.
+type doctorEnv struct {
+	cfg  Config
+	opts DoctorOptions
+	host netns.NsHandle
+	// probe is the throwaway-netns probe, run once for both the netns-veth
+	// and the nftables checks.
+	probe *kernelProbe
+}
+
+// doctorChecks lists every check in order. Fatal ones: without root,
+// nf_tables, netns or veth, serve cannot enforce anything; a foreign link
+// with the prefix would be judged (and cut off) as a session veth; a pool
+// overlapping the host's addresses or routes makes sessions' traffic and
+// the host's collide. Another firewall's forward drop is a failure but not
+// fatal: it drops sessions' traffic after our table accepted it, so
+// enforcement fails closed (nothing the policy denies gets out), and its
+// rules may accept our interfaces in ways this check cannot evaluate.
+func doctorChecks() []check {
+	return []check{
+		{CheckRoot, true, false, checkRoot},
+		{CheckNetnsVeth, true, true, func(e *doctorEnv) (string, string) { return e.kernel().netnsVeth() }},
+		{CheckNftables, true, true, func(e *doctorEnv) (string, string) { return e.kernel().nftables() }},
+		{CheckOverlay, false, false, checkOverlay},
+		{CheckSeccomp, false, false, checkSeccomp},
+		{CheckCgroup, false, false, checkCgroup},
+		{CheckPropagation, false, false, checkPropagation},
+		{CheckForeignLinks, true, true, checkForeignLinks},
+		{CheckPoolOverlap, true, true, checkPoolOverlap},
+		{CheckForwardDrop, false, true, checkForwardDrop},
+		{CheckLegacyTables, false, false, checkLegacyIptables},
+		{CheckUpstreams, false, false, checkUpstreams},
+		{CheckDatapath, false, true, checkDatapath},
+	}
+}
+
+// Doctor runs the checks in the calling thread's netns (the daemon's).
+func Doctor(cfg Config, opts DoctorOptions) Report {
+	if !opts.DatapathPool.IsValid() {
+		opts.DatapathPool = DefaultDatapathPool
+	}
+	if opts.UpstreamTimeout <= 0 {
+		opts.UpstreamTimeout = upstreamTimeout
+	}
+	e := &doctorEnv{cfg: cfg, opts: opts}
+	var report Report
+	host, err := netns.Get()
+	if err != nil {
+		return Report{{Name: CheckRoot, Status: StatusFail, Fatal: true, Detail: fmt.Sprintf("open own netns: %v", err)}}
+	}
+	defer host.Close()
+	e.host = host
+	rootOK := true
+	for _, c := range doctorChecks() {
+		if opts.FatalOnly && !c.fatal {
+			continue
+		}
+		if c.name == CheckDatapath && !opts.Datapath {
+			continue
+		}
+		out := Check{Name: c.name, Fatal: c.fatal}
+		if c.root && !rootOK {
+			out.Status, out.Detail = StatusWarn, "not checked: needs root"
+		} else {
+			out.Status, out.Detail = c.run(e)
+		}
+		if c.name == CheckRoot && out.Status == StatusFail {
+			rootOK = false
+		}
+		report = append(report, out)
+	}
+	return report
+}
+
+// kernel returns the throwaway-netns probe, running it on first use.
+func (e *doctorEnv) kernel() *kernelProbe {
+	if e.probe == nil {
+		e.probe = runKernelProbe(e.cfg)
+	}
+	return e.probe
+}
+
+// checkRoot: euid 0 with CAP_NET_ADMIN and CAP_SYS_ADMIN effective.
+func checkRoot(*doctorEnv) (string, string) {
+	if os.Geteuid() != 0 {
+		return StatusFail, fmt.Sprintf("euid %d: enforcerd runs as root", os.Geteuid())
+	}
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return StatusFail, fmt.Sprintf("read /proc/self/status: %v", err)
+	}
+	missing, err := missingCaps(string(b))
+	if err != nil {
+		return StatusFail, err.Error()
+	}
+	if len(missing) > 0 {
+		return StatusFail, fmt.Sprintf("root without %v in the effective capability set", missing)
+	}
+	return StatusOK, "euid 0 with CAP_NET_ADMIN and CAP_SYS_ADMIN"
+}
