@@ -21,6 +21,9 @@ var (
 	// ErrNotStarted: the command never started; Exec returns its status
 	// with it (ExitNotFound, ExitNotExec).
 	ErrNotStarted = errors.New("command not started")
+	// ErrOOMKilled: the kernel killed the command for want of memory (the
+	// sandbox's memory limit); Exec returns its status (137) with it.
+	ErrOOMKilled = errors.New("killed: out of memory")
 	// ErrUnavailable: the daemon is up but cannot serve the request now
 	// (unhealthy). Only the client returns it.
 	ErrUnavailable = errors.New("daemon unavailable")

@@ -454,9 +454,10 @@ func (a *server) exec(w http.ResponseWriter, r *http.Request) {
 	case errors.Is(err, ErrExecTimeout):
 		exit := ExitTimeout
 		_ = fw.frame(ExecFrame{Error: OneLine(err.Error()), Exit: &exit})
-	case errors.Is(err, ErrNotStarted):
-		// The command never started (not found 127, cannot be run 126): the
-		// caller's mistake or the sandbox's limit, not the daemon's failure.
+	case errors.Is(err, ErrNotStarted), errors.Is(err, ErrOOMKilled):
+		// The command never started (not found 127, cannot be run 126), or
+		// the kernel killed it at the memory limit (137): the caller's
+		// mistake or the sandbox's limit, not the daemon's failure.
 		_ = fw.frame(ExecFrame{Error: OneLine(err.Error()), Exit: &code})
 	case !fw.hasStarted() && StatusOf(err) < 500:
 		a.fail(w, r, err) // refused before anything ran: a plain JSON error

@@ -30,7 +30,8 @@ const drainGrace = 500 * time.Millisecond
 // Every exec'd process leads its own session and process group (nsexec calls setsid), so on
 // Timeout or ctx cancellation Exec kills that whole group with SIGKILL, waits for the leader and
 // returns ErrTimeout (or ctx's error). Processes that left the group (setsid, setpgid) are not
-// followed; they die with the sandbox. The exit code is -1 whenever err is not nil.
+// followed; they die with the sandbox. The exit code is -1 whenever err is not nil, but for an
+// *OOMError: the command was killed for want of memory, and its status (137) comes with it.
 func (m *Manager) Exec(ctx context.Context, name string, p ExecSpec) (exitCode int, err error) {
 	if len(p.Args) == 0 || p.Args[0] == "" {
 		return -1, errors.New("exec: no command; give at least the program to run")
@@ -76,6 +77,8 @@ func (m *Manager) Exec(ctx context.Context, name string, p ExecSpec) (exitCode i
 		proc.Stderr = xio.childStderr
 	}
 	pidsBefore := m.pidsRefused(box)
+	memDir := m.memoryDir(box)
+	oomBefore := oomKills(memDir)
 	if err := box.c.Run(proc); err != nil {
 		if serr := m.startError(box, p.Args[0], pidsBefore, err); serr != nil {
 			return -1, serr
@@ -117,7 +120,11 @@ func (m *Manager) Exec(ctx context.Context, name string, p ExecSpec) (exitCode i
 		return -1, stopErr
 	}
 	xio.drain(drainGrace)
-	return exitStatus(st), nil
+	code := exitStatus(st)
+	if code == 128+int(unix.SIGKILL) && oomBefore >= 0 && oomKills(memDir) > oomBefore {
+		return code, &OOMError{Command: p.Args[0], Sandbox: name, Limit: memoryLimit(memDir)}
+	}
+	return code, nil
 }
 
 // exitStatus is the shell's convention: the exit status, or 128+signal.

@@ -142,6 +142,11 @@ func buildConfig(prefix string, l layout, spec Spec, facts hostFacts) (*configs.
 	if facts.memsw {
 		c.Cgroups.Resources.MemorySwap = mem // memory+swap = memory: no swap
 	}
+	if !spec.UserNS {
+		// The tmpfs libcontainer puts under the cgroup mounts (v1) is
+		// writable otherwise: a fake memory.max there would lie to runtimes.
+		c.ReadonlyPaths = append(c.ReadonlyPaths, "/sys/fs/cgroup")
+	}
 	if spec.NetnsPath == "" {
 		c.Networks = []*configs.Network{{Type: "loopback"}}
 	}
@@ -176,6 +181,9 @@ func sandboxMounts(l layout, spec Spec) []*configs.Mount {
 	// not own the netns the kernel refuses the mount, so /sys stays an empty directory there.
 	if !spec.UserNS {
 		ms = append(ms, &configs.Mount{Source: "sysfs", Destination: "/sys", Device: "sysfs", Flags: common | unix.MS_RDONLY})
+		// The sandbox's own cgroups (a cgroup namespace: only its subtree),
+		// read-only, so runtimes can size themselves to the limits.
+		ms = append(ms, &configs.Mount{Source: "cgroup", Destination: "/sys/fs/cgroup", Device: "cgroup", Flags: common | unix.MS_RDONLY})
 	}
 	if !spec.Writable {
 		ms = append(ms, &configs.Mount{Source: "tmpfs", Destination: "/tmp", Device: "tmpfs", Flags: unix.MS_NOSUID | unix.MS_NODEV, Data: "mode=1777"})

@@ -627,6 +627,12 @@ func (e *Daemon) Exec(ctx context.Context, name string, req api.ExecRequest, std
 		e.lifecycle(name, "exec", map[string]any{"args": req.Args, "exit": serr.Code, "error": serr.Error()})
 		return serr.Code, api.Classify(err, api.ErrNotStarted)
 	}
+	var oom *container.OOMError
+	if errors.As(err, &oom) {
+		e.lifecycle(name, "oom", map[string]any{"args": req.Args, "exit": code, "memory_bytes": oom.Limit})
+		e.log.Info("exec killed at the sandbox's memory limit", "session", name, "args", req.Args, "memory_bytes", oom.Limit)
+		return code, api.Classify(err, api.ErrOOMKilled)
+	}
 	if errors.Is(err, container.ErrTimeout) {
 		e.lifecycle(name, "exec_timeout", map[string]any{"args": req.Args, "timeout": req.Timeout})
 		return 124, fmt.Errorf("exec in %s: %w after %s", name, api.ErrExecTimeout, timeout)
