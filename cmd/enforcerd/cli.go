@@ -161,6 +161,7 @@ func (c *cli) rootCommand() *cobra.Command {
 		c.serveCommand(glob),
 		c.sessionCommand(glob),
 		c.reapCommand(),
+		c.doctorCommand(),
 		c.versionCommand(),
 		c.completionCommand(root),
 		c.manCommand(root),

@@ -27,6 +27,12 @@ func runServe(cfg ServeConfig) error {
 		return err
 	}
 	defer inst.release()
+	// Before any kernel change: a host on which enforcement cannot work (no
+	// nf_tables, a foreign link with the prefix, the pool on a host address)
+	// is refused here, in one line naming the check, not served half-enforced.
+	if err := preflight(cfg); err != nil {
+		return err
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	inherited, err := takeInheritedSockets()

@@ -1,0 +1,135 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/spf13/cobra"
+
+	"github.com/enforcerd/enforcerd/daemon"
+)
+
+const doctorLong = `Check this host for what the daemon needs, before and after installing:
+root, the kernel's features (network namespaces, veth, nf_tables with the
+set types of the daemon's table, overlay, seccomp, cgroup v1 or v2),
+/run/netns mount propagation, another firewall dropping forwarded traffic
+(an nftables forward chain that drops, iptables-nft's FORWARD policy, a
+legacy iptables filter table), the pool overlapping an address or a route
+of the host, links named with the prefix that are not the daemon's, and
+the upstream resolvers answering. It takes serve's options (and --config),
+so it checks the configuration serve would run with.
+
+The kernel features are proven in a throwaway network namespace: nothing of
+the host changes. With --datapath it also creates two throwaway sessions
+under a throwaway prefix and pool, sends one packet the policy allows and
+one it denies between them (both stay on this host), checks from the
+kernel's counters that the first was accepted and the second dropped, and
+removes everything again.
+
+It exits 1 when a check failed (a warning alone exits 0). serve runs the
+checks marked fatal at start and refuses to start when one fails.`
+
+func (c *cli) doctorCommand() *cobra.Command {
+	var (
+		flags        *serveFlags
+		asJSON       bool
+		datapath     bool
+		datapathPool string
+	)
+	cmd := &cobra.Command{
+		Use:   "doctor [--datapath] [--json] [serve's options]",
+		Short: "check the host before and after installing",
+		Long:  doctorLong,
+		Args:  cobra.ArbitraryArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			const name = "enforcerd doctor"
+			if err := noArgs(name, "doctor takes options only", args); err != nil {
+				return err
+			}
+			src, err := collectServeOptions(cmd.Flags(), flags)
+			if err != nil {
+				return usageErr(name, "%v", err)
+			}
+			cfg, err := buildServeConfig(src, c.getenv, c.resolvConf)
+			if err != nil {
+				return usageErr(name, "%v", err)
+			}
+			opts := daemon.DoctorOptions{Datapath: datapath}
+			if datapathPool != "" {
+				if opts.DatapathPool, err = parsePool("--datapath-pool", datapathPool); err != nil {
+					return usageErr(name, "%v", err)
+				}
+			}
+			return runDoctor(c.stdout, cfg, opts, asJSON)
+		},
+	}
+	flags = defineServeFlags(cmd.Flags())
+	cmd.Flags().BoolVar(&datapath, "datapath", false, "also prove enforcement with two throwaway sessions (one packet accepted, one dropped, nothing sent beyond the host)")
+	cmd.Flags().StringVar(&datapathPool, "datapath-pool", "", "throwaway pool `CIDR` of --datapath (default "+daemon.DefaultDatapathPool.String()+")")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the checks as JSON")
+	return cmd
+}
+
+// doctorJSON is what doctor --json prints.
+type doctorJSON struct {
+	Failed bool           `json:"failed"`
+	Checks []daemon.Check `json:"checks"`
+}
+
+// runDoctor runs the checks for cfg and writes them to w; a failed check
+// is an exit-1 error naming the failed checks.
+func runDoctor(w io.Writer, cfg ServeConfig, opts daemon.DoctorOptions, asJSON bool) error {
+	report := daemon.Doctor(cfg.daemonConfig(), opts)
+	if err := writeDoctorReport(w, report, asJSON); err != nil {
+		return err
+	}
+	return doctorResult(report)
+}
+
+// writeDoctorReport writes the checks as a table (CHECK STATUS DETAIL) or
+// as JSON.
+func writeDoctorReport(w io.Writer, report daemon.Report, asJSON bool) error {
+	if asJSON {
+		checks := []daemon.Check(report)
+		if checks == nil {
+			checks = []daemon.Check{}
+		}
+		return writeJSON(w, doctorJSON{Failed: report.Failed(), Checks: checks})
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "CHECK\tSTATUS\tDETAIL")
+	for _, c := range report {
+		fmt.Fprintf(tw, "%s\t%s\t%s\n", c.Name, c.Status, c.Detail)
+	}
+	return tw.Flush()
+}
+
+// doctorResult is nil, or the exit-1 error naming the failed checks.
+func doctorResult(report daemon.Report) error {
+	var failed []string
+	for _, c := range report {
+		if c.Status == daemon.StatusFail {
+			failed = append(failed, c.Name)
+		}
+	}
+	if len(failed) == 0 {
+		return nil
+	}
+	what := "check"
+	if len(failed) > 1 {
+		what = "checks"
+	}
+	return &exitError{code: exitRefused, msg: fmt.Sprintf("enforcerd doctor: %d %s failed: %s", len(failed), what, strings.Join(failed, ", "))}
+}
+
+// preflight runs the checks serve refuses to start on; the error names
+// the first that failed.
+func preflight(cfg ServeConfig) error {
+	c, failed := daemon.Doctor(cfg.daemonConfig(), daemon.DoctorOptions{FatalOnly: true}).FatalFailure()
+	if !failed {
+		return nil
+	}
+	return fmt.Errorf("preflight check %s failed: %s (enforcerd doctor shows every check)", c.Name, c.Detail)
+}
