@@ -126,8 +126,9 @@ func TestE2EExecNotStarted(t *testing.T) {
 		}
 		e2eOneLine(t, "exec "+tc.command, errOut)
 	}
-	// A working directory that does not exist is still enforcerd's 125.
-	e.expectFail(125, "session", "exec", "box", "--workdir", "/nonexistent", "--", "true")
+	// A working directory that does not exist: the command cannot be run
+	// (126, as TestE2EExecStatusAndStreams checks with its message).
+	e.expectFail(126, "session", "exec", "box", "--workdir", "/nonexistent", "--", "true")
 
 	// The pids limit: fill it, then a command that needs more than one
 	// thread to start cannot; the line says why.
