@@ -3,8 +3,11 @@
 // It owns, per session: the libcontainer container (state under Config.StateDir, id
 // "<prefix>-<name>"), its cgroup ("<prefix>/<prefix>-<name>" relative to the daemon's own cgroup,
 // on cgroup v1 and v2), and its layer directory under Config.LayerDir (the overlay upper/work
-// dirs, the host-side overlay mount the sandbox uses as its root, and the per-session
-// resolv.conf, hosts and hostname files bind-mounted over the image's).
+// dirs, a read-only bind of the image as the lower layer, the host-side overlay mount the
+// sandbox uses as its root, and a small tmpfs holding the per-session resolv.conf, hosts and
+// hostname files bind-mounted over the image's). The overlay's options are relative to the
+// layer dir and the etc files sit on their own tmpfs, so the sandbox's mount table names no host
+// path.
 //
 // It does not own the network: the sandbox joins a network namespace it is given
 // (Spec.NetnsPath, made by nsmgr) and holds no capability that could change it. The rules that
@@ -15,7 +18,7 @@
 //   - capabilities: DefaultCapabilities, plus NET_RAW only when Spec.NetRaw, minus
 //     ForbiddenCapabilities whatever the request says;
 //   - NoNewPrivileges; masked /proc and /sys paths; read-only /proc/sys, /proc/sysrq-trigger,
-//     /proc/irq, /proc/bus, /proc/fs and /sys;
+//     /proc/irq, /proc/bus, /proc/fs, /sys and the sandbox's own cgroups at /sys/fs/cgroup;
 //   - seccomp: default allow, DeniedSyscalls fail with EPERM (clone3 with ENOSYS, so that libc
 //     falls back to clone, whose CLONE_NEWUSER flag is refused);
 //   - cgroups: memory (no swap), pids and CPU (a CFS quota per CPUPeriod; DefaultCPUs, one CPU,

@@ -17,7 +17,8 @@ type layout struct {
 	rootfs string // dir/rootfs: the overlay mount the sandbox pivots into
 	upper  string // dir/upper
 	work   string // dir/work
-	etc    string // dir/etc: resolv.conf, hosts, hostname (bind-mounted read-only)
+	lower  string // dir/lower: the image, bind-mounted read-only (the overlay's lower layer)
+	etc    string // dir/etc: a small tmpfs holding resolv.conf, hosts, hostname (bind-mounted read-only)
 }
 
 func newLayout(layerDir, prefix, name string) layout {
@@ -29,6 +30,7 @@ func newLayout(layerDir, prefix, name string) layout {
 		rootfs: filepath.Join(dir, "rootfs"),
 		upper:  filepath.Join(dir, "upper"),
 		work:   filepath.Join(dir, "work"),
+		lower:  filepath.Join(dir, "lower"),
 		etc:    filepath.Join(dir, "etc"),
 	}
 }
@@ -110,9 +112,7 @@ func buildConfig(prefix string, l layout, spec Spec, facts hostFacts) (*configs.
 			Inheritable: ambientCaps(spec),
 			Ambient:     ambientCaps(spec),
 		},
-		// Unprivileged ICMP echo sockets for every group, as container
-		// runtimes set it: ping works without NET_RAW.
-		Sysctl: map[string]string{"net.ipv4.ping_group_range": "0 2147483647"},
+		Sysctl: sandboxSysctls(spec),
 		Namespaces: configs.Namespaces{
 			{Type: configs.NEWNS},
 			{Type: configs.NEWPID},
@@ -157,6 +157,18 @@ func buildConfig(prefix string, l layout, spec Spec, facts hostFacts) (*configs.
 		c.GIDMappings = append([]configs.IDMap(nil), m...)
 	}
 	return c, nil
+}
+
+// sandboxSysctls are set in the sandbox's netns at start: unprivileged ICMP
+// echo sockets for every group, as container runtimes set it, so ping works
+// without NET_RAW. Not for a user-namespaced sandbox: its root does not own
+// the session's netns (the host's user namespace does), so the kernel
+// refuses the write.
+func sandboxSysctls(spec Spec) map[string]string {
+	if spec.UserNS {
+		return nil
+	}
+	return map[string]string{"net.ipv4.ping_group_range": "0 2147483647"}
 }
 
 // ambientCaps are the capabilities a sandbox's processes keep whatever

@@ -5,25 +5,42 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strings"
+	"runtime"
 	"syscall"
 
 	"golang.org/x/sys/unix"
 )
 
-// overlayOptions is the mount data of a sandbox's root: the image as the only lower layer, so
-// every write (including the mount points libcontainer creates) lands in the session's upper
-// dir and the image is never changed. index=off: the shared lower layer is never tagged.
-// volatile: the upper layer is never synced to disk (it dies with the session, and a daemon
-// that crashed reaps it), which makes unmounting cost ~1 ms instead of a sync of the whole
-// filesystem under LayerDir (~50 ms measured).
-func overlayOptions(image string, l layout) (string, error) {
-	for _, p := range []string{image, l.upper, l.work} {
-		if strings.ContainsAny(p, ",:\\\n") {
-			return "", fmt.Errorf("path %q: overlayfs cannot take ',', ':' or '\\' in a layer path; move it", p)
+// overlayOptions is the mount data of a sandbox's root: the image (bound at lower) as the only
+// lower layer, so every write (including the mount points libcontainer creates) lands in the
+// session's upper dir and the image is never changed. index=off: the shared lower layer is never
+// tagged. volatile: the upper layer is never synced to disk (it dies with the session, and a
+// daemon that crashed reaps it), which makes unmounting cost ~1 ms instead of a sync of the
+// whole filesystem under LayerDir (~50 ms measured).
+//
+// The layer paths are relative to the layer dir, and the overlay is mounted from a thread whose
+// working directory is that dir (mountIn): the sandbox reads its root's options in /proc/mounts,
+// and they name no host path (not the operator's image directory, not the state directory).
+const overlayOptions = "lowerdir=lower,upperdir=upper,workdir=work,index=off,volatile"
+
+// mountIn runs mount with dir as the working directory, on a thread of its own: unshare
+// (CLONE_FS) gives the thread a working directory apart from the process's, and the thread is
+// never handed back to the Go scheduler (its goroutine ends locked, so the runtime ends it).
+func mountIn(dir string, mount func() error) error {
+	done := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread's fs state is its own
+		if err := unix.Unshare(unix.CLONE_FS); err != nil {
+			done <- fmt.Errorf("unshare fs: %w", err)
+			return
 		}
-	}
-	return fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s,index=off,volatile", image, l.upper, l.work), nil
+		if err := unix.Chdir(dir); err != nil {
+			done <- fmt.Errorf("chdir %s: %w", dir, err)
+			return
+		}
+		done <- mount()
+	}()
+	return <-done
 }
 
 // prepareLayer makes the sandbox's layer dir, writes its /etc files and mounts its root. On
@@ -35,10 +52,6 @@ func prepareLayer(image string, l layout, spec Spec) error {
 	}
 	if !st.IsDir() {
 		return fmt.Errorf("rootfs %s: not a directory", image)
-	}
-	opts, err := overlayOptions(image, l)
-	if err != nil {
-		return err
 	}
 	if err := os.Mkdir(l.dir, 0o700); err != nil {
 		if errors.Is(err, os.ErrExist) {
@@ -52,7 +65,7 @@ func prepareLayer(image string, l layout, spec Spec) error {
 	for _, d := range []struct {
 		path string
 		mode os.FileMode
-	}{{l.upper, 0o755}, {l.work, 0o700}, {l.rootfs, 0o755}, {l.etc, 0o755}} {
+	}{{l.upper, 0o755}, {l.work, 0o700}, {l.rootfs, 0o755}, {l.lower, 0o755}, {l.etc, 0o755}} {
 		if err := os.Mkdir(d.path, d.mode); err != nil {
 			return fmt.Errorf("make %s: %w", d.path, err)
 		}
@@ -67,6 +80,11 @@ func prepareLayer(image string, l layout, spec Spec) error {
 	if hostname == "" {
 		hostname = spec.Name
 	}
+	// The etc files live on a tmpfs of their own: a bind mount shows its source's path within
+	// its filesystem in the sandbox's mountinfo, and on this tmpfs that path is only "/hosts".
+	if err := unix.Mount("tmpfs", l.etc, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "mode=755,size=64k"); err != nil {
+		return fmt.Errorf("mount tmpfs on %s: %w", l.etc, err)
+	}
 	files := map[string]string{
 		"resolv.conf": resolvConf(spec.DNS),
 		"hosts":       hostsFile(hostname, spec.Hosts),
@@ -78,7 +96,17 @@ func prepareLayer(image string, l layout, spec Spec) error {
 			return fmt.Errorf("write %s: %w", p, err)
 		}
 	}
-	if err := unix.Mount("overlay", l.rootfs, "overlay", unix.MS_NOSUID|unix.MS_NODEV, opts); err != nil {
+	// The image, read-only, at lower: only this bind names its path (in the host's mount table).
+	if err := unix.Mount(image, l.lower, "", unix.MS_BIND, ""); err != nil {
+		return fmt.Errorf("bind %s on %s: %w", image, l.lower, err)
+	}
+	if err := unix.Mount("", l.lower, "", unix.MS_BIND|unix.MS_REMOUNT|unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV, ""); err != nil {
+		return fmt.Errorf("make %s read-only: %w", l.lower, err)
+	}
+	err = mountIn(l.dir, func() error {
+		return unix.Mount("overlay", "rootfs", "overlay", unix.MS_NOSUID|unix.MS_NODEV, overlayOptions)
+	})
+	if err != nil {
 		return fmt.Errorf("mount overlay on %s: %w", l.rootfs, err)
 	}
 	return nil
@@ -88,24 +116,40 @@ func prepareLayer(image string, l layout, spec Spec) error {
 // or a root that is not mounted is success. It refuses to remove a dir whose root is still a
 // mount point, so it never deletes through a live overlay.
 func removeLayer(l layout) error {
-	for range 8 {
-		err := unix.Unmount(l.rootfs, unix.MNT_DETACH)
-		if errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOENT) {
-			break // not (or no longer) a mount point, or already gone
+	// The root first (it stacks on lower), then the image's bind and the etc tmpfs. A layer
+	// dir made before they existed has neither: not a mount point is success.
+	for _, m := range []string{l.rootfs, l.lower, l.etc} {
+		if err := unmountAll(m); err != nil {
+			return err
 		}
+	}
+	for _, m := range []string{l.rootfs, l.lower, l.etc} {
+		mounted, err := isMountPoint(m)
 		if err != nil {
-			return fmt.Errorf("unmount %s: %w", l.rootfs, err)
+			return err
 		}
-	}
-	mounted, err := isMountPoint(l.rootfs)
-	if err != nil {
-		return err
-	}
-	if mounted {
-		return fmt.Errorf("remove layer dir %s: %s is still mounted", l.dir, l.rootfs)
+		if mounted {
+			// Never delete through a mount: lower is the operator's image.
+			return fmt.Errorf("remove layer dir %s: %s is still mounted", l.dir, m)
+		}
 	}
 	if err := os.RemoveAll(l.dir); err != nil {
 		return fmt.Errorf("remove layer dir %s: %w", l.dir, err)
+	}
+	return nil
+}
+
+// unmountAll detaches every mount stacked on path (at most 8). A path that is not (or no
+// longer) a mount point, or is gone, is success.
+func unmountAll(path string) error {
+	for range 8 {
+		err := unix.Unmount(path, unix.MNT_DETACH)
+		if errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOENT) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("unmount %s: %w", path, err)
+		}
 	}
 	return nil
 }

@@ -484,8 +484,10 @@ func TestContainerMemoryLimit(t *testing.T) {
 	e.create(t, container.Spec{Name: "mem", MemoryBytes: 32 << 20})
 	// tail keeps the "last line" of an endless line in memory: it grows until killed.
 	r := e.exec(t, "mem", container.ExecSpec{Args: []string{"tail", "/dev/zero"}, Timeout: 60 * time.Second})
-	if r.err != nil || r.code != 128+int(syscall.SIGKILL) {
-		t.Fatalf("memory hog: want SIGKILL (137), got %s", r)
+	// Killed by the kernel at the limit: 137, and Exec says why.
+	var oom *container.OOMError
+	if !errors.As(r.err, &oom) || r.code != 128+int(syscall.SIGKILL) || oom.Limit != 32<<20 {
+		t.Fatalf("memory hog: want SIGKILL (137) with an *OOMError naming the 32 MiB limit, got %s", r)
 	}
 	paths, err := e.m.CgroupPaths("mem")
 	if err != nil {

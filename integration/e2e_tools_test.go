@@ -122,3 +122,29 @@ func buildDgramPing(t *testing.T) []byte {
 	}
 	return b
 }
+
+// Nothing in a sandbox names a host path: its root's overlay options are
+// relative to the layer dir, and the etc files come from a tmpfs of their
+// own, so neither /proc/mounts nor mountinfo shows the image directory or
+// the state directory.
+func TestE2ESandboxShowsNoHostPaths(t *testing.T) {
+	e := newE2E(t)
+	e.create("ro")
+	e.create("rw", "--writable")
+	for _, s := range []string{"ro", "rw"} {
+		out := e.mustSh(s, "cat /proc/mounts /proc/self/mountinfo")
+		for _, host := range append([]string{e.rootfs, e.d.StateDir, e.d.Dir}, e.d.ImagesDirs...) {
+			if strings.Contains(out, host) {
+				t.Errorf("%s: the sandbox's mount table names the host path %s:\n%s", s, host, out)
+			}
+		}
+		// The control: the overlay root and the etc binds are there.
+		if !strings.Contains(out, "lowerdir=lower") || !strings.Contains(out, "/etc/resolv.conf") {
+			t.Errorf("%s: mount table lacks the overlay root or the etc files:\n%s", s, out)
+		}
+	}
+	// The etc files stay the session's and read-only.
+	if _, _, code := e.sh("rw", "echo nameserver 9.9.9.9 > /etc/resolv.conf"); code == 0 {
+		t.Error("a writable sandbox rewrote /etc/resolv.conf")
+	}
+}
