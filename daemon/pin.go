@@ -14,7 +14,7 @@ import (
 )
 
 // resolvePins resolves every host entry of an allowlist once, through the
-// upstream resolvers, IPv4 only (the seed 000 gateway model). A host with no
+// upstream resolvers, IPv4 only (sessions are IPv4-only). A host with no
 // public IPv4 address fails the whole create, naming the host: pinning never
 // falls back to anything wider.
 func (e *Daemon) resolvePins(ctx context.Context, p netpolicy.Policy) (map[string][]netip.Addr, error) {

@@ -616,7 +616,7 @@ func TestURLVectors(t *testing.T) {
 	t.Logf("%d WHATWG vectors: %d agree, %d refused (fail closed), %d differ on purpose", len(urlVectors), agree, refused, differ)
 }
 
-// TestScopeAmbiguities pins the refusals for the cases of issue 15: each
+// TestScopeAmbiguities pins the refusals of URLs parsers disagree on: each
 // names the bad value and says why, on one line.
 func TestScopeAmbiguities(t *testing.T) {
 	tests := []struct{ in, want string }{
