@@ -104,12 +104,18 @@ func (d *Daemon) ServeArgs() []string {
 // network namespace, so the netns bind mounts it makes are visible to the
 // rest of the machine) and waits until its API answers.
 func (d *Daemon) Start() error {
+	args := append([]string{"--net=" + d.World.HostPath, d.Bin}, d.ServeArgs()...)
+	return d.run(exec.Command("nsenter", args...))
+}
+
+// run starts cmd (the daemon, however it is wrapped) with its output in the
+// log, in a process group of its own, and waits until its API answers.
+func (d *Daemon) run(cmd *exec.Cmd) error {
 	logf, err := os.OpenFile(d.LogPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return err
 	}
-	args := append([]string{"--net=" + d.World.HostPath, d.Bin}, d.ServeArgs()...)
-	d.cmd = exec.Command("nsenter", args...)
+	d.cmd = cmd
 	d.cmd.Stdout = logf
 	d.cmd.Stderr = logf
 	d.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
