@@ -22,23 +22,8 @@ import (
 // whose ENFORCERD_SOCKET points at it.
 func startAPI(t *testing.T) (*apitest.Engine, *testCLI, string) {
 	t.Helper()
-	sock := filepath.Join(t.TempDir(), "enforcerd.sock")
 	f := apitest.New()
-	ctx, cancel := context.WithCancel(context.Background())
-	ready := make(chan struct{})
-	done := make(chan error, 1)
-	go func() {
-		done <- api.ListenAndServe(ctx, api.ListenConfig{Socket: sock}, api.NewHandler(f, api.HandlerOptions{}), func() { close(ready) })
-	}()
-	select {
-	case <-ready:
-	case err := <-done:
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		cancel()
-		<-done
-	})
+	sock := apitest.Serve(t, f)
 	c := newTestCLI(t)
 	c.env["ENFORCERD_SOCKET"] = sock
 	return f, c, sock
