@@ -49,13 +49,21 @@ var CreateSteps = []string{
 // any step unwinds the steps before it in reverse, leaving no netns file,
 // mount, link or slot behind. Creating a name that exists fails.
 func (m *Manager) Create(name string, nic bool) (sess Session, err error) {
+	return m.create(name, nic, nil)
+}
+
+// create is Create, or Attach when at is set.
+func (m *Manager) create(name string, nic bool, at *Attachment) (sess Session, err error) {
 	if err := ValidateSessionName(name); err != nil {
 		return Session{}, err
 	}
 	if err := m.begin(name); err != nil {
 		return Session{}, fmt.Errorf("create session %s: %w", name, err)
 	}
-	c := &creation{m: m, name: name, slot: -1, nsFD: netns.None()}
+	c := &creation{m: m, name: name, slot: -1, attach: at, ifname: GuestIface, nsFD: netns.None()}
+	if at != nil {
+		c.ifname = at.IfName
+	}
 	defer func() {
 		c.close()
 		if err != nil {
@@ -71,7 +79,11 @@ func (m *Manager) Create(name string, nic bool) (sess Session, err error) {
 	if err := c.run(nic); err != nil {
 		return Session{}, err
 	}
-	return m.session(name, c.slot), nil
+	sess = m.session(name, c.slot)
+	if at != nil {
+		sess.Netns, sess.NetnsPath, sess.Attached, sess.IfName = at.NetnsPath, at.NetnsPath, true, at.IfName
+	}
+	return sess, nil
 }
 
 // begin reserves name for a Create in flight.
@@ -94,16 +106,18 @@ func (m *Manager) begin(name string) error {
 	return nil
 }
 
-// creation is the state of one Create.
+// creation is the state of one Create or Attach.
 type creation struct {
-	m     *Manager
-	name  string
-	slot  int
-	undo  txn.Undo
-	nsFD  netns.NsHandle  // the session netns, open while creating; netns.None() before (the zero value is fd 0!)
-	guest *netlink.Handle // rtnetlink socket in the session netns
-	host  netlink.Link    // the host-side veth once added
-	eth0  netlink.Link    // the guest side, found through guest
+	m      *Manager
+	name   string
+	slot   int
+	attach *Attachment // nil: a netns of our own
+	ifname string      // the guest side: GuestIface, or the attachment's
+	undo   txn.Undo
+	nsFD   netns.NsHandle  // the session netns, open while creating; netns.None() before (the zero value is fd 0!)
+	guest  *netlink.Handle // rtnetlink socket in the session netns
+	host   netlink.Link    // the host-side veth once added
+	eth0   netlink.Link    // the guest side, found through guest
 
 	hostName      string     // <prefix><slot>h
 	gw, guestAddr netip.Addr // of the slot
@@ -128,7 +142,18 @@ func (c *creation) step(name string, fn func() error) error {
 	return fn()
 }
 
+// netnsName names the session's netns in errors.
+func (c *creation) netnsName() string {
+	if c.attach != nil {
+		return c.attach.NetnsPath
+	}
+	return NetnsName(c.m.cfg.Prefix, c.name)
+}
+
 func (c *creation) run(nic bool) error {
+	if c.attach != nil {
+		return c.runAttach()
+	}
 	m := c.m
 	if nic {
 		if err := c.step(StepAllocateSlot, c.allocate); err != nil {
@@ -230,7 +255,7 @@ func (c *creation) addVeth() error {
 	m, hostName := c.m, c.hostName
 	veth := &netlink.Veth{
 		LinkAttrs:     netlink.LinkAttrs{Name: hostName},
-		PeerName:      GuestIface,
+		PeerName:      c.ifname,
 		PeerNamespace: netlink.NsFd(int(c.nsFD)),
 	}
 	if err := m.host.LinkAdd(veth); err != nil {
@@ -257,7 +282,7 @@ func (c *creation) addVeth() error {
 // tagVeth names the owner session in the host veth's alias (the kernel
 // ignores IFLA_IFALIAS on create, hence a step of its own).
 func (c *creation) tagVeth() error {
-	if err := c.m.host.LinkSetAlias(c.host, NetnsName(c.m.cfg.Prefix, c.name)); err != nil {
+	if err := c.m.host.LinkSetAlias(c.host, ownerAlias(c.m.cfg.Prefix, c.name, c.attach != nil)); err != nil {
 		return fmt.Errorf("set alias of %s: %w", c.hostName, err)
 	}
 	return nil
@@ -282,9 +307,9 @@ func (c *creation) disableHostIPv6() error {
 }
 
 func (c *creation) addGuestAddr() error {
-	eth0, err := c.guest.LinkByName(GuestIface)
+	eth0, err := c.guest.LinkByName(c.ifname)
 	if err != nil {
-		return fmt.Errorf("find %s in netns %s: %w", GuestIface, NetnsName(c.m.cfg.Prefix, c.name), err)
+		return fmt.Errorf("find %s in netns %s: %w", c.ifname, c.netnsName(), err)
 	}
 	c.eth0 = eth0
 	return addAddr(c.guest, eth0, c.guestAddr)
@@ -293,7 +318,7 @@ func (c *creation) addGuestAddr() error {
 func (c *creation) addDefaultRoute() error {
 	route := &netlink.Route{LinkIndex: c.eth0.Attrs().Index, Gw: c.gw.AsSlice()} // Dst nil: default
 	if err := c.guest.RouteAdd(route); err != nil {
-		return fmt.Errorf("add default route via %s in netns %s: %w", c.gw, NetnsName(c.m.cfg.Prefix, c.name), err)
+		return fmt.Errorf("add default route via %s in netns %s: %w", c.gw, c.netnsName(), err)
 	}
 	return nil
 }

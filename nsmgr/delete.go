@@ -6,6 +6,9 @@ import "fmt"
 // NIC); it needs no live handle, so it works after a restart. Every step
 // treats "already gone" as success: calling Delete twice is fine.
 //
+// An attached session (see Attach) loses its veth pair, deleted here, and
+// nothing else: its netns is never unmounted or removed.
+//
 // It removes the session's resolv.conf under Config.EtcNetnsDir (and the
 // directory holding it, when left empty) first.
 //
@@ -28,11 +31,20 @@ func (m *Manager) Delete(name string, slot int) error {
 		m.mu.Unlock()
 		return fmt.Errorf("delete session %s: a create of it is in flight", name)
 	}
-	if s, ok := m.sessions[name]; ok && s.Slot != slot {
+	s, known := m.sessions[name]
+	if known && s.Slot != slot {
 		m.mu.Unlock()
 		return fmt.Errorf("delete session %s: slot %d given, but the session holds slot %d", name, slot, s.Slot)
 	}
 	m.mu.Unlock()
+
+	// An attached session's veth goes now: its netns is the runtime's and
+	// may live on. (For a session not known, the alias decides.)
+	if slot >= 0 && (!known || s.Attached) {
+		if err := m.deleteAttachedVeth(name, slot); err != nil {
+			return fmt.Errorf("delete session %s: %w", name, err)
+		}
+	}
 
 	// Always, whatever the slot: a session without NIC has no file, and
 	// removing none is success.

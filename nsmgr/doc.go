@@ -12,8 +12,15 @@
 //	netns           <prefix>-<session>   (file under Config.NetnsDir)
 //	host-side veth  <prefix><slot>h      (in Config.HostNS, alias "<prefix>-<session>")
 //	guest-side veth eth0                 (in the session netns)
+//	attached veth   <prefix><slot>h      (alias "<prefix>-<session> attached"; its peer named by
+//	                                      the caller in a netns nsmgr did not make, see Attach)
 //	DNS interface   <prefix>dns          (in Config.HostNS)
 //	resolv.conf     <prefix>-<session>/resolv.conf (under Config.EtcNetnsDir, for `ip netns exec`)
+//
+// An attached session (Attach) has no netns file, resolv.conf or netns of
+// its own: its veth is created with its peer directly in the runtime's
+// netns, deleted synchronously by Delete and Reap, and the runtime's netns
+// is never unmounted or removed.
 //
 // A released slot is handed out again only once its old host veth is gone
 // and Config.GuestClean (the firewall's conntrack flush) says nothing keyed

@@ -31,7 +31,7 @@ func (m *Manager) ForeignLinks() ([]string, error) {
 		if slot, ok := parseHostIfaceName(m.cfg.Prefix, a.Name); ok && slot < m.geo.Slots() {
 			// No alias yet: a create killed between adding the veth and
 			// tagging it; reconcile reaps it with its netns.
-			if _, ours := parseNetnsName(m.cfg.Prefix, a.Alias); ours || a.Alias == "" {
+			if _, _, ours := parseOwnerAlias(m.cfg.Prefix, a.Alias); ours || a.Alias == "" {
 				continue
 			}
 		}

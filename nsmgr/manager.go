@@ -46,13 +46,18 @@ type Config struct {
 // Session describes the network of one session.
 type Session struct {
 	Name      string
-	Netns     string // "<prefix>-<name>"
-	NetnsPath string // NetnsDir/Netns
+	Netns     string // "<prefix>-<name>"; attached: the netns path
+	NetnsPath string // NetnsDir/Netns; attached: the runtime's path
 	Slot      int    // -1: no NIC (egress none)
 	HostIface string // "<prefix><slot>h"; empty without NIC
 	Subnet    netip.Prefix
 	Gateway   netip.Addr // on HostIface
-	Guest     netip.Addr // on eth0 in the session netns
+	Guest     netip.Addr // on eth0 (attached: IfName) in the session netns
+	// Attached: the session lives in a netns enforcerd did not make (see
+	// Attach). Recover finds it by its veth's alias but not its netns path
+	// or IfName, which the caller records.
+	Attached bool
+	IfName   string // attached: the guest-side interface
 }
 
 // Manager creates, deletes, recovers and reaps session networks. It is safe

@@ -23,7 +23,14 @@ const (
 const (
 	prefixWant  = "want 1 to 6 characters of a-z and 0-9, starting with a letter"
 	sessionWant = "want 1 to 32 characters of a-z, 0-9 and '-', starting with a letter or digit"
+	ifNameWant  = "want 1 to 15 characters without '/', ':' or white space, not \".\" or \"..\""
 )
+
+// attachedMark ends the alias of the host veth of an attached session (see
+// Manager.Attach): "<prefix>-<session> attached". It tells Recover that the
+// session lives in a netns enforcerd did not make, so no netns file of its
+// own is expected.
+const attachedMark = " attached"
 
 // ValidatePrefix checks a daemon prefix: 1 to 6 characters of [a-z0-9],
 // starting with a letter.
@@ -65,6 +72,26 @@ func ValidateSessionName(name string) error {
 	return nil
 }
 
+// ValidateIfName checks the name of the interface an attached session gets
+// in its netns by the kernel's rules (dev_valid_name): 1 to 15 bytes, none
+// of them '/', ':' or white space, and not "." or "..".
+func ValidateIfName(name string) error {
+	switch {
+	case name == "":
+		return fmt.Errorf("invalid interface name %q: empty; %s", name, ifNameWant)
+	case len(name) > ifNameMax:
+		return fmt.Errorf("invalid interface name %q: %d bytes; %s", name, len(name), ifNameWant)
+	case name == "." || name == "..":
+		return fmt.Errorf("invalid interface name %q: %s", name, ifNameWant)
+	}
+	for _, r := range name {
+		if r == '/' || r == ':' || r == ' ' || (r >= '\t' && r <= '\r') {
+			return fmt.Errorf("invalid interface name %q: character %q not allowed; %s", name, r, ifNameWant)
+		}
+	}
+	return nil
+}
+
 func isLower(r rune) bool { return r >= 'a' && r <= 'z' }
 func isDigit(r rune) bool { return r >= '0' && r <= '9' }
 
@@ -91,6 +118,22 @@ func parseNetnsName(prefix, name string) (session string, ok bool) {
 		return "", false
 	}
 	return session, true
+}
+
+// ownerAlias is the alias of a session's host veth, naming its owner.
+func ownerAlias(prefix, session string, attached bool) string {
+	if attached {
+		return NetnsName(prefix, session) + attachedMark
+	}
+	return NetnsName(prefix, session)
+}
+
+// parseOwnerAlias returns the session a host veth's alias names and whether
+// it is attached (see ownerAlias).
+func parseOwnerAlias(prefix, alias string) (session string, attached, ok bool) {
+	name, attached := strings.CutSuffix(alias, attachedMark)
+	session, ok = parseNetnsName(prefix, name)
+	return session, attached && ok, ok
 }
 
 // parseHostIfaceName returns the slot of a name of the form

@@ -46,7 +46,13 @@ func (m *Manager) Recover() ([]Session, error) {
 				markUsed(slot) // never hand out a live address, even one we did not configure
 			}
 		}
-		sessions[session] = m.session(session, l.slot)
+		sess := m.session(session, l.slot)
+		if l.attached {
+			// The runtime's netns path is not in the kernel's view of the
+			// link: the caller's record holds it.
+			sess.Attached, sess.Netns, sess.NetnsPath = true, "", ""
+		}
+		sessions[session] = sess
 	}
 	for _, a := range st.poolAddrs {
 		if slot, ok := ipam.SlotOf(a); ok {
@@ -61,7 +67,10 @@ func (m *Manager) Recover() ([]Session, error) {
 	ipam.seek(last + 1) // carry on where the previous run probably stopped
 	// Sessions with a NIC get their resolv.conf again (idempotent): one
 	// made by a version that wrote none, or one removed by hand.
-	for session := range owner {
+	for session, l := range owner {
+		if l.attached {
+			continue // the runtime writes its resolv.conf
+		}
 		if err := m.writeResolvConf(session); err != nil {
 			return nil, fmt.Errorf("recover: %w", err)
 		}

@@ -26,12 +26,13 @@ type foundNetns struct {
 }
 
 type foundLink struct {
-	name    string
-	index   int
-	slot    int
-	session string // from the alias "<prefix>-<session>"; "" if the alias is not ours
-	addrs   []netip.Addr
-	peerNS  int // IFLA_LINK_NETNSID: the host netns's id for the peer's netns (-1: unknown)
+	name     string
+	index    int
+	slot     int
+	session  string // from the alias "<prefix>-<session>"; "" if the alias is not ours
+	attached bool   // the alias marks an attached session (see Manager.Attach)
+	addrs    []netip.Addr
+	peerNS   int // IFLA_LINK_NETNSID: the host netns's id for the peer's netns (-1: unknown)
 }
 
 // owned reports whether the link's alias names a session of this prefix:
@@ -80,9 +81,9 @@ func (m *Manager) scan() (kernelState, error) {
 			}
 			continue
 		}
-		session, _ := parseNetnsName(m.cfg.Prefix, attrs.Alias)
+		session, attached, _ := parseOwnerAlias(m.cfg.Prefix, attrs.Alias)
 		st.links = append(st.links, foundLink{
-			name: attrs.Name, index: attrs.Index, slot: slot, session: session,
+			name: attrs.Name, index: attrs.Index, slot: slot, session: session, attached: attached,
 			addrs: byIndex[attrs.Index], peerNS: attrs.NetNsID,
 		})
 	}
@@ -103,6 +104,13 @@ func (m *Manager) sessionLinks(st kernelState) (owner map[string]foundLink, stal
 	bySession := map[string][]foundLink{}
 	for _, l := range st.links {
 		if !l.owned() {
+			continue
+		}
+		if l.attached {
+			// Its netns is the runtime's, never a file of ours: the link
+			// exists exactly as long as that netns does (a veth dies with
+			// either end), so it is its session's.
+			bySession[l.session] = append(bySession[l.session], l)
 			continue
 		}
 		if _, ok := mounted[l.session]; !ok {

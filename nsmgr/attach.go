@@ -1,0 +1,219 @@
+package nsmgr
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"path/filepath"
+
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+)
+
+// The steps of Attach that Create does not have, in CreateSteps' place of
+// StepCreateNetns and StepResolvConf (an attached session has neither).
+const (
+	StepOpenNetns = "open-netns" // open the runtime's netns, check it may be used
+	StepGuestIPv6 = "guest-ipv6" // in the netns: IPv6 disabled on the guest interface
+)
+
+// AttachSteps lists every step of Attach, in order.
+var AttachSteps = []string{
+	StepAllocateSlot, StepOpenNetns, StepAddVeth, StepTagVeth, StepGuestIPv6, StepHostIPv6,
+	StepHostAddr, StepHostUp, StepGuestAddr, StepGuestUp, StepGuestRoute,
+}
+
+// Attachment names a netns that something else made (a container runtime,
+// through CNI) and the interface a session gets in it.
+type Attachment struct {
+	NetnsPath string // an nsfs file: /var/run/netns/NAME, /proc/PID/ns/net
+	IfName    string // the guest side of the veth (see ValidateIfName)
+}
+
+// ValidateAttachment checks an attachment before anything is made: an
+// absolute path on which a netns is mounted, and a valid interface name.
+func ValidateAttachment(at Attachment) error {
+	if err := ValidateIfName(at.IfName); err != nil {
+		return err
+	}
+	if !filepath.IsAbs(at.NetnsPath) {
+		return fmt.Errorf("invalid netns path %q: want an absolute path", at.NetnsPath)
+	}
+	var st unix.Statfs_t
+	if err := unix.Statfs(at.NetnsPath, &st); err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("invalid netns path %q: no such file", at.NetnsPath)
+		}
+		return fmt.Errorf("invalid netns path %q: %w", at.NetnsPath, err)
+	}
+	if st.Type != unix.NSFS_MAGIC {
+		return fmt.Errorf("invalid netns path %q: not a network namespace (want a netns file such as /var/run/netns/NAME or /proc/PID/ns/net)", at.NetnsPath)
+	}
+	return nil
+}
+
+// Attach builds the network of a session in a netns it did not make: the
+// veth pair with its peer created directly in that netns under at.IfName,
+// the slot's /30, IPv6 disabled on both sides, the host side's ARP locked,
+// and the default route via the gateway, exactly as Create does for a netns
+// of its own. It writes no resolv.conf (the runtime owns the container's
+// /etc) and never touches lo or anything else already in the netns.
+//
+// The host veth's alias is "<prefix>-<session> attached", so Recover and
+// Reap know the session without a netns file. Delete removes the veth pair
+// (synchronously: the kernel would keep it as long as the runtime keeps its
+// netns) and never the netns. A failure unwinds like Create's.
+//
+// It refuses the daemon's own netns, init's, and the netns of any session
+// of this Manager: a veth there would give the caller a route out of, or
+// into, what enforcerd confines.
+func (m *Manager) Attach(name string, at Attachment) (Session, error) {
+	if err := ValidateAttachment(at); err != nil {
+		return Session{}, fmt.Errorf("create session %s: %w", name, err)
+	}
+	return m.create(name, true, &at)
+}
+
+func (c *creation) runAttach() error {
+	m := c.m
+	if err := c.step(StepAllocateSlot, c.allocate); err != nil {
+		return err
+	}
+	if err := c.step(StepOpenNetns, c.openNetns); err != nil {
+		return err
+	}
+	c.hostName = HostIfaceName(m.cfg.Prefix, c.slot)
+	_, c.gw, c.guestAddr = m.geo.SlotAddrs(c.slot)
+	steps := []struct {
+		name string
+		fn   func() error
+	}{
+		{StepAddVeth, c.addVeth},
+		{StepTagVeth, c.tagVeth},
+		{StepGuestIPv6, c.disableGuestIPv6},
+		{StepHostIPv6, c.disableHostIPv6},
+		{StepHostAddr, func() error { return addAddr(m.host, c.host, c.gw) }},
+		{StepHostUp, func() error { return setUp(m.host, c.host) }},
+		{StepGuestAddr, c.addGuestAddr},
+		{StepGuestUp, func() error { return setUp(c.guest, c.eth0) }},
+		{StepGuestRoute, c.addDefaultRoute},
+	}
+	for _, s := range steps {
+		if err := c.step(s.name, s.fn); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// openNetns opens the runtime's netns and a netlink socket in it, refuses a
+// netns that is not the caller's to give (see Attach), and checks that the
+// interface name is free there, so that a failed add names the right cause.
+func (c *creation) openNetns() error {
+	path := c.attach.NetnsPath
+	ns, err := netns.GetFromPath(path)
+	if err != nil {
+		return fmt.Errorf("open netns %s: %w", path, err)
+	}
+	c.nsFD = ns
+	if err := c.m.refuseTarget(ns, path); err != nil {
+		return err
+	}
+	if c.guest, err = handleIn(ns); err != nil {
+		return fmt.Errorf("netns %s: %w", path, err)
+	}
+	_, err = c.guest.LinkByName(c.ifname)
+	switch {
+	case err == nil:
+		return fmt.Errorf("interface %s exists in netns %s: give another interface name", c.ifname, path)
+	case !isNotFound(err):
+		return fmt.Errorf("find %s in netns %s: %w", c.ifname, path, err)
+	}
+	return nil
+}
+
+// refuseTarget fails when ns is the daemon's netns, init's, or a session
+// netns of this Manager.
+func (m *Manager) refuseTarget(ns netns.NsHandle, path string) error {
+	if same, err := sameNetns(ns, m.cfg.HostNS); err != nil || same {
+		return refusal(path, "the daemon's own netns", err)
+	}
+	if init, err := netns.GetFromPath("/proc/1/ns/net"); err == nil {
+		same, err := sameNetns(ns, init)
+		init.Close()
+		if err != nil || same {
+			return refusal(path, "the host's netns (init's)", err)
+		}
+	}
+	m.mu.Lock()
+	var own []string
+	for _, s := range m.sessions {
+		if !s.Attached {
+			own = append(own, s.NetnsPath)
+		}
+	}
+	m.mu.Unlock()
+	for _, p := range own {
+		sns, err := netns.GetFromPath(p)
+		if err != nil {
+			continue // deleted meanwhile
+		}
+		same, err := sameNetns(ns, sns)
+		sns.Close()
+		if err != nil || same {
+			return refusal(path, "the netns of session "+filepath.Base(p), err)
+		}
+	}
+	return nil
+}
+
+func refusal(path, what string, err error) error {
+	if err != nil {
+		return fmt.Errorf("netns %s: %w", path, err)
+	}
+	return fmt.Errorf("invalid netns path %q: it is %s, not a container's", path, what)
+}
+
+func sameNetns(a, b netns.NsHandle) (bool, error) {
+	var sa, sb unix.Stat_t
+	if err := unix.Fstat(int(a), &sa); err != nil {
+		return false, fmt.Errorf("stat netns: %w", err)
+	}
+	if err := unix.Fstat(int(b), &sb); err != nil {
+		return false, fmt.Errorf("stat netns: %w", err)
+	}
+	return sa.Dev == sb.Dev && sa.Ino == sb.Ino, nil
+}
+
+// disableGuestIPv6 disables IPv6 on the guest interface before it goes up
+// (the netns's "default" is the runtime's to choose; this interface's is
+// ours), from a thread in the runtime's netns.
+func (c *creation) disableGuestIPv6() error {
+	return Do(c.nsFD, func() error {
+		if err := disableIPv6(c.ifname); err != nil && !errors.Is(err, fs.ErrNotExist) { // (no such file: a kernel without IPv6)
+			return fmt.Errorf("disable ipv6 on %s in netns %s: %w", c.ifname, c.attach.NetnsPath, err)
+		}
+		return nil
+	})
+}
+
+// deleteAttachedVeth deletes the host veth of slot if its alias names name
+// as attached (the peer goes with it). A missing link, or one that is not
+// this attached session's, is left alone: success.
+func (m *Manager) deleteAttachedVeth(name string, slot int) error {
+	hostName := HostIfaceName(m.cfg.Prefix, slot)
+	link, err := m.host.LinkByName(hostName)
+	if isNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("find link %s: %w", hostName, err)
+	}
+	if session, attached, _ := parseOwnerAlias(m.cfg.Prefix, link.Attrs().Alias); !attached || session != name {
+		return nil
+	}
+	if err := m.host.LinkDel(link); err != nil && !isNotFound(err) {
+		return fmt.Errorf("delete link %s: %w", hostName, err)
+	}
+	return nil
+}
