@@ -147,7 +147,7 @@ func (p *Proxy) answer(ctx context.Context, s *compiledSession, req *dns.Msg, ev
 	// firewall's public set: attesting would only grow the kernel's sets.
 	if len(f.kept) > 0 && s.mode != netpolicy.ModePublic {
 		ttl := max(time.Duration(f.minTTL)*time.Second, p.cfg.MinTTL)
-		eff, err := p.attest(s, f.kept, ttl, ports)
+		eff, err := p.attest(s, key, f.kept, ttl, ports)
 		if err != nil {
 			ev.Err = err.Error()
 			return reply(VerdictServfail, dns.RcodeServerFailure)
@@ -231,11 +231,12 @@ func (p *Proxy) answerPinned(q dns.Question, addrs []netip.Addr, resp *dns.Msg, 
 	return resp
 }
 
-// attest inserts addrs into the session's set through the Attester and
-// returns the effective element timeout. It holds the registration's read
+// attest inserts addrs into the session's set through the Attester,
+// records them under name in the session's attestLog, and returns the
+// effective element timeout. It holds the registration's read
 // lock across the check and the call, so that Unregister, once it returns,
 // knows no attest of it is still running (see compiledSession).
-func (p *Proxy) attest(s *compiledSession, addrs []netip.Addr, ttl time.Duration, ports []netpolicy.PortSpec) (time.Duration, error) {
+func (p *Proxy) attest(s *compiledSession, name string, addrs []netip.Addr, ttl time.Duration, ports []netpolicy.PortSpec) (time.Duration, error) {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	if s.gone {
@@ -251,6 +252,9 @@ func (p *Proxy) attest(s *compiledSession, addrs []netip.Addr, ttl time.Duration
 			p.stats.attestCap.Add(1)
 		}
 		return 0, fmt.Errorf("%w: %d addresses for %s: %w", ErrAttest, len(addrs), s.guest, err)
+	}
+	if s.attests != nil {
+		s.attests.note(name, addrs, ports)
 	}
 	return eff, nil
 }

@@ -53,6 +53,10 @@ type compiledSession struct {
 
 	mu   sync.RWMutex // protects gone; see the invariant above
 	gone bool
+
+	// attests is what the session's answers attested, by name (see
+	// attestLog); an Update hands its kept part to the next registration.
+	attests *attestLog
 }
 
 // ErrSessionGone is wrapped by the error recorded in an Event when the
@@ -121,6 +125,7 @@ func (p *Proxy) Register(sp SessionPolicy) error {
 		return err
 	}
 	cs.ctx, cs.cancel = context.WithCancel(p.ctx)
+	cs.attests = newAttestLog()
 	p.sessionsMu.Lock()
 	old := *p.sessions.Load()
 	prev := old[cs.guest]

@@ -1,0 +1,376 @@
+package netpolicy
+
+import (
+	"encoding/binary"
+	"fmt"
+	"net/netip"
+	"slices"
+
+	"github.com/google/nftables"
+	"github.com/mdlayher/netlink"
+)
+
+// Attestation is what one DNS answer attested for a session: its addresses
+// with the port constraint they were attested with (the arguments of
+// Attest). The DNS proxy keeps them per name, so that an update can tell
+// which attested elements its new policy no longer justifies.
+type Attestation struct {
+	Addrs []netip.Addr
+	Ports []PortSpec
+}
+
+// SessionUpdate is one change of a running session's rules: the rules it
+// was added (or last updated) with, the rules it gets, and the attestations
+// the new policy no longer justifies (Stale) and those it still does
+// (Keep). An element of a stale attestation that a kept one holds as well
+// stays: another still-allowed name attested the same address.
+//
+// Old and New must name the same session (Name, HostIface, Guest) and
+// neither may be ModeNone: whether a session has an interface is decided at
+// create.
+type SessionUpdate struct {
+	Old, New    SessionRules
+	Stale, Keep []Attestation
+}
+
+func (u SessionUpdate) check(f *Firewall) error {
+	if u.Old.HostIface != u.New.HostIface || u.Old.Guest != u.New.Guest {
+		return fmt.Errorf("old rules (%s, %s) and new rules (%s, %s) name different sessions",
+			u.Old.HostIface, u.Old.Guest, u.New.HostIface, u.New.Guest)
+	}
+	for _, r := range []SessionRules{u.Old, u.New} {
+		if r.Egress == ModeNone {
+			return fmt.Errorf("egress none: a session's egress cannot change to or from none")
+		}
+		if err := f.checkRules(r); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// elemID is one element's identity in a set: its key and, in an interval
+// set, its key end.
+type elemID struct{ set, key, end string }
+
+func idOf(set string, e nftables.SetElement) elemID {
+	return elemID{set, string(e.Key), string(e.KeyEnd)}
+}
+
+// updatePlan is the pure part of an update: the elements of Old that New
+// lacks (del), those of New that Old lacks (add), and the stale attested
+// elements no kept attestation holds (unattest). Elements both hold (the
+// session's interface, address and counters among them) are not touched.
+type updatePlan struct {
+	del, add, unattest []setElems
+}
+
+func planUpdate(u SessionUpdate) updatePlan {
+	oldEls, newEls := sessionElements(u.Old), sessionElements(u.New)
+	in := func(plan []setElems) map[elemID]bool {
+		m := map[elemID]bool{}
+		for _, se := range plan {
+			for _, e := range se.elems {
+				m[idOf(se.set, e)] = true
+			}
+		}
+		return m
+	}
+	oldIDs, newIDs := in(oldEls), in(newEls)
+	minus := func(plan []setElems, other map[elemID]bool, forDelete bool) []setElems {
+		var out []setElems
+		for _, se := range plan {
+			var elems []nftables.SetElement
+			for _, e := range se.elems {
+				if other[idOf(se.set, e)] {
+					continue
+				}
+				if forDelete {
+					e = nftables.SetElement{Key: e.Key, KeyEnd: e.KeyEnd} // a delete names the key only
+				}
+				elems = append(elems, e)
+			}
+			if len(elems) > 0 {
+				out = append(out, setElems{se.set, elems})
+			}
+		}
+		return out
+	}
+	p := updatePlan{del: minus(oldEls, newIDs, true), add: minus(newEls, oldIDs, false)}
+	kept := map[elemID]bool{}
+	for _, a := range u.Keep {
+		for _, se := range attestElements(u.New.Guest, a.Addrs, 0, a.Ports) {
+			for _, e := range se.elems {
+				kept[idOf(se.set, e)] = true
+			}
+		}
+	}
+	seen := map[elemID]bool{}
+	bySet := map[string][]nftables.SetElement{}
+	var order []string
+	for _, a := range u.Stale {
+		for _, se := range attestElements(u.New.Guest, a.Addrs, 0, a.Ports) {
+			for _, e := range se.elems {
+				id := idOf(se.set, e)
+				if kept[id] || seen[id] {
+					continue
+				}
+				seen[id] = true
+				if _, ok := bySet[se.set]; !ok {
+					order = append(order, se.set)
+				}
+				bySet[se.set] = append(bySet[se.set], nftables.SetElement{Key: e.Key})
+			}
+		}
+	}
+	for _, s := range order {
+		p.unattest = append(p.unattest, setElems{s, bySet[s]})
+	}
+	return p
+}
+
+// UpdateSession changes a running session's elements from u.Old to u.New
+// and removes the attested elements u.Stale names (unless u.Keep holds
+// them too), in one batch: until the kernel applies it the old policy holds
+// in full, after it the new one, never a mix. It changes nothing of another
+// session. New connections to what was revoked are dropped as soon as it
+// returns; established ones are CutFlows' business.
+//
+// Attested elements may have expired meanwhile, so each is added and then
+// deleted in the batch (an add of an existing key is a no-op), and the
+// delete never meets a missing element. When the by-key batch fails for a
+// missing element of u.Old (the kernel already holds u.New: an update
+// re-applied after a restart), the guest's policy elements are dumped and
+// the difference to u.New deleted instead, so UpdateSession converges from
+// u.Old, from u.New, or from any state in between. The attested-element
+// index may keep the removed elements until their expiry: it may hold more
+// than the kernel, never less.
+func (f *Firewall) UpdateSession(u SessionUpdate) error {
+	if err := u.check(f); err != nil {
+		return fmt.Errorf("update session %s: %w", u.New.Name, err)
+	}
+	plan := planUpdate(u)
+	if len(plan.del)+len(plan.add)+len(plan.unattest) == 0 {
+		return nil
+	}
+	err := f.admin.do(func(c *nftables.Conn) error { return f.updateByKeyLocked(c, plan) })
+	for attempt := 0; err != nil && isNotFound(err) && attempt < 4; attempt++ {
+		err = f.admin.do(func(c *nftables.Conn) error { return f.updateByDumpLocked(c, u, plan) })
+	}
+	if err != nil {
+		return fmt.Errorf("update session %s (guest %s): %w", u.New.Name, u.New.Guest, err)
+	}
+	return nil
+}
+
+func (f *Firewall) updateByKeyLocked(c *nftables.Conn, p updatePlan) error {
+	for _, se := range p.del {
+		if err := addElements(c, f.schema.sets[se.set], se.elems, true); err != nil {
+			return err
+		}
+	}
+	if err := f.queueUnattest(c, p.unattest); err != nil {
+		return err
+	}
+	for _, se := range p.add {
+		if err := addElements(c, f.schema.sets[se.set], se.elems, false); err != nil {
+			return err
+		}
+	}
+	return c.Flush()
+}
+
+func (f *Firewall) queueUnattest(c *nftables.Conn, unattest []setElems) error {
+	for _, se := range unattest {
+		s := f.schema.sets[se.set]
+		if err := addElements(c, s, se.elems, false); err != nil {
+			return err
+		}
+		if err := addElements(c, s, se.elems, true); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// updateByDumpLocked deletes every element of the guest in the sets an
+// update may change that u.New lacks, found by dumping those sets, then
+// queues the stale attested elements and u.New's elements, and flushes.
+func (f *Firewall) updateByDumpLocked(c *nftables.Conn, u SessionUpdate, p updatePlan) error {
+	// The sets every session holds the same elements in whatever its
+	// policy (interface, address, counters) are never touched.
+	base := map[string]bool{}
+	for _, se := range sessionElements(SessionRules{Guest: u.New.Guest, HostIface: u.New.HostIface, Egress: ModeAllowlist}) {
+		base[se.set] = true
+	}
+	want := map[elemID]bool{}
+	sets := []string{setPublic, setPeers, setStatic, setStaticPorts, setStaticCIDR, setStaticCIDRPorts}
+	for _, plan := range [][]setElems{sessionElements(u.Old), sessionElements(u.New)} {
+		for _, se := range plan {
+			if !slices.Contains(sets, se.set) && !base[se.set] {
+				sets = append(sets, se.set)
+			}
+		}
+	}
+	for _, se := range sessionElements(u.New) {
+		for _, e := range se.elems {
+			want[idOf(se.set, e)] = true
+		}
+	}
+	for _, name := range sets {
+		elems, err := c.GetSetElements(f.schema.sets[name])
+		if err != nil {
+			return fmt.Errorf("list set %s: %w", name, err)
+		}
+		var del []nftables.SetElement
+		for _, e := range elems {
+			if e.IntervalEnd {
+				continue // the dump's end markers belong to their start
+			}
+			if g, ok := keyGuest(name, e.Key); ok && g == u.New.Guest && !want[idOf(name, e)] {
+				del = append(del, nftables.SetElement{Key: e.Key, KeyEnd: e.KeyEnd})
+			}
+		}
+		if err := addElements(c, f.schema.sets[name], del, true); err != nil {
+			return err
+		}
+	}
+	if err := f.queueUnattest(c, p.unattest); err != nil {
+		return err
+	}
+	for _, se := range sessionElements(u.New) {
+		if base[se.set] {
+			continue
+		}
+		if err := addElements(c, f.schema.sets[se.set], se.elems, false); err != nil {
+			return err
+		}
+	}
+	return c.Flush()
+}
+
+// cutsFlow reports whether an update takes away a flow of the guest to dst
+// (protocol number proto, destination port dport): the old rules or a stale
+// attestation allowed it, and neither the new rules nor a kept attestation
+// does. A flow no update step ever allowed (an attestation that expired
+// long before, the DNS proxy) is left alone: its fate is not the update's.
+func (u SessionUpdate) cutsFlow(g *Guard, dst netip.Addr, proto uint8, dport uint16) bool {
+	was := rulesAllow(u.Old, g, dst, proto, dport) || attestAllow(u.Stale, dst, proto, dport)
+	return was && !rulesAllow(u.New, g, dst, proto, dport) && !attestAllow(u.Keep, dst, proto, dport)
+}
+
+func portAllows(port uint16, p Proto, proto uint8, dport uint16) bool {
+	if port == 0 {
+		return true
+	}
+	if proto != ProtoTCP.Number() && proto != ProtoUDP.Number() {
+		return false
+	}
+	return port == dport && (p == ProtoAny || p.Number() == proto)
+}
+
+func rulesAllow(r SessionRules, g *Guard, dst netip.Addr, proto uint8, dport uint16) bool {
+	if r.Egress == ModePublic && g.IsPublicUnicast(dst) {
+		return true
+	}
+	if slices.Contains(r.Peers, dst) {
+		return true
+	}
+	for _, t := range r.Static {
+		if t.Prefix.Contains(dst) && portAllows(t.Port, t.Proto, proto, dport) {
+			return true
+		}
+	}
+	return false
+}
+
+func attestAllow(as []Attestation, dst netip.Addr, proto uint8, dport uint16) bool {
+	for _, a := range as {
+		if !slices.Contains(a.Addrs, dst) {
+			continue
+		}
+		if len(a.Ports) == 0 {
+			return true
+		}
+		for _, p := range a.Ports {
+			if portAllows(p.Port, p.Proto, proto, dport) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// CutFlows deletes the conntrack entries of the guest's flows that u takes
+// away (see cutsFlow), over netlink, and returns how many: the reply
+// direction of an established flow no longer passes the policy's
+// "established" accept, since there is no entry left to be established.
+// Call it after UpdateSession. It walks the conntrack table once (the
+// kernel's dump filters nothing by destination port).
+func (f *Firewall) CutFlows(u SessionUpdate) (int, error) {
+	guest := u.New.Guest
+	n := 0
+	err := f.flows.do(func(c *netlink.Conn) error {
+		entries, err := dumpFlows(c, nil)
+		if err != nil {
+			return err
+		}
+		for _, e := range entries {
+			if e.src != guest {
+				continue
+			}
+			proto, dport := tupleProtoPort(e.tuple)
+			if !u.cutsFlow(f.guard, e.dst, proto, dport) {
+				continue
+			}
+			if err := deleteFlow(c, e); err != nil {
+				return err
+			}
+			n++
+		}
+		return nil
+	})
+	if err != nil {
+		return n, fmt.Errorf("cut revoked flows of %s (guest %s): %w", u.New.Name, guest, err)
+	}
+	return n, nil
+}
+
+// ctnetlink tuple attributes (linux/netfilter/nfnetlink_conntrack.h).
+const (
+	ctaTupleProto   = 2
+	ctaProtoNum     = 1
+	ctaProtoDstPort = 3
+)
+
+// tupleProtoPort reads the protocol number and, for TCP, UDP and the other
+// port protocols, the destination port of an encoded tuple (0 otherwise).
+func tupleProtoPort(tuple []byte) (proto uint8, dport uint16) {
+	ad, err := netlink.NewAttributeDecoder(tuple)
+	if err != nil {
+		return
+	}
+	for ad.Next() {
+		if ad.Type() != ctaTupleProto {
+			continue
+		}
+		pd, err := netlink.NewAttributeDecoder(ad.Bytes())
+		if err != nil {
+			return
+		}
+		for pd.Next() {
+			v := pd.Bytes()
+			switch pd.Type() {
+			case ctaProtoNum:
+				if len(v) == 1 {
+					proto = v[0]
+				}
+			case ctaProtoDstPort:
+				if len(v) == 2 {
+					dport = binary.BigEndian.Uint16(v)
+				}
+			}
+		}
+	}
+	return
+}

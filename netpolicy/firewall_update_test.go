@@ -1,0 +1,95 @@
+package netpolicy
+
+import (
+	"net/netip"
+	"testing"
+)
+
+func updRules(egress Mode, static []Target, peers ...netip.Addr) SessionRules {
+	return SessionRules{Name: "s", HostIface: "enf1h", Guest: netip.MustParseAddr("10.20.0.6"), Egress: egress, Static: static, Peers: peers}
+}
+
+func setsOf(ps []setElems) map[string]int {
+	out := map[string]int{}
+	for _, se := range ps {
+		out[se.set] += len(se.elems)
+	}
+	return out
+}
+
+func TestPlanUpdateTouchesOnlyTheDifference(t *testing.T) {
+	a := Target{Prefix: netip.MustParsePrefix("198.51.100.7/32")}
+	b := Target{Prefix: netip.MustParsePrefix("198.51.100.0/24"), Port: 443, Proto: ProtoTCP}
+	peer := netip.MustParseAddr("10.20.0.10")
+	u := SessionUpdate{Old: updRules(ModePublic, []Target{a}, peer), New: updRules(ModeAllowlist, []Target{b})}
+	p := planUpdate(u)
+	del, add := setsOf(p.del), setsOf(p.add)
+	if del[setPublic] != 1 || del[setStatic] != 1 || del[setPeers] != 1 || add[setStaticCIDRPorts] != 1 {
+		t.Fatalf("del %v add %v: want public, static and peers deleted, the port CIDR added", del, add)
+	}
+	for _, s := range []string{setSessions, setAcctAccept, setAcctDrop, setAcctLimited} {
+		if del[s] != 0 || add[s] != 0 {
+			t.Errorf("%s touched (del %d, add %d): the session's own elements must stay", s, del[s], add[s])
+		}
+	}
+	if len(planUpdate(SessionUpdate{Old: u.New, New: u.New}).add) != 0 {
+		t.Error("an update to the same rules adds elements")
+	}
+}
+
+func TestPlanUpdateKeepsWhatAnotherNameAttested(t *testing.T) {
+	x, y := netip.MustParseAddr("198.51.100.1"), netip.MustParseAddr("198.51.100.2")
+	r := updRules(ModeAllowlist, nil)
+	u := SessionUpdate{Old: r, New: r,
+		Stale: []Attestation{{Addrs: []netip.Addr{x, y}}},
+		Keep:  []Attestation{{Addrs: []netip.Addr{y}}}}
+	p := planUpdate(u)
+	if got := setsOf(p.unattest); got[setAttested] != 1 {
+		t.Fatalf("unattest %v: want only x's element removed", got)
+	}
+	if k := p.unattest[0].elems[0].Key; netip.AddrFrom4([4]byte(k[4:8])) != x {
+		t.Errorf("unattest removes %v, want %s", k, x)
+	}
+	// A port-constrained attestation removes its ported elements.
+	u.Stale = []Attestation{{Addrs: []netip.Addr{x}, Ports: []PortSpec{{Port: 443, Proto: ProtoTCP}}}}
+	if got := setsOf(planUpdate(u).unattest); got[setAttestedPorts] != 1 {
+		t.Errorf("unattest %v: want the 443/tcp element", got)
+	}
+}
+
+func TestCutsFlow(t *testing.T) {
+	g := DefaultGuard()
+	x, y := netip.MustParseAddr("198.51.100.1"), netip.MustParseAddr("198.51.100.2")
+	cidr := Target{Prefix: netip.MustParsePrefix("203.0.113.0/24"), Port: 443, Proto: ProtoTCP}
+	peer := netip.MustParseAddr("10.20.0.10")
+	u := SessionUpdate{
+		Old:   updRules(ModeAllowlist, []Target{cidr}, peer),
+		New:   updRules(ModeAllowlist, nil),
+		Stale: []Attestation{{Addrs: []netip.Addr{x, y}}},
+		Keep:  []Attestation{{Addrs: []netip.Addr{y}}},
+	}
+	const tcp, udp = 6, 17
+	for _, c := range []struct {
+		dst   string
+		proto uint8
+		port  uint16
+		cut   bool
+	}{
+		{"198.51.100.1", tcp, 80, true},  // a revoked name's address
+		{"198.51.100.2", tcp, 80, false}, // another allowed name attested it too
+		{"203.0.113.9", tcp, 443, true},  // a revoked CIDR entry
+		{"203.0.113.9", udp, 443, false}, // never allowed by the update's old side
+		{"10.20.0.10", tcp, 22, true},    // a revoked lab peer
+		{"192.0.2.99", tcp, 80, false},   // nothing the update took away
+	} {
+		if got := u.cutsFlow(g, netip.MustParseAddr(c.dst), c.proto, c.port); got != c.cut {
+			t.Errorf("cutsFlow(%s %d/%d) = %v, want %v", c.dst, c.port, c.proto, got, c.cut)
+		}
+	}
+	// public -> allowlist cuts every public destination the new rules lack.
+	pa, pb := netip.MustParseAddr("93.184.216.34"), netip.MustParseAddr("93.184.216.35")
+	u = SessionUpdate{Old: updRules(ModePublic, nil), New: updRules(ModeAllowlist, []Target{{Prefix: netip.PrefixFrom(pa, 32)}})}
+	if !u.cutsFlow(g, pb, tcp, 80) || u.cutsFlow(g, pa, tcp, 80) {
+		t.Error("public -> allowlist: want every public destination cut but the new static one")
+	}
+}
