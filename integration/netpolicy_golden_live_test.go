@@ -77,6 +77,8 @@ func TestNetpolicyTableGolden(t *testing.T) {
 		"\""+e.prefix+"*\"", `"<prefix>*"`,
 		"\""+e.prefix+"dns\"", `"<prefix>dns"`,
 		"table inet "+e.prefix+" ", "table inet <prefix> ",
+		"prefix \""+e.prefix+":", "prefix \"<prefix>:",
+		fmt.Sprintf(" group %d ", e.fw.LogGroup()), " group <group> ",
 		e.pool.String(), "<pool>",
 	)
 	got := r.Replace(full)

@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
+	"reflect"
 	"strconv"
 	"strings"
 	"sync"
@@ -728,7 +729,7 @@ func TestNetpolicyRestartAndIdempotence(t *testing.T) {
 	if list, err := fw2.Attested(a.Guest); err != nil || len(list) != 0 {
 		t.Errorf("attested after removal = %+v %v", list, err)
 	}
-	if c, err := fw2.Counters(a.Guest); err != nil || c != (netpolicy.Counters{}) {
+	if c, err := fw2.Counters(a.Guest); err != nil || !reflect.DeepEqual(c, netpolicy.Counters{}) {
 		t.Errorf("counters after removal = %+v %v", c, err)
 	}
 

@@ -17,29 +17,37 @@ import (
 // which must never happen.
 const attestSlack = time.Second
 
-// attestKey is one attested element: the set (ported: attested_ports) and
-// its key (8 bytes in attested, 16 in attested_ports).
+// attestedSets are the sets Attest inserts into: port_attested holds, for
+// each address of attested_ports, the address without its ports (it names
+// the reason of a drop, and counts nothing against MaxAttested).
+var attestedSets = []string{setAttested, setAttestedPorts, setPortAttested}
+
+// attestKey is one attested element: the set (an index into attestedSets)
+// and its key (8 bytes in attested and port_attested, 16 in attested_ports).
 type attestKey struct {
-	ported bool
-	n      uint8
-	key    [16]byte
+	set_ uint8
+	n    uint8
+	key  [16]byte
 }
 
 func newAttestKey(set string, key []byte) (attestKey, bool) {
-	k := attestKey{ported: set == setAttestedPorts, n: uint8(len(key))}
-	if len(key) != 8 && len(key) != 16 {
+	k := attestKey{n: uint8(len(key))}
+	i := 0
+	for i < len(attestedSets) && attestedSets[i] != set {
+		i++
+	}
+	if i == len(attestedSets) || (len(key) != 8 && len(key) != 16) {
 		return k, false
 	}
+	k.set_ = uint8(i)
 	copy(k.key[:], key)
 	return k, true
 }
 
-func (k attestKey) set() string {
-	if k.ported {
-		return setAttestedPorts
-	}
-	return setAttested
-}
+func (k attestKey) set() string { return attestedSets[k.set_] }
+
+// counted reports whether the element counts against MaxAttested.
+func (k attestKey) counted() bool { return k.set() != setPortAttested }
 
 // attestIndex records, per guest, the attested elements this Firewall put in
 // the kernel and when each expires at the latest, so RemoveSession can
@@ -214,16 +222,23 @@ func (x *attestIndex) admits(guest netip.Addr, plan []setElems, limit int, now t
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	ga := x.byGuest[guest]
-	held := 0
-	if ga != nil {
-		held = len(ga.exp)
+	held := func() int {
+		n := 0
+		if ga != nil {
+			for k := range ga.exp {
+				if k.counted() {
+					n++
+				}
+			}
+		}
+		return n
 	}
 	fresh := func() int {
 		n := 0
 		for _, se := range plan {
 			for _, e := range se.elems {
 				k, ok := newAttestKey(se.set, e.Key)
-				if !ok {
+				if !ok || !k.counted() {
 					continue
 				}
 				if ga == nil {
@@ -235,8 +250,17 @@ func (x *attestIndex) admits(guest netip.Addr, plan []setElems, limit int, now t
 		}
 		return n
 	}
-	if held+fresh() <= limit {
+	// The quick count includes the uncounted port_attested records: an
+	// over-estimate, settled by the exact count below.
+	quick := 0
+	if ga != nil {
+		quick = len(ga.exp)
+	}
+	if quick+fresh() <= limit {
 		return true
+	}
+	if ga == nil {
+		return false
 	}
 	t := x.at(now)
 	for k, exp := range ga.exp {
@@ -244,5 +268,5 @@ func (x *attestIndex) admits(guest netip.Addr, plan []setElems, limit int, now t
 			delete(ga.exp, k)
 		}
 	}
-	return len(ga.exp)+fresh() <= limit
+	return held()+fresh() <= limit
 }

@@ -45,8 +45,8 @@ func TestAttestIndexTake(t *testing.T) {
 	if g := keysOf(got); len(g) != 1 || !slices.Equal(g[setAttested], want[setAttested]) {
 		t.Errorf("take(g1) = %q, want %q", g, want)
 	}
-	if len(taken) != 3 {
-		t.Errorf("taken records %d, want 3 (expired ones too, for putBack)", len(taken))
+	if len(taken) != 4 {
+		t.Errorf("taken records %d, want 4 (expired ones too, for putBack; the ported address in port_attested too)", len(taken))
 	}
 	if again, _, _ := x.take(g1, t0); len(again) != 0 {
 		t.Errorf("second take(g1) = %v, want nothing", keysOf(again))
@@ -54,7 +54,8 @@ func TestAttestIndexTake(t *testing.T) {
 	x.putBack(g1, taken)
 	x.setSeeded(true)
 	got, _, complete = x.take(g1, t0)
-	if g := keysOf(got); !complete || len(g[setAttested]) != 2 || len(g[setAttestedPorts]) != 1 || g[setAttestedPorts][0] != portKeyOf {
+	if g := keysOf(got); !complete || len(g[setAttested]) != 2 || len(g[setAttestedPorts]) != 1 || g[setAttestedPorts][0] != portKeyOf ||
+		len(g[setPortAttested]) != 1 || g[setPortAttested][0] != key(g1, "3.3.3.3") {
 		t.Errorf("take after putBack = %q (complete %t)", g, complete)
 	}
 	if got, _, _ := x.take(g2, t0); len(got[setAttested]) != 1 || string(got[setAttested][0].Key) != key(g2, "1.1.1.1") {
@@ -121,6 +122,7 @@ func TestMergeAttests(t *testing.T) {
 		{setAttested, string(concat(ipKey(g1), ipKey(a))), time.Hour},
 		{setAttested, string(concat(ipKey(g1), ipKey(b))), time.Minute},
 		{setAttestedPorts, string(concat(ipKey(g2), protoKey(ProtoUDP), ipKey(a), portKey(53))), 30 * time.Second},
+		{setPortAttested, string(concat(ipKey(g2), ipKey(a))), 30 * time.Second},
 	}
 	if !slices.Equal(flat, want) {
 		t.Errorf("merged %+v, want %+v", flat, want)

@@ -3,6 +3,7 @@ package netpolicy
 import (
 	"encoding/binary"
 	"net/netip"
+	"sort"
 	"time"
 
 	"github.com/google/nftables"
@@ -78,7 +79,10 @@ func prefixBounds(p netip.Prefix) (netip.Addr, netip.Addr) {
 // addresses go to the hash sets (see the set comments).
 func sessionElements(r SessionRules) []setElems {
 	g := ipKey(r.Guest)
-	out := []setElems{{set: setSessions, elems: []nftables.SetElement{{Key: concat(ifnameKey(r.HostIface), g)}}}}
+	out := []setElems{
+		{set: setSessions, elems: []nftables.SetElement{{Key: concat(ifnameKey(r.HostIface), g)}}},
+		{set: setIfaces, elems: []nftables.SetElement{{Key: ifnameKey(r.HostIface), Val: g}}},
+	}
 	if r.Egress == ModePublic {
 		out = append(out, setElems{setPublic, []nftables.SetElement{{Key: g}}})
 	}
@@ -88,7 +92,9 @@ func sessionElements(r SessionRules) []setElems {
 			peers = append(peers, nftables.SetElement{Key: concat(g, ipKey(p))})
 		}
 	}
-	var static, staticPorts, cidr, cidrPorts []nftables.SetElement
+	var static, staticPorts, cidr, cidrPorts, portHosts []nftables.SetElement
+	var portCIDRs []netip.Prefix
+	seenHost := map[netip.Addr]bool{}
 	for _, t := range expandProto(r.Static) {
 		first, last := prefixBounds(t.Prefix)
 		single := t.Prefix.IsSingleIP()
@@ -99,7 +105,12 @@ func sessionElements(r SessionRules) []setElems {
 			cidr = append(cidr, nftables.SetElement{Key: concat(g, ipKey(first)), KeyEnd: concat(g, ipKey(last))})
 		case single:
 			staticPorts = append(staticPorts, nftables.SetElement{Key: concat(g, protoKey(t.Proto), ipKey(first), portKey(t.Port))})
+			if !seenHost[first] {
+				seenHost[first] = true
+				portHosts = append(portHosts, nftables.SetElement{Key: concat(g, ipKey(first))})
+			}
 		default:
+			portCIDRs = append(portCIDRs, t.Prefix)
 			pr, po := protoKey(t.Proto), portKey(t.Port)
 			cidrPorts = append(cidrPorts, nftables.SetElement{
 				Key:    concat(g, pr, ipKey(first), po),
@@ -107,7 +118,13 @@ func sessionElements(r SessionRules) []setElems {
 			})
 		}
 	}
-	for _, se := range []setElems{{setPeers, peers}, {setStatic, static}, {setStaticPorts, staticPorts}, {setStaticCIDR, cidr}, {setStaticCIDRPorts, cidrPorts}} {
+	var portCIDR []nftables.SetElement
+	for _, p := range outermost(portCIDRs) {
+		first, last := prefixBounds(p)
+		portCIDR = append(portCIDR, nftables.SetElement{Key: concat(g, ipKey(first)), KeyEnd: concat(g, ipKey(last))})
+	}
+	for _, se := range []setElems{{setPeers, peers}, {setStatic, static}, {setStaticPorts, staticPorts}, {setStaticCIDR, cidr}, {setStaticCIDRPorts, cidrPorts},
+		{setPortHosts, portHosts}, {setPortCIDRs, portCIDR}} {
 		if len(se.elems) > 0 {
 			out = append(out, se)
 		}
@@ -156,7 +173,16 @@ func attestElements(guest netip.Addr, ips []netip.Addr, timeout time.Duration, p
 	if anyPort {
 		return []setElems{{setAttested, elems}}
 	}
-	return []setElems{{setAttestedPorts, elems}}
+	// The address without its ports, so a drop on another port says "port".
+	var hosts []nftables.SetElement
+	seen := map[netip.Addr]bool{}
+	for _, ip := range ips {
+		if ip = ip.Unmap(); ip.Is4() && !seen[ip] {
+			seen[ip] = true
+			hosts = append(hosts, nftables.SetElement{Key: concat(g, ipKey(ip)), Timeout: timeout})
+		}
+	}
+	return []setElems{{setAttestedPorts, elems}, {setPortAttested, hosts}}
 }
 
 func protosOf(p Proto) []Proto {
@@ -181,6 +207,39 @@ func decodeGuestPort(key []byte) (guest, ip netip.Addr, proto Proto, port uint16
 	ip = netip.AddrFrom4([4]byte(key[8:12]))
 	port = binary.BigEndian.Uint16(key[12:14])
 	return guest, ip, proto, port, true
+}
+
+// outermost returns the prefixes of ps that no other one covers, sorted:
+// prefixes nest or are disjoint, so these are disjoint (an interval set
+// refuses overlapping elements).
+func outermost(ps []netip.Prefix) []netip.Prefix {
+	var out []netip.Prefix
+	for i, p := range ps {
+		covered := false
+		for j, q := range ps {
+			if i != j && q.Bits() <= p.Bits() && q.Contains(p.Addr()) && (q.Bits() < p.Bits() || j < i) {
+				covered = true
+				break
+			}
+		}
+		if !covered {
+			out = append(out, p)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Addr().Less(out[j].Addr()) })
+	return out
+}
+
+// elemGuest returns the guest a dumped element of set belongs to: the map
+// ifaces holds it in the element's data, every other set in its key.
+func elemGuest(set string, e nftables.SetElement) (netip.Addr, bool) {
+	if set == setIfaces {
+		if len(e.Val) != 4 {
+			return netip.Addr{}, false
+		}
+		return netip.AddrFrom4([4]byte(e.Val)), true
+	}
+	return keyGuest(set, e.Key)
 }
 
 // keyGuest returns the guest address a session-keyed element belongs to: the

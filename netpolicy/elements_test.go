@@ -31,7 +31,7 @@ func TestSessionElements(t *testing.T) {
 		got[se.set] = se.elems
 		order = append(order, se.set)
 	}
-	wantOrder := []string{setSessions, setPublic, setPeers, setStatic, setStaticPorts, setStaticCIDR, setAcctAccept, setAcctDrop, setAcctLimited}
+	wantOrder := []string{setSessions, setIfaces, setPublic, setPeers, setStatic, setStaticPorts, setStaticCIDR, setPortHosts, setAcctAccept, setAcctDrop, setAcctLimited}
 	if len(order) != len(wantOrder) {
 		t.Fatalf("sets = %v, want %v", order, wantOrder)
 	}
@@ -54,6 +54,12 @@ func TestSessionElements(t *testing.T) {
 		}
 	}
 	check(setSessions, []nftables.SetElement{{Key: b(ifname, g)}})
+	check(setIfaces, []nftables.SetElement{{Key: ifname}})
+	if v := got[setIfaces][0].Val; !bytes.Equal(v, g) {
+		t.Errorf("ifaces data = %v, want the guest %v", v, g)
+	}
+	// 1.2.3.4 on port 443 (TCP and UDP): once, without the port.
+	check(setPortHosts, []nftables.SetElement{{Key: b(g, []byte{1, 2, 3, 4})}})
 	check(setPublic, []nftables.SetElement{{Key: g}})
 	check(setPeers, []nftables.SetElement{{Key: b(g, []byte{10, 20, 0, 10})}})
 	check(setStaticCIDR, []nftables.SetElement{{Key: b(g, []byte{8, 8, 8, 0}), KeyEnd: b(g, []byte{8, 8, 8, 255})}})
@@ -66,11 +72,32 @@ func TestSessionElements(t *testing.T) {
 
 	// A CIDR with a port goes to the interval set with ports.
 	r2 := r
-	r2.Static = []Target{{Prefix: netip.MustParsePrefix("8.8.8.0/24"), Port: 53, Proto: ProtoUDP}}
+	r2.Static = []Target{{Prefix: netip.MustParsePrefix("8.8.8.0/24"), Port: 53, Proto: ProtoUDP},
+		{Prefix: netip.MustParsePrefix("8.8.8.128/25"), Port: 443},
+		{Prefix: netip.MustParsePrefix("7.0.0.0/8"), Port: 443}}
 	for _, se := range sessionElements(r2) {
+		if se.set == setPortCIDRs {
+			// The /25 is inside the /24: the interval set gets disjoint ranges.
+			want := []nftables.SetElement{
+				{Key: b(g, []byte{7, 0, 0, 0}), KeyEnd: b(g, []byte{7, 255, 255, 255})},
+				{Key: b(g, []byte{8, 8, 8, 0}), KeyEnd: b(g, []byte{8, 8, 8, 255})},
+			}
+			if len(se.elems) != len(want) {
+				t.Fatalf("port_cidrs = %+v", se.elems)
+			}
+			for i := range want {
+				if !bytes.Equal(se.elems[i].Key, want[i].Key) || !bytes.Equal(se.elems[i].KeyEnd, want[i].KeyEnd) {
+					t.Errorf("port_cidrs[%d] = %+v, want %+v", i, se.elems[i], want[i])
+				}
+			}
+		}
 		if se.set == setStaticCIDRPorts {
 			want := nftables.SetElement{Key: b(g, udp, []byte{8, 8, 8, 0}, []byte{0, 53, 0, 0}), KeyEnd: b(g, udp, []byte{8, 8, 8, 255}, []byte{0, 53, 0, 0})}
-			if len(se.elems) != 1 || !bytes.Equal(se.elems[0].Key, want.Key) || !bytes.Equal(se.elems[0].KeyEnd, want.KeyEnd) {
+			found := false
+			for _, e := range se.elems {
+				found = found || bytes.Equal(e.Key, want.Key) && bytes.Equal(e.KeyEnd, want.KeyEnd)
+			}
+			if len(se.elems) != 5 || !found {
 				t.Errorf("static_cidr_ports = %+v", se.elems)
 			}
 		}
@@ -80,7 +107,7 @@ func TestSessionElements(t *testing.T) {
 
 	for _, se := range sessionElements(r) {
 		for _, e := range se.elems {
-			if owner, ok := keyGuest(se.set, e.Key); !ok || owner != guest {
+			if owner, ok := elemGuest(se.set, e); !ok || owner != guest {
 				t.Errorf("%s element %v: keyGuest = %s %v", se.set, e.Key, owner, ok)
 			}
 		}
@@ -92,7 +119,7 @@ func TestSessionElements(t *testing.T) {
 	for _, se := range sessionElements(r) {
 		sets = append(sets, se.set)
 	}
-	if len(sets) != 4 || sets[0] != setSessions || sets[1] != setAcctAccept || sets[2] != setAcctDrop || sets[3] != setAcctLimited {
+	if len(sets) != 5 || sets[0] != setSessions || sets[1] != setIfaces || sets[2] != setAcctAccept || sets[3] != setAcctDrop || sets[4] != setAcctLimited {
 		t.Errorf("allowlist without targets: sets %v", sets)
 	}
 }
@@ -115,8 +142,11 @@ func TestAttestElements(t *testing.T) {
 	}
 
 	ported := attestElements(guest, ips[:1], time.Minute, []PortSpec{{53, ProtoAny}, {443, ProtoTCP}})
-	if len(ported) != 1 || ported[0].set != setAttestedPorts || len(ported[0].elems) != 3 {
+	if len(ported) != 2 || ported[0].set != setAttestedPorts || len(ported[0].elems) != 3 {
 		t.Fatalf("ported attest = %+v", ported)
+	}
+	if h := ported[1]; h.set != setPortAttested || len(h.elems) != 1 || !bytes.Equal(h.elems[0].Key, b(g, []byte{1, 2, 3, 4})) || h.elems[0].Timeout != time.Minute {
+		t.Errorf("ported attest, the address without its ports = %+v", h)
 	}
 	want := [][]byte{
 		b(g, []byte{6, 0, 0, 0}, []byte{1, 2, 3, 4}, []byte{0, 53, 0, 0}),

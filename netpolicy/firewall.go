@@ -63,6 +63,13 @@ type FirewallConfig struct {
 	// MaxAttested caps each session's live attested elements; an Attest
 	// that would exceed it fails with ErrAttestCap. 0 means DefaultMaxAttested.
 	MaxAttested int
+	// LogRate is each session's drop-log budget: NFLOG lines per second,
+	// with a burst of twice that (0: DefaultLogRate). Drops over it are
+	// counted (Counters.Unlogged), not logged.
+	LogRate int
+	// LogGroup is the NFLOG group of the drop log (0: derived from Prefix,
+	// in 1000..64999).
+	LogGroup uint16
 	// OnFlowFlushError reports a failed background flush of removed
 	// sessions' conntrack entries (it is retried after 1 s, backing off to 1 min); nil drops it.
 	OnFlowFlushError func(error)
@@ -104,12 +111,22 @@ type AttestedAddr struct {
 // packets from the session dropped by policy in forward or input. Packets
 // dropped before the session is identified (spoofed source, unknown
 // interface, IPv6) are not attributed to any session.
+//
+// ByReason counts dropped packets by drop reason (the Reason constants),
+// exactly, whatever the log's rate limit: those from the session dropped by
+// policy (a subset of DroppedPackets), spoofed ones counted for the session
+// whose interface they came in on, and inbound ones towards it (neither of
+// those two is in DroppedPackets). Drops of invalid packets and of ICMP
+// errors about others' flows have no reason. Unlogged counts the new flows
+// whose drop the session's log budget kept out of the log.
 type Counters struct {
 	AcceptedPackets, AcceptedBytes uint64
 	DroppedPackets, DroppedBytes   uint64
 	// LimitedPackets counts new flows dropped because the session was at
 	// its flow cap or over its new-flow rate (also in DroppedPackets).
 	LimitedPackets uint64
+	ByReason       map[string]uint64
+	Unlogged       uint64
 }
 
 // Firewall owns the table "inet <prefix>" in the daemon's netns. It is safe
@@ -193,13 +210,17 @@ func checkConfig(cfg *FirewallConfig) error {
 		name string
 		v    *int
 		def  int
-	}{{"max flows", &cfg.MaxFlows, DefaultMaxFlows}, {"flow rate", &cfg.FlowRate, DefaultFlowRate}, {"max attested", &cfg.MaxAttested, DefaultMaxAttested}} {
+	}{{"max flows", &cfg.MaxFlows, DefaultMaxFlows}, {"flow rate", &cfg.FlowRate, DefaultFlowRate}, {"max attested", &cfg.MaxAttested, DefaultMaxAttested},
+		{"log rate", &cfg.LogRate, DefaultLogRate}} {
 		switch {
 		case *b.v < 0 || *b.v > 1<<24:
 			return fmt.Errorf("%s %d: want 0 (the default) to %d", b.name, *b.v, 1<<24)
 		case *b.v == 0:
 			*b.v = b.def
 		}
+	}
+	if cfg.LogGroup == 0 {
+		cfg.LogGroup = defaultLogGroup(cfg.Prefix)
 	}
 	return nil
 }
@@ -223,6 +244,9 @@ func (f *Firewall) Close() error {
 
 // Table returns the table name.
 func (f *Firewall) Table() string { return f.cfg.Prefix }
+
+// LogGroup returns the NFLOG group of the drop log.
+func (f *Firewall) LogGroup() uint16 { return f.cfg.LogGroup }
 
 // AttestFloor returns the effective floor.
 func (f *Firewall) AttestFloor() time.Duration { return f.floor }

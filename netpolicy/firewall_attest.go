@@ -92,7 +92,7 @@ func mergeAttests(reqs []attestReq) []setElems {
 		return reqs[0].plan
 	}
 	var out []setElems
-	for _, name := range []string{setAttested, setAttestedPorts} {
+	for _, name := range attestedSets {
 		var elems []nftables.SetElement
 		at := map[string]int{}
 		for _, r := range reqs {

@@ -21,6 +21,12 @@ func chainDefs() []chainDef {
 		{name: chainAccept},
 		{name: chainDrop},
 		{name: chainDropLimited},
+		{name: chainDropNotAllowed},
+		{name: chainDropPort},
+		{name: chainDropSpecial},
+		{name: chainDropResolver},
+		{name: chainDropSpoofed},
+		{name: chainDropInbound},
 		{name: chainFlowLimit},
 		{name: chainAcceptNew},
 		{name: chainResolver},
@@ -39,7 +45,8 @@ func chainDefs() []chainDef {
 // ruleEnv is what buildRules needs from the configuration.
 func (f *Firewall) ruleEnv(set func(string) *nftables.Set) ruleEnv {
 	return ruleEnv{prefix: f.cfg.Prefix, pool: f.cfg.Pool, dns: f.cfg.DNSAddr,
-		maxFlows: uint32(f.cfg.MaxFlows), flowRate: uint32(f.cfg.FlowRate), set: set}
+		maxFlows: uint32(f.cfg.MaxFlows), flowRate: uint32(f.cfg.FlowRate),
+		logRate: uint32(f.cfg.LogRate), logGroup: f.cfg.LogGroup, set: set}
 }
 
 // Ensure makes the table match this package's design in one atomic batch:
@@ -139,7 +146,7 @@ func (f *Firewall) Ensure() error {
 // seedAttestedLocked records the attested elements already in the kernel
 // (a restarted daemon's), so that the index is complete from now on.
 func (f *Firewall) seedAttestedLocked(c *nftables.Conn) error {
-	for _, name := range []string{setAttested, setAttestedPorts} {
+	for _, name := range attestedSets {
 		elems, err := c.GetSetElements(f.schema.sets[name])
 		if err != nil {
 			return fmt.Errorf("list set %s: %w", name, err)

@@ -44,6 +44,8 @@ type ruleEnv struct {
 	dns      netip.Addr   // DNS anycast address
 	maxFlows uint32       // per-session concurrent flows
 	flowRate uint32       // per-session new flows per second
+	logRate  uint32       // per-session drop-log lines per second
+	logGroup uint16       // NFLOG group of the drop log
 	set      func(name string) *nftables.Set
 }
 
@@ -51,7 +53,7 @@ type ruleEnv struct {
 //
 //	raw_prerouting (filter hook prerouting, priority raw: before conntrack)
 //	  iifname "P*" meta nfproto != ipv4 drop
-//	  iifname "P*" iifname . ip saddr != @sessions drop    # anti-spoofing, before conntrack sees the packet
+//	  iifname "P*" iifname . ip saddr != @sessions goto drop_spoofed  # anti-spoofing, before conntrack sees the packet
 //	  iifname "P*" ip daddr DNS udp dport 53 notrack       # queries to the proxy cost no conntrack entry
 //	raw_output (filter hook output, priority raw)
 //	  oifname "P*" ip saddr DNS udp sport 53 notrack       # the proxy's answers, likewise
@@ -59,7 +61,7 @@ type ruleEnv struct {
 //	  iifname "P*" goto from_session
 //	  oifname "P*" meta nfproto != ipv4 drop
 //	  oifname "P*" ct state established,related accept     # return traffic into a session
-//	  oifname "P*" drop                                    # new connections into sessions
+//	  oifname "P*" goto drop_inbound                       # new connections into sessions
 //	from_session
 //	  ct state established goto accept_session
 //	  ct state related goto related_session
@@ -72,7 +74,7 @@ type ruleEnv struct {
 //	  goto policy                                          # about its own flow: judged like a new packet
 //	policy
 //	  ip saddr . ip daddr @peers goto accept_new            # lab peers (before the guard: they are in the pool)
-//	  ip daddr @blocked goto drop_session                   # SSRF guard, every mode
+//	  ip daddr @blocked goto drop_special                   # SSRF guard, every mode
 //	  meta l4proto {tcp,udp} th dport {53,853} goto resolver
 //	  ip saddr @public goto accept_new
 //	  ip saddr . ip daddr @attested goto accept_new
@@ -81,19 +83,28 @@ type ruleEnv struct {
 //	  ip saddr . meta l4proto . ip daddr . th dport @static_ports goto accept_new
 //	  ip saddr . ip daddr @static_cidr goto accept_new
 //	  ip saddr . meta l4proto . ip daddr . th dport @static_cidr_ports goto accept_new
-//	  goto drop_session
+//	  ip saddr . ip daddr @port_hosts goto drop_port        # allowed on other ports only
+//	  ip saddr . ip daddr @port_attested goto drop_port
+//	  ip saddr . ip daddr @port_cidrs goto drop_port
+//	  goto drop_not_allowed
 //	resolver                                               # DNS and DoT: only entries that name the port
 //	  ip saddr . meta l4proto . ip daddr . th dport @attested_ports goto accept_new
 //	  ip saddr . meta l4proto . ip daddr . th dport @static_ports goto accept_new
 //	  ip saddr . meta l4proto . ip daddr . th dport @static_cidr_ports goto accept_new
-//	  goto drop_session
+//	  goto drop_resolver
 //	flow_limit                                             # the session's conntrack budget
 //	  ct state new add @flows { ip saddr ct count over MAXFLOWS } goto drop_limited
 //	  ct state new update @flowrate { ip saddr limit rate over RATE/second burst 2*RATE packets } goto drop_limited
 //	accept_new:     jump flow_limit; goto accept_session
 //	accept_session: update @acct_accept { ip saddr }; accept
 //	drop_session:   update @acct_drop { ip saddr }; drop
-//	drop_limited:   update @acct_limited { ip saddr }; goto drop_session
+//	drop_limited:   update @acct_limited { ip saddr }; LOG(rate-limit); goto drop_session
+//	drop_not_allowed, drop_port, drop_special, drop_resolver:
+//	                update @acct_reason { ip saddr . CODE }; LOG(reason); goto drop_session
+//	drop_spoofed:   update @acct_reason { iifname map @ifaces . 5 }; LOG(spoofed); drop
+//	drop_inbound:   oifname . ip daddr != @sessions drop
+//	                update @acct_reason { ip daddr . 6 }; LOG(inbound); drop
+//	  LOG(reason) is the log budget and the NFLOG line of reasonRules (droplog.go)
 //	input (filter hook input, policy accept)
 //	  iifname "P*" goto input_session
 //	  ip daddr DNS drop                                    # the anycast address answers session veths only
@@ -103,7 +114,7 @@ type ruleEnv struct {
 //	  ct state related meta l4proto icmp iifname . @th,192,32 @sessions ip daddr DNS accept
 //	  ip daddr DNS tcp dport 53 jump flow_limit
 //	  ip daddr DNS tcp dport 53 accept
-//	  goto drop_session                                    # the daemon's API, host services, other gateways
+//	  goto drop_not_allowed                                # the daemon's API, host services, other gateways
 //	postrouting (nat hook postrouting, srcnat)
 //	  meta nfproto ipv4 ip saddr POOL oifname != "P*" masquerade
 //
@@ -151,7 +162,7 @@ func buildRules(env ruleEnv) []ruleSpec {
 
 	// raw_prerouting
 	add(chainRawPrerouting, fromSession, nfprotoIs(false), drop)
-	add(chainRawPrerouting, fromSession, v4, env.lookupSession(true), drop)
+	add(chainRawPrerouting, fromSession, v4, env.lookupSession(true), gotoC(chainDropSpoofed))
 	add(chainRawPrerouting, fromSession, v4, toDNS, dnsPort(ProtoUDP, true), []expr.Any{&expr.Notrack{}})
 	// raw_output
 	add(chainRawOutput, toSession, v4, fromDNS, dnsPort(ProtoUDP, false), []expr.Any{&expr.Notrack{}})
@@ -160,7 +171,7 @@ func buildRules(env ruleEnv) []ruleSpec {
 	add(chainForward, fromSession, gotoC(chainFromSession))
 	add(chainForward, toSession, nfprotoIs(false), drop)
 	add(chainForward, toSession, ctStateIn(expr.CtStateBitESTABLISHED|expr.CtStateBitRELATED), accept)
-	add(chainForward, toSession, drop)
+	add(chainForward, toSession, gotoC(chainDropInbound))
 
 	// from_session
 	add(chainFromSession, ctStateIn(expr.CtStateBitESTABLISHED), gotoC(chainAccept))
@@ -181,7 +192,7 @@ func buildRules(env ruleEnv) []ruleSpec {
 
 	// policy
 	add(chainPolicy, v4, env.lookupPair(setPeers), gotoC(chainAcceptNew))
-	add(chainPolicy, v4, loadDaddr(reg1), env.lookup(setBlocked, reg1, false), gotoC(chainDrop))
+	add(chainPolicy, v4, loadDaddr(reg1), env.lookup(setBlocked, reg1, false), gotoC(chainDropSpecial))
 	// DNS (53) and DNS over TLS (853) go to the anycast proxy only, in
 	// every mode, unless an entry names that port explicitly: a port-less
 	// address, CIDR or name that happens to be a resolver must not let the
@@ -197,13 +208,19 @@ func buildRules(env ruleEnv) []ruleSpec {
 	add(chainPolicy, v4, env.lookupPorts(setStaticPorts), gotoC(chainAcceptNew))
 	add(chainPolicy, v4, env.lookupPair(setStaticCIDR), gotoC(chainAcceptNew))
 	add(chainPolicy, v4, env.lookupPorts(setStaticCIDRPorts), gotoC(chainAcceptNew))
-	add(chainPolicy, gotoC(chainDrop))
+	// Nothing accepts it: "port" when some entry allows the address on
+	// other ports, else "not-allowed". Only dropped packets pay these
+	// lookups.
+	for _, set := range []string{setPortHosts, setPortAttested, setPortCIDRs} {
+		add(chainPolicy, v4, env.lookupPair(set), gotoC(chainDropPort))
+	}
+	add(chainPolicy, gotoC(chainDropNotAllowed))
 
 	// resolver
 	for _, set := range []string{setAttestedPorts, setStaticPorts, setStaticCIDRPorts} {
 		add(chainResolver, v4, env.lookupPorts(set), gotoC(chainAcceptNew))
 	}
-	add(chainResolver, gotoC(chainDrop))
+	add(chainResolver, gotoC(chainDropResolver))
 
 	// flow_limit
 	isNew := ctStateIn(expr.CtStateBitNEW)
@@ -217,8 +234,28 @@ func buildRules(env ruleEnv) []ruleSpec {
 	add(chainAccept, accept)
 	add(chainDrop, v4, env.update(setAcctDrop))
 	add(chainDrop, drop)
-	add(chainDropLimited, v4, env.update(setAcctLimited))
-	add(chainDropLimited, gotoC(chainDrop))
+	// The reason chains. rate-limit's count is acct_limited's.
+	for _, d := range dropCodes {
+		if d.chain == "" {
+			continue
+		}
+		k, final := guestIsSaddr, gotoC(chainDrop)
+		switch d.reason {
+		case ReasonSpoofed:
+			k, final = guestByIface, drop
+		case ReasonInbound:
+			k, final = guestIsDaddr, drop
+			add(d.chain, v4, env.lookupSessionOut(true), drop) // not a guest: nothing to count
+		}
+		for _, r := range env.reasonRules(d, k, d.reason != ReasonSpoofed, final) {
+			add(d.chain, r)
+		}
+	}
+	limited := env.reasonRules(dropCode{reason: ReasonRateLimit}, guestIsSaddr, true, gotoC(chainDrop))
+	limited[0] = append(v4, env.update(setAcctLimited)...)
+	for _, r := range limited {
+		add(chainDropLimited, r)
+	}
 
 	// input
 	add(chainInput, fromSession, gotoC(chainInputSession))
@@ -228,7 +265,7 @@ func buildRules(env ruleEnv) []ruleSpec {
 	add(chainInputSession, ctStateIn(expr.CtStateBitRELATED), v4, icmp, env.lookupSessionQuoted(false), toDNS, accept)
 	add(chainInputSession, v4, toDNS, dnsPort(ProtoTCP, true), jump(chainFlowLimit))
 	add(chainInputSession, v4, toDNS, dnsPort(ProtoTCP, true), accept)
-	add(chainInputSession, gotoC(chainDrop))
+	add(chainInputSession, gotoC(chainDropNotAllowed))
 
 	// postrouting
 	add(chainPostrouting, nfprotoIs(true), saddrIn(env.pool), ifPrefix(expr.MetaKeyOIFNAME, p, false),

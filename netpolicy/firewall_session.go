@@ -2,6 +2,7 @@ package netpolicy
 
 import (
 	"bytes"
+	"encoding/binary"
 	"fmt"
 	"net/netip"
 	"sort"
@@ -62,14 +63,14 @@ func (f *Firewall) AddSession(r SessionRules) error {
 // sessionSets are the sets RemoveSession scans for a guest's elements.
 var sessionSets = []string{setSessions, setPublic, setPeers, setAttested, setAttestedPorts,
 	setStatic, setStaticPorts, setStaticCIDR, setStaticCIDRPorts, setAcctAccept, setAcctDrop, setAcctLimited,
-	setFlows, setFlowRate}
+	setFlows, setFlowRate, setIfaces, setPortHosts, setPortCIDRs, setPortAttested, setAcctReason, setLogRate}
 
 // datapathSets hold elements the datapath creates (a session's flow budget)
 // that RemoveSession cannot know exist. The by-key batch adds each (a no-op
 // when it exists: an add without NLM_F_EXCL of an existing key succeeds)
 // and then deletes it, so the delete never meets a missing element. (A
 // batch the kernel rejects costs an RCU grace period, ~20 ms, in its abort.)
-var datapathSets = []string{setFlows, setFlowRate}
+var datapathSets = []string{setFlows, setFlowRate, setLogRate}
 
 // RemoveSession deletes every element that belongs to r.Guest in one batch:
 // whatever it was added with, its attested addresses, its counters, and the
@@ -171,11 +172,15 @@ func (f *Firewall) removeByKeyLocked(c *nftables.Conn, r SessionRules, attested 
 		if se.set == setPeers {
 			continue // deleted from the listing above
 		}
-		if err := addElements(c, f.schema.sets[se.set], se.elems, true); err != nil {
+		elems := se.elems
+		if se.set == setIfaces {
+			elems = []nftables.SetElement{{Key: elems[0].Key}} // a delete names the key only
+		}
+		if err := addElements(c, f.schema.sets[se.set], elems, true); err != nil {
 			return err
 		}
 	}
-	for _, name := range []string{setAttested, setAttestedPorts} {
+	for _, name := range attestedSets {
 		if err := addElements(c, f.schema.sets[name], attested[name], true); err != nil {
 			return err
 		}
@@ -188,6 +193,17 @@ func (f *Firewall) removeByKeyLocked(c *nftables.Conn, r SessionRules, attested 
 		if err := addElements(c, f.schema.sets[name], own, true); err != nil {
 			return err
 		}
+	}
+	// The drop-reason counters, likewise: one possible key per code.
+	var reasons []nftables.SetElement
+	for _, d := range dropCodes {
+		reasons = append(reasons, nftables.SetElement{Key: concat(g, reasonKey(d.code))})
+	}
+	if err := addElements(c, f.schema.sets[setAcctReason], reasons, false); err != nil {
+		return err
+	}
+	if err := addElements(c, f.schema.sets[setAcctReason], reasons, true); err != nil {
+		return err
 	}
 	return c.Flush()
 }
@@ -213,7 +229,7 @@ func (f *Firewall) removeGuestsLocked(c *nftables.Conn, gone func(netip.Addr) bo
 		}
 		var del []nftables.SetElement
 		for _, e := range elems {
-			owner, ok := keyGuest(name, e.Key)
+			owner, ok := elemGuest(name, e)
 			mine := ok && gone(owner)
 			if name == setPeers && len(e.Key) == 8 && gone(netip.AddrFrom4([4]byte(e.Key[4:8]))) {
 				mine = true // another session's permission to reach this one
@@ -322,9 +338,12 @@ func (f *Firewall) AllAttested() (map[netip.Addr][]AttestedAddr, error) {
 }
 
 // AllCounters returns the counters of every session that has any, keyed by
-// guest address: two dumps whatever the number of sessions.
+// guest address: four dumps whatever the number of sessions.
 func (f *Firewall) AllCounters() (map[netip.Addr]Counters, error) {
-	out := map[netip.Addr]Counters{}
+	out, err := f.reasonCounters()
+	if err != nil {
+		return nil, err
+	}
 	for _, name := range []string{setAcctAccept, setAcctDrop, setAcctLimited} {
 		elems, err := f.listSet(name)
 		if err != nil {
@@ -343,9 +362,43 @@ func (f *Firewall) AllCounters() (map[netip.Addr]Counters, error) {
 				c.DroppedPackets, c.DroppedBytes = e.Counter.Packets, e.Counter.Bytes
 			default:
 				c.LimitedPackets = e.Counter.Packets
+				if c.LimitedPackets > 0 {
+					if c.ByReason == nil {
+						c.ByReason = map[string]uint64{}
+					}
+					c.ByReason[ReasonRateLimit] = c.LimitedPackets
+				}
 			}
 			out[g] = c
 		}
+	}
+	return out, nil
+}
+
+// reasonCounters dumps @acct_reason: each guest's drops by reason and its
+// unlogged count.
+func (f *Firewall) reasonCounters() (map[netip.Addr]Counters, error) {
+	elems, err := f.listSet(setAcctReason)
+	if err != nil {
+		return nil, err
+	}
+	out := map[netip.Addr]Counters{}
+	for _, e := range elems {
+		if len(e.Key) != 8 || e.Counter == nil {
+			continue
+		}
+		g := netip.AddrFrom4([4]byte(e.Key[:4]))
+		c := out[g]
+		code := binary.NativeEndian.Uint32(e.Key[4:8])
+		if code == codeUnlogged {
+			c.Unlogged = e.Counter.Packets
+		} else if r, ok := reasonOfCode(code); ok && e.Counter.Packets > 0 {
+			if c.ByReason == nil {
+				c.ByReason = map[string]uint64{}
+			}
+			c.ByReason[r] = e.Counter.Packets
+		}
+		out[g] = c
 	}
 	return out, nil
 }

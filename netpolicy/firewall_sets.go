@@ -4,6 +4,7 @@ import (
 	"net/netip"
 
 	"github.com/google/nftables"
+	"github.com/google/nftables/binaryutil"
 )
 
 // Set names in the table. Every per-session set is shared by all sessions and
@@ -34,31 +35,44 @@ const (
 	setAcctLimited     = "acct_limited"      // ipv4_addr with a counter per element: new flows over budget
 	setFlows           = "flows"             // ipv4_addr, dynamic, ct count per element: tracked flows of a guest
 	setFlowRate        = "flowrate"          // ipv4_addr, dynamic, limit per element: new-flow rate of a guest
+	setIfaces          = "ifaces"            // map ifname : mark: host veth -> the guest's address bytes (names the session of a spoofed packet)
+	setPortHosts       = "port_hosts"        // ipv4_addr . ipv4_addr: guest . address static_ports allows on some port
+	setPortCIDRs       = "port_cidrs"        // ipv4_addr . ipv4_addr interval: guest . CIDR static_cidr_ports allows on some port
+	setPortAttested    = "port_attested"     // ipv4_addr . ipv4_addr, timeout: guest . address attested_ports allows on some port
+	setAcctReason      = "acct_reason"       // ipv4_addr . mark, dynamic, counter: guest . drop reason code
+	setLogRate         = "lograte"           // ipv4_addr, dynamic, limit per element: the guest's drop-log budget
 )
 
 // Chain names in the table.
 const (
-	chainForward       = "forward"
-	chainInput         = "input"
-	chainPostrouting   = "postrouting"
-	chainFromSession   = "from_session"
-	chainAccept        = "accept_session"
-	chainDrop          = "drop_session"
-	chainRawPrerouting = "raw_prerouting"
-	chainRawOutput     = "raw_output"
-	chainRelated       = "related_session"
-	chainPolicy        = "policy"
-	chainResolver      = "resolver"
-	chainFlowLimit     = "flow_limit"
-	chainAcceptNew     = "accept_new"
-	chainDropLimited   = "drop_limited"
-	chainInputSession  = "input_session"
+	chainForward        = "forward"
+	chainInput          = "input"
+	chainPostrouting    = "postrouting"
+	chainFromSession    = "from_session"
+	chainAccept         = "accept_session"
+	chainDrop           = "drop_session"
+	chainRawPrerouting  = "raw_prerouting"
+	chainRawOutput      = "raw_output"
+	chainRelated        = "related_session"
+	chainPolicy         = "policy"
+	chainResolver       = "resolver"
+	chainFlowLimit      = "flow_limit"
+	chainAcceptNew      = "accept_new"
+	chainDropLimited    = "drop_limited"
+	chainInputSession   = "input_session"
+	chainDropNotAllowed = "drop_not_allowed"
+	chainDropPort       = "drop_port"
+	chainDropSpecial    = "drop_special"
+	chainDropResolver   = "drop_resolver"
+	chainDropSpoofed    = "drop_spoofed"
+	chainDropInbound    = "drop_inbound"
 )
 
 var (
 	typeGuestPeer  = nftables.MustConcatSetType(nftables.TypeIPAddr, nftables.TypeIPAddr)
 	typeGuestPort  = nftables.MustConcatSetType(nftables.TypeIPAddr, nftables.TypeInetProto, nftables.TypeIPAddr, nftables.TypeInetService)
 	typeIfaceGuest = nftables.MustConcatSetType(nftables.TypeIFName, nftables.TypeIPAddr)
+	typeGuestMark  = nftables.MustConcatSetType(nftables.TypeIPAddr, nftables.TypeMark)
 )
 
 // schema holds the client-side descriptions of the table's sets. The flags
@@ -112,6 +126,24 @@ func newSchema(tableName string, pool netip.Prefix) *schema {
 	// limit state); RemoveSession deletes them.
 	add(&nftables.Set{Name: setFlows, KeyType: nftables.TypeIPAddr, Dynamic: true, Size: size})
 	add(&nftables.Set{Name: setFlowRate, KeyType: nftables.TypeIPAddr, Dynamic: true, Size: size})
+	// The drop reasons (see droplog.go). ifaces maps a host veth to its
+	// guest, so a spoofed packet is counted and logged for the session whose
+	// interface it came in on. The three port_* sets hold, without the port,
+	// the addresses a session may reach on some port only, so a drop can say
+	// "port" rather than "not-allowed". acct_reason holds up to
+	// len(dropReasons)+1 elements per session, created by the datapath.
+	// Host order, as nft declares a lone ifname key: without it nft reads the
+	// key reversed and prints it empty.
+	add(&nftables.Set{Name: setIfaces, KeyType: nftables.TypeIFName, KeyByteOrder: binaryutil.NativeEndian, IsMap: true, DataType: nftables.TypeMark})
+	add(&nftables.Set{Name: setPortHosts, KeyType: typeGuestPeer, Concatenation: true})
+	add(&nftables.Set{Name: setPortCIDRs, KeyType: typeGuestPeer, Concatenation: true, Interval: true})
+	add(&nftables.Set{Name: setPortAttested, KeyType: typeGuestPeer, Concatenation: true, HasTimeout: true, Size: attestedSetSize})
+	reasonSize := uint32(uint64(1) << (32 - pool.Bits()) / 4 * uint64(len(dropCodes)))
+	if reasonSize <= defaultDynSetSize {
+		reasonSize = 0
+	}
+	add(&nftables.Set{Name: setAcctReason, KeyType: typeGuestMark, Concatenation: true, Dynamic: true, Counter: true, Size: reasonSize})
+	add(&nftables.Set{Name: setLogRate, KeyType: nftables.TypeIPAddr, Dynamic: true, Size: size})
 	return s
 }
 

@@ -276,3 +276,12 @@ func intervalPrefixes(iv interval) []netip.Prefix {
 }
 
 func (r Range) String() string { return fmt.Sprintf("%s (%s)", r.Prefix, r.Name) }
+
+// BlockedBy returns the special-purpose range (or the session pool) that
+// blocks ip, if any: what a drop of reason special-purpose names.
+func (g *Guard) BlockedBy(ip netip.Addr) (Range, bool) {
+	if r, ok := g.blockedBy(ip); ok && r.Prefix.IsValid() {
+		return r, true
+	}
+	return Range{}, false
+}
