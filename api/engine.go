@@ -20,6 +20,8 @@ type Engine interface {
 	// Events returns the recorded events of a session and, when follow is
 	// set, a channel of new ones closed when ctx ends or the session goes.
 	Events(ctx context.Context, name string, follow bool) ([]Event, <-chan Event, error)
+	// Why says what the session's policy does with dest now, and why.
+	Why(ctx context.Context, name, dest string) (WhyAnswer, error)
 	// Healthy reports whether the daemon enforces what it says.
 	Healthy() error
 }

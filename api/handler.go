@@ -58,6 +58,7 @@ func NewHandler(e Engine, opts HandlerOptions) http.Handler {
 	}))
 	mux.HandleFunc(Prefix+"/sessions/{name}/exec", a.methods(map[string]http.HandlerFunc{"POST": a.exec}))
 	mux.HandleFunc(Prefix+"/sessions/{name}/events", a.methods(map[string]http.HandlerFunc{"GET": a.events}))
+	mux.HandleFunc(Prefix+"/sessions/{name}/why", a.methods(map[string]http.HandlerFunc{"GET": a.why}))
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, fmt.Sprintf("no route %s %s", r.Method, r.URL.Path))
 	})

@@ -47,6 +47,7 @@ var routes = []string{
 	"DELETE /v1/sessions/{name}",
 	"POST /v1/sessions/{name}/exec",
 	"GET /v1/sessions/{name}/events",
+	"GET /v1/sessions/{name}/why",
 }
 
 func loadOpenAPI(t *testing.T) (*openapi3.T, routers.Router) {
@@ -203,6 +204,8 @@ var schemaTypes = map[string]reflect.Type{
 	"ExecRequest":    reflect.TypeFor[api.ExecRequest](),
 	"ExecFrame":      reflect.TypeFor[api.ExecFrame](),
 	"Event":          reflect.TypeFor[api.Event](),
+	"WhyAnswer":      reflect.TypeFor[api.WhyAnswer](),
+	"WhyAddr":        reflect.TypeFor[api.WhyAddr](),
 }
 
 // jsonField is one field as encoding/json writes it.
@@ -499,6 +502,9 @@ func TestOpenAPIExchanges(t *testing.T) {
 		{method: "GET", path: "/v1/sessions/box/events?follow=0", status: 200},
 		{method: "GET", path: "/v1/sessions/nope/events", status: 404},
 		{method: "GET", path: "/v1/sessions/box/events?follow=maybe", status: 400, invalid: true},
+		{method: "GET", path: "/v1/sessions/box/why?dest=api.example.com", status: 200},
+		{method: "GET", path: "/v1/sessions/nope/why?dest=api.example.com", status: 404},
+		{method: "GET", path: "/v1/sessions/box/why", status: 400, invalid: true},
 
 		{method: "DELETE", path: "/v1/sessions", status: 400, invalid: true},
 		{method: "DELETE", path: "/v1/sessions?label=novalue", status: 400},

@@ -179,4 +179,20 @@ func (f *Engine) Events(ctx context.Context, name string, follow bool) ([]api.Ev
 	return recorded, ch, nil
 }
 
+// Why answers "allowed" for a destination the session's allow list names
+// as given, "dropped" otherwise.
+func (f *Engine) Why(ctx context.Context, name, dest string) (api.WhyAnswer, error) {
+	s, err := f.Inspect(name)
+	if err != nil {
+		return api.WhyAnswer{}, err
+	}
+	ans := api.WhyAnswer{Session: name, Dest: dest, Verdict: api.WhyDropped, Reason: "not-allowed", Detail: "not in the allow list"}
+	for _, a := range s.Policy.Allow {
+		if a == dest {
+			ans.Verdict, ans.Reason, ans.Detail, ans.Entry = api.WhyAllowed, "static", "in the allow list", a
+		}
+	}
+	return ans, nil
+}
+
 func (f *Engine) Healthy() error { return f.Unhealthy }

@@ -21,7 +21,7 @@ import (
 )
 
 // sessionSubcommands names the subcommands in the errors of "enforcerd session".
-const sessionSubcommands = "create, exec, ls, inspect, rm or events"
+const sessionSubcommands = "create, exec, ls, inspect, rm, events or why"
 
 func (c *cli) sessionCommand(glob *globalOpts) *cobra.Command {
 	cmd := &cobra.Command{
@@ -51,6 +51,7 @@ func (c *cli) sessionCommand(glob *globalOpts) *cobra.Command {
 		c.sessionInspect(glob),
 		c.sessionRemove(glob),
 		c.sessionEvents(glob),
+		c.sessionWhy(glob),
 	)
 	return cmd
 }

@@ -1,0 +1,68 @@
+package api
+
+import (
+	"context"
+	"net/http"
+	"net/url"
+	"time"
+)
+
+// WhyAnswer is the body of GET /v1/sessions/{name}/why?dest=DEST: what the
+// session's policy does with a destination now, and why, from the daemon's
+// own data and the kernel's sets. DEST is a name or an IPv4 address, with
+// an optional :PORT and /PROTO (tcp or udp; tcp when only a port is given).
+type WhyAnswer struct {
+	Session string `json:"session"`
+	Dest    string `json:"dest"`
+	// Verdict is WhyAllowed, WhyDropped or WhyNXDomain (a name the policy
+	// does not allow: the proxy answers NXDOMAIN and never asks upstream).
+	Verdict string `json:"verdict"`
+	// Reason is one word: for a drop the same as the flow events'
+	// (not-allowed, port, special-purpose, resolver, no-network), for an
+	// accept static, attested, pinned, public or lab-peer; for a name
+	// allowed or not-allowed.
+	Reason string `json:"reason"`
+	Detail string `json:"detail"` // one line a person reads
+	// Entry is the policy entry that decides, when one does.
+	Entry string `json:"entry,omitempty"`
+	// Addrs are, for a name the policy allows, what it resolves to now
+	// (through the daemon's upstreams) and each address's own answer.
+	Addrs []WhyAddr `json:"addrs,omitempty"`
+}
+
+// WhyAddr is the answer for one address of a resolved name.
+type WhyAddr struct {
+	IP      string     `json:"ip"`
+	Verdict string     `json:"verdict"`
+	Reason  string     `json:"reason"`
+	Detail  string     `json:"detail"`
+	Expires *time.Time `json:"expires,omitempty"` // an attested element's expiry
+}
+
+// Verdicts of a WhyAnswer.
+const (
+	WhyAllowed  = "allowed"
+	WhyDropped  = "dropped"
+	WhyNXDomain = "nxdomain"
+)
+
+func (a *server) why(w http.ResponseWriter, r *http.Request) {
+	dest := r.URL.Query().Get("dest")
+	if dest == "" {
+		writeError(w, http.StatusBadRequest, "dest: want ?dest=NAME|IP[:PORT][/tcp|udp]")
+		return
+	}
+	ans, err := a.e.Why(r.Context(), r.PathValue("name"), dest)
+	if err != nil {
+		a.fail(w, r, err)
+		return
+	}
+	writeJSONStatus(w, http.StatusOK, ans)
+}
+
+// Why asks what the session's policy does with dest (NAME|IP[:PORT][/PROTO]) now, and why.
+func (c *Client) Why(ctx context.Context, name, dest string) (WhyAnswer, error) {
+	var ans WhyAnswer
+	err := c.call(ctx, http.MethodGet, sessionPath(name, "why")+"?"+url.Values{"dest": {dest}}.Encode(), nil, &ans)
+	return ans, err
+}

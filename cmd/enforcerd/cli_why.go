@@ -1,0 +1,58 @@
+package main
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"github.com/enforcerd/enforcerd/api"
+)
+
+const whyLong = `Say what the session's policy does with a destination right now, and why:
+for a name, whether the proxy would answer it and what each of its addresses
+meets; for an address, which set or guard decides. DEST is a name or an IPv4
+address with an optional :PORT and /tcp or /udp (tcp when only a port is
+given). The answer comes from the daemon's own data and the kernel's sets; a
+name the policy allows is resolved through the daemon's upstreams, one the
+policy refuses is sent nowhere.`
+
+func (c *cli) sessionWhy(glob *globalOpts) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:               "why NAME DEST[:PORT][/PROTO]",
+		Short:             "explain what the policy does with a destination",
+		Long:              whyLong,
+		Args:              cobra.ArbitraryArgs,
+		ValidArgsFunction: c.completeSessions(glob, 1),
+	}
+	asJSON := cmd.Flags().Bool("json", false, "print the answer as JSON")
+	cmd.RunE = func(_ *cobra.Command, args []string) error {
+		const name = "enforcerd session why"
+		if len(args) != 2 {
+			return usageErr(name, "want NAME and DEST, e.g. enforcerd session why agent api.example.com:443")
+		}
+		ctx, cancel := signalContext()
+		defer cancel()
+		ans, err := api.NewClient(c.socketPath(glob)).Why(ctx, args[0], args[1])
+		if err != nil {
+			return refusedErr(name, err)
+		}
+		if *asJSON {
+			return writeJSON(c.stdout, ans)
+		}
+		fmt.Fprint(c.stdout, whyText(ans))
+		return nil
+	}
+	return cmd
+}
+
+// whyText is the answer as a person reads it: the verdict and reason, then
+// one line per address of a name.
+func whyText(a api.WhyAnswer) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s: %s (%s): %s\n", a.Dest, a.Verdict, a.Reason, a.Detail)
+	for _, ad := range a.Addrs {
+		fmt.Fprintf(&b, "  %s: %s (%s): %s\n", ad.IP, ad.Verdict, ad.Reason, ad.Detail)
+	}
+	return b.String()
+}

@@ -1,0 +1,278 @@
+package daemon
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/enforcerd/enforcerd/api"
+	"github.com/enforcerd/enforcerd/netpolicy"
+)
+
+// why answers "what does this session's policy do with DEST now, and why"
+// from the session's policy, the guard and the kernel's attested set; a
+// name the policy allows is resolved through the upstreams (a name it does
+// not allow is never sent anywhere, as the proxy would not send it).
+
+// whyDest is a parsed DEST[:PORT][/PROTO].
+type whyDest struct {
+	name  string     // a host name, or "" for an address
+	addr  netip.Addr // an address, or zero for a name
+	port  uint16     // 0: any port
+	proto netpolicy.Proto
+}
+
+// parseWhyDest parses NAME|IPv4[:PORT][/tcp|udp].
+func parseWhyDest(s string) (whyDest, error) {
+	var d whyDest
+	in := s
+	if i := strings.LastIndexByte(s, '/'); i >= 0 {
+		switch p := strings.ToLower(s[i+1:]); p {
+		case "tcp":
+			d.proto = netpolicy.ProtoTCP
+		case "udp":
+			d.proto = netpolicy.ProtoUDP
+		default:
+			return d, fmt.Errorf("destination %q: protocol %q: want tcp or udp", in, s[i+1:])
+		}
+		s = s[:i]
+	}
+	if i := strings.LastIndexByte(s, ':'); i >= 0 {
+		n, err := strconv.ParseUint(s[i+1:], 10, 16)
+		if err != nil || n == 0 {
+			return d, fmt.Errorf("destination %q: port %q: want 1 to 65535", in, s[i+1:])
+		}
+		d.port = uint16(n)
+		s = s[:i]
+	}
+	if d.proto != netpolicy.ProtoAny && d.port == 0 {
+		return d, fmt.Errorf("destination %q: a protocol needs a port, e.g. %s:443/%s", in, s, d.proto)
+	}
+	if d.port != 0 && d.proto == netpolicy.ProtoAny {
+		d.proto = netpolicy.ProtoTCP
+	}
+	if a, err := netip.ParseAddr(s); err == nil {
+		if !a.Is4() {
+			return d, fmt.Errorf("destination %q: sessions are IPv4 only; give an IPv4 address or a name", in)
+		}
+		d.addr = a
+		return d, nil
+	}
+	name, err := netpolicy.NormalizeName(s)
+	if err != nil {
+		return d, fmt.Errorf("destination %q: want a name or an IPv4 address, optionally :PORT and /tcp or /udp: %v", in, err)
+	}
+	d.name = name
+	return d, nil
+}
+
+func (d whyDest) portString() string {
+	if d.port == 0 {
+		return ""
+	}
+	return fmt.Sprintf(":%d/%s", d.port, d.proto)
+}
+
+// Why is GET /v1/sessions/{name}/why.
+func (e *Daemon) Why(ctx context.Context, name, dest string) (api.WhyAnswer, error) {
+	d, err := parseWhyDest(dest)
+	if err != nil {
+		return api.WhyAnswer{}, badRequest(err)
+	}
+	e.mu.Lock()
+	s, ok := e.sessions[name]
+	e.mu.Unlock()
+	if !ok {
+		return api.WhyAnswer{}, fmt.Errorf("session %q: %w", name, api.ErrNotFound)
+	}
+	ans := api.WhyAnswer{Session: name, Dest: dest}
+	if !s.hasNIC() {
+		ans.Verdict, ans.Reason, ans.Detail = api.WhyDropped, "no-network", "egress none: the session has no interface, no route and no DNS"
+		return ans, nil
+	}
+	if d.name == "" {
+		attested, err := e.attestedOf(s)
+		if err != nil {
+			return ans, err
+		}
+		v := e.whyAddr(s, d, d.addr, attested)
+		ans.Verdict, ans.Reason, ans.Detail, ans.Entry = v.Verdict, v.Reason, v.Detail, v.entry
+		return ans, nil
+	}
+	return e.whyName(ctx, s, d, ans)
+}
+
+func (e *Daemon) attestedOf(s *liveSession) ([]netpolicy.AttestedAddr, error) {
+	if s.policy.Egress != netpolicy.ModeAllowlist {
+		return nil, nil
+	}
+	att, err := e.fw.Attested(s.rec.Guest)
+	if err != nil {
+		return nil, fmt.Errorf("why: read the attested set of %s: %w", s.rec.Name, err)
+	}
+	return att, nil
+}
+
+// whyName answers for a name: does the policy allow it (else NXDOMAIN),
+// and what each of its addresses would meet.
+func (e *Daemon) whyName(ctx context.Context, s *liveSession, d whyDest, ans api.WhyAnswer) (api.WhyAnswer, error) {
+	var entry *netpolicy.Entry
+	switch s.policy.Egress {
+	case netpolicy.ModePublic:
+	default:
+		for i, en := range s.policy.Allow {
+			if en.Kind != netpolicy.KindCIDR && en.MatchesName(d.name) {
+				entry = &s.policy.Allow[i]
+				break
+			}
+		}
+		if entry == nil {
+			ans.Verdict, ans.Reason = api.WhyNXDomain, "not-allowed"
+			ans.Detail = fmt.Sprintf("no allow entry matches %s: the proxy answers NXDOMAIN and never asks upstream", d.name)
+			return ans, nil
+		}
+		ans.Entry = entry.String()
+	}
+	var addrs []netip.Addr
+	pinned, isPinned := s.rec.Pinned[d.name]
+	switch {
+	case isPinned:
+		addrs = pinned
+	case e.pin != nil:
+		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		got, err := e.pin(rctx, d.name)
+		cancel()
+		if err != nil {
+			ans.Verdict, ans.Reason = api.WhyAllowed, "allowed"
+			ans.Detail = fmt.Sprintf("the policy allows %s, but it does not resolve now: %v", d.name, err)
+			return ans, nil
+		}
+		addrs = got
+	}
+	attested, err := e.attestedOf(s)
+	if err != nil {
+		return ans, err
+	}
+	ans.Verdict, ans.Reason = api.WhyAllowed, "allowed"
+	ans.Detail = fmt.Sprintf("the policy allows %s", d.name)
+	if entry != nil {
+		ans.Detail = fmt.Sprintf("allowed by %q", entry.String())
+	}
+	if isPinned {
+		ans.Detail += "; pinned at create"
+	}
+	for _, a := range addrs {
+		v := e.whyAddr(s, d, a, attested)
+		if !isPinned && v.Reason == "not-allowed" && e.guard.IsPublicUnicast(a) {
+			v.Verdict, v.Reason = api.WhyAllowed, "attested-on-answer"
+			v.Detail = "not attested now; a lookup through the proxy attests it before the answer"
+			if entry != nil && entry.Port != 0 && d.port != 0 && (entry.Port != d.port || (entry.Proto != netpolicy.ProtoAny && entry.Proto != d.proto)) {
+				v.Verdict, v.Reason = api.WhyDropped, "port"
+				v.Detail = fmt.Sprintf("a lookup attests it for %s only", strings.TrimPrefix(entry.PortSpec.String(), ":"))
+			}
+		}
+		if !e.guard.IsPublicUnicast(a) && !isPinned {
+			v.Detail += "; the proxy removes it from the answer"
+		}
+		ans.Addrs = append(ans.Addrs, v.WhyAddr)
+	}
+	return ans, nil
+}
+
+type whyAddrResult struct {
+	api.WhyAddr
+	entry string
+}
+
+// whyAddr is the verdict of the table for one address (and d's port).
+func (e *Daemon) whyAddr(s *liveSession, d whyDest, a netip.Addr, attested []netpolicy.AttestedAddr) whyAddrResult {
+	r := whyAddrResult{WhyAddr: api.WhyAddr{IP: a.String()}}
+	set := func(verdict, reason, detail string) whyAddrResult {
+		r.Verdict, r.Reason, r.Detail = verdict, reason, detail
+		return r
+	}
+	for _, p := range s.rules.Peers {
+		if p == a {
+			return set(api.WhyAllowed, "lab-peer", "a lab target this session was peered with")
+		}
+	}
+	if a == e.dnsAddr && (d.port == 0 || d.port == 53) {
+		return set(api.WhyAllowed, "resolver", "the DNS proxy on the anycast address")
+	}
+	if !e.guard.IsPublicUnicast(a) {
+		detail := "special-purpose address: dropped in every mode"
+		if rg, ok := e.guard.BlockedBy(a); ok {
+			detail = fmt.Sprintf("special-purpose: %s, dropped in every mode", rg)
+		}
+		return set(api.WhyDropped, "special-purpose", detail)
+	}
+	static := s.rules.Static
+	if d.port == 53 || d.port == 853 {
+		for _, t := range static {
+			if t.Prefix.Contains(a) && t.Port == d.port && (t.Proto == netpolicy.ProtoAny || t.Proto == d.proto) {
+				r.entry = targetString(t)
+				return set(api.WhyAllowed, "static", fmt.Sprintf("an entry names the resolver port: %s", targetString(t)))
+			}
+		}
+		return set(api.WhyDropped, "resolver", "DNS and DoT go to the proxy only; no entry names this port")
+	}
+	if s.policy.Egress == netpolicy.ModePublic {
+		return set(api.WhyAllowed, "public", "egress public: every public unicast destination")
+	}
+	var otherPorts []string
+	match := func(port uint16, proto netpolicy.Proto) bool {
+		return port == 0 || d.port == 0 || (port == d.port && (proto == netpolicy.ProtoAny || proto == d.proto))
+	}
+	for _, t := range static {
+		if !t.Prefix.Contains(a) {
+			continue
+		}
+		if match(t.Port, t.Proto) {
+			r.entry = targetString(t)
+			reason := "static"
+			if t.Prefix.Bits() == 32 && s.isPinnedAddr(a) {
+				reason = "pinned"
+			}
+			return set(api.WhyAllowed, reason, fmt.Sprintf("in the session's static set: %s", targetString(t)))
+		}
+		otherPorts = append(otherPorts, targetString(t))
+	}
+	now := time.Now().UTC()
+	for _, at := range attested {
+		if at.IP != a {
+			continue
+		}
+		if match(at.Port, at.Proto) {
+			exp := now.Add(at.Expires).Truncate(time.Second)
+			r.Expires = &exp
+			return set(api.WhyAllowed, "attested", fmt.Sprintf("attested by a DNS answer until %s", exp.Format(time.RFC3339)))
+		}
+		otherPorts = append(otherPorts, attestedString(at))
+	}
+	if len(otherPorts) > 0 {
+		return set(api.WhyDropped, "port", fmt.Sprintf("allowed on other ports only: %s", strings.Join(otherPorts, ", ")))
+	}
+	return set(api.WhyDropped, "not-allowed", "no entry and nothing attested for this address")
+}
+
+func (s *liveSession) isPinnedAddr(a netip.Addr) bool {
+	for _, as := range s.rec.Pinned {
+		for _, p := range as {
+			if p == a {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+func targetString(t netpolicy.Target) string {
+	s := t.Prefix.String()
+	if t.Prefix.Bits() == 32 {
+		s = t.Prefix.Addr().String()
+	}
+	return s + netpolicy.PortSpec{Port: t.Port, Proto: t.Proto}.String()
+}

@@ -1,0 +1,92 @@
+package integration
+
+// session why answers from the daemon's data and the kernel's sets, in the
+// words the flow events use, and its verdicts agree with what a connection
+// from the session really meets.
+
+import (
+	"encoding/json"
+	"net/netip"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/enforcerd/enforcerd/api"
+	"github.com/enforcerd/enforcerd/integration/world"
+)
+
+func TestE2ESessionWhy(t *testing.T) {
+	e := newE2E(t)
+	e.createNetOnly("agent", "--allow", "api.e2e.test", "--allow", "198.18.1.11/32:7")
+	e.createNetOnly("open", "--egress", "public")
+	e.create("sealed")
+	why := func(session, dest string) api.WhyAnswer {
+		t.Helper()
+		out := e.cli("session", "why", session, dest, "--json")
+		var a api.WhyAnswer
+		if err := json.Unmarshal([]byte(out), &a); err != nil {
+			t.Fatalf("why %s %s: %v\n%s", session, dest, err, out)
+		}
+		return a
+	}
+	for _, tc := range []struct {
+		session, dest   string
+		verdict, reason string
+		detailHas       string
+	}{
+		{"agent", "198.18.1.11:7", api.WhyAllowed, "static", "198.18.1.11:7"},
+		{"agent", "198.18.1.11:80", api.WhyDropped, "port", "198.18.1.11:7"},
+		{"agent", "198.18.2.10:80", api.WhyDropped, "not-allowed", ""},
+		{"agent", "169.254.169.254:80", api.WhyDropped, "special-purpose", "169.254.0.0/16"},
+		{"agent", "198.18.0.53:53/udp", api.WhyDropped, "resolver", ""},
+		{"agent", "other.e2e.test", api.WhyNXDomain, "not-allowed", "never asks upstream"},
+		{"open", "198.18.2.10:80", api.WhyAllowed, "public", ""},
+		{"sealed", "198.18.1.10", api.WhyDropped, "no-network", ""},
+	} {
+		a := why(tc.session, tc.dest)
+		if a.Verdict != tc.verdict || a.Reason != tc.reason || !strings.Contains(a.Detail, tc.detailHas) {
+			t.Errorf("why %s %s: %s (%s) %q, want %s (%s) mentioning %q", tc.session, tc.dest, a.Verdict, a.Reason, a.Detail, tc.verdict, tc.reason, tc.detailHas)
+		}
+	}
+	if e.w.DNS.QueriedName("other.e2e.test") {
+		t.Error("why sent a name the policy refuses upstream")
+	}
+
+	// A name the policy allows: resolved, each address judged; after the
+	// session's own lookup its address is attested, with an expiry.
+	a := why("agent", "api.e2e.test:80")
+	if a.Verdict != api.WhyAllowed || len(a.Addrs) != 1 || a.Addrs[0].IP != "198.18.1.10" {
+		t.Fatalf("why agent api.e2e.test:80: %+v", a)
+	}
+	if rcode, addrs := e2eLookup(t, e.nsPath("agent"), "api.e2e.test"); rcode != 0 || !slices.Equal(addrs, []string{"198.18.1.10"}) {
+		t.Fatalf("lookup: %d %v", rcode, addrs)
+	}
+	b := why("agent", "198.18.1.10:80")
+	if b.Verdict != api.WhyAllowed || b.Reason != "attested" {
+		t.Errorf("why 198.18.1.10:80 after the lookup: %+v", b)
+	}
+
+	// The verdicts agree with the datapath.
+	ns := e.nsPath("agent")
+	for _, tc := range []struct {
+		dst   string
+		reach bool
+	}{{"198.18.1.11:7", true}, {"198.18.1.11:80", false}, {"198.18.2.10:80", false}, {"198.18.1.10:80", true}} {
+		c, err := world.DialTCP(ns, netip.MustParseAddrPort(tc.dst), world.BlockTimeout)
+		if c != nil {
+			c.Close()
+		}
+		if (err == nil) != tc.reach {
+			t.Errorf("connect %s: err %v, but why says reachable=%v", tc.dst, err, tc.reach)
+		}
+	}
+	// The text form: one line for the answer, one per address.
+	out := e.cli("session", "why", "agent", "api.e2e.test:80")
+	if !strings.HasPrefix(out, "api.e2e.test:80: allowed") || !strings.Contains(out, "\n  198.18.1.10: allowed (attested)") {
+		t.Errorf("why text:\n%s", out)
+	}
+	// Bad input: one line naming the value.
+	if msg := e.expectFail(1, "session", "why", "agent", "198.18.1.11:99999"); !strings.Contains(msg, `"99999"`) {
+		t.Errorf("bad port: %q", msg)
+	}
+}
