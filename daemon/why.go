@@ -194,6 +194,9 @@ func (e *Daemon) whyAddr(s *liveSession, d whyDest, a netip.Addr, attested []net
 		r.Verdict, r.Reason, r.Detail = verdict, reason, detail
 		return r
 	}
+	if a == s.rec.Guest {
+		return set(api.WhyAllowed, "self", "the session's own address: it never leaves the session's netns")
+	}
 	for _, p := range s.rules.Peers {
 		if p == a {
 			return set(api.WhyAllowed, "lab-peer", "a lab target this session was peered with")

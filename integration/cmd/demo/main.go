@@ -12,6 +12,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -26,6 +27,9 @@ type session struct {
 	name string
 	args []string
 	what string
+	// reach are the labels of the destinations the session must reach;
+	// every other one must be blocked. The demo fails on any difference.
+	reach []string
 }
 
 // dest is one thing a session tries to reach.
@@ -39,7 +43,8 @@ type dest struct {
 
 type verdict struct {
 	ok     bool
-	reason string
+	reason string // what the probe saw
+	why    api.WhyAnswer
 }
 
 func main() {
@@ -105,13 +110,17 @@ func run(bin, rootfs string) (err error) {
 	}()
 
 	sessions := []session{
-		{"agent", []string{"--allow", "api.demo.test", "--allow", "cdn.demo.test", "--allow", "rebind.demo.test"}, "allowlist of three names"},
-		{"pinned", []string{"--scope", "https://API.demo.test/app/#/login", "--pin"}, "scope URL, pinned at create"},
-		{"cidr", []string{"--allow", "198.18.1.11/32:80"}, "one address, port 80 only"},
-		{"open", []string{"--egress", "public"}, "every public destination"},
-		{"sealed", nil, "egress none: only lo"},
-		{"lab", []string{"--lab"}, "a lab target"},
-		{"tester", []string{"--lab-peer", "lab"}, "may reach the lab target only"},
+		{"agent", []string{"--allow", "api.demo.test", "--allow", "cdn.demo.test", "--allow", "rebind.demo.test"}, "allowlist of three names",
+			[]string{"api.demo.test", "cdn.demo.test"}},
+		{"pinned", []string{"--scope", "https://API.demo.test/app/#/login", "--pin"}, "scope URL, pinned at create",
+			[]string{"api.demo.test"}},
+		{"cidr", []string{"--allow", "198.18.1.11/32:80"}, "one address, port 80 only",
+			[]string{"198.18.1.11:80"}},
+		{"open", []string{"--egress", "public"}, "every public destination",
+			[]string{"api.demo.test", "docs.demo.test", "cdn.demo.test", "198.18.1.11:80", "198.18.1.11:7"}},
+		{"sealed", nil, "egress none: only lo", nil},
+		{"lab", []string{"--lab"}, "a lab target", []string{"lab target"}},
+		{"tester", []string{"--lab-peer", "lab"}, "may reach the lab target only", []string{"lab target"}},
 	}
 	step("creating sessions (each a libcontainer sandbox in its own netns)")
 	for _, s := range sessions {
@@ -164,40 +173,54 @@ func run(bin, rootfs string) (err error) {
 	}
 	wg.Wait()
 
-	step("reachability matrix (✔ reached, ✘ blocked)")
+	step("each session's policy")
+	for _, s := range sessions {
+		fmt.Printf("    %-7s %s: %s\n", s.name, s.what, strings.Join(s.args, " "))
+	}
+
+	step("reachability matrix (✔ reached, ✘ blocked; the word is the reason enforcerd session why gives)")
 	tw := tabwriter.NewWriter(os.Stdout, 2, 4, 2, ' ', 0)
 	fmt.Fprint(tw, "    destination \\ session")
 	for _, s := range sessions {
 		fmt.Fprintf(tw, "\t%s", s.name)
 	}
 	fmt.Fprintln(tw)
+	var mismatches []string
 	for j, dst := range dests {
 		fmt.Fprintf(tw, "    %s", dst.label)
-		for i := range sessions {
-			mark := "✘"
-			if results[i][j].ok {
+		for i, s := range sessions {
+			v := results[i][j]
+			mark := "✘ " + shortReason(v.why)
+			if v.ok {
 				mark = "✔"
 			}
 			fmt.Fprintf(tw, "\t%s", mark)
+			want := slices.Contains(s.reach, dst.label)
+			switch {
+			case v.ok != want:
+				mismatches = append(mismatches, fmt.Sprintf("%s -> %s: %s, want %s (%s)", s.name, dst.label, word(v.ok), word(want), v.reason))
+			case whyAllows(v.why) != v.ok:
+				mismatches = append(mismatches, fmt.Sprintf("%s -> %s: %s, but session why says %s (%s)", s.name, dst.label, word(v.ok), v.why.Verdict, v.why.Reason))
+			}
 		}
 		fmt.Fprintln(tw)
 	}
 	tw.Flush()
 
-	step("why, session by session")
+	step("why, session by session (enforcerd session why NAME DEST)")
 	for i, s := range sessions {
 		fmt.Printf("\n  %s (%s)\n", s.name, s.what)
 		tw := tabwriter.NewWriter(os.Stdout, 2, 4, 2, ' ', 0)
 		for j, dst := range dests {
 			v := results[i][j]
-			word := "blocked"
-			if v.ok {
-				word = "ALLOWED"
-			}
-			fmt.Fprintf(tw, "    %s\t%s\t%s\n", dst.label, word, v.reason)
+			fmt.Fprintf(tw, "    %s\t%s\t%s\n", dst.label, word(v.ok), whyLine(v.why))
 		}
 		tw.Flush()
 	}
+	if len(mismatches) > 0 {
+		return fmt.Errorf("%d verdicts differ from what the policies say:\n  %s", len(mismatches), strings.Join(mismatches, "\n  "))
+	}
+	step("every verdict is the one its policy says, and the one session why gives")
 	step("what the kernel recorded for agent (enforcerd session inspect agent, abridged)")
 	if out, _, err := d.CLI("session", "inspect", "agent"); err == nil {
 		var in api.SessionInfo
@@ -227,12 +250,79 @@ func guestIP(d *daemon.Daemon, name string) (string, error) {
 }
 
 // probe resolves (when the destination is a name) and connects from inside
-// the session's sandbox, and explains the outcome.
+// the session's sandbox, and asks the daemon why (session why).
 func probe(d *daemon.Daemon, sess string, dst dest) verdict {
+	v := probeTraffic(d, sess, dst)
+	target := dst.addr
+	if dst.name != "" {
+		target = dst.name
+	}
+	spec := target + ":" + dst.port
+	if dst.proto == "dns" {
+		spec += "/udp"
+	}
+	ans, err := d.Client().Why(context.Background(), sess, spec)
+	if err != nil {
+		ans = api.WhyAnswer{Verdict: "error", Reason: "error", Detail: err.Error()}
+	}
+	v.why = ans
+	return v
+}
+
+// whyAllows is the answer's verdict for a connection: a name is reached
+// when one of its addresses is allowed.
+func whyAllows(a api.WhyAnswer) bool {
+	if len(a.Addrs) > 0 {
+		for _, ad := range a.Addrs {
+			if ad.Verdict == api.WhyAllowed {
+				return true
+			}
+		}
+		return false
+	}
+	return a.Verdict == api.WhyAllowed
+}
+
+// shortReason is the word in a blocked matrix cell.
+func shortReason(a api.WhyAnswer) string {
+	r := a.Reason
+	if a.Verdict == api.WhyNXDomain {
+		return "nxdomain"
+	}
+	for _, ad := range a.Addrs {
+		if ad.Verdict != api.WhyAllowed {
+			r = ad.Reason
+		}
+	}
+	if r == "special-purpose" {
+		return "ssrf"
+	}
+	return r
+}
+
+// whyLine is the answer in one line.
+func whyLine(a api.WhyAnswer) string {
+	line := fmt.Sprintf("%s (%s): %s", a.Verdict, a.Reason, a.Detail)
+	for _, ad := range a.Addrs {
+		line += fmt.Sprintf("; %s %s (%s): %s", ad.IP, ad.Verdict, ad.Reason, ad.Detail)
+	}
+	return line
+}
+
+func word(ok bool) string {
+	if ok {
+		return "ALLOWED"
+	}
+	return "blocked"
+}
+
+// probeTraffic resolves (when the destination is a name) and connects from
+// inside the session's sandbox.
+func probeTraffic(d *daemon.Daemon, sess string, dst dest) verdict {
 	if sess == "sealed" {
 		_, _, code, _ := d.CLIStatus(context.Background(), "session", "exec", sess, "--", "sh", "-c", "ip -o link | grep -v ' lo:' | grep -q .")
 		if code != 0 {
-			return verdict{false, "no network: the netns has only lo (no NIC, no route, no DNS)"}
+			return verdict{ok: false, reason: "no network: the netns has only lo"}
 		}
 	}
 	addr := dst.addr
@@ -246,13 +336,13 @@ func probe(d *daemon.Daemon, sess string, dst dest) verdict {
 		switch {
 		case strings.Contains(out, "NXDOMAIN") || strings.Contains(out, "can't find"):
 			if addr == "" {
-				return verdict{false, "DNS: NXDOMAIN from the proxy (name not in policy; never sent upstream)"}
+				return verdict{ok: false, reason: "DNS: NXDOMAIN from the proxy (name not in policy; never sent upstream)"}
 			}
 		case addr == "" && strings.Contains(strings.ToLower(out), "timed out"):
-			return verdict{false, "DNS: no answer (no network: only lo)"}
+			return verdict{ok: false, reason: "DNS: no answer (no network: only lo)"}
 		}
 		if addr == "" {
-			return verdict{false, "DNS: no usable address (the special-purpose answer was filtered: rebinding guard)"}
+			return verdict{ok: false, reason: "DNS: no usable address (the special-purpose answer was filtered: rebinding guard)"}
 		}
 		via = fmt.Sprintf("DNS answered %s and attested it; ", addr)
 	}
@@ -267,23 +357,13 @@ func probe(d *daemon.Daemon, sess string, dst dest) verdict {
 	}
 	_, _, code, err := d.CLIStatus(context.Background(), "session", "exec", sess, "--", "sh", "-c", script)
 	if err != nil {
-		return verdict{false, "probe failed: " + err.Error()}
+		return verdict{ok: false, reason: "probe failed: " + err.Error()}
 	}
 	if code == 0 {
 		if sess == "lab" && dst.label == "lab target" {
-			return verdict{true, "its own address: never leaves the sandbox"}
+			return verdict{ok: true, reason: "its own address: never leaves the sandbox"}
 		}
-		return verdict{true, via + "connection accepted"}
+		return verdict{ok: true, reason: via + "connection accepted"}
 	}
-	switch {
-	case strings.HasPrefix(addr, "169.254.") || strings.HasPrefix(addr, "10."):
-		if dst.label == "lab target" {
-			return verdict{false, "nft: the pool is special-purpose; only a --lab-peer session gets past it"}
-		}
-		return verdict{false, "nft: special-purpose destination (dropped in every mode)"}
-	case dst.proto == "dns":
-		return verdict{false, "nft: DNS to any resolver but the anycast proxy is dropped"}
-	default:
-		return verdict{false, via + "nft: destination not attested or allowed for this session: dropped"}
-	}
+	return verdict{ok: false, reason: via + "no connection"}
 }
