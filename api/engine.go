@@ -14,6 +14,7 @@ type Engine interface {
 	DeleteByLabel(ctx context.Context, key, value string) ([]string, error)
 	List(labelKey, labelValue string) []SessionInfo
 	Inspect(name string) (SessionInfo, error)
+	PolicyEngine
 	// Exec runs a command in the session's sandbox, streaming its output,
 	// and returns its exit status (ErrExecTimeout wrapped on timeout).
 	Exec(ctx context.Context, name string, req ExecRequest, stdout, stderr io.Writer) (int, error)

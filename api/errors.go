@@ -38,6 +38,8 @@ var statusTable = []struct {
 	{ErrBadRequest, http.StatusBadRequest},
 	{ErrNotFound, http.StatusNotFound},
 	{ErrNameTaken, http.StatusConflict},
+	{ErrStaleGeneration, http.StatusConflict},
+	{ErrLocked, http.StatusConflict},
 	{ErrNoSandbox, http.StatusConflict},
 	{ErrPoolExhausted, http.StatusServiceUnavailable},
 	{ErrExecTimeout, http.StatusGatewayTimeout},

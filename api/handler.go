@@ -56,6 +56,7 @@ func NewHandler(e Engine, opts HandlerOptions) http.Handler {
 	mux.HandleFunc(Prefix+"/sessions/{name}", a.methods(map[string]http.HandlerFunc{
 		"GET": a.inspect, "DELETE": a.delete,
 	}))
+	mux.HandleFunc(Prefix+"/sessions/{name}/policy", a.methods(map[string]http.HandlerFunc{"PUT": a.policyPut, "PATCH": a.policyPatch}))
 	mux.HandleFunc(Prefix+"/sessions/{name}/exec", a.methods(map[string]http.HandlerFunc{"POST": a.exec}))
 	mux.HandleFunc(Prefix+"/sessions/{name}/events", a.methods(map[string]http.HandlerFunc{"GET": a.events}))
 	mux.HandleFunc(Prefix+"/sessions/{name}/why", a.methods(map[string]http.HandlerFunc{"GET": a.why}))

@@ -45,6 +45,8 @@ var routes = []string{
 	"DELETE /v1/sessions",
 	"GET /v1/sessions/{name}",
 	"DELETE /v1/sessions/{name}",
+	"PUT /v1/sessions/{name}/policy",
+	"PATCH /v1/sessions/{name}/policy",
 	"POST /v1/sessions/{name}/exec",
 	"GET /v1/sessions/{name}/events",
 	"GET /v1/sessions/{name}/why",
@@ -199,6 +201,8 @@ var schemaTypes = map[string]reflect.Type{
 	"CreateRequest":  reflect.TypeFor[api.CreateRequest](),
 	"SessionInfo":    reflect.TypeFor[api.SessionInfo](),
 	"PolicyView":     reflect.TypeFor[api.PolicyView](),
+	"PolicyUpdate":   reflect.TypeFor[api.PolicyUpdate](),
+	"PolicyChange":   reflect.TypeFor[api.PolicyChange](),
 	"AttestedAddr":   reflect.TypeFor[api.AttestedAddr](),
 	"Counters":       reflect.TypeFor[api.Counters](),
 	"ExecRequest":    reflect.TypeFor[api.ExecRequest](),
@@ -475,6 +479,12 @@ func TestOpenAPIExchanges(t *testing.T) {
 		{method: "GET", path: "/v1/sessions/net", status: 200},
 		{method: "GET", path: "/v1/sessions/nope", status: 404},
 
+		{method: "PATCH", path: "/v1/sessions/box/policy", status: 200, body: `{"generation":1,"allow":["b.example.com:443/tcp"],"scope":["https://c.example.com"],"lab_peers":["net"],"revoke":["10.0.0.0/8"],"revoke_lab_peers":["x"],"keep_established":true}`},
+		{method: "PUT", path: "/v1/sessions/box/policy", status: 200, body: `{"generation":2,"egress":"allowlist","allow":["example.com:443"]}`},
+		{method: "PATCH", path: "/v1/sessions/box/policy", status: 409, body: `{"generation":1,"allow":["d.example.com"]}`},
+		{method: "PUT", path: "/v1/sessions/nope/policy", status: 404, body: `{}`},
+		{method: "PATCH", path: "/v1/sessions/box/policy", status: 400, invalid: true, body: `{"deny":["x.example.com"]}`},
+
 		{method: "POST", path: "/v1/sessions/box/exec", status: 200, body: `{"args":["both"]}`, check: func(t *testing.T, body []byte) {
 			frames := execFrames(t, body)
 			wantFinal(2, 3, false)(t, body)
@@ -550,7 +560,7 @@ func runExchange(t *testing.T, doc *openapi3.T, router routers.Router, h http.Ha
 			body = strings.NewReader(tc.body)
 		}
 		r := httptest.NewRequest(tc.method, "http://enforcerd"+tc.path, body)
-		if tc.method == "POST" {
+		if tc.method == "POST" || tc.body != "" {
 			r.Header.Set("Content-Type", "application/json")
 		}
 		return r

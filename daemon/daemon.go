@@ -50,6 +50,10 @@ type Network interface {
 // Firewall holds the sessions' rules in the host's nftables table.
 type Firewall interface {
 	AddSession(r netpolicy.SessionRules) error
+	// UpdateSession changes a session's elements in one batch.
+	UpdateSession(u netpolicy.SessionUpdate) error
+	// CutFlows deletes the conntrack entries of flows an update revoked.
+	CutFlows(u netpolicy.SessionUpdate) (int, error)
 	RemoveSession(r netpolicy.SessionRules) error
 	// Sessions lists the sessions the table holds rules for.
 	Sessions() ([]netpolicy.SessionKey, error)
@@ -67,6 +71,9 @@ type Firewall interface {
 type Resolver interface {
 	Register(p dnsproxy.SessionPolicy) error
 	Unregister(guest netip.Addr)
+	// Update swaps a session's policy once apply has made the kernel
+	// enforce it (see dnsproxy.Proxy.Update).
+	Update(p dnsproxy.SessionPolicy, apply func(stale, keep []netpolicy.Attestation) error) error
 	Stats() dnsproxy.Stats
 }
 

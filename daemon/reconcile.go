@@ -128,6 +128,11 @@ func (e *Daemon) adopt(rec SessionRecord) error {
 		if err := e.fw.AddSession(s.rules); err != nil {
 			return fmt.Errorf("re-apply rules: %v", err)
 		}
+		if rec.Pending != nil {
+			if err := e.finishPending(s); err != nil {
+				return err
+			}
+		}
 		if err := e.dns.Register(e.dnsPolicy(s)); err != nil {
 			return fmt.Errorf("register with the dns proxy: %v", err)
 		}

@@ -26,8 +26,8 @@ const stateVersion = 1
 
 // SessionRecord is the persisted state of one session: everything the
 // engine needs to re-adopt it after a restart. Name is also the file name.
-// Request is the create request as accepted (the policy is fixed at create,
-// so it is the policy); the rest are the objects and addresses the engine
+// Request is the create request as accepted, its policy fields as the
+// last update left them; the rest are the objects and addresses the engine
 // chose. Slot is -1 for a session without a NIC (egress none). Fields are
 // only ever added (with omitempty), so older records still load.
 type SessionRecord struct {
@@ -44,6 +44,22 @@ type SessionRecord struct {
 	Pinned    map[string][]netip.Addr `json:"pinned,omitempty"`     // --pin: host -> IPv4 addresses
 	Sandbox   bool                    `json:"sandbox"`              // a container runs (not --network-only)
 	Peers     []PeerRecord            `json:"peers,omitempty"`      // the lab targets this session was peered with at create
+	// Generation is the policy's version: 0 or 1 until the first update.
+	Generation uint64            `json:"generation,omitempty"`
+	Updated    *api.PolicyChange `json:"updated,omitempty"`
+	// Pending is written ahead of an update's kernel changes: the policy
+	// before it. A restart that finds it re-applies the update (Request
+	// and Pinned are already the new policy), so an update interrupted by
+	// a crash is complete after the restart.
+	Pending *PendingUpdate `json:"pending,omitempty"`
+}
+
+// PendingUpdate is the policy a session had before an update in progress.
+type PendingUpdate struct {
+	Request         api.CreateRequest       `json:"request"`
+	Pinned          map[string][]netip.Addr `json:"pinned,omitempty"`
+	Peers           []PeerRecord            `json:"peers,omitempty"`
+	KeepEstablished bool                    `json:"keep_established,omitempty"`
 }
 
 // PeerRecord identifies the lab target a session was peered with at

@@ -21,7 +21,7 @@ import (
 )
 
 // sessionSubcommands names the subcommands in the errors of "enforcerd session".
-const sessionSubcommands = "create, exec, ls, inspect, rm, events or why"
+const sessionSubcommands = "create, exec, ls, inspect, update, rm, events or why"
 
 func (c *cli) sessionCommand(glob *globalOpts) *cobra.Command {
 	cmd := &cobra.Command{
@@ -49,6 +49,7 @@ func (c *cli) sessionCommand(glob *globalOpts) *cobra.Command {
 		c.sessionExec(glob),
 		c.sessionList(glob),
 		c.sessionInspect(glob),
+		c.sessionUpdate(glob),
 		c.sessionRemove(glob),
 		c.sessionEvents(glob),
 		c.sessionWhy(glob),
@@ -256,6 +257,7 @@ func (c *cli) sessionCreate(glob *globalOpts) *cobra.Command {
 	fs.StringArrayVar(&allow, "allow", nil, "allow egress to `ENTRY` (name, *.wildcard, CIDR, optionally :PORT), repeatable")
 	fs.StringArrayVar(&scope, "scope", nil, "allow the host of the scope `URL`, repeatable; a scope without a port allows every port (a browser would use only the scheme's default), and an IPv4-mapped IPv6 address is judged by its IPv4 address")
 	fs.BoolVar(&req.Pin, "pin", false, "resolve every allowed host once now and pin its IPv4 addresses")
+	fs.BoolVar(&req.Locked, "locked", false, "the policy never changes: every update is refused")
 	fs.Var(&egress, "egress", "egress `MODE`: none, allowlist or public (default: allowlist when something is allowed, else none)")
 	fs.BoolVar(&req.Lab, "lab", false, "make the session a lab target (an address, no egress unless given more)")
 	fs.StringArrayVar(&labPeers, "lab-peer", nil, "may connect to the lab target `NAME`, repeatable")

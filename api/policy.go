@@ -1,0 +1,86 @@
+package api
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"time"
+)
+
+// PolicyUpdate is the body of PUT and PATCH /v1/sessions/{name}/policy.
+//
+// PUT: Egress, Allow, Scope and LabPeers are the whole new policy (Egress
+// "" is derived as at create); the revoke fields must be empty. PATCH: the
+// entries of Allow, Scope and LabPeers are added, those of Revoke (an
+// --allow or --scope entry, as inspect shows it or as it was given) and
+// RevokeLabPeers removed; Egress "" keeps the current mode. Entries take
+// the grammar, validation and one-line errors of create.
+//
+// Generation, when not 0, is the policy generation the caller read
+// (SessionInfo.Policy.Generation): if the session's policy has changed
+// since, the update is refused with ErrStaleGeneration and changes
+// nothing. KeepEstablished leaves established flows to what the update
+// revokes alone (by default they are cut).
+type PolicyUpdate struct {
+	Generation      uint64   `json:"generation,omitempty"`
+	Egress          string   `json:"egress,omitempty"`
+	Allow           []string `json:"allow,omitempty"`
+	Scope           []string `json:"scope,omitempty"`
+	LabPeers        []string `json:"lab_peers,omitempty"`
+	Revoke          []string `json:"revoke,omitempty"`
+	RevokeLabPeers  []string `json:"revoke_lab_peers,omitempty"`
+	KeepEstablished bool     `json:"keep_established,omitempty"`
+}
+
+// PolicyEngine is the part of the Engine that changes a running
+// session's policy. replace is true for PUT.
+type PolicyEngine interface {
+	UpdatePolicy(ctx context.Context, name string, u PolicyUpdate, replace bool) (SessionInfo, error)
+}
+
+var (
+	// ErrStaleGeneration: the update named a policy generation that is no
+	// longer the session's (someone else updated it meanwhile).
+	ErrStaleGeneration = errors.New("stale policy generation")
+	// ErrLocked: the session was created with --locked; its policy never
+	// changes.
+	ErrLocked = errors.New("session policy is locked")
+)
+
+func (a *server) policyPut(w http.ResponseWriter, r *http.Request)   { a.policyUpdate(w, r, true) }
+func (a *server) policyPatch(w http.ResponseWriter, r *http.Request) { a.policyUpdate(w, r, false) }
+
+func (a *server) policyUpdate(w http.ResponseWriter, r *http.Request, replace bool) {
+	var u PolicyUpdate
+	if status, err := decodeBody(w, r, &u); err != nil {
+		writeError(w, status, err.Error())
+		return
+	}
+	info, err := a.e.UpdatePolicy(r.Context(), r.PathValue("name"), u, replace)
+	if err != nil {
+		a.log.Info("policy update refused", "session", r.PathValue("name"), "err", err)
+		a.fail(w, r, err)
+		return
+	}
+	writeJSONStatus(w, http.StatusOK, info)
+}
+
+// UpdatePolicy adds and removes entries of a session's policy (PATCH).
+func (c *Client) UpdatePolicy(ctx context.Context, name string, u PolicyUpdate) (SessionInfo, error) {
+	var info SessionInfo
+	err := c.call(ctx, http.MethodPatch, sessionPath(name)+"/policy", u, &info)
+	return info, err
+}
+
+// ReplacePolicy makes u the whole policy of a session (PUT).
+func (c *Client) ReplacePolicy(ctx context.Context, name string, u PolicyUpdate) (SessionInfo, error) {
+	var info SessionInfo
+	err := c.call(ctx, http.MethodPut, sessionPath(name)+"/policy", u, &info)
+	return info, err
+}
+
+// PolicyChange is when and by whom a session's policy last changed.
+type PolicyChange struct {
+	Time time.Time `json:"time"`
+	By   string    `json:"by,omitempty"` // the caller, when the API knows it
+}

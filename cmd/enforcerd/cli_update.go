@@ -1,0 +1,81 @@
+package main
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"github.com/enforcerd/enforcerd/api"
+)
+
+func (c *cli) sessionUpdate(glob *globalOpts) *cobra.Command {
+	var (
+		u        api.PolicyUpdate
+		replace  bool
+		asJSON   bool
+		egress   = enumFlag{allowed: []string{"allowlist", "public"}}
+		gen      positiveFlag
+		revokeLP []string
+	)
+	cmd := &cobra.Command{
+		Use:   "update NAME [--allow ENTRY]... [--revoke ENTRY]... [--egress MODE] [--lab-peer NAME]... [--revoke-lab-peer NAME]... [--replace] [options]",
+		Short: "change a running session's policy",
+		Long: `Change a running session's policy. The entries of --allow, --scope and
+--lab-peer are added, those of --revoke and --revoke-lab-peer removed; with
+--replace the given entries become the whole policy. The entries take
+create's grammar. The kernel's rules and the DNS proxy change together, or,
+on any failure, not at all. What is revoked is dropped at once, the
+addresses its names attested are removed, and established flows to it are
+cut unless --keep-established. --generation N refuses the update if the
+policy changed since generation N (inspect shows it). A session created
+with --locked refuses every update.`,
+		Args: cobra.ArbitraryArgs,
+	}
+	fs := cmd.Flags()
+	fs.StringArrayVar(&u.Allow, "allow", nil, "allow egress to `ENTRY` (as create), repeatable")
+	fs.StringArrayVar(&u.Scope, "scope", nil, "allow the host of the scope `URL` (as create), repeatable")
+	fs.StringArrayVar(&u.Revoke, "revoke", nil, "remove the allow or scope `ENTRY`, repeatable")
+	fs.StringArrayVar(&u.LabPeers, "lab-peer", nil, "may connect to the lab target `NAME`, repeatable")
+	fs.StringArrayVar(&revokeLP, "revoke-lab-peer", nil, "remove the lab peer `NAME`, repeatable")
+	fs.Var(&egress, "egress", "egress `MODE`: allowlist or public (default: unchanged; with --replace, derived as at create)")
+	fs.BoolVar(&replace, "replace", false, "the given entries become the whole policy")
+	fs.BoolVar(&u.KeepEstablished, "keep-established", false, "leave established flows to revoked destinations alone")
+	fs.Var(&gen, "generation", "refuse the update unless the policy is at generation `N`")
+	fs.BoolVar(&asJSON, "json", false, "print the session as JSON")
+	_ = cmd.RegisterFlagCompletionFunc("egress", cobra.FixedCompletions(egress.allowed, cobra.ShellCompDirectiveNoFileComp))
+	cmd.ValidArgsFunction = c.completeSessions(glob, 1)
+
+	cmd.RunE = func(cmd *cobra.Command, args []string) error {
+		const name = "enforcerd session update"
+		sessionName, err := oneName(name, args)
+		if err != nil {
+			return err
+		}
+		u.RevokeLabPeers = revokeLP
+		u.Egress = egress.value
+		u.Generation = uint64(gen)
+		if replace && (len(u.Revoke) > 0 || len(revokeLP) > 0) {
+			return usageErr(name, "--revoke and --revoke-lab-peer have no meaning with --replace: give the whole new policy")
+		}
+		ctx, cancel := signalContext()
+		defer cancel()
+		cl := api.NewClient(c.socketPath(glob))
+		var info api.SessionInfo
+		if replace {
+			info, err = cl.ReplacePolicy(ctx, sessionName, u)
+		} else {
+			info, err = cl.UpdatePolicy(ctx, sessionName, u)
+		}
+		if err != nil {
+			return refusedErr(name, err)
+		}
+		if asJSON {
+			return writeJSON(c.stdout, info)
+		}
+		fmt.Fprintf(c.stdout, "updated %s: policy generation %d, egress %s, allow %s\n",
+			info.Name, info.Policy.Generation, info.Egress, orDash(strings.Join(info.Policy.Allow, ",")))
+		return nil
+	}
+	return cmd
+}

@@ -1,0 +1,238 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"net/netip"
+	"slices"
+	"time"
+
+	"github.com/enforcerd/enforcerd/api"
+	"github.com/enforcerd/enforcerd/netpolicy"
+)
+
+// UpdatePolicy changes a running session's policy: PATCH (replace false)
+// adds and revokes entries, PUT (replace true) gives the whole new policy.
+// The order, and what a failure at each step leaves:
+//
+//	validate (create's buildPolicy)       -> nothing changed
+//	record with Pending (write-ahead)     -> undo: the old record back
+//	rules and DNS: dnsproxy.Update, whose apply is one
+//	  netpolicy.UpdateSession batch       -> neither changed
+//	cut established flows (conntrack)     -> the new policy holds; the error says so
+//	record without Pending
+//
+// A crash after the write-ahead record is completed by the next start's
+// adopt (it re-applies the update), so the restarted daemon enforces the
+// old policy (crash before the record) or the new one, never a mix.
+func (e *Daemon) UpdatePolicy(ctx context.Context, name string, u api.PolicyUpdate, replace bool) (info api.SessionInfo, err error) {
+	s, err := e.reserve(name, true)
+	if err != nil {
+		return info, err
+	}
+	defer e.release(name)
+	cur := max(s.rec.Generation, 1)
+	switch {
+	case s.rec.Request.Locked:
+		return info, api.Classify(fmt.Errorf("session %q was created with --locked: its policy never changes", name), api.ErrLocked)
+	case u.Generation != 0 && u.Generation != cur:
+		return info, api.Classify(fmt.Errorf("session %q: policy generation %d is stale (the current one is %d): inspect it and retry", name, u.Generation, cur), api.ErrStaleGeneration)
+	case !s.hasNIC():
+		return info, badRequest(fmt.Errorf("session %q has egress none and no network interface: its policy cannot change (create a new session)", name))
+	}
+	req, err := e.updatedRequest(s, u, replace)
+	if err != nil {
+		return info, err
+	}
+	policy, err := e.buildPolicy(req)
+	if err != nil {
+		return info, err
+	}
+	if policy.Egress == netpolicy.ModeNone {
+		return info, badRequest(errors.New("egress none: a session's egress cannot change to none (it has a network interface); give egress allowlist with no entries to cut all egress"))
+	}
+	peers, err := e.resolvePeers(policy.LabPeers)
+	if err != nil {
+		return info, err
+	}
+	pinned := s.rec.Pinned
+	if req.Pin {
+		// Names already pinned keep their addresses; added names are
+		// resolved now; revoked ones are dropped.
+		if pinned, err = e.repin(ctx, policy, s.rec.Pinned); err != nil {
+			return info, err
+		}
+	}
+
+	rec := s.rec
+	rec.Request, rec.Pinned, rec.Peers = req, pinned, peers
+	rec.Generation = cur + 1
+	rec.Updated = &api.PolicyChange{Time: time.Now().UTC()}
+	rec.Pending = &PendingUpdate{Request: s.rec.Request, Pinned: s.rec.Pinned, Peers: s.rec.Peers, KeepEstablished: u.KeepEstablished}
+	next := &liveSession{rec: rec, policy: policy}
+	next.rules = e.sessionRules(rec, policy, peerGuests(peers))
+	upd := netpolicy.SessionUpdate{Old: s.rules, New: next.rules}
+
+	if err := e.state.Save(rec); err != nil {
+		return info, fmt.Errorf("update policy of %s: write the record ahead: %w", name, err)
+	}
+	err = e.dns.Update(e.dnsPolicy(next), func(stale, keep []netpolicy.Attestation) error {
+		upd.Stale, upd.Keep = stale, keep
+		return e.fw.UpdateSession(upd)
+	})
+	if err != nil {
+		err = fmt.Errorf("update policy of %s: %w", name, err)
+		if serr := e.state.Save(s.rec); serr != nil {
+			e.log.Error("policy update failed and the old record could not be restored: a restart applies the new policy", "session", name, "err", serr)
+			err = errors.Join(err, serr)
+		}
+		return info, err
+	}
+	var cutErr error
+	cut := 0
+	if !u.KeepEstablished {
+		cut, cutErr = e.fw.CutFlows(upd)
+	}
+	rec.Pending = nil
+	next.rec = rec
+	if serr := e.state.Save(rec); serr != nil {
+		// The next start re-applies the same update: harmless.
+		e.log.Warn("policy updated; clearing its write-ahead mark failed", "session", name, "err", serr)
+	}
+	e.mu.Lock()
+	e.sessions[name] = next
+	e.mu.Unlock()
+	detail := map[string]any{
+		"generation": rec.Generation, "egress": string(policy.Egress), "allow": entryStrings(policy.Allow),
+		"lab_peers": policy.LabPeers, "replace": replace, "keep_established": u.KeepEstablished,
+		"flows_cut": cut, "attested_removed": len(upd.Stale),
+	}
+	if cutErr != nil {
+		detail["error"] = cutErr.Error()
+	}
+	e.lifecycle(name, "policy_updated", detail)
+	e.log.Info("session policy updated", "session", name, "generation", rec.Generation, "egress", policy.Egress,
+		"allow", entryStrings(policy.Allow), "flows_cut", cut)
+	if cutErr != nil {
+		return e.summary(next), fmt.Errorf("policy of %s updated (generation %d), but its established flows may survive: %w", name, rec.Generation, cutErr)
+	}
+	return e.info(next), nil
+}
+
+// updatedRequest is the session's request with the update's policy
+// fields: the whole policy (replace) or the current one with additions and
+// revocations. A revocation of an entry the policy lacks is refused.
+func (e *Daemon) updatedRequest(s *liveSession, u api.PolicyUpdate, replace bool) (api.CreateRequest, error) {
+	req := s.rec.Request
+	if replace {
+		if len(u.Revoke) > 0 || len(u.RevokeLabPeers) > 0 {
+			return req, badRequest(errors.New("revoke and revoke_lab_peers have no meaning when the policy is replaced (PUT, --replace): give the whole new policy"))
+		}
+		req.Allow, req.Scope, req.LabPeers, req.Egress = slices.Clone(u.Allow), slices.Clone(u.Scope), slices.Clone(u.LabPeers), u.Egress
+		return req, nil
+	}
+	req.Allow = append(slices.Clone(req.Allow), u.Allow...)
+	req.Scope = append(slices.Clone(req.Scope), u.Scope...)
+	req.LabPeers = append(slices.Clone(req.LabPeers), u.LabPeers...)
+	if u.Egress != "" {
+		req.Egress = u.Egress
+	} else {
+		req.Egress = string(s.policy.Egress)
+	}
+	for _, r := range u.Revoke {
+		n := len(req.Allow) + len(req.Scope)
+		if ent, err := netpolicy.ParseEntry(r, e.guard); err == nil {
+			req.Allow = slices.DeleteFunc(req.Allow, func(a string) bool {
+				x, err := netpolicy.ParseEntry(a, e.guard)
+				return err == nil && x.String() == ent.String()
+			})
+		}
+		if ent, err := netpolicy.ParseScope(r, e.guard); err == nil {
+			req.Scope = slices.DeleteFunc(req.Scope, func(a string) bool {
+				x, err := netpolicy.ParseScope(a, e.guard)
+				return err == nil && x.String() == ent.String()
+			})
+		}
+		if len(req.Allow)+len(req.Scope) == n {
+			return req, badRequest(fmt.Errorf("revoke %q: not an entry of session %s's policy (its entries: %s)", r, s.rec.Name, listOrNone(entryStrings(s.policy.Allow))))
+		}
+	}
+	for _, p := range u.RevokeLabPeers {
+		if !slices.Contains(req.LabPeers, p) {
+			return req, badRequest(fmt.Errorf("revoke lab peer %q: not a lab peer of session %s (its lab peers: %s)", p, s.rec.Name, listOrNone(s.policy.LabPeers)))
+		}
+		req.LabPeers = slices.DeleteFunc(req.LabPeers, func(x string) bool { return x == p })
+	}
+	slices.Sort(req.LabPeers)
+	req.LabPeers = slices.Compact(req.LabPeers)
+	return req, nil
+}
+
+func listOrNone(ss []string) string {
+	if len(ss) == 0 {
+		return "none"
+	}
+	return fmt.Sprint(ss)
+}
+
+// repin keeps the pinned addresses of the hosts the new policy still
+// names and resolves the hosts it adds.
+func (e *Daemon) repin(ctx context.Context, p netpolicy.Policy, old map[string][]netip.Addr) (map[string][]netip.Addr, error) {
+	var fresh netpolicy.Policy
+	out := map[string][]netip.Addr{}
+	for _, ent := range p.Allow {
+		if as, ok := old[ent.Name]; ok && ent.Kind == netpolicy.KindHost {
+			out[ent.Name] = as
+			continue
+		}
+		fresh.Allow = append(fresh.Allow, ent)
+	}
+	added, err := e.resolvePins(ctx, fresh)
+	if err != nil {
+		return nil, err
+	}
+	maps.Copy(out, added)
+	return out, nil
+}
+
+// finishPending completes an update a crash interrupted (adopt calls it
+// for a record with Pending): the kernel may hold the old rules, the new
+// ones or (never, one batch) a mix; UpdateSession converges from either.
+// What the old policy's names attested is unknown after a restart, so
+// every attested element of the session is removed (the new policy's
+// names attest again at their next query), and its flows are cut.
+func (e *Daemon) finishPending(s *liveSession) error {
+	p := s.rec.Pending
+	oldPolicy, err := e.buildPolicy(p.Request)
+	if err != nil {
+		return fmt.Errorf("the policy before its interrupted update no longer validates: %v", err)
+	}
+	oldRec := s.rec
+	oldRec.Request, oldRec.Pinned, oldRec.Peers = p.Request, p.Pinned, p.Peers
+	upd := netpolicy.SessionUpdate{Old: e.sessionRules(oldRec, oldPolicy, peerGuests(p.Peers)), New: s.rules}
+	if att, err := e.fw.Attested(s.rec.Guest); err == nil {
+		for _, a := range att {
+			st := netpolicy.Attestation{Addrs: []netip.Addr{a.IP}}
+			if a.Port != 0 {
+				st.Ports = []netpolicy.PortSpec{{Port: a.Port, Proto: a.Proto}}
+			}
+			upd.Stale = append(upd.Stale, st)
+		}
+	}
+	if err := e.fw.UpdateSession(upd); err != nil {
+		return fmt.Errorf("complete its interrupted policy update: %v", err)
+	}
+	if !p.KeepEstablished {
+		if _, err := e.fw.CutFlows(upd); err != nil {
+			e.log.Error("completing an interrupted policy update: cut flows", "session", s.rec.Name, "err", err)
+		}
+	}
+	s.rec.Pending = nil
+	if err := e.state.Save(s.rec); err != nil {
+		e.log.Warn("completed an interrupted policy update; clearing its mark failed", "session", s.rec.Name, "err", err)
+	}
+	e.log.Info("completed a policy update interrupted by a restart", "session", s.rec.Name, "generation", s.rec.Generation)
+	return nil
+}

@@ -1,0 +1,182 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/enforcerd/enforcerd/api"
+	"github.com/enforcerd/enforcerd/dnsproxy"
+	"github.com/enforcerd/enforcerd/netpolicy"
+)
+
+// The policy update's calls, as the injector names them.
+const (
+	callFwUpdate  = "fw.UpdateSession"
+	callFwCut     = "fw.CutFlows"
+	callDNSUpdate = "dns.Update"
+)
+
+func (f *fakeFirewall) UpdateSession(u netpolicy.SessionUpdate) error {
+	if err := f.in.enter(callFwUpdate); err != nil {
+		return err
+	}
+	r := u.New
+	r.Static, r.Peers = slices.Clone(r.Static), slices.Clone(r.Peers)
+	f.rules[r.Guest] = r
+	f.in.leave(callFwUpdate)
+	return nil
+}
+
+func (f *fakeFirewall) CutFlows(u netpolicy.SessionUpdate) (int, error) {
+	if err := f.in.enter(callFwCut); err != nil {
+		return 0, err
+	}
+	f.in.leave(callFwCut)
+	return 0, nil
+}
+
+// Update is dnsproxy's: apply runs first; only if it succeeds is the new
+// policy registered.
+func (f *fakeResolver) Update(p dnsproxy.SessionPolicy, apply func(stale, keep []netpolicy.Attestation) error) error {
+	if err := f.in.enter(callDNSUpdate); err != nil {
+		return err
+	}
+	if err := apply(nil, nil); err != nil {
+		return err
+	}
+	f.reg[p.Guest] = p
+	f.in.leave(callDNSUpdate)
+	return nil
+}
+
+func (w *world) mustCreate(req api.CreateRequest) {
+	w.t.Helper()
+	if _, err := w.d.Create(context.Background(), req); err != nil {
+		w.t.Fatalf("create %s: %v", req.Name, err)
+	}
+}
+
+func widen() api.PolicyUpdate {
+	return api.PolicyUpdate{Allow: []string{"b.example.com:443", "93.184.0.0/24"}, Revoke: []string{"a.example.com"}}
+}
+
+// TestUpdateFaultAtEachStepChangesNothing: an update failing at any step
+// (the DNS proxy, the kernel batch) leaves the
+// world exactly as before it, the generation included; an update that
+// passes changes the rules and the DNS policy together and counts a
+// generation.
+func TestUpdateFaultAtEachStepChangesNothing(t *testing.T) {
+	w := newWorld(t)
+	w.mustCreate(api.CreateRequest{Name: "u1", NetworkOnly: true, Allow: []string{"a.example.com", "93.184.216.7"}})
+	before := w.render()
+	for _, call := range []string{callDNSUpdate, callFwUpdate} {
+		w.in.arm(map[string]int{call: 1}, crashPoint{})
+		_, err := w.d.UpdatePolicy(context.Background(), "u1", widen(), false)
+		w.in.disarm()
+		if !errors.Is(err, errInjected) {
+			t.Fatalf("fault in %s: update = %v, want the injected error", call, err)
+		}
+		w.compare("a fault in "+call, before)
+	}
+	if in, _ := w.d.Inspect("u1"); in.Policy.Generation != 1 {
+		t.Fatalf("generation %d after failed updates, want 1", in.Policy.Generation)
+	}
+
+	// Invalid updates change nothing either, each with create's one line.
+	for _, c := range []struct {
+		u    api.PolicyUpdate
+		want string
+	}{
+		{api.PolicyUpdate{Allow: []string{"exa mple.com"}}, `allow entry`},
+		{api.PolicyUpdate{Revoke: []string{"c.example.com"}}, `revoke "c.example.com": not an entry of session u1's policy`},
+		{api.PolicyUpdate{Egress: "none"}, "egress none"},
+		{api.PolicyUpdate{Egress: "wide"}, `egress mode "wide"`},
+		{api.PolicyUpdate{Allow: []string{"169.254.169.254"}}, "169.254.169.254"},
+	} {
+		_, err := w.d.UpdatePolicy(context.Background(), "u1", c.u, false)
+		if !errors.Is(err, api.ErrBadRequest) || !strings.Contains(err.Error(), c.want) || strings.Contains(err.Error(), "\n") {
+			t.Errorf("update %+v = %v, want a one-line 400 containing %q", c.u, err, c.want)
+		}
+	}
+	w.compare("invalid updates", before)
+
+	info, err := w.d.UpdatePolicy(context.Background(), "u1", widen(), false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"93.184.0.0/24", "93.184.216.7", "b.example.com:443"}; !slices.Equal(info.Policy.Allow, want) || info.Policy.Generation != 2 || info.Policy.Updated == nil {
+		t.Fatalf("after the update: allow %v generation %d updated %v, want %v, 2, set", info.Policy.Allow, info.Policy.Generation, info.Policy.Updated, want)
+	}
+	after := w.render()
+	if slices.Equal(after, before) {
+		t.Fatal("a successful update changed nothing")
+	}
+	for _, l := range after {
+		if strings.HasPrefix(l, "dns ") && (strings.Contains(l, "a.example.com") || !strings.Contains(l, "b.example.com")) {
+			t.Errorf("dns registration %q: want the new policy", l)
+		}
+	}
+	// Stale generation: 409, nothing changed.
+	if _, err := w.d.UpdatePolicy(context.Background(), "u1", api.PolicyUpdate{Generation: 1, Allow: []string{"c.example.com"}}, false); !errors.Is(err, api.ErrStaleGeneration) || api.StatusOf(err) != 409 {
+		t.Fatalf("stale generation: %v", err)
+	}
+	w.compare("a stale update", after)
+	// A restart re-adopts the updated policy.
+	w.restart(nil)
+	w.compare("a restart after the update", after)
+}
+
+// TestUpdateLocked: a session created locked refuses every update with
+// 409 and one line, and says it is locked.
+func TestUpdateLocked(t *testing.T) {
+	w := newWorld(t)
+	w.mustCreate(api.CreateRequest{Name: "lk", NetworkOnly: true, Allow: []string{"a.example.com"}, Locked: true})
+	before := w.render()
+	_, err := w.d.UpdatePolicy(context.Background(), "lk", widen(), false)
+	if !errors.Is(err, api.ErrLocked) || api.StatusOf(err) != 409 || err.Error() != `session "lk" was created with --locked: its policy never changes` {
+		t.Fatalf("update of a locked session: %v", err)
+	}
+	w.compare("a refused update", before)
+	if in, _ := w.d.Inspect("lk"); !in.Policy.Locked {
+		t.Error("inspect does not say locked")
+	}
+}
+
+// TestUpdateCrashThenRestart: a crash at any point of an update leaves,
+// after the restart, the old policy (the crash came before the
+// write-ahead record) or the new one in full: never the rules of one and
+// the DNS policy of the other.
+func TestUpdateCrashThenRestart(t *testing.T) {
+	for _, cp := range []crashPoint{
+		{method: callDNSUpdate, n: 1}, {method: callFwUpdate, n: 1}, {method: callFwUpdate, n: 1, after: true},
+		{method: callFwCut, n: 1}, {method: callFwCut, n: 1, after: true},
+	} {
+		t.Run(cp.String(), func(t *testing.T) {
+			w := newWorld(t)
+			w.mustCreate(api.CreateRequest{Name: "c1", NetworkOnly: true, Allow: []string{"a.example.com", "93.184.216.7"}})
+			ref := newWorld(t)
+			ref.mustCreate(api.CreateRequest{Name: "c1", NetworkOnly: true, Allow: []string{"a.example.com", "93.184.216.7"}})
+			if _, err := ref.d.UpdatePolicy(context.Background(), "c1", widen(), false); err != nil {
+				t.Fatal(err)
+			}
+			w.in.arm(nil, cp)
+			if at := crashes(func() { _, _ = w.d.UpdatePolicy(context.Background(), "c1", widen(), false) }); at == "" {
+				t.Fatalf("no crash at %s", cp)
+			}
+			w.restart(nil)
+			got, want := withoutTimes(w.render()), withoutTimes(ref.render())
+			if !slices.Equal(got, want) {
+				t.Fatalf("after a crash %s and a restart:\n%s\nwant the new policy in full:\n%s", cp, strings.Join(got, "\n"), strings.Join(want, "\n"))
+			}
+			if in, _ := w.d.Inspect("c1"); in.Policy.Generation != 2 {
+				t.Errorf("generation %d, want 2", in.Policy.Generation)
+			}
+		})
+	}
+}
+
+// withoutTimes drops what differs between two worlds by time alone.
+func withoutTimes(lines []string) []string { return lines }
