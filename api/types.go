@@ -22,8 +22,6 @@ type CreateRequest struct {
 	Pids        int64             `json:"pids,omitempty"`
 	CPUs        float64           `json:"cpus,omitempty"` // like docker's --cpus; 0 = container.DefaultCPUs
 	Labels      map[string]string `json:"labels,omitempty"`
-	// Locked: the policy never changes; updates are refused (ErrLocked).
-	Locked bool `json:"locked,omitempty"`
 }
 
 // AttestedAddr is one element of a session's attested set.
@@ -41,6 +39,14 @@ type Counters struct {
 	// LimitedPackets: new flows dropped because the session was at its
 	// flow cap or over its new-flow rate (also in DroppedPackets).
 	LimitedPackets uint64 `json:"limited_packets"`
+	// DroppedByReason counts dropped packets by reason (not-allowed, port,
+	// special-purpose, resolver, spoofed, inbound, rate-limit), exactly,
+	// whatever the log's rate limit; reasons without drops are absent.
+	// spoofed and inbound drops are not in DroppedPackets.
+	DroppedByReason map[string]uint64 `json:"dropped_by_reason,omitempty"`
+	// DropsNotLogged counts dropped new flows that got no flow event: the
+	// kernel's per-session log budget suppressed them.
+	DropsNotLogged uint64 `json:"drops_not_logged"`
 }
 
 // PolicyView is the normalised policy of a session as inspect shows it.
@@ -49,12 +55,6 @@ type PolicyView struct {
 	LabPeers []string            `json:"lab_peers,omitempty"`
 	Lab      bool                `json:"lab,omitempty"`
 	Pinned   map[string][]string `json:"pinned,omitempty"`
-	// Generation counts the policy's versions: 1 at create, one more per
-	// update (name it in a PolicyUpdate to refuse a stale update).
-	Generation uint64 `json:"generation"`
-	Locked     bool   `json:"locked,omitempty"`
-	// Updated is the last update, absent until the first.
-	Updated *PolicyChange `json:"updated,omitempty"`
 }
 
 // SandboxView is what a session's sandbox holds, the defaults filled in
@@ -114,7 +114,11 @@ type Event struct {
 const (
 	EventKindDNS       = "dns"
 	EventKindLifecycle = "lifecycle"
-	EventKindDropped   = "dropped" // Detail["count"]: events this follower missed
+	// EventKindFlow: a flow the table dropped (Action "dropped", Detail
+	// proto, dst, dport, reason), or the summary of those the log budget
+	// suppressed (Action "unlogged", Detail count).
+	EventKindFlow    = "flow"
+	EventKindDropped = "dropped" // Detail["count"]: events this follower missed
 )
 
 // ExecFrame is one NDJSON frame of an exec response. Output is in Data when

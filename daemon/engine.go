@@ -493,7 +493,8 @@ func countersView(c netpolicy.Counters) api.Counters {
 	return api.Counters{
 		AcceptedPackets: c.AcceptedPackets, AcceptedBytes: c.AcceptedBytes,
 		DroppedPackets: c.DroppedPackets, DroppedBytes: c.DroppedBytes,
-		LimitedPackets: c.LimitedPackets,
+		LimitedPackets:  c.LimitedPackets,
+		DroppedByReason: c.ByReason, DropsNotLogged: c.Unlogged,
 	}
 }
 
@@ -537,10 +538,6 @@ func (e *Daemon) summary(s *liveSession) api.SessionInfo {
 			LabPeers: s.policy.LabPeers,
 			Lab:      s.policy.Lab,
 			Pinned:   pinned,
-			// A record from before updates existed is generation 1.
-			Generation: max(s.rec.Generation, 1),
-			Locked:     s.rec.Request.Locked,
-			Updated:    s.rec.Updated,
 		},
 		Sandbox:     s.rec.Sandbox,
 		Rootfs:      s.rec.Request.Rootfs,

@@ -93,6 +93,10 @@ func NewMetrics(version, commit string) *Metrics {
 				"Packets the session's policy dropped (from the nftables counters).", []string{"session"}, nil),
 			limited: prometheus.NewDesc("enforcerd_session_limited_packets_total",
 				"New flows of the session dropped because it was at its flow cap or over its new-flow rate (--max-flows, --flow-rate).", []string{"session"}, nil),
+			byReason: prometheus.NewDesc("enforcerd_dropped_packets_total",
+				"Packets the table dropped, by reason, summed over the sessions (per session: inspect's dropped_by_reason).", []string{"reason"}, nil),
+			unlogged: prometheus.NewDesc("enforcerd_drops_not_logged_total",
+				"Dropped new flows that got no flow event (the per-session log budget), summed over the sessions.", nil, nil),
 			queries: prometheus.NewDesc("enforcerd_dns_queries_total", "DNS queries answered, by verdict.", []string{"verdict"}, nil),
 			loops: prometheus.NewDesc("enforcerd_dns_serve_loops",
 				"DNS proxy serve loops running now (proto udp: readers, tcp: accept loops); 0 means queries of that protocol go unanswered.", []string{"proto"}, nil),
@@ -169,6 +173,7 @@ func failureReason(err error) string {
 // scrape time, so sessions that went leave no series. mu guards source.
 type sourceCollector struct {
 	sessions, dropped, limited *prometheus.Desc
+	byReason, unlogged         *prometheus.Desc
 	queries, loops             *prometheus.Desc
 	attest, upstream           *prometheus.Desc
 	counters                   []*prometheus.Desc // one per dnsCounters entry
@@ -178,7 +183,7 @@ type sourceCollector struct {
 }
 
 func (c *sourceCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.sessions, c.dropped, c.limited, c.queries, c.loops, c.attest, c.upstream} {
+	for _, d := range []*prometheus.Desc{c.sessions, c.dropped, c.limited, c.byReason, c.unlogged, c.queries, c.loops, c.attest, c.upstream} {
 		ch <- d
 	}
 	for _, d := range c.counters {
@@ -198,10 +203,25 @@ func (c *sourceCollector) Collect(ch chan<- prometheus.Metric) {
 		return
 	}
 	ch <- prometheus.MustNewConstMetric(c.sessions, prometheus.GaugeValue, float64(src.SessionCount()))
+	// Every reason has a series, zero included, so a rate() over it never
+	// starts from a missing one.
+	byReason := map[string]uint64{}
+	for _, r := range netpolicy.Reasons {
+		byReason[r] = 0
+	}
+	var unlogged uint64
 	for name, n := range src.SessionCounters() {
 		ch <- prometheus.MustNewConstMetric(c.dropped, prometheus.CounterValue, float64(n.DroppedPackets), name)
 		ch <- prometheus.MustNewConstMetric(c.limited, prometheus.CounterValue, float64(n.LimitedPackets), name)
+		for r, v := range n.ByReason {
+			byReason[r] += v
+		}
+		unlogged += n.Unlogged
 	}
+	for r, v := range byReason {
+		ch <- prometheus.MustNewConstMetric(c.byReason, prometheus.CounterValue, float64(v), r)
+	}
+	ch <- prometheus.MustNewConstMetric(c.unlogged, prometheus.CounterValue, float64(unlogged))
 	st := src.DNSStats()
 	for verdict, n := range st.Verdicts {
 		ch <- prometheus.MustNewConstMetric(c.queries, prometheus.CounterValue, float64(n), verdict)

@@ -34,10 +34,14 @@ func Open(cfg Config, log *slog.Logger, metrics *Metrics) (_ *Daemon, err error)
 		return nil, fmt.Errorf("open own netns: %w", err)
 	}
 	var (
-		nets *nsmgr.Manager
-		fw   *netpolicy.Firewall
+		nets  *nsmgr.Manager
+		fw    *netpolicy.Firewall
+		drops *netpolicy.DropLog
 	)
 	closeAll := func() {
+		if drops != nil {
+			drops.Close()
+		}
 		if fw != nil {
 			fw.Close()
 		}
@@ -115,6 +119,15 @@ func Open(cfg Config, log *slog.Logger, metrics *Metrics) (_ *Daemon, err error)
 		return nil, err
 	}
 	d.dns, d.proxy = proxy, proxy
+	// The drop log is visibility, not enforcement: without it (a kernel
+	// without nfnetlink_log, the group bound by another process) the table
+	// drops and counts the same, and no flow event is recorded.
+	if drops, err = fw.OpenDropLog(); err != nil {
+		log.Warn("no flow events: the drop log cannot be read", "err", err)
+		drops, err = nil, nil
+	} else {
+		d.serveDrops(drops)
+	}
 	return d, nil
 }
 

@@ -23,6 +23,9 @@ const (
 	ReasonRateLimit      = "rate-limit"      // over the flow cap or the new-flow rate
 )
 
+// Reasons lists every drop reason.
+var Reasons = []string{ReasonNotAllowed, ReasonPort, ReasonSpecialPurpose, ReasonResolver, ReasonSpoofed, ReasonInbound, ReasonRateLimit}
+
 // dropCode is a reason's number in @acct_reason keys (guest . code). The
 // counts of rate-limit are @acct_limited's; codeUnlogged counts the log
 // lines the session's log budget suppressed.

@@ -1,0 +1,191 @@
+package daemon
+
+import (
+	"net/netip"
+	"sync"
+	"time"
+
+	"github.com/enforcerd/enforcerd/api"
+	"github.com/enforcerd/enforcerd/netpolicy"
+)
+
+// DropSource is the table's drop log (*netpolicy.DropLog): each line is the
+// first packet of a flow the table dropped, with its reason. Close ends a
+// blocked Read.
+type DropSource interface {
+	Read() ([]netpolicy.DroppedFlow, error)
+	Close() error
+}
+
+// Flow event actions: a dropped flow, and the summary of the lines the
+// kernel's per-session log budget suppressed.
+const (
+	FlowActionDropped  = "dropped"
+	FlowActionUnlogged = "unlogged"
+)
+
+// unloggedPoll is how often the suppressed-line counts are read while drop
+// lines arrive (and once more after they stop): a flood's summary event
+// comes within about this long.
+const unloggedPoll = time.Second
+
+// dropEvents turns drop lines into session events. The kernel bounds the
+// lines (each session's log budget), so this costs the daemon at most that
+// many events per session and second, whatever a session sends; the lines
+// it suppresses are counted in the kernel and reported here as one summary
+// event per poll. mu guards everything below it.
+type dropEvents struct {
+	d *Daemon
+
+	mu       sync.Mutex
+	byGuest  map[netip.Addr]string // guest -> session name; a cache of d.sessions
+	built    time.Time             // when byGuest was last rebuilt
+	lastLine time.Time             // when the last line arrived
+	unlogged map[string]uint64     // session -> suppressed lines already reported
+	start    time.Time             // sessions created before it count from their first poll
+}
+
+// serveDrops reads src until it is closed, recording a flow event per line
+// and the summary events, in goroutines of its own.
+func (e *Daemon) serveDrops(src DropSource) {
+	de := &dropEvents{d: e, unlogged: map[string]uint64{}, start: time.Now()}
+	stop := make(chan struct{})
+	go func() {
+		defer close(stop)
+		for {
+			fls, err := src.Read()
+			if err != nil {
+				return
+			}
+			for _, fl := range fls {
+				de.record(fl)
+			}
+		}
+	}()
+	go de.pollUnlogged(stop)
+}
+
+// session returns the name of the session whose guest address is g.
+func (de *dropEvents) session(g netip.Addr) (string, bool) {
+	de.mu.Lock()
+	defer de.mu.Unlock()
+	check := func(name string) bool {
+		s, ok := de.d.sessions[name]
+		return ok && s.hasNIC() && s.rec.Guest == g
+	}
+	de.d.mu.Lock()
+	defer de.d.mu.Unlock()
+	if name, ok := de.byGuest[g]; ok && check(name) {
+		return name, true
+	}
+	// A miss rebuilds the cache, at most every 100 ms: lines of a session
+	// just removed (or not yet recorded) do not make every line a scan.
+	if time.Since(de.built) < 100*time.Millisecond {
+		return "", false
+	}
+	de.byGuest = make(map[netip.Addr]string, len(de.d.sessions))
+	for name, s := range de.d.sessions {
+		if s.hasNIC() {
+			de.byGuest[s.rec.Guest] = name
+		}
+	}
+	de.built = time.Now()
+	name, ok := de.byGuest[g]
+	return name, ok
+}
+
+func (de *dropEvents) record(fl netpolicy.DroppedFlow) {
+	de.mu.Lock()
+	de.lastLine = time.Now()
+	de.mu.Unlock()
+	name, ok := de.session(fl.Guest)
+	if !ok {
+		return
+	}
+	de.d.events.Record(api.Event{Session: name, Kind: api.EventKindFlow, Action: FlowActionDropped, Detail: flowDetail(fl, de.d.guard)})
+}
+
+// flowDetail is a dropped flow as its event shows it: proto, dst, dport
+// (TCP and UDP), reason; the range for special-purpose, the source for
+// spoofed and inbound flows.
+func flowDetail(fl netpolicy.DroppedFlow, g *netpolicy.Guard) map[string]any {
+	d := map[string]any{"proto": fl.Proto, "dst": fl.Dst.String(), "reason": fl.Reason}
+	if fl.Proto == "tcp" || fl.Proto == "udp" {
+		d["dport"] = fl.DstPort
+	}
+	switch fl.Reason {
+	case netpolicy.ReasonSpecialPurpose:
+		if g != nil {
+			if r, ok := g.BlockedBy(fl.Dst); ok {
+				d["range"] = r.String()
+			}
+		}
+	case netpolicy.ReasonSpoofed, netpolicy.ReasonInbound:
+		d["src"] = fl.Src.String()
+	}
+	return d
+}
+
+// pollUnlogged reports, while lines arrive and once after, each session's
+// lines the kernel suppressed since the last report: one event per
+// session and poll, {"count": N}.
+func (de *dropEvents) pollUnlogged(stop <-chan struct{}) {
+	t := time.NewTicker(unloggedPoll)
+	defer t.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-t.C:
+		}
+		de.mu.Lock()
+		active := time.Since(de.lastLine) < 2*unloggedPoll
+		de.mu.Unlock()
+		if !active {
+			continue
+		}
+		all, err := de.d.fw.AllCounters()
+		if err != nil {
+			de.d.log.Warn("read drop counters", "err", err)
+			continue
+		}
+		type report struct {
+			name string
+			n    uint64
+		}
+		var out []report
+		de.mu.Lock() // de.mu before d.mu, as in session
+		de.d.mu.Lock()
+		for name, s := range de.d.sessions {
+			if !s.hasNIC() {
+				continue
+			}
+			now := all[s.rec.Guest].Unlogged
+			last, seen := de.unlogged[name]
+			if !seen && s.rec.Created.Before(de.start) {
+				// Adopted at a restart: what it suppressed before is not
+				// reported again.
+				de.unlogged[name] = now
+				continue
+			}
+			if now < last {
+				last = 0 // a new session on the name
+			}
+			if now > last {
+				out = append(out, report{name, now - last})
+			}
+			de.unlogged[name] = now
+		}
+		for name := range de.unlogged {
+			if _, ok := de.d.sessions[name]; !ok {
+				delete(de.unlogged, name)
+			}
+		}
+		de.d.mu.Unlock()
+		de.mu.Unlock()
+		for _, r := range out {
+			de.d.events.Record(api.Event{Session: r.name, Kind: api.EventKindFlow, Action: FlowActionUnlogged,
+				Detail: map[string]any{"count": r.n}})
+		}
+	}
+}
