@@ -22,6 +22,8 @@ type CreateRequest struct {
 	Pids        int64             `json:"pids,omitempty"`
 	CPUs        float64           `json:"cpus,omitempty"` // like docker's --cpus; 0 = container.DefaultCPUs
 	Labels      map[string]string `json:"labels,omitempty"`
+	// Locked: the policy never changes; updates are refused (ErrLocked).
+	Locked bool `json:"locked,omitempty"`
 }
 
 // AttestedAddr is one element of a session's attested set.
@@ -55,6 +57,12 @@ type PolicyView struct {
 	LabPeers []string            `json:"lab_peers,omitempty"`
 	Lab      bool                `json:"lab,omitempty"`
 	Pinned   map[string][]string `json:"pinned,omitempty"`
+	// Generation counts the policy's versions: 1 at create, one more per
+	// update (name it in a PolicyUpdate to refuse a stale update).
+	Generation uint64 `json:"generation"`
+	Locked     bool   `json:"locked,omitempty"`
+	// Updated is the last update, absent until the first.
+	Updated *PolicyChange `json:"updated,omitempty"`
 }
 
 // SandboxView is what a session's sandbox holds, the defaults filled in

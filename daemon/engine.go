@@ -538,6 +538,10 @@ func (e *Daemon) summary(s *liveSession) api.SessionInfo {
 			LabPeers: s.policy.LabPeers,
 			Lab:      s.policy.Lab,
 			Pinned:   pinned,
+			// A record from before updates existed is generation 1.
+			Generation: max(s.rec.Generation, 1),
+			Locked:     s.rec.Request.Locked,
+			Updated:    s.rec.Updated,
 		},
 		Sandbox:     s.rec.Sandbox,
 		Rootfs:      s.rec.Request.Rootfs,
