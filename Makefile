@@ -18,6 +18,7 @@ export PATH := $(dir $(abspath $(GO))):$(PATH)
 endif
 TAGS      := seccomp
 BIN       := bin/enforcerd
+CNIBIN    := bin/enforcerd-cni
 ROOTFS    ?= $(CURDIR)/.cache/rootfs
 FUZZTIME  ?= 30000x
 # Debian packages the build, the tests and the demo need.
@@ -40,6 +41,7 @@ VERSION   ?= $(shell git describe --tags --dirty 2>/dev/null || echo 0.1.0-dev)
 COMMIT    ?= $(shell git rev-parse --short=12 HEAD 2>/dev/null)
 build: deps
 	$(GO) build -tags $(TAGS) -ldflags "-X main.version=$(VERSION) -X main.commit=$(COMMIT)" -o $(BIN) ./cmd/enforcerd
+	$(GO) build -ldflags "-X main.pluginVersion=$(VERSION)" -o $(CNIBIN) ./cmd/enforcerd-cni
 
 vet: deps
 	$(GO) vet -tags $(TAGS) ./...
@@ -56,7 +58,7 @@ fuzz: deps
 
 # Live tests: real kernel, real binary, inside the test world. Root only.
 live: build rootfs
-	ENFORCERD_BIN=$(CURDIR)/$(BIN) ENFORCERD_ROOTFS=$(ROOTFS) \
+	ENFORCERD_BIN=$(CURDIR)/$(BIN) ENFORCERD_CNI_BIN=$(CURDIR)/$(CNIBIN) ENFORCERD_ROOTFS=$(ROOTFS) \
 	  $(GO) test -tags $(TAGS) -count=1 -p 1 -timeout 30m ./integration/...
 
 test: vet unit fuzz live

@@ -22,9 +22,24 @@ type CreateRequest struct {
 	Pids        int64             `json:"pids,omitempty"`
 	CPUs        float64           `json:"cpus,omitempty"` // like docker's --cpus; 0 = container.DefaultCPUs
 	Labels      map[string]string `json:"labels,omitempty"`
+	// Attach mode (what the CNI plugin asks for): the session's interface
+	// is made in NetnsPath, a netns the caller made and keeps, instead of a
+	// netns of the session's own; there is no sandbox (network_only is
+	// implied). The three fields are also labels (LabelNetns, LabelIfName,
+	// LabelContainerID).
+	NetnsPath   string `json:"netns_path,omitempty"`
+	IfName      string `json:"ifname,omitempty"`       // with netns_path; "" = eth0
+	ContainerID string `json:"container_id,omitempty"` // with netns_path: the runtime's container id
 	// Locked: the policy never changes; updates are refused (ErrLocked).
 	Locked bool `json:"locked,omitempty"`
 }
+
+// The labels an attached session carries, from its request's fields.
+const (
+	LabelContainerID = "enforcerd.io/container-id"
+	LabelNetns       = "enforcerd.io/netns"
+	LabelIfName      = "enforcerd.io/ifname"
+)
 
 // AttestedAddr is one element of a session's attested set.
 type AttestedAddr struct {
@@ -88,6 +103,11 @@ type SessionInfo struct {
 	Policy    PolicyView `json:"policy"`
 	Sandbox   bool       `json:"sandbox"`
 	Rootfs    string     `json:"rootfs,omitempty"`
+	// Attached sessions only (see CreateRequest.NetnsPath); Netns is then
+	// the netns path too.
+	NetnsPath   string `json:"netns_path,omitempty"`
+	IfName      string `json:"ifname,omitempty"`
+	ContainerID string `json:"container_id,omitempty"`
 	// *SandboxView's fields, flattened; absent with --network-only.
 	*SandboxView
 	Attested []AttestedAddr    `json:"attested"`

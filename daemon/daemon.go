@@ -38,6 +38,8 @@ type Config struct {
 // Network makes and removes the sessions' netns, veth pairs and /30s.
 type Network interface {
 	Create(name string, nic bool) (nsmgr.Session, error)
+	// Attach makes a session's interface in a netns the caller made.
+	Attach(name string, at nsmgr.Attachment) (nsmgr.Session, error)
 	Delete(name string, slot int) error
 	// Recover lists the sessions whose netns (and veth) exist.
 	Recover() ([]nsmgr.Session, error)

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -91,8 +92,15 @@ func (e *Daemon) buildPolicy(req api.CreateRequest) (netpolicy.Policy, error) {
 		// A lab target gets a NIC and an address but no egress unless it
 		// is given more: an allowlist with nothing in it.
 		p.Egress = netpolicy.ModeAllowlist
+	case req.NetnsPath != "":
+		// An attachment is an interface: with nothing allowed, only the
+		// DNS proxy answers.
+		p.Egress = netpolicy.ModeAllowlist
 	default:
 		p.Egress = netpolicy.ModeNone
+	}
+	if p.Egress == netpolicy.ModeNone && req.NetnsPath != "" {
+		return p, badRequest(fmt.Errorf("egress none: netns_path %q needs an interface, which egress none has not; give egress allowlist with no allow entries to let nothing out", req.NetnsPath))
 	}
 	if p.Egress == netpolicy.ModeNone && req.Lab {
 		return p, badRequest(errors.New("--lab needs a network: a lab target cannot have egress none"))
@@ -120,6 +128,11 @@ func (e *Daemon) validateRequest(req *api.CreateRequest) error {
 	if err := nsmgr.ValidateSessionName(req.Name); err != nil {
 		return badRequest(err)
 	}
+	if req.NetnsPath != "" || req.IfName != "" || req.ContainerID != "" {
+		if err := validateAttach(req); err != nil {
+			return badRequest(err)
+		}
+	}
 	if req.NetworkOnly == (req.Rootfs != "") {
 		return badRequest(errors.New("give exactly one of --rootfs DIR or --network-only"))
 	}
@@ -141,6 +154,59 @@ func (e *Daemon) validateRequest(req *api.CreateRequest) error {
 	for k := range req.Labels {
 		if k == "" || strings.ContainsAny(k, "=,") {
 			return badRequest(fmt.Errorf("label key %q: must be non-empty without '=' or ','", k))
+		}
+	}
+	return nil
+}
+
+// validateAttach checks the attach fields of a request (see
+// api.CreateRequest.NetnsPath), fills in the defaults (network_only, eth0)
+// and records the fields as labels.
+func validateAttach(req *api.CreateRequest) error {
+	if req.NetnsPath == "" {
+		return errors.New("ifname and container_id need netns_path: they name an interface in a netns the caller made")
+	}
+	if req.Rootfs != "" {
+		return fmt.Errorf("netns_path %q: a session attached to a netns has no sandbox; leave out rootfs", req.NetnsPath)
+	}
+	req.NetworkOnly = true
+	if req.IfName == "" {
+		req.IfName = nsmgr.GuestIface
+	}
+	if err := nsmgr.ValidateAttachment(nsmgr.Attachment{NetnsPath: req.NetnsPath, IfName: req.IfName}); err != nil {
+		return err
+	}
+	if err := validateContainerID(req.ContainerID); err != nil {
+		return err
+	}
+	labels := maps.Clone(req.Labels)
+	if labels == nil {
+		labels = map[string]string{}
+	}
+	labels[api.LabelNetns] = req.NetnsPath
+	labels[api.LabelIfName] = req.IfName
+	if req.ContainerID != "" {
+		labels[api.LabelContainerID] = req.ContainerID
+	}
+	req.Labels = labels
+	return nil
+}
+
+// validateContainerID applies the CNI spec's rule for container ids
+// (letters, digits, '_', '.' and '-', starting with a letter or digit), with
+// a bound: the id lands in a label and in every inspect.
+func validateContainerID(id string) error {
+	const want = "want 1 to 256 characters of letters, digits, '_', '.' and '-', starting with a letter or digit"
+	if id == "" {
+		return nil
+	}
+	if len(id) > 256 {
+		return fmt.Errorf("container_id %q: %d characters; %s", id, len(id), want)
+	}
+	for i, r := range id {
+		alnum := r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9'
+		if !alnum && (i == 0 || r != '_' && r != '.' && r != '-') {
+			return fmt.Errorf("container_id %q: character %q not allowed at %d; %s", id, r, i, want)
 		}
 	}
 	return nil
@@ -275,11 +341,20 @@ func (e *Daemon) Create(ctx context.Context, req api.CreateRequest) (info api.Se
 	}()
 
 	nicNeeded := policy.Egress != netpolicy.ModeNone
-	netSess, err := e.nets.Create(req.Name, nicNeeded)
+	var netSess nsmgr.Session
+	if req.NetnsPath != "" {
+		netSess, err = e.nets.Attach(req.Name, nsmgr.Attachment{NetnsPath: req.NetnsPath, IfName: req.IfName})
+	} else {
+		netSess, err = e.nets.Create(req.Name, nicNeeded)
+	}
 	if err != nil {
 		var ex *nsmgr.ExhaustedError
 		if errors.As(err, &ex) {
 			return info, api.Classify(ex, api.ErrPoolExhausted)
+		}
+		var refused *nsmgr.RefusedError
+		if errors.As(err, &refused) {
+			return info, badRequest(refused)
 		}
 		return info, fmt.Errorf("create network of %s: %w", req.Name, err)
 	}
@@ -545,6 +620,9 @@ func (e *Daemon) summary(s *liveSession) api.SessionInfo {
 		},
 		Sandbox:     s.rec.Sandbox,
 		Rootfs:      s.rec.Request.Rootfs,
+		NetnsPath:   s.rec.Request.NetnsPath,
+		IfName:      s.rec.Request.IfName,
+		ContainerID: s.rec.Request.ContainerID,
 		SandboxView: sandboxView(s.rec),
 		Attested:    []api.AttestedAddr{},
 		Labels:      labels,

@@ -155,6 +155,17 @@ func (f *fakeNetwork) Create(name string, nic bool) (nsmgr.Session, error) {
 	return s, nil
 }
 
+// Attach is Create with a NIC whose netns is the caller's.
+func (f *fakeNetwork) Attach(name string, at nsmgr.Attachment) (nsmgr.Session, error) {
+	s, err := f.Create(name, true)
+	if err != nil {
+		return s, err
+	}
+	s.Netns, s.NetnsPath, s.Attached, s.IfName = at.NetnsPath, at.NetnsPath, true, at.IfName
+	f.netns[name] = s
+	return s, nil
+}
+
 func (f *fakeNetwork) Delete(name string, slot int) error {
 	if err := f.in.enter(callNetsDelete); err != nil {
 		return err

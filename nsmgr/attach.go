@@ -125,7 +125,7 @@ func (c *creation) openNetns() error {
 	_, err = c.guest.LinkByName(c.ifname)
 	switch {
 	case err == nil:
-		return fmt.Errorf("interface %s exists in netns %s: give another interface name", c.ifname, path)
+		return &RefusedError{fmt.Sprintf("interface %s exists in netns %s: give another interface name", c.ifname, path)}
 	case !isNotFound(err):
 		return fmt.Errorf("find %s in netns %s: %w", c.ifname, path, err)
 	}
@@ -171,8 +171,15 @@ func refusal(path, what string, err error) error {
 	if err != nil {
 		return fmt.Errorf("netns %s: %w", path, err)
 	}
-	return fmt.Errorf("invalid netns path %q: it is %s, not a container's", path, what)
+	return &RefusedError{fmt.Sprintf("invalid netns path %q: it is %s, not a container's", path, what)}
 }
+
+// RefusedError is an attachment Attach will not make (the netns is not a
+// container's, or the interface name is taken in it): the caller's
+// mistake, not the kernel's.
+type RefusedError struct{ msg string }
+
+func (e *RefusedError) Error() string { return e.msg }
 
 func sameNetns(a, b netns.NsHandle) (bool, error) {
 	var sa, sb unix.Stat_t

@@ -1,0 +1,224 @@
+// Command enforcerd-cni is a CNI plugin (spec 1.1: ADD, DEL, CHECK,
+// VERSION, STATUS, GC) that gives each container an enforcerd session: a
+// thin client of the local daemon over its socket. The daemon makes the
+// veth pair with its peer in the runtime's netns (attach mode), with the
+// rules, DNS registration and anti-spoofing of any session; this binary
+// imports no netlink or libcontainer code, so one exec is cheap.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"time"
+
+	"github.com/containernetworking/cni/pkg/skel"
+	"github.com/containernetworking/cni/pkg/types"
+	types100 "github.com/containernetworking/cni/pkg/types/100"
+	"github.com/containernetworking/cni/pkg/version"
+
+	"github.com/enforcerd/enforcerd/api"
+)
+
+// pluginVersion is stamped by make build.
+var pluginVersion = "0.1.0-dev"
+
+// callTimeout bounds one verb's calls to the daemon (a create with pin
+// resolves names).
+const callTimeout = 60 * time.Second
+
+func main() {
+	skel.PluginMainFuncs(skel.CNIFuncs{
+		Add: cmdAdd, Del: cmdDel, Check: cmdCheck, GC: cmdGC, Status: cmdStatus,
+	}, version.PluginSupports("0.4.0", "1.0.0", "1.1.0"), "enforcerd-cni "+pluginVersion)
+}
+
+func setup(args *skel.CmdArgs) (*netConf, *api.Client, context.Context, context.CancelFunc, error) {
+	conf, err := parseConf(args.StdinData)
+	if err != nil {
+		return nil, nil, nil, nil, types.NewError(types.ErrDecodingFailure, err.Error(), "")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
+	return conf, api.NewClient(conf.Socket), ctx, cancel, nil
+}
+
+func cmdAdd(args *skel.CmdArgs) error {
+	conf, c, ctx, cancel, err := setup(args)
+	if err != nil {
+		return err
+	}
+	defer cancel()
+	p, err := buildPolicy(conf, args.Args)
+	if err != nil {
+		return types.NewError(types.ErrInvalidNetworkConfig, err.Error(), "")
+	}
+	info, err := c.Create(ctx, createRequest(conf, p, args.ContainerID, args.Netns, args.IfName))
+	if err != nil {
+		return daemonError(conf, "add", err)
+	}
+	res, err := result(info, args.IfName, args.Netns)
+	if err != nil {
+		return types.NewError(types.ErrInternal, err.Error(), "")
+	}
+	return types.PrintResult(res, conf.CNIVersion)
+}
+
+// result is the CNI result of a session: the host veth and the container's
+// interface, the guest's /30 with its gateway, the default route, and the
+// DNS anycast address as the nameserver.
+func result(info api.SessionInfo, ifname, netns string) (*types100.Result, error) {
+	guest, err := netip.ParseAddr(info.GuestIP)
+	if err != nil {
+		return nil, fmt.Errorf("session %s: guest address %q: %w", info.Name, info.GuestIP, err)
+	}
+	gw, err := netip.ParseAddr(info.GatewayIP)
+	if err != nil {
+		return nil, fmt.Errorf("session %s: gateway address %q: %w", info.Name, info.GatewayIP, err)
+	}
+	inContainer := 1
+	res := &types100.Result{
+		CNIVersion: types100.ImplementedSpecVersion,
+		Interfaces: []*types100.Interface{
+			{Name: info.HostVeth},
+			{Name: ifname, Sandbox: netns},
+		},
+		IPs: []*types100.IPConfig{{
+			Interface: &inContainer,
+			Address:   net.IPNet{IP: guest.AsSlice(), Mask: net.CIDRMask(30, 32)},
+			Gateway:   gw.AsSlice(),
+		}},
+		Routes: []*types.Route{{Dst: net.IPNet{IP: net.IPv4zero.To4(), Mask: net.CIDRMask(0, 32)}, GW: gw.AsSlice()}},
+	}
+	if info.DNS != "" {
+		res.DNS.Nameservers = []string{info.DNS}
+	}
+	return res, nil
+}
+
+// cmdDel deletes the attachment's session. Gone already (or never made,
+// or the netns gone) is success; a session of that name that is another
+// attachment's is left alone.
+func cmdDel(args *skel.CmdArgs) error {
+	conf, c, ctx, cancel, err := setup(args)
+	if err != nil {
+		return err
+	}
+	defer cancel()
+	name := sessionName(conf.Name, args.ContainerID, args.IfName)
+	info, err := c.Inspect(ctx, name)
+	if errors.Is(err, api.ErrNotFound) {
+		return nil
+	}
+	if err != nil {
+		return daemonError(conf, "del", err)
+	}
+	if !owns(info, args.ContainerID, args.IfName) {
+		return nil
+	}
+	if err := c.Remove(ctx, name); err != nil && !errors.Is(err, api.ErrNotFound) {
+		return daemonError(conf, "del", err)
+	}
+	return nil
+}
+
+func owns(info api.SessionInfo, containerID, ifname string) bool {
+	return info.ContainerID == containerID && info.IfName == ifname
+}
+
+// cmdCheck verifies that the session exists as ADD returned it: the same
+// container, netns, interface and address.
+func cmdCheck(args *skel.CmdArgs) error {
+	conf, c, ctx, cancel, err := setup(args)
+	if err != nil {
+		return err
+	}
+	defer cancel()
+	name := sessionName(conf.Name, args.ContainerID, args.IfName)
+	info, err := c.Inspect(ctx, name)
+	if err != nil {
+		return daemonError(conf, "check", err)
+	}
+	if !owns(info, args.ContainerID, args.IfName) || info.NetnsPath != args.Netns {
+		return fmt.Errorf("check: session %s is container %s's %s in %s, not container %s's %s in %s",
+			name, info.ContainerID, info.IfName, info.NetnsPath, args.ContainerID, args.IfName, args.Netns)
+	}
+	if err := version.ParsePrevResult(&conf.PluginConf); err != nil {
+		return types.NewError(types.ErrDecodingFailure, "check: prevResult: "+err.Error(), "")
+	}
+	if conf.PrevResult == nil {
+		return types.NewError(types.ErrInvalidNetworkConfig, "check: no prevResult", "")
+	}
+	prev, err := types100.NewResultFromResult(conf.PrevResult)
+	if err != nil {
+		return types.NewError(types.ErrDecodingFailure, "check: prevResult: "+err.Error(), "")
+	}
+	for _, ip := range prev.IPs {
+		if ip.Address.IP.String() != info.GuestIP {
+			return fmt.Errorf("check: session %s has address %s, the result said %s", name, info.GuestIP, ip.Address.IP)
+		}
+	}
+	if len(prev.IPs) == 0 {
+		return fmt.Errorf("check: the result of session %s has no address", name)
+	}
+	return nil
+}
+
+// cmdGC deletes the sessions of this network whose attachment the runtime
+// no longer lists as valid.
+func cmdGC(args *skel.CmdArgs) error {
+	conf, c, ctx, cancel, err := setup(args)
+	if err != nil {
+		return err
+	}
+	defer cancel()
+	valid := map[types.GCAttachment]bool{}
+	for _, a := range conf.ValidAttachments {
+		valid[a] = true
+	}
+	sessions, err := c.List(ctx, labelNetwork, conf.Name)
+	if err != nil {
+		return daemonError(conf, "gc", err)
+	}
+	var errs []error
+	for _, s := range sessions {
+		if s.NetnsPath == "" || valid[types.GCAttachment{ContainerID: s.ContainerID, IfName: s.IfName}] {
+			continue
+		}
+		if err := c.Remove(ctx, s.Name); err != nil && !errors.Is(err, api.ErrNotFound) {
+			errs = append(errs, err)
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return daemonError(conf, "gc", err)
+	}
+	return nil
+}
+
+// cmdStatus is nil while the daemon answers and is ready.
+func cmdStatus(args *skel.CmdArgs) error {
+	conf, c, ctx, cancel, err := setup(args)
+	if err != nil {
+		return err
+	}
+	defer cancel()
+	if err := c.Ready(ctx); err != nil {
+		return types.NewError(types.ErrPluginNotAvailable, fmt.Sprintf("enforcerd at %s is not ready: %v", conf.Socket, err), "")
+	}
+	return nil
+}
+
+// daemonError turns a daemon call's error into a CNI error whose msg is
+// the daemon's one line: a refused request (a bad policy names its value)
+// is an invalid network config; an unreachable daemon is try-again-later.
+func daemonError(conf *netConf, verb string, err error) error {
+	var ae *api.Error
+	switch {
+	case errors.As(err, &ae) && errors.Is(err, api.ErrBadRequest):
+		return types.NewError(types.ErrInvalidNetworkConfig, ae.Message, "")
+	case errors.As(err, &ae):
+		return types.NewError(types.ErrInternal, ae.Message, "")
+	}
+	return types.NewError(types.ErrTryAgainLater, fmt.Sprintf("%s: enforcerd does not answer at %s (the network config's \"socket\")", verb, conf.Socket), err.Error())
+}
