@@ -20,7 +20,14 @@ type Engine interface {
 	Exec(ctx context.Context, name string, req ExecRequest, stdout, stderr io.Writer) (int, error)
 	// Events returns the recorded events of a session and, when follow is
 	// set, a channel of new ones closed when ctx ends or the session goes.
+	// A session removed within the events' retention still has its
+	// recorded events (and, with follow, a channel already closed).
 	Events(ctx context.Context, name string, follow bool) ([]Event, <-chan Event, error)
+	// AllEvents returns the recorded events of every live session carrying
+	// the label (every session when labelKey is ""), oldest first, and,
+	// when follow is set, a channel of the new events of every such
+	// session, closed only when ctx ends.
+	AllEvents(ctx context.Context, labelKey, labelValue string, follow bool) ([]Event, <-chan Event, error)
 	// Why says what the session's policy does with dest now, and why.
 	Why(ctx context.Context, name, dest string) (WhyAnswer, error)
 	// Healthy reports whether the daemon enforces what it says.

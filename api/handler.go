@@ -59,6 +59,7 @@ func NewHandler(e Engine, opts HandlerOptions) http.Handler {
 	mux.HandleFunc(Prefix+"/sessions/{name}/policy", a.methods(map[string]http.HandlerFunc{"PUT": a.policyPut, "PATCH": a.policyPatch}))
 	mux.HandleFunc(Prefix+"/sessions/{name}/exec", a.methods(map[string]http.HandlerFunc{"POST": a.exec}))
 	mux.HandleFunc(Prefix+"/sessions/{name}/events", a.methods(map[string]http.HandlerFunc{"GET": a.events}))
+	mux.HandleFunc(Prefix+"/events", a.methods(map[string]http.HandlerFunc{"GET": a.allEvents}))
 	mux.HandleFunc(Prefix+"/sessions/{name}/why", a.methods(map[string]http.HandlerFunc{"GET": a.why}))
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, fmt.Sprintf("no route %s %s", r.Method, r.URL.Path))
@@ -316,33 +317,78 @@ type wrappedMsg struct {
 func (w *wrappedMsg) Error() string { return w.msg }
 func (w *wrappedMsg) Unwrap() error { return w.err }
 
-func (a *server) events(w http.ResponseWriter, r *http.Request) {
-	var follow bool
-	switch v := r.URL.Query().Get("follow"); v {
+// eventQuery parses the query of both event routes: follow=1|0 and
+// since=RFC3339.
+func eventQuery(r *http.Request) (follow bool, since time.Time, err error) {
+	q := r.URL.Query()
+	switch v := q.Get("follow"); v {
 	case "", "0", "false":
 	case "1", "true":
 		follow = true
 	default:
-		writeError(w, http.StatusBadRequest, fmt.Sprintf("follow %q: want 1 or 0", v))
+		return false, since, fmt.Errorf("follow %q: want 1 or 0", v)
+	}
+	if v := q.Get("since"); v != "" {
+		if since, err = time.Parse(time.RFC3339Nano, v); err != nil {
+			return false, since, fmt.Errorf("since %q: want an RFC 3339 time such as 2025-01-02T03:04:05Z", v)
+		}
+	}
+	return follow, since, nil
+}
+
+func (a *server) events(w http.ResponseWriter, r *http.Request) {
+	follow, since, err := eventQuery(r)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
 		return
 	}
-	recorded, ch, err := a.e.Events(r.Context(), r.PathValue("name"), follow)
+	name := r.PathValue("name")
+	recorded, ch, err := a.e.Events(r.Context(), name, follow)
 	if err != nil {
 		a.fail(w, r, err)
 		return
 	}
+	streamEvents(w, r, name, recorded, ch, since)
+}
+
+func (a *server) allEvents(w http.ResponseWriter, r *http.Request) {
+	follow, since, err := eventQuery(r)
+	var key, value string
+	if err == nil {
+		key, value, _, err = labelFilter(r)
+	}
+	if err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return
+	}
+	recorded, ch, err := a.e.AllEvents(r.Context(), key, value, follow)
+	if err != nil {
+		a.fail(w, r, err)
+		return
+	}
+	streamEvents(w, r, "", recorded, ch, since)
+}
+
+// streamEvents writes the recorded events and then, when ch is not nil,
+// the followed ones, those before since left out (follower markers always
+// pass). When ch closes while the request lives, the daemon ended the
+// session's stream: its last line is the end marker. A follow stream ends
+// otherwise only with the request (the client left, or the daemon stops),
+// so a client that reads EOF without the marker knows the daemon went.
+func streamEvents(w http.ResponseWriter, r *http.Request, session string, recorded []Event, ch <-chan Event, since time.Time) {
 	w.Header().Set("Content-Type", "application/x-ndjson")
 	w.WriteHeader(http.StatusOK)
 	rc := http.NewResponseController(w)
 	enc := json.NewEncoder(w)
 	enc.SetEscapeHTML(false)
+	keep := func(ev Event) bool { return since.IsZero() || !ev.Time.Before(since) || ev.Kind == EventKindMissed }
 	for _, ev := range recorded {
-		if enc.Encode(ev) != nil {
+		if keep(ev) && enc.Encode(ev) != nil {
 			return
 		}
 	}
 	_ = rc.Flush()
-	if !follow || ch == nil {
+	if ch == nil {
 		return
 	}
 	for {
@@ -351,7 +397,14 @@ func (a *server) events(w http.ResponseWriter, r *http.Request) {
 			return
 		case ev, ok := <-ch:
 			if !ok {
+				if r.Context().Err() == nil && session != "" {
+					_ = enc.Encode(Event{Time: time.Now().UTC(), Session: session, Kind: EventKindEnd, Action: "removed"})
+					_ = rc.Flush()
+				}
 				return
+			}
+			if !keep(ev) {
+				continue
 			}
 			if enc.Encode(ev) != nil || rc.Flush() != nil {
 				return

@@ -349,8 +349,58 @@ func TestAPIEvents(t *testing.T) {
 		t.Fatalf("followed %q %v", line, err)
 	}
 	f.Delete(context.Background(), "s1")
-	if rest, err := io.ReadAll(br); err != nil || len(rest) != 0 {
-		t.Fatalf("after delete: %q %v", rest, err)
+	if rest, err := io.ReadAll(br); err != nil || !strings.HasPrefix(string(rest), "{") ||
+		!strings.HasSuffix(string(rest), `"session":"s1","kind":"end","action":"removed"}`+"\n") {
+		t.Fatalf("after delete: %q %v, want the end marker alone", rest, err)
+	}
+}
+
+func TestAPIEventsSinceAndAll(t *testing.T) {
+	f := apitest.New()
+	h := api.NewHandler(f, api.HandlerOptions{})
+	apiDo(t, h, "POST", "/v1/sessions", `{"name":"s1","network_only":true,"labels":{"run":"1"}}`)
+	apiDo(t, h, "POST", "/v1/sessions", `{"name":"s2","network_only":true}`)
+	f.Record(api.Event{Time: time.Unix(10, 0).UTC(), Session: "s1", Kind: "dns", Action: "old"})
+	f.Record(api.Event{Time: time.Unix(20, 0).UTC(), Session: "s1", Kind: "dns", Action: "new"})
+	f.Record(api.Event{Time: time.Unix(15, 0).UTC(), Session: "s2", Kind: "dns", Action: "other"})
+	actions := func(path string) string {
+		t.Helper()
+		code, body, _ := apiDo(t, h, "GET", path, "")
+		if code != 200 {
+			t.Fatalf("GET %s: %d %s", path, code, body)
+		}
+		var out []string
+		for _, line := range strings.Split(strings.TrimSuffix(body, "\n"), "\n") {
+			var ev api.Event
+			if err := json.Unmarshal([]byte(line), &ev); err != nil {
+				t.Fatalf("GET %s: %q: %v", path, line, err)
+			}
+			if ev.Kind == "dns" { // the created events are of now
+				out = append(out, ev.Session+":"+ev.Action)
+			}
+		}
+		return strings.Join(out, " ")
+	}
+	if got := actions("/v1/sessions/s1/events?since=1970-01-01T00:00:15Z"); got != "s1:new" {
+		t.Errorf("since: %s", got)
+	}
+	if got := actions("/v1/events?since=1970-01-01T00:00:12Z"); got != "s2:other s1:new" {
+		t.Errorf("all since: %s", got)
+	}
+	if got := actions("/v1/events?label=run=1&since=1970-01-01T00:00:01Z"); got != "s1:old s1:new" {
+		t.Errorf("all with label: %s", got)
+	}
+	for path, want := range map[string]string{
+		"/v1/events?since=yesterday":         `since "yesterday": want an RFC 3339 time such as 2025-01-02T03:04:05Z`,
+		"/v1/sessions/s1/events?since=12:00": `since "12:00": want an RFC 3339 time such as 2025-01-02T03:04:05Z`,
+		"/v1/events?label=novalue":           `label "novalue": want KEY=VALUE`,
+		"/v1/events?follow=2":                `follow "2": want 1 or 0`,
+	} {
+		code, body, _ := apiDo(t, h, "GET", path, "")
+		var eb api.ErrorBody
+		if err := json.Unmarshal([]byte(body), &eb); err != nil || code != 400 || !strings.HasPrefix(eb.Error, want) {
+			t.Errorf("GET %s: %d %s, want 400 %q", path, code, body, want)
+		}
 	}
 }
 

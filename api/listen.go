@@ -78,6 +78,23 @@ type credResult struct {
 	err  error
 }
 
+// CallerFrom returns the caller of a request served by Serve, from its
+// connection's SO_PEERCRED (false when the context carries none, as in a
+// request that did not come through the socket).
+func CallerFrom(ctx context.Context) (Caller, bool) {
+	cr, ok := ctx.Value(credKey{}).(credResult)
+	if !ok || cr.err != nil {
+		return Caller{}, false
+	}
+	return Caller{UID: cr.cred.UID, GID: cr.cred.GID, PID: cr.cred.PID}, true
+}
+
+// WithCaller returns ctx carrying c as its caller, for tests and for
+// callers of an Engine that did not come through the socket.
+func WithCaller(ctx context.Context, c Caller) context.Context {
+	return context.WithValue(ctx, credKey{}, credResult{cred: PeerCred{PID: c.PID, UID: c.UID, GID: c.GID}})
+}
+
 // connContext reads SO_PEERCRED once per connection (http.Server.ConnContext).
 func connContext(ctx context.Context, c net.Conn) context.Context {
 	uc, ok := c.(*net.UnixConn)

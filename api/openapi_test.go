@@ -49,6 +49,7 @@ var routes = []string{
 	"PATCH /v1/sessions/{name}/policy",
 	"POST /v1/sessions/{name}/exec",
 	"GET /v1/sessions/{name}/events",
+	"GET /v1/events",
 	"GET /v1/sessions/{name}/why",
 }
 
@@ -208,6 +209,7 @@ var schemaTypes = map[string]reflect.Type{
 	"ExecRequest":    reflect.TypeFor[api.ExecRequest](),
 	"ExecFrame":      reflect.TypeFor[api.ExecFrame](),
 	"Event":          reflect.TypeFor[api.Event](),
+	"Caller":         reflect.TypeFor[api.Caller](),
 	"WhyAnswer":      reflect.TypeFor[api.WhyAnswer](),
 	"WhyAddr":        reflect.TypeFor[api.WhyAddr](),
 }
@@ -512,6 +514,16 @@ func TestOpenAPIExchanges(t *testing.T) {
 		{method: "GET", path: "/v1/sessions/box/events?follow=0", status: 200},
 		{method: "GET", path: "/v1/sessions/nope/events", status: 404},
 		{method: "GET", path: "/v1/sessions/box/events?follow=maybe", status: 400, invalid: true},
+		{method: "GET", path: "/v1/sessions/box/events?since=2025-01-02T03:00:00Z", status: 200},
+		{method: "GET", path: "/v1/sessions/box/events?since=noon", status: 400, invalid: true},
+		{method: "GET", path: "/v1/events", status: 200, check: func(t *testing.T, body []byte) {
+			if !bytes.Contains(body, []byte(`"caller":{"uid":1000,"gid":1001,"pid":42}`)) {
+				t.Errorf("no caller in %s", body)
+			}
+		}},
+		{method: "GET", path: "/v1/events?label=run=1&since=2025-01-02T03:00:00Z", status: 200},
+		{method: "GET", path: "/v1/events?label=novalue", status: 400},
+		{method: "GET", path: "/v1/events?since=noon", status: 400, invalid: true},
 		{method: "GET", path: "/v1/sessions/box/why?dest=api.example.com", status: 200},
 		{method: "GET", path: "/v1/sessions/nope/why?dest=api.example.com", status: 404},
 		{method: "GET", path: "/v1/sessions/box/why", status: 400, invalid: true},
@@ -531,7 +543,7 @@ func TestOpenAPIExchanges(t *testing.T) {
 				Detail: map[string]any{"name": "example.com.", "type": "A", "addrs": []string{"198.18.1.10"}, "upstream": "192.0.2.53:53", "upstream_ms": 1.5}})
 		}
 		if tc.path == "/v1/sessions/box/events" {
-			f.Record(api.Event{Time: time.Now().UTC(), Session: "box", Kind: api.EventKindDropped, Detail: map[string]any{"count": 2}})
+			f.Record(api.Event{Time: time.Now().UTC(), Session: "box", Kind: api.EventKindMissed, Detail: map[string]any{"count": 2}})
 		}
 		t.Run(fmt.Sprintf("%02d %s %s %d", i, tc.method, tc.path, tc.status), func(t *testing.T) {
 			hh := h
@@ -560,6 +572,8 @@ func runExchange(t *testing.T, doc *openapi3.T, router routers.Router, h http.Ha
 			body = strings.NewReader(tc.body)
 		}
 		r := httptest.NewRequest(tc.method, "http://enforcerd"+tc.path, body)
+		// As Serve would: the caller from the connection's credentials.
+		r = r.WithContext(api.WithCaller(r.Context(), api.Caller{UID: 1000, GID: 1001, PID: 42}))
 		if tc.method == "POST" || tc.body != "" {
 			r.Header.Set("Content-Type", "application/json")
 		}

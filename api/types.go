@@ -131,23 +131,46 @@ type ExecRequest struct {
 
 // Event is one line of a session's audit stream (NDJSON).
 type Event struct {
-	Time    time.Time      `json:"time"`
-	Session string         `json:"session"`
-	Kind    string         `json:"kind"` // EventKindDNS, EventKindLifecycle or EventKindDropped
-	Action  string         `json:"action,omitempty"`
-	Detail  map[string]any `json:"detail,omitempty"`
+	Time    time.Time `json:"time"`
+	Session string    `json:"session"`
+	Kind    string    `json:"kind"` // one of the EventKind constants
+	Action  string    `json:"action,omitempty"`
+	// Caller is who made the API call the event records (create, exec,
+	// delete); absent on events the daemon made by itself.
+	Caller *Caller        `json:"caller,omitempty"`
+	Detail map[string]any `json:"detail,omitempty"`
 }
 
-// Event kinds, and the marker a slow follower receives.
+// Caller is the process at the other end of an API call's connection, from
+// the socket's SO_PEERCRED: effective uid and gid, and pid.
+type Caller struct {
+	UID uint32 `json:"uid"`
+	GID uint32 `json:"gid"`
+	PID int32  `json:"pid"`
+}
+
+// Event kinds, and the two markers only a follower receives.
 const (
 	EventKindDNS       = "dns"
 	EventKindLifecycle = "lifecycle"
 	// EventKindFlow: a flow the table dropped (Action "dropped", Detail
 	// proto, dst, dport, reason), or the summary of those the log budget
 	// suppressed (Action "unlogged", Detail count).
-	EventKindFlow    = "flow"
-	EventKindDropped = "dropped" // Detail["count"]: events this follower missed
+	EventKindFlow = "flow"
+	// EventKindMissed: this follower was too slow and missed
+	// Detail["count"] events (the record itself lost none).
+	EventKindMissed = "missed"
+	// EventKindEnd is the last line of a follow stream the daemon ended
+	// because nothing more can come (Action "removed": the session is
+	// gone). A follow stream that ends without it was cut: the daemon
+	// stopped or died.
+	EventKindEnd = "end"
 )
+
+// DNSActionFiltered is the action of a dns event whose answer had
+// addresses and every one was filtered out (Detail["dropped"]): the
+// session got no address, where "allowed" means it got some.
+const DNSActionFiltered = "filtered"
 
 // ExecFrame is one NDJSON frame of an exec response. Output is in Data when
 // it is valid UTF-8 and in DataB64 otherwise, so that no byte is lost. The

@@ -27,6 +27,9 @@ type Config struct {
 	MaxFlows        int              // per-session cap on concurrent tracked flows
 	FlowRate        int              // per-session new flows per second
 	MaxAttested     int              // per-session cap on live DNS-attested elements
+	// EventsRetention is how long a removed session's events stay in
+	// <state-dir>/events (0: removed with it).
+	EventsRetention time.Duration
 }
 
 // The daemon consumes the four domain packages through these interfaces,
@@ -104,6 +107,7 @@ type Parts struct {
 	Store     *StateStore
 	Log       *slog.Logger // nil: discard
 	Metrics   *Metrics     // nil: none
+	Events    *EventLog    // nil: in memory only
 	// Close, when set, releases what Open opened (called by Daemon.Close).
 	Close func()
 }
@@ -147,9 +151,13 @@ func New(cfg Config, p Parts) *Daemon {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
+	events := p.Events
+	if events == nil {
+		events = NewEventLog(0)
+	}
 	return &Daemon{
 		cfg: cfg, log: log, nets: p.Network, guard: p.Guard, fw: p.Firewall,
-		dns: p.Resolver, boxes: p.Sandboxes, state: p.Store, events: NewEventLog(0),
+		dns: p.Resolver, boxes: p.Sandboxes, state: p.Store, events: events,
 		metrics: p.Metrics, dnsAddr: p.DNSAddr, pin: p.Pin, closeFn: p.Close,
 		sessions: map[string]*liveSession{}, pending: map[string]bool{},
 	}
@@ -158,6 +166,7 @@ func New(cfg Config, p Parts) *Daemon {
 // Close releases the parts (the sessions stay up, enforced by the kernel).
 func (e *Daemon) Close() {
 	e.shutdownDNS()
+	e.events.Shutdown()
 	if e.closeFn != nil {
 		e.closeFn()
 	}

@@ -303,6 +303,12 @@ func peerGuests(ps []PeerRecord) []netip.Addr {
 func (e *Daemon) Create(ctx context.Context, req api.CreateRequest) (info api.SessionInfo, err error) {
 	start := time.Now()
 	defer func() { e.metrics.observeCreate(time.Since(start), err) }()
+	defer func() {
+		// Runs last, after the undo joined its errors into err.
+		if err != nil {
+			e.recordCall(ctx, req.Name, "create_failed", createEssentials(req), err)
+		}
+	}()
 	if err := e.validateRequest(&req); err != nil {
 		return info, err
 	}
@@ -310,6 +316,9 @@ func (e *Daemon) Create(ctx context.Context, req api.CreateRequest) (info api.Se
 	if err != nil {
 		return info, err
 	}
+	// Parsed as given, stored without the credentials a scope URL may
+	// carry: the record, the events and the logs never hold them.
+	req.Scope = stripScopes(req.Scope)
 	if _, err := e.reserve(req.Name, false); err != nil {
 		return info, err
 	}
@@ -399,13 +408,11 @@ func (e *Daemon) Create(ctx context.Context, req api.CreateRequest) (info api.Se
 	e.mu.Lock()
 	e.sessions[req.Name] = s
 	e.mu.Unlock()
-	e.lifecycle(req.Name, "created", map[string]any{
-		"egress": string(policy.Egress), "guest_ip": addrString(rec.Guest),
-		"allow": entryStrings(policy.Allow), "sandbox": rec.Sandbox,
-	})
-	e.log.Info("session created", "session", req.Name, "egress", policy.Egress,
-		"guest", addrString(rec.Guest), "allow", entryStrings(policy.Allow),
-		"pinned", len(pinned), "sandbox", rec.Sandbox, "took", time.Since(start))
+	e.events.Open(req.Name, req.Labels)
+	detail := createEssentials(req)
+	detail["egress"], detail["allow"] = string(policy.Egress), entryStrings(policy.Allow)
+	detail["guest_ip"], detail["sandbox"] = addrString(rec.Guest), rec.Sandbox
+	e.recordCall(ctx, req.Name, "created", detail, nil, "pinned", len(pinned), "took", time.Since(start))
 	// A session this new has nothing attested and zero counters: answer
 	// without dumping the kernel's sets.
 	return e.summary(s), nil
@@ -454,7 +461,12 @@ func (e *Daemon) sandboxSpec(s *liveSession) container.Spec {
 
 // Delete tears a session down in the fixed order; every step tolerates
 // "already gone", so a partial failure never blocks the rest.
-func (e *Daemon) Delete(ctx context.Context, name string) error {
+func (e *Daemon) Delete(ctx context.Context, name string) (err error) {
+	defer func() {
+		if err != nil {
+			e.recordCall(ctx, name, "delete_failed", nil, err)
+		}
+	}()
 	s, err := e.reserve(name, true)
 	if err != nil {
 		return err
@@ -466,9 +478,8 @@ func (e *Daemon) Delete(ctx context.Context, name string) error {
 	e.mu.Lock()
 	delete(e.sessions, name)
 	e.mu.Unlock()
-	e.lifecycle(name, "deleted", nil)
+	e.recordCall(ctx, name, "deleted", nil, nil)
 	e.events.Close(name)
-	e.log.Info("session deleted", "session", name)
 	return nil
 }
 
@@ -673,8 +684,15 @@ func (e *Daemon) info(s *liveSession) api.SessionInfo {
 	return in
 }
 
-// Exec runs a command in a session's sandbox.
-func (e *Daemon) Exec(ctx context.Context, name string, req api.ExecRequest, stdout, stderr io.Writer) (int, error) {
+// Exec runs a command in a session's sandbox. Every call is an event
+// with its caller, its args and exit status: exec (the command ran, or
+// did not start), exec_timeout or oom.
+func (e *Daemon) Exec(ctx context.Context, name string, req api.ExecRequest, stdout, stderr io.Writer) (code int, err error) {
+	action, detail := "exec", map[string]any{"args": req.Args}
+	defer func() {
+		detail["exit"] = code
+		e.recordCall(ctx, name, action, detail, err)
+	}()
 	e.mu.Lock()
 	s, ok := e.sessions[name]
 	e.mu.Unlock()
@@ -702,40 +720,40 @@ func (e *Daemon) Exec(ctx context.Context, name string, req api.ExecRequest, std
 	if len(req.Stdin) > 0 {
 		spec.Stdin = bytes.NewReader(req.Stdin)
 	}
-	code, err := e.boxes.Exec(ctx, name, spec)
+	code, err = e.boxes.Exec(ctx, name, spec)
 	var serr *container.StartError
 	if errors.As(err, &serr) {
 		// The command never started: 127 or 126, as container runtimes
 		// say it, with the reason in the one line.
-		e.lifecycle(name, "exec", map[string]any{"args": req.Args, "exit": serr.Code, "error": serr.Error()})
 		return serr.Code, api.Classify(err, api.ErrNotStarted)
 	}
 	var oom *container.OOMError
 	if errors.As(err, &oom) {
-		e.lifecycle(name, "oom", map[string]any{"args": req.Args, "exit": code, "memory_bytes": oom.Limit})
-		e.log.Info("exec killed at the sandbox's memory limit", "session", name, "args", req.Args, "memory_bytes", oom.Limit)
+		action, detail["memory_bytes"] = "oom", oom.Limit
 		return code, api.Classify(err, api.ErrOOMKilled)
 	}
 	if errors.Is(err, container.ErrTimeout) {
-		e.lifecycle(name, "exec_timeout", map[string]any{"args": req.Args, "timeout": req.Timeout})
+		action, detail["timeout"] = "exec_timeout", req.Timeout
 		return 124, fmt.Errorf("exec in %s: %w after %s", name, api.ErrExecTimeout, timeout)
 	}
 	if err != nil {
 		return 125, fmt.Errorf("exec in %s: %w", name, err)
 	}
-	e.lifecycle(name, "exec", map[string]any{"args": req.Args, "exit": code})
 	return code, nil
 }
 
 // Events returns a session's recorded events and, with follow, new ones.
+// A removed session's events are readable while its file is kept (serve
+// --events-retention).
 func (e *Daemon) Events(ctx context.Context, name string, follow bool) ([]api.Event, <-chan api.Event, error) {
-	e.mu.Lock()
-	_, ok := e.sessions[name]
-	e.mu.Unlock()
-	if !ok {
-		return nil, nil, fmt.Errorf("session %q: %w", name, api.ErrNotFound)
-	}
 	return e.events.Read(ctx, name, follow)
+}
+
+// AllEvents returns the live sessions' recorded events carrying the label
+// and, with follow, every later event of such a session.
+func (e *Daemon) AllEvents(ctx context.Context, key, value string, follow bool) ([]api.Event, <-chan api.Event, error) {
+	recorded, ch := e.events.ReadAll(ctx, key, value, follow)
+	return recorded, ch, nil
 }
 
 // Healthy reports whether the daemon enforces what it says: its table and
@@ -756,8 +774,88 @@ func (e *Daemon) Healthy() error {
 	return nil
 }
 
+// lifecycle records an event the daemon made by itself (adopted, reaped).
 func (e *Daemon) lifecycle(name, action string, detail map[string]any) {
-	e.events.Record(api.Event{Time: time.Now().UTC(), Session: name, Kind: "lifecycle", Action: action, Detail: detail})
+	ev := api.Event{Time: time.Now().UTC(), Session: name, Kind: api.EventKindLifecycle, Action: action, Detail: detail}
+	e.events.Record(ev)
+	e.logEvent(ev)
+}
+
+// recordCall records the event of an API call: its caller (from the
+// socket's peer credentials), detail, and outcome: detail.outcome "ok",
+// or "error" with detail.error the call's one-line error. logAttrs go to
+// the log line only.
+func (e *Daemon) recordCall(ctx context.Context, name, action string, detail map[string]any, err error, logAttrs ...any) {
+	if detail == nil {
+		detail = map[string]any{}
+	}
+	detail["outcome"] = "ok"
+	if err != nil {
+		detail["outcome"], detail["error"] = "error", api.OneLine(err.Error())
+	}
+	ev := api.Event{Time: time.Now().UTC(), Session: name, Kind: api.EventKindLifecycle, Action: action, Detail: detail}
+	if c, ok := api.CallerFrom(ctx); ok {
+		ev.Caller = &c
+	}
+	e.events.Record(ev)
+	e.logEvent(ev, logAttrs...)
+}
+
+// logEvent writes a lifecycle event as one INFO line with structured
+// fields (session, action, caller_uid, caller_gid, caller_pid, and the
+// detail's keys in order): under systemd the journal's record of every
+// change.
+func (e *Daemon) logEvent(ev api.Event, extra ...any) {
+	attrs := []any{"session", ev.Session, "action", ev.Action}
+	if ev.Caller != nil {
+		attrs = append(attrs, "caller_uid", ev.Caller.UID, "caller_gid", ev.Caller.GID, "caller_pid", ev.Caller.PID)
+	}
+	keys := make([]string, 0, len(ev.Detail))
+	for k := range ev.Detail {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	for _, k := range keys {
+		attrs = append(attrs, k, ev.Detail[k])
+	}
+	e.log.Info("session "+strings.ReplaceAll(ev.Action, "_", " "), append(attrs, extra...)...)
+}
+
+// createEssentials is what a create event says of the request: the policy
+// asked for (scope URLs without their userinfo), the image and labels.
+func createEssentials(req api.CreateRequest) map[string]any {
+	d := map[string]any{}
+	if req.Egress != "" {
+		d["egress"] = req.Egress
+	}
+	if req.Rootfs != "" {
+		d["rootfs"] = req.Rootfs
+	}
+	if len(req.Allow) > 0 {
+		d["allow"] = req.Allow
+	}
+	if len(req.Scope) > 0 {
+		d["scope"] = stripScopes(req.Scope)
+	}
+	if len(req.Labels) > 0 {
+		d["labels"] = req.Labels
+	}
+	if req.NetworkOnly {
+		d["network_only"] = true
+	}
+	return d
+}
+
+// stripScopes returns the scope URLs without userinfo.
+func stripScopes(scopes []string) []string {
+	if scopes == nil {
+		return nil
+	}
+	out := make([]string, len(scopes))
+	for i, s := range scopes {
+		out[i] = netpolicy.StripUserinfo(s)
+	}
+	return out
 }
 
 // Record receives the DNS proxy's decisions (dnsproxy.EventSink).
@@ -776,8 +874,14 @@ func (e *Daemon) Record(ev dnsproxy.Event) {
 	if ev.Err != "" {
 		detail["error"] = ev.Err
 	}
+	action := ev.Verdict
+	if action == dnsproxy.VerdictAllowed && len(ev.Addrs) == 0 && len(ev.Dropped) > 0 {
+		// Every address the answer had was filtered out: the session got
+		// none, which "allowed" would hide.
+		action = api.DNSActionFiltered
+	}
 	if ev.Session != "" {
-		e.events.Record(api.Event{Time: ev.Time.UTC(), Session: ev.Session, Kind: "dns", Action: ev.Verdict, Detail: detail})
+		e.events.Record(api.Event{Time: ev.Time.UTC(), Session: ev.Session, Kind: api.EventKindDNS, Action: action, Detail: detail})
 	}
 }
 

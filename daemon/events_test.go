@@ -24,6 +24,9 @@ func eventActions(evs []api.Event) []string {
 
 func TestEventRing(t *testing.T) {
 	l := NewEventLog(3)
+	l.Open("a", nil)
+	l.Open("b", nil)
+	l.Open("c", nil)
 	for i := 1; i <= 5; i++ {
 		l.Record(testEvent("a", i))
 	}
@@ -74,6 +77,8 @@ func recvEvent(t *testing.T, ch <-chan api.Event) api.Event {
 
 func TestEventFollow(t *testing.T) {
 	l := NewEventLog(10)
+	l.Open("a", nil)
+	l.Open("b", nil)
 	l.Record(testEvent("a", 1))
 	l.Record(testEvent("a", 2))
 	ctx, cancel := context.WithCancel(context.Background())
@@ -103,6 +108,7 @@ func TestEventFollow(t *testing.T) {
 	}
 
 	// Subscribe's cancel is idempotent and closes the channel.
+	l.Open("a", nil)
 	ch3, unsub := l.Subscribe("a")
 	unsub()
 	unsub()
@@ -115,6 +121,7 @@ func TestEventFollow(t *testing.T) {
 // later gets one marker counting what it missed, then new events.
 func TestEventSlowFollower(t *testing.T) {
 	l := NewEventLog(1000)
+	l.Open("a", nil)
 	l.buffer = 2
 	ch, cancel := l.Subscribe("a")
 	defer cancel()
@@ -140,7 +147,7 @@ func TestEventSlowFollower(t *testing.T) {
 	}
 	l.Record(testEvent("a", 6)) // room again: the marker first, then 6
 	m := recvEvent(t, ch)
-	if m.Kind != api.EventKindDropped || m.Detail["count"] != 3 {
+	if m.Kind != api.EventKindMissed || m.Detail["count"] != 3 {
 		t.Fatalf("marker %+v", m)
 	}
 	if e := recvEvent(t, ch); e.Action != "6" {

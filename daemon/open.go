@@ -101,10 +101,15 @@ func Open(cfg Config, log *slog.Logger, metrics *Metrics) (_ *Daemon, err error)
 	if err != nil {
 		return nil, err
 	}
+	events, err := OpenEventLog(filepath.Join(cfg.StateDir, "events"), 0,
+		EventStoreOptions{Retention: cfg.EventsRetention, Log: log})
+	if err != nil {
+		return nil, err
+	}
 	d := New(cfg, Parts{
 		Network: nets, Firewall: fw, Sandboxes: boxes, Guard: guard,
 		Pin: upstreamResolver(cfg.Upstreams, upstreamTimeout), DNSAddr: dnsAddr,
-		Store: store, Log: log, Metrics: metrics, Close: closeAll,
+		Store: store, Events: events, Log: log, Metrics: metrics, Close: closeAll,
 	})
 	proxy, err := dnsproxy.New(dnsproxy.Config{
 		Upstreams: cfg.Upstreams,

@@ -48,6 +48,7 @@ func (e *Daemon) Reconcile() error {
 		}
 		if why != "" {
 			e.log.Warn("reaping partial session", "session", rec.Name, "reason", why)
+			e.lifecycle(rec.Name, "reaped", map[string]any{"reason": why})
 			if err := e.teardown(rec, netpolicy.SessionRules{Name: rec.Name, HostIface: rec.HostIface, Guest: rec.Guest}); err != nil {
 				e.log.Error("reap partial session", "session", rec.Name, "err", err)
 			}
@@ -84,6 +85,9 @@ func (e *Daemon) Reconcile() error {
 	// not only what the sessions set names: attested elements and
 	// conntrack entries a session left behind (a crash mid-removal) would
 	// otherwise serve the next session on the address.
+	// The removed sessions' events past their retention go; the adopted
+	// ones' stay whatever their age.
+	e.events.Prune()
 	flows, err := e.fw.PruneGuests(func(g netip.Addr) bool { return e.nets.IsGuestAddr(g) && !adopted[g] })
 	if err != nil {
 		e.log.Error("prune orphaned rules and flows", "err", err)
@@ -140,6 +144,7 @@ func (e *Daemon) adopt(rec SessionRecord) error {
 	e.mu.Lock()
 	e.sessions[rec.Name] = s
 	e.mu.Unlock()
+	e.events.Load(rec.Name, rec.Request.Labels)
 	e.lifecycle(rec.Name, "adopted", nil)
 	return nil
 }

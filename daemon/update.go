@@ -28,6 +28,13 @@ import (
 // adopt (it re-applies the update), so the restarted daemon enforces the
 // old policy (crash before the record) or the new one, never a mix.
 func (e *Daemon) UpdatePolicy(ctx context.Context, name string, u api.PolicyUpdate, replace bool) (info api.SessionInfo, err error) {
+	recorded := false
+	defer func() {
+		if err != nil && !recorded {
+			d := map[string]any{"allow": u.Allow, "scope": stripScopes(u.Scope), "revoke": stripScopes(u.Revoke), "egress": u.Egress, "replace": replace}
+			e.recordCall(ctx, name, "policy_update_failed", d, err)
+		}
+	}()
 	s, err := e.reserve(name, true)
 	if err != nil {
 		return info, err
@@ -50,6 +57,8 @@ func (e *Daemon) UpdatePolicy(ctx context.Context, name string, u api.PolicyUpda
 	if err != nil {
 		return info, err
 	}
+	// Stored and shown without the credentials a scope URL may carry.
+	req.Scope = stripScopes(req.Scope)
 	if policy.Egress == netpolicy.ModeNone {
 		return info, badRequest(errors.New("egress none: a session's egress cannot change to none (it has a network interface); give egress allowlist with no entries to cut all egress"))
 	}
@@ -109,12 +118,8 @@ func (e *Daemon) UpdatePolicy(ctx context.Context, name string, u api.PolicyUpda
 		"lab_peers": policy.LabPeers, "replace": replace, "keep_established": u.KeepEstablished,
 		"flows_cut": cut, "attested_removed": len(upd.Stale),
 	}
-	if cutErr != nil {
-		detail["error"] = cutErr.Error()
-	}
-	e.lifecycle(name, "policy_updated", detail)
-	e.log.Info("session policy updated", "session", name, "generation", rec.Generation, "egress", policy.Egress,
-		"allow", entryStrings(policy.Allow), "flows_cut", cut)
+	recorded = true
+	e.recordCall(ctx, name, "policy_updated", detail, cutErr)
 	if cutErr != nil {
 		return e.summary(next), fmt.Errorf("policy of %s updated (generation %d), but its established flows may survive: %w", name, rec.Generation, cutErr)
 	}

@@ -154,7 +154,12 @@ func TestE2EEvents(t *testing.T) {
 		t.Errorf("events --follow still runs 5s after the session was removed")
 		cmd.Process.Kill()
 	}
-	e.expectFail(1, "session", "events", "ev")
+	// Removed: its events stay readable for the daemon's retention; a name
+	// never used has none.
+	if evs := e2eParseEvents(t, "ev", e.cli("session", "events", "ev")); len(evs) == 0 || !evs[len(evs)-1].is("lifecycle", "deleted", "") {
+		t.Errorf("events of the removed session: %+v, want them ending with deleted", evs)
+	}
+	e.expectFail(1, "session", "events", "never")
 }
 
 func TestE2ELabels(t *testing.T) {

@@ -24,7 +24,7 @@ import (
 func ParseScope(rawURL string, g *Guard) (Entry, error) {
 	e, err := parseScope(strings.TrimSpace(rawURL), g)
 	if err != nil {
-		return Entry{}, fmt.Errorf("scope %q: %w", rawURL, err)
+		return Entry{}, fmt.Errorf("scope %q: %w", StripUserinfo(rawURL), err)
 	}
 	e.NoHints = e.Kind == KindHost
 	return e, nil
@@ -53,7 +53,7 @@ func parseScope(s string, g *Guard) (Entry, error) {
 	case hasScheme && (rest == "" || rest[0] < '0' || rest[0] > '9'):
 		// "mailto:x", "blob:https://...", "host:" are neither
 		// scheme://host nor host:port.
-		return Entry{}, fmt.Errorf(`%q is neither scheme://host nor host:port`, s)
+		return Entry{}, fmt.Errorf(`%q is neither scheme://host nor host:port`, StripUserinfo(s))
 	default:
 		s = strings.TrimPrefix(s, "//")
 	}
@@ -61,14 +61,14 @@ func parseScope(s string, g *Guard) (Entry, error) {
 		s = s[:i]
 	}
 	if strings.Contains(s, `\`) {
-		return Entry{}, fmt.Errorf(`'\' in the host part %q; browsers read it as '/', other parsers as part of the host, so they would connect to different hosts`, s)
+		return Entry{}, fmt.Errorf(`'\' in the host part %q; browsers read it as '/', other parsers as part of the host, so they would connect to different hosts`, StripUserinfo(s))
 	}
 	switch strings.Count(s, "@") {
 	case 0:
 	case 1:
 		s = s[strings.IndexByte(s, '@')+1:]
 	default:
-		return Entry{}, fmt.Errorf("more than one '@' in %q; parsers disagree on where the host starts", s)
+		return Entry{}, fmt.Errorf("more than one '@' before the host %q; parsers disagree on where the host starts", StripUserinfo(s))
 	}
 	s = strings.TrimSuffix(s, ":") // "host:" has an empty, hence default, port
 	if s == "" {

@@ -625,7 +625,7 @@ func TestScopeAmbiguities(t *testing.T) {
 		{`http://trusted.example\@evil.example:8443/`, `scope "http://trusted.example\\@evil.example:8443/": '\' in the host part "trusted.example\\@evil.example:8443"; browsers read it as '/', other parsers as part of the host, so they would connect to different hosts`},
 		{`trusted.example\@evil.example`, `scope "trusted.example\\@evil.example": '\' in the host part "trusted.example\\@evil.example"; browsers read it as '/', other parsers as part of the host, so they would connect to different hosts`},
 		{`ssh://a.example\b@c.example`, `scope "ssh://a.example\\b@c.example": '\' in the host part "a.example\\b@c.example"; browsers read it as '/', other parsers as part of the host, so they would connect to different hosts`},
-		{`http://a@b@c.example/`, `scope "http://a@b@c.example/": more than one '@' in "a@b@c.example"; parsers disagree on where the host starts`},
+		{`http://a@b@c.example/`, `scope "http://c.example/": more than one '@' before the host "c.example"; parsers disagree on where the host starts`},
 		{"http://example\t.\norg", `scope "http://example\t.\norg": a tab or newline in the URL; browsers delete them, which can join two words into one host`},
 		{"file://example.com/x", `scope "file://example.com/x": a file: URL names no network host`},
 		// 2. The scheme is never the host.

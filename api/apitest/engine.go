@@ -30,6 +30,13 @@ type Engine struct {
 	execs    []api.ExecRequest
 	events   map[string][]api.Event
 	subs     map[string][]chan api.Event
+	allSubs  []allSub
+}
+
+// allSub is a follower of every session's events carrying a label.
+type allSub struct {
+	key, value string
+	ch         chan api.Event
 }
 
 // New returns an empty engine.
@@ -64,6 +71,19 @@ func (f *Engine) recordLocked(ev api.Event) {
 	for _, ch := range f.subs[ev.Session] {
 		ch <- ev // buffered; tests record few events
 	}
+	for _, s := range f.allSubs {
+		if f.labelledLocked(ev.Session, s.key, s.value) {
+			s.ch <- ev
+		}
+	}
+}
+
+func (f *Engine) labelledLocked(session, key, value string) bool {
+	if key == "" {
+		return true
+	}
+	v, ok := f.sessions[session].Labels[key]
+	return ok && v == value
 }
 
 func (f *Engine) Create(ctx context.Context, req api.CreateRequest) (api.SessionInfo, error) {
@@ -92,7 +112,11 @@ func (f *Engine) Create(ctx context.Context, req api.CreateRequest) (api.Session
 		Created: time.Date(2025, 1, 2, 3, 0, 0, 0, time.UTC),
 	}
 	f.sessions[req.Name] = info
-	f.recordLocked(api.Event{Session: req.Name, Kind: api.EventKindLifecycle, Action: "created"})
+	ev := api.Event{Time: time.Now().UTC(), Session: req.Name, Kind: api.EventKindLifecycle, Action: "created"}
+	if c, ok := api.CallerFrom(ctx); ok {
+		ev.Caller = &c
+	}
+	f.recordLocked(ev)
 	return info, nil
 }
 
@@ -193,6 +217,36 @@ func (f *Engine) Why(ctx context.Context, name, dest string) (api.WhyAnswer, err
 		}
 	}
 	return ans, nil
+}
+
+func (f *Engine) AllEvents(ctx context.Context, key, value string, follow bool) ([]api.Event, <-chan api.Event, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var recorded []api.Event
+	for name, evs := range f.events {
+		if _, live := f.sessions[name]; live && f.labelledLocked(name, key, value) {
+			recorded = append(recorded, evs...)
+		}
+	}
+	sort.SliceStable(recorded, func(i, j int) bool { return recorded[i].Time.Before(recorded[j].Time) })
+	if !follow {
+		return recorded, nil, nil
+	}
+	ch := make(chan api.Event, 64)
+	f.allSubs = append(f.allSubs, allSub{key: key, value: value, ch: ch})
+	go func() {
+		<-ctx.Done()
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		for i, s := range f.allSubs {
+			if s.ch == ch {
+				f.allSubs = append(f.allSubs[:i], f.allSubs[i+1:]...)
+				close(ch)
+				return
+			}
+		}
+	}()
+	return recorded, ch, nil
 }
 
 func (f *Engine) Healthy() error { return f.Unhealthy }

@@ -583,20 +583,26 @@ func (c *cli) sessionRemove(glob *globalOpts) *cobra.Command {
 
 // ---- events ---------------------------------------------------------------
 
-const eventsLong = `Print the session's recorded events (DNS decisions and lifecycle) as NDJSON;
-with --follow keep printing new ones until the session is removed or the
-command is interrupted.`
+const eventsLong = `Print the session's recorded events (DNS decisions, lifecycle and API calls
+with their caller) as NDJSON; with --follow keep printing new ones until the
+session is removed or the command is interrupted. --follow exits 1 when the
+daemon stops or dies. A removed session's events stay readable for the
+daemon's --events-retention.`
 
 func (c *cli) sessionEvents(glob *globalOpts) *cobra.Command {
-	var follow bool
+	var (
+		follow bool
+		since  sinceFlag
+	)
 	cmd := &cobra.Command{
-		Use:               "events NAME [--follow]",
+		Use:               "events NAME [--follow] [--since TIME]",
 		Short:             "print a session's events (NDJSON)",
 		Long:              eventsLong,
 		Args:              cobra.ArbitraryArgs,
 		ValidArgsFunction: c.completeSessions(glob, 1),
 	}
 	cmd.Flags().BoolVar(&follow, "follow", false, "keep printing new events")
+	cmd.Flags().Var(&since, "since", "only events at or after `TIME` (RFC 3339, or a duration before now such as 10m)")
 	cmd.Flags().Bool("json", false, "print NDJSON (the only format of events; accepted for symmetry)")
 	cmd.RunE = func(_ *cobra.Command, args []string) error {
 		const name = "enforcerd session events"
@@ -604,13 +610,7 @@ func (c *cli) sessionEvents(glob *globalOpts) *cobra.Command {
 		if err != nil {
 			return err
 		}
-		ctx, cancel := signalContext()
-		defer cancel()
-		err = api.NewClient(c.socketPath(glob)).EventsTo(ctx, sessionName, follow, c.stdout)
-		if err != nil && ctx.Err() == nil {
-			return refusedErr(name, err)
-		}
-		return nil
+		return sessionEventsRun(c, glob, name, sessionName, follow, &since)
 	}
 	return cmd
 }

@@ -45,6 +45,7 @@ type ServeConfig struct {
 	MaxFlows        int              // per-session cap on concurrent tracked flows (> 0)
 	FlowRate        int              // per-session new flows per second (> 0); the burst is twice this
 	MaxAttested     int              // per-session cap on live DNS-attested elements (> 0)
+	EventsRetention time.Duration    // how long a removed session's events are kept (>= 0)
 }
 
 // daemonConfig is the part of the configuration the session lifecycle uses.
@@ -53,6 +54,7 @@ func (c ServeConfig) daemonConfig() daemon.Config {
 		StateDir: c.StateDir, NamePrefix: c.NamePrefix, Pool: c.Pool,
 		Upstreams: c.Upstreams, PublicOverrides: c.PublicOverrides, DNSMinTTL: c.DNSMinTTL,
 		ImagesDirs: c.ImagesDirs, MaxFlows: c.MaxFlows, FlowRate: c.FlowRate, MaxAttested: c.MaxAttested,
+		EventsRetention: c.EventsRetention,
 	}
 }
 
@@ -65,6 +67,7 @@ const (
 	defaultMaxFlows   = 8192
 	defaultFlowRate   = 2000
 	defaultMaxAttest  = 4096
+	defaultRetention  = "24h"
 )
 
 // The option names, shared by the flags and the TOML keys.
@@ -84,6 +87,7 @@ const (
 	optMaxFlows       = "max-flows"
 	optFlowRate       = "flow-rate"
 	optMaxAttested    = "max-attested"
+	optRetention      = "events-retention"
 )
 
 // fileConfig is the TOML configuration file; its keys are the flag names.
@@ -102,6 +106,7 @@ type fileConfig struct {
 	MaxFlows       int64    `toml:"max-flows"`
 	FlowRate       int64    `toml:"flow-rate"`
 	MaxAttested    int64    `toml:"max-attested"`
+	Retention      string   `toml:"events-retention"`
 }
 
 // rawOption is one option's unvalidated values and where they came from:
@@ -146,6 +151,7 @@ func defineServeFlags(fs *pflag.FlagSet) *serveFlags {
 	f.single[optMaxFlows] = fs.String(optMaxFlows, "", "per-session cap on concurrent tracked flows `N` (default "+strconv.Itoa(defaultMaxFlows)+")")
 	f.single[optFlowRate] = fs.String(optFlowRate, "", "per-session new flows per second `N`, burst twice that (default "+strconv.Itoa(defaultFlowRate)+")")
 	f.single[optMaxAttested] = fs.String(optMaxAttested, "", "per-session cap on live DNS-attested addresses `N` (default "+strconv.Itoa(defaultMaxAttest)+")")
+	f.single[optRetention] = fs.String(optRetention, "", "keep a removed session's events for `DURATION` (0: remove them with it; default "+defaultRetention+")")
 	return f
 }
 
@@ -221,6 +227,7 @@ func loadConfigFile(path string) (map[string]rawOption, error) {
 	add(optMaxFlows, strconv.FormatInt(fc.MaxFlows, 10))
 	add(optFlowRate, strconv.FormatInt(fc.FlowRate, 10))
 	add(optMaxAttested, strconv.FormatInt(fc.MaxAttested, 10))
+	add(optRetention, fc.Retention)
 	return out, nil
 }
 
@@ -303,6 +310,11 @@ func buildServeConfig(o serveOptions, getenv func(string) string, resolvConf str
 		return cfg, fmt.Errorf("%s %q: want a non-negative duration such as 60s or 5m", origin, ttl)
 	}
 	cfg.DNSMinTTL = d
+
+	ret, origin := o.single(optRetention, defaultRetention)
+	if cfg.EventsRetention, err = time.ParseDuration(ret); err != nil || cfg.EventsRetention < 0 {
+		return cfg, fmt.Errorf("%s %q: want a non-negative duration such as 24h or 30m", origin, ret)
+	}
 
 	ml, origin := o.single(optMetricsListen, "")
 	if ml != "" {
@@ -485,5 +497,6 @@ func (c ServeConfig) LogValue() slog.Value {
 		slog.Int("max_flows", c.MaxFlows),
 		slog.Int("flow_rate", c.FlowRate),
 		slog.Int("max_attested", c.MaxAttested),
+		slog.Duration("events_retention", c.EventsRetention),
 	)
 }

@@ -46,6 +46,7 @@ func TestServeDefaults(t *testing.T) {
 		DNSMinTTL:  60 * time.Second,
 		LogFormat:  "text",
 		MaxFlows:   defaultMaxFlows, FlowRate: defaultFlowRate, MaxAttested: defaultMaxAttest,
+		EventsRetention: 24 * time.Hour,
 	}
 	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("got  %+v\nwant %+v", got, want)
@@ -74,6 +75,7 @@ public-override = ["198.18.0.0/15"]
 dns-min-ttl = "5m"
 metrics-listen = "127.0.0.1:9323"
 log-format = "json"
+events-retention = "90m"
 `)
 	c := newTestCLI(t)
 	c.env["ENFORCERD_SOCKET"] = "/env/enforcerd.sock"
@@ -91,7 +93,8 @@ log-format = "json"
 		MetricsListen:   "127.0.0.1:9323",
 		LogFormat:       "json",
 		MaxFlows:        defaultMaxFlows, FlowRate: defaultFlowRate, MaxAttested: defaultMaxAttest,
-		ConfigFile: file,
+		EventsRetention: 90 * time.Minute,
+		ConfigFile:      file,
 	}
 	if !reflect.DeepEqual(fromFile, want) {
 		t.Fatalf("config file:\n got  %+v\nwant %+v", fromFile, want)
@@ -157,6 +160,7 @@ func TestServeConfigErrors(t *testing.T) {
 		{[]string{"--public-override", "198.18.0.1/15"}, `--public-override "198.18.0.1/15": want a network CIDR such as 198.18.0.0/15`},
 		{[]string{"--dns-min-ttl", "-1s"}, `--dns-min-ttl "-1s": want a non-negative duration such as 60s or 5m`},
 		{[]string{"--dns-min-ttl", "60"}, `--dns-min-ttl "60": want a non-negative duration such as 60s or 5m`},
+		{[]string{"--events-retention", "1d"}, `--events-retention "1d": want a non-negative duration such as 24h or 30m`},
 		{[]string{"--metrics-listen", "9323"}, `--metrics-listen "9323": want host:port such as 127.0.0.1:9323 or :9323`},
 		{[]string{"--metrics-listen", "localhost:http"}, `--metrics-listen "localhost:http": want a numeric port 0-65535`},
 		{[]string{"--log-format", "xml"}, `--log-format "xml": want text or json`},
