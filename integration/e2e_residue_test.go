@@ -163,7 +163,10 @@ func e2eNftRead(t *testing.T, w *world.World, prefix string) (bool, map[string][
 				continue
 			}
 			key := el.Key
-			if s.Name == "sessions" { // ifname (16 bytes) . guest
+			switch s.Name {
+			case "ifaces": // map host veth name : the guest's address
+				key = el.Val
+			case "sessions": // ifname (16 bytes) . guest
 				if len(key) < 20 {
 					continue
 				}
