@@ -3,7 +3,6 @@ package api
 import (
 	"bytes"
 	"context"
-	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -217,51 +216,4 @@ func (c *Client) Version(ctx context.Context) (VersionInfo, error) {
 	var v VersionInfo
 	err := c.call(ctx, http.MethodGet, Prefix+"/version", nil, &v)
 	return v, err
-}
-
-// Exec runs a command and copies its streamed output to stdout and
-// stderr. It returns the command's exit status, or an *ExecError when the
-// daemon ended the stream with an error frame (timeout: ExitTimeout).
-func (c *Client) Exec(ctx context.Context, name string, req ExecRequest, stdout, stderr io.Writer) (int, error) {
-	resp, err := c.request(ctx, http.MethodPost, sessionPath(name, "exec"), req)
-	if err != nil {
-		return 0, err
-	}
-	defer resp.Body.Close()
-	dec := json.NewDecoder(resp.Body)
-	for {
-		var f ExecFrame
-		if err := dec.Decode(&f); err != nil {
-			if ctx.Err() != nil {
-				return 0, ctx.Err()
-			}
-			if errors.Is(err, io.EOF) {
-				return 0, errors.New("exec stream ended without an exit status")
-			}
-			return 0, fmt.Errorf("read exec stream: %w", err)
-		}
-		switch {
-		case f.Error != "":
-			exit := ExitEnforcerd
-			if f.Exit != nil {
-				exit = *f.Exit
-			}
-			return exit, &ExecError{Message: f.Error, Exit: exit}
-		case f.Exit != nil:
-			return *f.Exit, nil
-		}
-		data := []byte(f.Data)
-		if f.DataB64 != "" {
-			if data, err = base64.StdEncoding.DecodeString(f.DataB64); err != nil {
-				return 0, fmt.Errorf("read exec stream: bad data_b64: %w", err)
-			}
-		}
-		w := stdout
-		if f.Stream == "stderr" {
-			w = stderr
-		}
-		if _, err := w.Write(data); err != nil {
-			return 0, fmt.Errorf("write %s: %w", f.Stream, err)
-		}
-	}
 }

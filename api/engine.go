@@ -2,7 +2,6 @@ package api
 
 import (
 	"context"
-	"io"
 )
 
 // Engine is what the API serves: the session lifecycle (package daemon
@@ -15,9 +14,19 @@ type Engine interface {
 	List(labelKey, labelValue string) []SessionInfo
 	Inspect(name string) (SessionInfo, error)
 	PolicyEngine
-	// Exec runs a command in the session's sandbox, streaming its output,
-	// and returns its exit status (ErrExecTimeout wrapped on timeout).
-	Exec(ctx context.Context, name string, req ExecRequest, stdout, stderr io.Writer) (int, error)
+	// Exec starts a command in the session's sandbox and returns at once;
+	// the command runs on, whatever becomes of ctx or of the daemon.
+	Exec(ctx context.Context, name string, req ExecRequest) (ExecInfo, error)
+	// ExecOutput calls fn with the exec's frames from offset on (0: the
+	// start; else a frame's Offset), then, once it ended, with its last
+	// frame (Exit). With follow it waits for more until the exec ends or
+	// ctx does; without, it returns when the recorded frames are sent.
+	ExecOutput(ctx context.Context, name, id string, offset int64, follow bool, fn func(ExecFrame) error) error
+	// ListExecs lists the session's execs, oldest first; InspectExec is one.
+	ListExecs(name string) ([]ExecInfo, error)
+	InspectExec(name, id string) (ExecInfo, error)
+	// KillExec kills a running exec's process group and returns it ended.
+	KillExec(name, id string) (ExecInfo, error)
 	// Events returns the recorded events of a session and, when follow is
 	// set, a channel of new ones closed when ctx ends or the session goes.
 	// A session removed within the events' retention still has its

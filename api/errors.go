@@ -24,6 +24,8 @@ var (
 	// ErrOOMKilled: the kernel killed the command for want of memory (the
 	// sandbox's memory limit); Exec returns its status (137) with it.
 	ErrOOMKilled = errors.New("killed: out of memory")
+	// ErrUnknownExec: no exec of that ID in the session.
+	ErrUnknownExec = errors.New("unknown exec")
 	// ErrUnavailable: the daemon is up but cannot serve the request now
 	// (unhealthy). Only the client returns it.
 	ErrUnavailable = errors.New("daemon unavailable")
@@ -37,6 +39,7 @@ var statusTable = []struct {
 }{
 	{ErrBadRequest, http.StatusBadRequest},
 	{ErrNotFound, http.StatusNotFound},
+	{ErrUnknownExec, http.StatusNotFound},
 	{ErrNameTaken, http.StatusConflict},
 	{ErrStaleGeneration, http.StatusConflict},
 	{ErrLocked, http.StatusConflict},

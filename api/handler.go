@@ -13,7 +13,6 @@ import (
 	"strings"
 	"sync"
 	"time"
-	"unicode/utf8"
 )
 
 // maxRequestBody bounds every request body; larger ones get 413.
@@ -58,9 +57,12 @@ func NewHandler(e Engine, opts HandlerOptions) http.Handler {
 	}))
 	mux.HandleFunc(Prefix+"/sessions/{name}/policy", a.methods(map[string]http.HandlerFunc{"PUT": a.policyPut, "PATCH": a.policyPatch}))
 	mux.HandleFunc(Prefix+"/sessions/{name}/exec", a.methods(map[string]http.HandlerFunc{"POST": a.exec}))
+	mux.HandleFunc(Prefix+"/sessions/{name}/execs", a.methods(map[string]http.HandlerFunc{"GET": a.execList}))
+	mux.HandleFunc(Prefix+"/sessions/{name}/execs/{id}", a.methods(map[string]http.HandlerFunc{"GET": a.execInspect, "DELETE": a.execKill}))
+	mux.HandleFunc(Prefix+"/sessions/{name}/execs/{id}/output", a.methods(map[string]http.HandlerFunc{"GET": a.execOutput}))
 	mux.HandleFunc(Prefix+"/sessions/{name}/events", a.methods(map[string]http.HandlerFunc{"GET": a.events}))
-	mux.HandleFunc(Prefix+"/events", a.methods(map[string]http.HandlerFunc{"GET": a.allEvents}))
 	mux.HandleFunc(Prefix+"/sessions/{name}/why", a.methods(map[string]http.HandlerFunc{"GET": a.why}))
+	mux.HandleFunc(Prefix+"/events", a.methods(map[string]http.HandlerFunc{"GET": a.allEvents}))
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, fmt.Sprintf("no route %s %s", r.Method, r.URL.Path))
 	})
@@ -462,28 +464,6 @@ func (f *frameWriter) hasStarted() bool {
 	return f.started
 }
 
-// streamWriter is the io.Writer of one stream.
-type streamWriter struct {
-	f      *frameWriter
-	stream string
-}
-
-func (s streamWriter) Write(p []byte) (int, error) {
-	if len(p) == 0 {
-		return 0, nil
-	}
-	fr := ExecFrame{Stream: s.stream}
-	if utf8.Valid(p) {
-		fr.Data = string(p)
-	} else {
-		fr.DataB64 = base64.StdEncoding.EncodeToString(p)
-	}
-	if err := s.f.frame(fr); err != nil {
-		return 0, err
-	}
-	return len(p), nil
-}
-
 func (a *server) exec(w http.ResponseWriter, r *http.Request) {
 	var req ExecRequest
 	if status, err := decodeBody(w, r, &req); err != nil {
@@ -501,26 +481,18 @@ func (a *server) exec(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	name := r.PathValue("name")
-	fw := newFrameWriter(w)
-	code, err := a.e.Exec(r.Context(), name, req, streamWriter{fw, "stdout"}, streamWriter{fw, "stderr"})
-	switch {
-	case err == nil:
-		_ = fw.frame(ExecFrame{Exit: &code})
-	case errors.Is(err, ErrExecTimeout):
-		exit := ExitTimeout
-		_ = fw.frame(ExecFrame{Error: OneLine(err.Error()), Exit: &exit})
-	case errors.Is(err, ErrNotStarted), errors.Is(err, ErrOOMKilled):
-		// The command never started (not found 127, cannot be run 126), or
-		// the kernel killed it at the memory limit (137): the caller's
-		// mistake or the sandbox's limit, not the daemon's failure.
-		_ = fw.frame(ExecFrame{Error: OneLine(err.Error()), Exit: &code})
-	case !fw.hasStarted() && StatusOf(err) < 500:
+	info, err := a.e.Exec(r.Context(), name, req)
+	if err != nil {
 		a.fail(w, r, err) // refused before anything ran: a plain JSON error
-	default:
-		if r.Context().Err() == nil {
-			a.log.Error("exec failed", "session", name, "err", err)
-		}
-		exit := ExitEnforcerd
-		_ = fw.frame(ExecFrame{Error: OneLine(err.Error()), Exit: &exit})
+		return
 	}
+	if req.Detach {
+		writeJSONStatus(w, http.StatusOK, info)
+		return
+	}
+	fw := newFrameWriter(w)
+	if fw.frame(ExecFrame{ExecID: info.ID}) != nil {
+		return
+	}
+	a.streamExec(fw, r, name, info.ID, 0, true)
 }

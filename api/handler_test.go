@@ -177,6 +177,26 @@ func readExecFrames(t *testing.T, r io.Reader) []api.ExecFrame {
 
 func intPtr(i int) *int { return &i }
 
+// outputFrames checks that an exec stream starts with its exec_id frame
+// and that the offsets grow, and returns the rest without the offsets.
+func outputFrames(t *testing.T, frames []api.ExecFrame) []api.ExecFrame {
+	t.Helper()
+	if len(frames) == 0 || frames[0].ExecID == "" || frames[0].Stream != "" {
+		t.Fatalf("first frame %+v: want the exec_id alone", frames)
+	}
+	var last int64
+	out := frames[1:]
+	for i := range out {
+		if out[i].Stream != "" {
+			if out[i].Offset <= last {
+				t.Fatalf("frame %d: offset %d after %d", i, out[i].Offset, last)
+			}
+			last, out[i].Offset = out[i].Offset, 0
+		}
+	}
+	return out
+}
+
 func TestAPIExecFrames(t *testing.T) {
 	f := apitest.New()
 	f.Create(context.Background(), api.CreateRequest{Name: "s1", Rootfs: "/r"})
@@ -236,7 +256,7 @@ func TestAPIExecFrames(t *testing.T) {
 			if resp.StatusCode != 200 || resp.Header.Get("Content-Type") != "application/x-ndjson" {
 				t.Fatalf("status %d, type %q", resp.StatusCode, resp.Header.Get("Content-Type"))
 			}
-			got := readExecFrames(t, resp.Body)
+			got := outputFrames(t, readExecFrames(t, resp.Body))
 			if !reflect.DeepEqual(got, tc.want) {
 				gj, _ := json.Marshal(got)
 				wj, _ := json.Marshal(tc.want)
@@ -302,8 +322,11 @@ func TestAPIExecStreams(t *testing.T) {
 	}
 	defer resp.Body.Close()
 	br := bufio.NewReader(resp.Body)
+	if line, err := br.ReadString('\n'); err != nil || !strings.HasPrefix(line, `{"exec_id":"`) {
+		t.Fatalf("id frame %q, %v", line, err)
+	}
 	line, err := br.ReadString('\n')
-	if err != nil || line != `{"stream":"stdout","data":"first\n"}`+"\n" {
+	if err != nil || line != `{"stream":"stdout","data":"first\n","offset":1}`+"\n" {
 		t.Fatalf("first frame %q, %v", line, err)
 	}
 	close(release)

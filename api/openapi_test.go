@@ -48,6 +48,10 @@ var routes = []string{
 	"PUT /v1/sessions/{name}/policy",
 	"PATCH /v1/sessions/{name}/policy",
 	"POST /v1/sessions/{name}/exec",
+	"GET /v1/sessions/{name}/execs",
+	"GET /v1/sessions/{name}/execs/{id}",
+	"DELETE /v1/sessions/{name}/execs/{id}",
+	"GET /v1/sessions/{name}/execs/{id}/output",
 	"GET /v1/sessions/{name}/events",
 	"GET /v1/events",
 	"GET /v1/sessions/{name}/why",
@@ -208,6 +212,7 @@ var schemaTypes = map[string]reflect.Type{
 	"Counters":       reflect.TypeFor[api.Counters](),
 	"ExecRequest":    reflect.TypeFor[api.ExecRequest](),
 	"ExecFrame":      reflect.TypeFor[api.ExecFrame](),
+	"ExecInfo":       reflect.TypeFor[api.ExecInfo](),
 	"Event":          reflect.TypeFor[api.Event](),
 	"Caller":         reflect.TypeFor[api.Caller](),
 	"WhyAnswer":      reflect.TypeFor[api.WhyAnswer](),
@@ -385,7 +390,8 @@ type exchange struct {
 	check func(t *testing.T, body []byte)
 }
 
-// execFrames decodes an exec stream.
+// execFrames decodes an exec stream, without the exec_id line a POST's
+// stream starts with.
 func execFrames(t *testing.T, body []byte) []api.ExecFrame {
 	t.Helper()
 	var out []api.ExecFrame
@@ -393,6 +399,9 @@ func execFrames(t *testing.T, body []byte) []api.ExecFrame {
 	for {
 		var f api.ExecFrame
 		if err := dec.Decode(&f); errors.Is(err, io.EOF) {
+			if len(out) > 0 && out[0].ExecID != "" {
+				out = out[1:]
+			}
 			return out
 		} else if err != nil {
 			t.Fatalf("exec stream %q: %v", body, err)
@@ -499,6 +508,15 @@ func TestOpenAPIExchanges(t *testing.T) {
 		{method: "POST", path: "/v1/sessions/box/exec", status: 200, body: `{"args":["missing"]}`, check: wantFinal(0, api.ExitNotFound, true)},
 		{method: "POST", path: "/v1/sessions/box/exec", status: 200, body: `{"args":["crash"]}`, check: wantFinal(1, api.ExitEnforcerd, true)},
 		{method: "POST", path: "/v1/sessions/nope/exec", status: 404, body: `{"args":["id"]}`},
+		{method: "POST", path: "/v1/sessions/box/exec", status: 200, body: `{"args":["true"],"detach":true}`},
+		{method: "GET", path: "/v1/sessions/box/execs", status: 200},
+		{method: "GET", path: "/v1/sessions/nope/execs", status: 404},
+		{method: "GET", path: "/v1/sessions/box/execs/0000000000000001", status: 200},
+		{method: "GET", path: "/v1/sessions/box/execs/00000000000000ff", status: 404},
+		{method: "GET", path: "/v1/sessions/box/execs/0000000000000001/output?offset=1&follow=1", status: 200, check: wantFinal(1, 3, false)},
+		{method: "GET", path: "/v1/sessions/box/execs/0000000000000001/output?offset=x", status: 400, invalid: true},
+		{method: "GET", path: "/v1/sessions/box/execs/0000000000000001/output?offset=99", status: 400},
+		{method: "DELETE", path: "/v1/sessions/box/execs/0000000000000001", status: 200},
 		{method: "POST", path: "/v1/sessions/net/exec", status: 409, body: `{"args":["id"]}`},
 		{method: "POST", path: "/v1/sessions/box/exec", status: 400, body: `{"args":["id"],"timeout":"soon"}`},
 		{method: "POST", path: "/v1/sessions/box/exec", status: 400, invalid: true, body: `{"args":[]}`},

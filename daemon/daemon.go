@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"net/netip"
+	"os"
 	"sync"
 	"time"
 
@@ -87,7 +88,9 @@ type Sandboxes interface {
 	Create(spec container.Spec) error
 	Destroy(name string) error
 	Exists(name string) bool
-	Exec(ctx context.Context, name string, spec container.ExecSpec) (int, error)
+	// StartHeld starts a holder process that runs spec in the sandbox and
+	// records its output and status in dir (see container.StartHeld).
+	StartHeld(dir string, spec container.HeldSpec) (*os.Process, error)
 	// Reap removes every sandbox of the prefix not in keep.
 	Reap(keep map[string]bool) ([]string, error)
 }
@@ -142,6 +145,8 @@ type Daemon struct {
 	mu       sync.Mutex // protects sessions and pending
 	sessions map[string]*liveSession
 	pending  map[string]bool // names whose create or delete is in flight
+
+	held heldWatch // the execs whose end this daemon watches (execs.go)
 }
 
 // New returns a daemon over the given parts. It changes nothing: call

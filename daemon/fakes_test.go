@@ -10,10 +10,10 @@ package daemon
 // not run, since its named error is still nil).
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"net/netip"
+	"os"
 	"slices"
 	"sort"
 	"strings"
@@ -397,8 +397,8 @@ func (f *fakeSandboxes) Destroy(name string) error {
 
 func (f *fakeSandboxes) Exists(name string) bool { _, ok := f.boxes[name]; return ok }
 
-func (f *fakeSandboxes) Exec(context.Context, string, container.ExecSpec) (int, error) {
-	return 0, errors.New("the fake runs nothing")
+func (f *fakeSandboxes) StartHeld(string, container.HeldSpec) (*os.Process, error) {
+	return nil, errors.New("the fake runs nothing")
 }
 
 func (f *fakeSandboxes) Reap(keep map[string]bool) ([]string, error) {

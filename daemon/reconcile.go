@@ -76,6 +76,7 @@ func (e *Daemon) Reconcile() error {
 	if err != nil {
 		e.log.Error("reap sandboxes", "err", err)
 	}
+	e.adoptExecs()
 	for _, k := range keys {
 		if !adopted[k.Guest] {
 			e.log.Warn("reaping orphaned rules", "guest", k.Guest.String(), "iface", k.HostIface)

@@ -28,6 +28,7 @@ type Engine struct {
 	sessions map[string]api.SessionInfo
 	creates  []api.CreateRequest
 	execs    []api.ExecRequest
+	runs     execRuns // the execs started, by ID (execs.go)
 	events   map[string][]api.Event
 	subs     map[string][]chan api.Event
 	allSubs  []allSub
@@ -169,23 +170,25 @@ func (f *Engine) Inspect(name string) (api.SessionInfo, error) {
 	return s, nil
 }
 
-func (f *Engine) Exec(ctx context.Context, name string, req api.ExecRequest, stdout, stderr io.Writer) (int, error) {
+func (f *Engine) Exec(ctx context.Context, name string, req api.ExecRequest) (api.ExecInfo, error) {
 	f.mu.Lock()
 	s, ok := f.sessions[name]
 	f.execs = append(f.execs, req)
 	fn := f.ExecFn
 	f.mu.Unlock()
 	if !ok {
-		return api.ExitEnforcerd, fmt.Errorf("session %q: %w", name, api.ErrNotFound)
+		return api.ExecInfo{}, fmt.Errorf("session %q: %w", name, api.ErrNotFound)
 	}
 	if !s.Sandbox {
-		return api.ExitEnforcerd, fmt.Errorf("session %q was created with --network-only: %w", name, api.ErrNoSandbox)
+		return api.ExecInfo{}, fmt.Errorf("session %q was created with --network-only: %w", name, api.ErrNoSandbox)
 	}
-	if fn != nil {
-		return fn(ctx, name, req, stdout, stderr)
+	if fn == nil {
+		fn = func(_ context.Context, _ string, req api.ExecRequest, stdout, _ io.Writer) (int, error) {
+			fmt.Fprintf(stdout, "ran %s\n", strings.Join(req.Args, " "))
+			return 0, nil
+		}
 	}
-	fmt.Fprintf(stdout, "ran %s\n", strings.Join(req.Args, " "))
-	return 0, nil
+	return f.startExec(name, req, fn), nil
 }
 
 func (f *Engine) Events(ctx context.Context, name string, follow bool) ([]api.Event, <-chan api.Event, error) {

@@ -21,7 +21,7 @@ import (
 )
 
 // sessionSubcommands names the subcommands in the errors of "enforcerd session".
-const sessionSubcommands = "create, exec, ls, inspect, update, rm, events or why"
+const sessionSubcommands = "create, exec, exec-status, logs, ls, inspect, update, rm, events or why"
 
 func (c *cli) sessionCommand(glob *globalOpts) *cobra.Command {
 	cmd := &cobra.Command{
@@ -47,6 +47,8 @@ func (c *cli) sessionCommand(glob *globalOpts) *cobra.Command {
 	cmd.AddCommand(
 		c.sessionCreate(glob),
 		c.sessionExec(glob),
+		c.sessionExecStatus(glob),
+		c.sessionLogs(glob),
 		c.sessionList(glob),
 		c.sessionInspect(glob),
 		c.sessionUpdate(glob),
@@ -343,7 +345,16 @@ after NAME that is not an option. The exit status is the command's, 124 when
 it timed out, 125 when enforcerd itself failed (including an unknown session
 or one without a sandbox), 127 when the command is not found and 126 when it
 cannot be run (not executable, a directory, or the sandbox's pids limit
-reached).`
+reached).
+
+The command runs in a holder process of its own: it keeps running when the
+daemon restarts or is killed, and this program reconnects (for up to 60 s)
+and resumes the output where it stopped, so the output and the exit status
+are those of an uninterrupted run. Interrupting this program (Ctrl-C) kills
+the command. --detach prints the exec's ID and returns at once; --attach ID
+follows an exec's output from its start and exits with its status
+(interrupting it leaves the command running); see also "session logs" and
+"session exec-status". --stdin is sent when the command starts only.`
 
 // maxExecStdin bounds --stdin: the request body is limited to 1 MiB.
 const maxExecStdin = 512 << 10
@@ -354,9 +365,11 @@ func (c *cli) sessionExec(glob *globalOpts) *cobra.Command {
 		env       kvFlag
 		timeout   durationFlag
 		withStdin bool
+		detach    bool
+		attach    string
 	)
 	cmd := &cobra.Command{
-		Use:               "exec NAME [options] -- CMD [ARG]...",
+		Use:               "exec NAME [options] -- CMD [ARG]... | exec NAME --attach ID",
 		Short:             "run a command in a session's sandbox",
 		Long:              execLong,
 		Args:              cobra.ArbitraryArgs,
@@ -368,6 +381,8 @@ func (c *cli) sessionExec(glob *globalOpts) *cobra.Command {
 	fs.StringVar(&req.Dir, "workdir", "", "run in the directory `DIR` of the sandbox")
 	fs.StringVar(&req.User, "user", "", "run as `USER` (name or uid[:gid]) of the sandbox")
 	fs.BoolVar(&withStdin, "stdin", false, "send this program's standard input (at most 512 KiB) to the command")
+	fs.BoolVar(&detach, "detach", false, "start the command, print its exec ID and return")
+	fs.StringVar(&attach, "attach", "", "follow the output of the exec `ID` and exit with its status")
 	// Parsing stops at NAME; RunE parses the options after it up to the
 	// command, so that the command's own options stay its own.
 	fs.SetInterspersed(false)
@@ -388,6 +403,12 @@ func (c *cli) sessionExec(glob *globalOpts) *cobra.Command {
 			return errHelpShown
 		}
 		command := fs.Args()
+		if attach != "" {
+			if len(command) > 0 || detach {
+				return usageErr(name, "--attach %s: give no command and no --detach (it follows an exec already started)", attach)
+			}
+			return c.attachExec(glob, name, sessionName, attach)
+		}
 		if len(command) == 0 {
 			return usageErr(name, "missing command after NAME %q (enforcerd session exec NAME -- CMD [ARG]...)", sessionName)
 		}
@@ -409,21 +430,24 @@ func (c *cli) sessionExec(glob *globalOpts) *cobra.Command {
 
 		ctx, cancel := signalContext()
 		defer cancel()
-		code, err := api.NewClient(c.socketPath(glob)).Exec(ctx, sessionName, req, c.stdout, c.stderr)
-		if err != nil {
-			if ctx.Err() != nil {
-				return &exitError{code: exitInterrupt, msg: name + ": interrupted"}
+		client := api.NewClient(c.socketPath(glob))
+		if detach {
+			info, err := client.ExecDetach(ctx, sessionName, req)
+			if err != nil {
+				return &exitError{code: api.ExitEnforcerd, msg: name + ": " + err.Error()}
 			}
-			var fe *api.ExecError
-			if errors.As(err, &fe) && fe.Exit != 0 {
-				return &exitError{code: fe.Exit, msg: name + ": " + fe.Message}
-			}
-			return &exitError{code: api.ExitEnforcerd, msg: name + ": " + err.Error()}
+			fmt.Fprintln(c.stdout, info.ID)
+			return nil
 		}
-		if code != 0 {
-			return &exitError{code: code}
+		var id string
+		code, err := client.ExecWith(ctx, sessionName, req, c.stdout, c.stderr, api.ExecOptions{Started: func(s string) { id = s }})
+		if err != nil && ctx.Err() != nil && id != "" {
+			// Interrupted: the command would run on without this program.
+			kctx, kcancel := context.WithTimeout(context.Background(), 10*time.Second)
+			_, _ = client.KillExec(kctx, sessionName, id)
+			kcancel()
 		}
-		return nil
+		return execResult(name, ctx, code, err)
 	}
 	return cmd
 }

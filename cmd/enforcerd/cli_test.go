@@ -77,8 +77,9 @@ func TestCLIUsageErrors(t *testing.T) {
 		{[]string{"serve", "--pool"}, "enforcerd serve: flag needs an argument: --pool"},
 		{[]string{"reap", "--name-prefix", "Enf"}, `enforcerd reap: --name-prefix: invalid prefix "Enf": character 'E' not allowed; want 1 to 6 characters of a-z and 0-9, starting with a letter`},
 		{[]string{"reap", "x"}, `enforcerd reap: unexpected argument "x" (reap takes options only)`},
-		{[]string{"session"}, "enforcerd session: missing subcommand (create, exec, ls, inspect, update, rm, events or why)"},
-		{[]string{"session", "bogus"}, `enforcerd session: unknown subcommand "bogus" (create, exec, ls, inspect, update, rm, events or why)`},
+		{[]string{"session"}, "enforcerd session: missing subcommand (create, exec, exec-status, logs, ls, inspect, update, rm, events or why)"},
+		{[]string{"session", "bogus"}, `enforcerd session: unknown subcommand "bogus"; did you mean "logs"?`},
+		{[]string{"session", "frobnicate"}, `enforcerd session: unknown subcommand "frobnicate" (create, exec, exec-status, logs, ls, inspect, update, rm, events or why)`},
 		{[]string{"session", "--json", "ls"}, "enforcerd session: flag --json before the subcommand (flags go after it)"},
 		{[]string{"session", "create"}, "enforcerd session create: missing session NAME"},
 		{[]string{"session", "create", "--network-only"}, "enforcerd session create: missing session NAME"},
@@ -119,7 +120,7 @@ func TestCLIUsageErrors(t *testing.T) {
 		{[]string{"--socket", "/x", "serv"}, `enforcerd: unknown command "serv"; did you mean "serve"?`},
 		{[]string{"session", "craete", "s1"}, `enforcerd session: unknown subcommand "craete"; did you mean "create"?`},
 		{[]string{"help", "sesion"}, `enforcerd help: unknown command "sesion"; did you mean "session"?`},
-		{[]string{"help", "session", "bogus"}, `enforcerd help: unknown subcommand of enforcerd session "bogus" (run 'enforcerd session --help')`},
+		{[]string{"help", "session", "bogus"}, `enforcerd help: unknown subcommand of enforcerd session "bogus"; did you mean "logs"?`},
 		// Long options take two dashes; a single dash is a shorthand.
 		{[]string{"session", "ls", "-json"}, "enforcerd session ls: flag provided but not defined: -j (long options take two dashes, as in --json)"},
 		{[]string{"session", "exec", "s1", "-x", "--", "ls"}, "enforcerd session exec: flag provided but not defined: -x"},
@@ -236,7 +237,7 @@ func TestCLICompletion(t *testing.T) {
 		args []string
 		want []string
 	}{
-		{[]string{"session", ""}, []string{"create", "events", "exec", "inspect", "ls", "rm", "update", "why"}},
+		{[]string{"session", ""}, []string{"create", "events", "exec", "exec-status", "inspect", "logs", "ls", "rm", "update", "why"}},
 		{[]string{"se"}, []string{"serve", "session"}},
 		{[]string{"session", "create", "s1", "--egress", ""}, []string{"none", "allowlist", "public"}},
 		{[]string{"serve", "--log-format", ""}, []string{"text", "json"}},

@@ -1,0 +1,115 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/enforcerd/enforcerd/api"
+	"github.com/spf13/cobra"
+)
+
+// execResult is the exit of session exec and --attach: the command's
+// status, or that of the error frame with its line, or 125.
+func execResult(name string, ctx context.Context, code int, err error) error {
+	if err != nil {
+		if ctx.Err() != nil {
+			return &exitError{code: exitInterrupt, msg: name + ": interrupted"}
+		}
+		var fe *api.ExecError
+		if errors.As(err, &fe) && fe.Exit != 0 {
+			return &exitError{code: fe.Exit, msg: name + ": " + fe.Message}
+		}
+		return &exitError{code: api.ExitEnforcerd, msg: name + ": " + err.Error()}
+	}
+	if code != 0 {
+		return &exitError{code: code}
+	}
+	return nil
+}
+
+// attachExec follows an exec's output from its start (session exec
+// --attach ID); interrupting it leaves the command running.
+func (c *cli) attachExec(glob *globalOpts, name, session, id string) error {
+	ctx, cancel := signalContext()
+	defer cancel()
+	code, err := api.NewClient(c.socketPath(glob)).Attach(ctx, session, id, 0, c.stdout, c.stderr, api.ExecOptions{})
+	if err != nil && ctx.Err() != nil {
+		return &exitError{code: exitInterrupt, msg: fmt.Sprintf("%s: interrupted; exec %s runs on (enforcerd session exec %s --attach %s)", name, id, session, id)}
+	}
+	return execResult(name, ctx, code, err)
+}
+
+const execStatusLong = `Print an exec of the session as JSON: its ID, args, state (running or
+exited), exit status and error line once exited, start and end times, and
+how much output it recorded. Without ID: every exec of the session, oldest
+first, as a JSON array. Execs are kept until their session is removed.`
+
+func (c *cli) sessionExecStatus(glob *globalOpts) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:               "exec-status NAME [ID]",
+		Short:             "show a session's execs as JSON",
+		Long:              execStatusLong,
+		Args:              cobra.ArbitraryArgs,
+		ValidArgsFunction: c.completeSessions(glob, 1),
+	}
+	cmd.RunE = func(_ *cobra.Command, args []string) error {
+		const name = "enforcerd session exec-status"
+		if len(args) == 0 || len(args) > 2 {
+			return usageErr(name, "want NAME and at most one exec ID, got %d arguments", len(args))
+		}
+		ctx, cancel := signalContext()
+		defer cancel()
+		client := api.NewClient(c.socketPath(glob))
+		if len(args) == 1 {
+			execs, err := client.Execs(ctx, args[0])
+			if err != nil {
+				return refusedErr(name, err)
+			}
+			if execs == nil {
+				execs = []api.ExecInfo{}
+			}
+			return writeJSON(c.stdout, execs)
+		}
+		info, err := client.InspectExec(ctx, args[0], args[1])
+		if err != nil {
+			return refusedErr(name, err)
+		}
+		return writeJSON(c.stdout, info)
+	}
+	return cmd
+}
+
+const logsLong = `Print the output an exec of the session has recorded (its stdout to
+stdout, its stderr to stderr) and exit 0. With --follow, keep printing
+until it ends and exit with its status, as "session exec --attach ID"
+does. An exec records at most 64 MiB of output; beyond that its output is
+discarded, after one line on stderr saying so.`
+
+func (c *cli) sessionLogs(glob *globalOpts) *cobra.Command {
+	var follow bool
+	cmd := &cobra.Command{
+		Use:               "logs NAME ID",
+		Short:             "print an exec's recorded output",
+		Long:              logsLong,
+		Args:              cobra.ArbitraryArgs,
+		ValidArgsFunction: c.completeSessions(glob, 1),
+	}
+	cmd.Flags().BoolVarP(&follow, "follow", "f", false, "follow the output until the exec ends; exit with its status")
+	cmd.RunE = func(_ *cobra.Command, args []string) error {
+		const name = "enforcerd session logs"
+		if len(args) != 2 {
+			return usageErr(name, "want NAME and an exec ID, got %d arguments", len(args))
+		}
+		if follow {
+			return c.attachExec(glob, name, args[0], args[1])
+		}
+		ctx, cancel := signalContext()
+		defer cancel()
+		if _, _, err := api.NewClient(c.socketPath(glob)).Logs(ctx, args[0], args[1], c.stdout, c.stderr); err != nil {
+			return refusedErr(name, err)
+		}
+		return nil
+	}
+	return cmd
+}
