@@ -133,6 +133,7 @@ func sessionElements(r SessionRules) []setElems {
 		setElems{setAcctAccept, []nftables.SetElement{{Key: g}}},
 		setElems{setAcctDrop, []nftables.SetElement{{Key: g}}},
 		setElems{setAcctLimited, []nftables.SetElement{{Key: g}}},
+		setElems{setAcctReturn, []nftables.SetElement{{Key: g}}},
 	)
 	return out
 }

@@ -31,7 +31,7 @@ func TestSessionElements(t *testing.T) {
 		got[se.set] = se.elems
 		order = append(order, se.set)
 	}
-	wantOrder := []string{setSessions, setIfaces, setPublic, setPeers, setStatic, setStaticPorts, setStaticCIDR, setPortHosts, setAcctAccept, setAcctDrop, setAcctLimited}
+	wantOrder := []string{setSessions, setIfaces, setPublic, setPeers, setStatic, setStaticPorts, setStaticCIDR, setPortHosts, setAcctAccept, setAcctDrop, setAcctLimited, setAcctReturn}
 	if len(order) != len(wantOrder) {
 		t.Fatalf("sets = %v, want %v", order, wantOrder)
 	}
@@ -119,7 +119,7 @@ func TestSessionElements(t *testing.T) {
 	for _, se := range sessionElements(r) {
 		sets = append(sets, se.set)
 	}
-	if len(sets) != 5 || sets[0] != setSessions || sets[1] != setIfaces || sets[2] != setAcctAccept || sets[3] != setAcctDrop || sets[4] != setAcctLimited {
+	if len(sets) != 6 || sets[0] != setSessions || sets[1] != setIfaces || sets[2] != setAcctAccept || sets[3] != setAcctDrop || sets[4] != setAcctLimited || sets[5] != setAcctReturn {
 		t.Errorf("allowlist without targets: sets %v", sets)
 	}
 }

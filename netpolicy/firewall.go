@@ -121,6 +121,9 @@ type AttestedAddr struct {
 // whose drop the session's log budget kept out of the log.
 type Counters struct {
 	AcceptedPackets, AcceptedBytes uint64
+	// ReceivedPackets and ReceivedBytes count what was forwarded into the
+	// session: the replies of its flows (a download), and lab peers' traffic.
+	ReceivedPackets, ReceivedBytes uint64
 	DroppedPackets, DroppedBytes   uint64
 	// LimitedPackets counts new flows dropped because the session was at
 	// its flow cap or over its new-flow rate (also in DroppedPackets).

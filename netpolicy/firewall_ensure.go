@@ -19,6 +19,7 @@ func chainDefs() []chainDef {
 	return []chainDef{
 		// Regular chains first: base chains' rules jump to them.
 		{name: chainAccept},
+		{name: chainAcceptReturn},
 		{name: chainDrop},
 		{name: chainDropLimited},
 		{name: chainDropNotAllowed},

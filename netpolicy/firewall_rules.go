@@ -60,7 +60,7 @@ type ruleEnv struct {
 //	forward (filter hook forward, policy accept)
 //	  iifname "P*" goto from_session
 //	  oifname "P*" meta nfproto != ipv4 drop
-//	  oifname "P*" ct state established,related accept     # return traffic into a session
+//	  oifname "P*" ct state established,related goto accept_return  # return traffic into a session
 //	  oifname "P*" goto drop_inbound                       # new connections into sessions
 //	from_session
 //	  ct state established goto accept_session
@@ -97,6 +97,7 @@ type ruleEnv struct {
 //	  ct state new update @flowrate { ip saddr limit rate over RATE/second burst 2*RATE packets } goto drop_limited
 //	accept_new:     jump flow_limit; goto accept_session
 //	accept_session: update @acct_accept { ip saddr }; accept
+//	accept_return:  update @acct_return { ip daddr }; accept  # counted: downloads are replies
 //	drop_session:   update @acct_drop { ip saddr }; drop
 //	drop_limited:   update @acct_limited { ip saddr }; LOG(rate-limit); goto drop_session
 //	drop_not_allowed, drop_port, drop_special, drop_resolver:
@@ -170,7 +171,7 @@ func buildRules(env ruleEnv) []ruleSpec {
 	// forward
 	add(chainForward, fromSession, gotoC(chainFromSession))
 	add(chainForward, toSession, nfprotoIs(false), drop)
-	add(chainForward, toSession, ctStateIn(expr.CtStateBitESTABLISHED|expr.CtStateBitRELATED), accept)
+	add(chainForward, toSession, ctStateIn(expr.CtStateBitESTABLISHED|expr.CtStateBitRELATED), gotoC(chainAcceptReturn))
 	add(chainForward, toSession, gotoC(chainDropInbound))
 
 	// from_session
@@ -232,6 +233,10 @@ func buildRules(env ruleEnv) []ruleSpec {
 	add(chainAcceptNew, gotoC(chainAccept))
 	add(chainAccept, v4, env.update(setAcctAccept))
 	add(chainAccept, accept)
+	// Replies into a session (a download is almost all replies): counted per
+	// guest, the destination here.
+	add(chainAcceptReturn, nfprotoIs(true), env.updateDaddr(setAcctReturn))
+	add(chainAcceptReturn, accept)
 	add(chainDrop, v4, env.update(setAcctDrop))
 	add(chainDrop, drop)
 	// The reason chains. rate-limit's count is acct_limited's.
@@ -437,6 +442,14 @@ func (env ruleEnv) lookupPorts(set string) []expr.Any {
 	ex = append(ex, loadDaddr(reg32(2))...)
 	ex = append(ex, loadDport(reg32(3))...)
 	return append(ex, env.lookup(set, reg32(0), false)...)
+}
+
+// updateDaddr is update keyed by the destination: the guest of a packet
+// going into its session.
+func (env ruleEnv) updateDaddr(set string) []expr.Any {
+	s := env.set(set)
+	ex := loadDaddr(reg1)
+	return append(ex, &expr.Dynset{SrcRegKey: reg1, SetName: s.Name, SetID: s.ID, Operation: unix.NFT_DYNSET_OP_UPDATE})
 }
 
 // update runs "update @set { ip saddr }", creating the element (with the

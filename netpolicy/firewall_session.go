@@ -62,7 +62,7 @@ func (f *Firewall) AddSession(r SessionRules) error {
 
 // sessionSets are the sets RemoveSession scans for a guest's elements.
 var sessionSets = []string{setSessions, setPublic, setPeers, setAttested, setAttestedPorts,
-	setStatic, setStaticPorts, setStaticCIDR, setStaticCIDRPorts, setAcctAccept, setAcctDrop, setAcctLimited,
+	setStatic, setStaticPorts, setStaticCIDR, setStaticCIDRPorts, setAcctAccept, setAcctDrop, setAcctLimited, setAcctReturn,
 	setFlows, setFlowRate, setIfaces, setPortHosts, setPortCIDRs, setPortAttested, setAcctReason, setLogRate}
 
 // datapathSets hold elements the datapath creates (a session's flow budget)
@@ -344,7 +344,7 @@ func (f *Firewall) AllCounters() (map[netip.Addr]Counters, error) {
 	if err != nil {
 		return nil, err
 	}
-	for _, name := range []string{setAcctAccept, setAcctDrop, setAcctLimited} {
+	for _, name := range []string{setAcctAccept, setAcctDrop, setAcctLimited, setAcctReturn} {
 		elems, err := f.listSet(name)
 		if err != nil {
 			return nil, err
@@ -360,6 +360,8 @@ func (f *Firewall) AllCounters() (map[netip.Addr]Counters, error) {
 				c.AcceptedPackets, c.AcceptedBytes = e.Counter.Packets, e.Counter.Bytes
 			case setAcctDrop:
 				c.DroppedPackets, c.DroppedBytes = e.Counter.Packets, e.Counter.Bytes
+			case setAcctReturn:
+				c.ReceivedPackets, c.ReceivedBytes = e.Counter.Packets, e.Counter.Bytes
 			default:
 				c.LimitedPackets = e.Counter.Packets
 				if c.LimitedPackets > 0 {

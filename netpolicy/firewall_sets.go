@@ -33,6 +33,7 @@ const (
 	setAcctAccept      = "acct_accept"       // ipv4_addr with a counter per element: guest
 	setAcctDrop        = "acct_drop"         // ipv4_addr with a counter per element: guest
 	setAcctLimited     = "acct_limited"      // ipv4_addr with a counter per element: new flows over budget
+	setAcctReturn      = "acct_return"       // ipv4_addr with a counter per element: guest, traffic to it (replies)
 	setFlows           = "flows"             // ipv4_addr, dynamic, ct count per element: tracked flows of a guest
 	setFlowRate        = "flowrate"          // ipv4_addr, dynamic, limit per element: new-flow rate of a guest
 	setIfaces          = "ifaces"            // map ifname : mark: host veth -> the guest's address bytes (names the session of a spoofed packet)
@@ -50,6 +51,7 @@ const (
 	chainPostrouting    = "postrouting"
 	chainFromSession    = "from_session"
 	chainAccept         = "accept_session"
+	chainAcceptReturn   = "accept_return"
 	chainDrop           = "drop_session"
 	chainRawPrerouting  = "raw_prerouting"
 	chainRawOutput      = "raw_output"
@@ -122,6 +124,7 @@ func newSchema(tableName string, pool netip.Prefix) *schema {
 	add(&nftables.Set{Name: setAcctAccept, KeyType: nftables.TypeIPAddr, Dynamic: true, Counter: true, Size: size})
 	add(&nftables.Set{Name: setAcctDrop, KeyType: nftables.TypeIPAddr, Dynamic: true, Counter: true, Size: size})
 	add(&nftables.Set{Name: setAcctLimited, KeyType: nftables.TypeIPAddr, Dynamic: true, Counter: true, Size: size})
+	add(&nftables.Set{Name: setAcctReturn, KeyType: nftables.TypeIPAddr, Dynamic: true, Counter: true, Size: size})
 	// The datapath creates these two elements (with their ct count and
 	// limit state); RemoveSession deletes them.
 	add(&nftables.Set{Name: setFlows, KeyType: nftables.TypeIPAddr, Dynamic: true, Size: size})
