@@ -131,6 +131,9 @@ type ExecRequest struct {
 	// string cannot hold bytes that are not UTF-8. Absent: /dev/null.
 	Stdin   []byte `json:"stdin_b64,omitempty"`
 	Timeout string `json:"timeout,omitempty"` // Go duration; "" = none
+	// Detach answers at once with the exec's ExecInfo instead of
+	// streaming its output (read it later from the output route).
+	Detach bool `json:"detach,omitempty"`
 }
 
 // Event is one line of a session's audit stream (NDJSON).
@@ -176,17 +179,45 @@ const (
 // session got no address, where "allowed" means it got some.
 const DNSActionFiltered = "filtered"
 
-// ExecFrame is one NDJSON frame of an exec response. Output is in Data when
-// it is valid UTF-8 and in DataB64 otherwise, so that no byte is lost. The
-// last frame carries Exit, and Error when the command did not end by itself
-// (ExitTimeout) or enforcerd failed (ExitEnforcerd).
+// ExecFrame is one NDJSON frame of an exec response. The first frame of
+// POST .../exec carries only ExecID. Output is in Data when it is valid
+// UTF-8 and in DataB64 otherwise, so that no byte is lost; Offset is where
+// the output stream stands after the frame: GET .../execs/{id}/output with
+// that offset resumes right after it. The last frame carries Exit, and
+// Error when the command did not end by itself (ExitTimeout) or enforcerd
+// failed (ExitEnforcerd).
 type ExecFrame struct {
+	ExecID  string `json:"exec_id,omitempty"`
 	Stream  string `json:"stream,omitempty"` // "stdout" or "stderr"
 	Data    string `json:"data,omitempty"`
 	DataB64 string `json:"data_b64,omitempty"`
+	Offset  int64  `json:"offset,omitempty"`
 	Exit    *int   `json:"exit,omitempty"`
 	Error   string `json:"error,omitempty"`
 }
+
+// ExecInfo is one exec of a session: GET .../execs and .../execs/{id},
+// and the answer of a detached POST .../exec. An exec runs in a holder
+// process of its own: it outlives a restart of the daemon.
+type ExecInfo struct {
+	ID      string   `json:"id"`
+	Session string   `json:"session"`
+	Args    []string `json:"args"`
+	State   string   `json:"state"` // ExecRunning or ExecExited
+	// Exit is the status the exec's last frame carries, once exited.
+	Exit *int `json:"exit,omitempty"`
+	// Error is the last frame's error line, when it has one.
+	Error       string     `json:"error,omitempty"`
+	Started     time.Time  `json:"started"`
+	Ended       *time.Time `json:"ended,omitempty"`
+	OutputBytes int64      `json:"output_bytes"` // the offset the output has reached
+}
+
+// ExecInfo states.
+const (
+	ExecRunning = "running"
+	ExecExited  = "exited"
+)
 
 // Exit statuses an exec frame carries besides the command's own, as
 // container runtimes use them.

@@ -1,11 +1,9 @@
 package daemon
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"maps"
 	"net/netip"
 	"os"
@@ -491,6 +489,9 @@ func (e *Daemon) teardown(rec SessionRecord, rules netpolicy.SessionRules) error
 		if err := e.boxes.Destroy(rec.Name); err != nil {
 			errs = append(errs, fmt.Errorf("destroy sandbox: %w", err))
 		}
+		if err := e.removeExecs(rec.Name); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	if rec.Slot >= 0 {
 		e.dns.Unregister(rec.Guest)
@@ -683,64 +684,6 @@ func (e *Daemon) info(s *liveSession) api.SessionInfo {
 		e.log.Warn("read counters", "session", s.rec.Name, "err", err)
 	}
 	return in
-}
-
-// Exec runs a command in a session's sandbox. Every call is an event
-// with its caller, its args and exit status: exec (the command ran, or
-// did not start), exec_timeout or oom.
-func (e *Daemon) Exec(ctx context.Context, name string, req api.ExecRequest, stdout, stderr io.Writer) (code int, err error) {
-	action, detail := "exec", map[string]any{"args": req.Args}
-	defer func() {
-		detail["exit"] = code
-		e.recordCall(ctx, name, action, detail, err)
-	}()
-	e.mu.Lock()
-	s, ok := e.sessions[name]
-	e.mu.Unlock()
-	if !ok {
-		return 125, fmt.Errorf("session %q: %w", name, api.ErrNotFound)
-	}
-	if !s.rec.Sandbox {
-		return 125, fmt.Errorf("session %q was created with --network-only; join its netns with ip netns exec %s: %w", name, s.rec.Netns, api.ErrNoSandbox)
-	}
-	if len(req.Args) == 0 {
-		return 125, badRequest(errors.New("exec: no command given"))
-	}
-	var timeout time.Duration
-	if req.Timeout != "" {
-		d, err := time.ParseDuration(req.Timeout)
-		if err != nil || d <= 0 {
-			return 125, badRequest(fmt.Errorf("timeout %q: give a positive duration such as 30s", req.Timeout))
-		}
-		timeout = d
-	}
-	spec := container.ExecSpec{
-		Args: req.Args, Env: req.Env, Dir: req.Dir, User: req.User,
-		Stdout: stdout, Stderr: stderr, Timeout: timeout,
-	}
-	if len(req.Stdin) > 0 {
-		spec.Stdin = bytes.NewReader(req.Stdin)
-	}
-	code, err = e.boxes.Exec(ctx, name, spec)
-	var serr *container.StartError
-	if errors.As(err, &serr) {
-		// The command never started: 127 or 126, as container runtimes
-		// say it, with the reason in the one line.
-		return serr.Code, api.Classify(err, api.ErrNotStarted)
-	}
-	var oom *container.OOMError
-	if errors.As(err, &oom) {
-		action, detail["memory_bytes"] = "oom", oom.Limit
-		return code, api.Classify(err, api.ErrOOMKilled)
-	}
-	if errors.Is(err, container.ErrTimeout) {
-		action, detail["timeout"] = "exec_timeout", req.Timeout
-		return 124, fmt.Errorf("exec in %s: %w after %s", name, api.ErrExecTimeout, timeout)
-	}
-	if err != nil {
-		return 125, fmt.Errorf("exec in %s: %w", name, err)
-	}
-	return code, nil
 }
 
 // Events returns a session's recorded events and, with follow, new ones.
