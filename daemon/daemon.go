@@ -93,6 +93,9 @@ type Sandboxes interface {
 	StartHeld(dir string, spec container.HeldSpec) (*os.Process, error)
 	// Reap removes every sandbox of the prefix not in keep.
 	Reap(keep map[string]bool) ([]string, error)
+	// SetHosts rewrites a running sandbox's /etc/hosts with the pinned
+	// entries (a policy update changed them).
+	SetHosts(name string, pinned map[string][]netip.Addr) error
 }
 
 // PinResolver resolves a host's addresses once, for --pin.

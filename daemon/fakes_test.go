@@ -401,6 +401,16 @@ func (f *fakeSandboxes) StartHeld(string, container.HeldSpec) (*os.Process, erro
 	return nil, errors.New("the fake runs nothing")
 }
 
+func (f *fakeSandboxes) SetHosts(name string, pinned map[string][]netip.Addr) error {
+	spec, ok := f.boxes[name]
+	if !ok {
+		return fmt.Errorf("sandbox %s: %w", name, container.ErrNotFound)
+	}
+	spec.Hosts = pinned
+	f.boxes[name] = spec
+	return nil
+}
+
 func (f *fakeSandboxes) Reap(keep map[string]bool) ([]string, error) {
 	var gone []string
 	for name := range f.boxes {

@@ -99,10 +99,22 @@ func (e *Daemon) UpdatePolicy(ctx context.Context, name string, u api.PolicyUpda
 		}
 		return info, err
 	}
+	// What follows the batch cannot undo it: a failure is reported with
+	// the new policy in force.
 	var cutErr error
 	cut := 0
 	if !u.KeepEstablished {
-		cut, cutErr = e.fw.CutFlows(upd)
+		if cut, cutErr = e.fw.CutFlows(upd); cutErr != nil {
+			cutErr = fmt.Errorf("its established flows may survive: %w", cutErr)
+		}
+	}
+	// After the batch: an added pin is allowed before the sandbox's
+	// /etc/hosts names it; a revoked one is dropped before the file
+	// forgets it.
+	if herr := e.setHosts(rec, s.rec.Pinned); herr != nil && cutErr == nil {
+		cutErr = herr
+	} else if herr != nil {
+		e.log.Error("policy updated", "session", name, "err", herr)
 	}
 	rec.Pending = nil
 	next.rec = rec
@@ -121,7 +133,7 @@ func (e *Daemon) UpdatePolicy(ctx context.Context, name string, u api.PolicyUpda
 	recorded = true
 	e.recordCall(ctx, name, "policy_updated", detail, cutErr)
 	if cutErr != nil {
-		return e.summary(next), fmt.Errorf("policy of %s updated (generation %d), but its established flows may survive: %w", name, rec.Generation, cutErr)
+		return e.summary(next), fmt.Errorf("policy of %s updated (generation %d), but: %w", name, rec.Generation, cutErr)
 	}
 	return e.info(next), nil
 }
@@ -234,10 +246,25 @@ func (e *Daemon) finishPending(s *liveSession) error {
 			e.log.Error("completing an interrupted policy update: cut flows", "session", s.rec.Name, "err", err)
 		}
 	}
+	if err := e.setHosts(s.rec, p.Pinned); err != nil {
+		e.log.Error("completing an interrupted policy update", "session", s.rec.Name, "err", err)
+	}
 	s.rec.Pending = nil
 	if err := e.state.Save(s.rec); err != nil {
 		e.log.Warn("completed an interrupted policy update; clearing its mark failed", "session", s.rec.Name, "err", err)
 	}
 	e.log.Info("completed a policy update interrupted by a restart", "session", s.rec.Name, "generation", s.rec.Generation)
+	return nil
+}
+
+// setHosts rewrites the /etc/hosts of rec's sandbox when its pinned names
+// differ from old's.
+func (e *Daemon) setHosts(rec SessionRecord, old map[string][]netip.Addr) error {
+	if !rec.Sandbox || maps.EqualFunc(rec.Pinned, old, slices.Equal) {
+		return nil
+	}
+	if err := e.boxes.SetHosts(rec.Name, rec.Pinned); err != nil {
+		return fmt.Errorf("its sandbox's /etc/hosts still names the old pinned addresses: %w", err)
+	}
 	return nil
 }

@@ -180,3 +180,53 @@ func TestUpdateCrashThenRestart(t *testing.T) {
 
 // withoutTimes drops what differs between two worlds by time alone.
 func withoutTimes(lines []string) []string { return lines }
+
+// TestUpdatePinnedHosts: an update that changes the pinned names rewrites
+// the sandbox's /etc/hosts, after the kernel's batch; an update a crash
+// interrupted after that batch rewrites it at the restart.
+func TestUpdatePinnedHosts(t *testing.T) {
+	req := api.CreateRequest{Name: "p1", Allow: []string{"example.com", "93.184.216.7"}, Pin: true}
+	hosts := func(w *world) string {
+		t.Helper()
+		for _, l := range w.boxes.render() {
+			if strings.HasPrefix(l, "box p1 ") {
+				_, h, _ := strings.Cut(l, " hosts ")
+				return h
+			}
+		}
+		t.Fatal("no sandbox p1")
+		return ""
+	}
+	revoke := api.PolicyUpdate{Revoke: []string{"example.com"}}
+	for _, cp := range []crashPoint{{}, {method: callFwUpdate, n: 1, after: true}} {
+		w := newWorld(t)
+		req.Rootfs = w.image
+		w.mustCreate(req)
+		if h := hosts(w); !strings.Contains(h, "example.com") {
+			t.Fatalf("created: hosts %q, want example.com pinned", h)
+		}
+		if _, err := w.d.UpdatePolicy(context.Background(), "p1", api.PolicyUpdate{Allow: []string{"93.184.216.8"}}, false); err != nil {
+			t.Fatal(err)
+		}
+		if h := hosts(w); !strings.Contains(h, "example.com") {
+			t.Fatalf("an update that kept the pins: hosts %q", h)
+		}
+		if cp.method == "" {
+			if _, err := w.d.UpdatePolicy(context.Background(), "p1", revoke, false); err != nil {
+				t.Fatal(err)
+			}
+		} else {
+			w.in.arm(nil, cp)
+			if at := crashes(func() { _, _ = w.d.UpdatePolicy(context.Background(), "p1", revoke, false) }); at == "" {
+				t.Fatalf("no crash at %s", cp)
+			}
+			if h := hosts(w); !strings.Contains(h, "example.com") {
+				t.Fatalf("crashed %s: hosts %q already rewritten", cp, h)
+			}
+			w.restart(nil)
+		}
+		if h := hosts(w); h != "" {
+			t.Errorf("crash %q: after revoking the pinned name the sandbox's hosts hold %q", cp, h)
+		}
+	}
+}

@@ -371,3 +371,46 @@ func e2eDial(t *testing.T, ns, dst string) net.Conn {
 	})
 	return c
 }
+
+// With --pin, an update that adds or revokes a name rewrites the
+// sandbox's /etc/hosts (the file the sandbox sees through its bind mount)
+// with the added name's pinned addresses, and without the revoked one;
+// the sandbox reaches the added name by it and no longer the revoked one.
+func TestE2EUpdatePinnedHosts(t *testing.T) {
+	e := newE2E(t)
+	e.create("agent", "--allow", "api.e2e.test", "--pin")
+	hosts := func() string {
+		t.Helper()
+		return e.mustSh("agent", "cat /etc/hosts")
+	}
+	const api10, docs11 = "198.18.1.10\tapi.e2e.test\n", "198.18.1.11\tdocs.e2e.test\n"
+	if h := hosts(); !strings.Contains(h, api10) || strings.Contains(h, "docs.e2e.test") {
+		t.Fatalf("created: /etc/hosts\n%s", h)
+	}
+	if out := e.mustSh("agent", "timeout 2 wget -q -O - http://api.e2e.test/"); out != "hello from 198.18.1.10\n" {
+		t.Fatalf("wget http://api.e2e.test/ before the update: %q", out)
+	}
+
+	info := e.update("agent", "--allow", "docs.e2e.test")
+	if got := info.Policy.Pinned["docs.e2e.test"]; !slices.Equal(got, []string{"198.18.1.11"}) {
+		t.Errorf("update: pinned %v", info.Policy.Pinned)
+	}
+	if h := hosts(); !strings.Contains(h, api10) || !strings.Contains(h, docs11) {
+		t.Errorf("after adding docs.e2e.test: /etc/hosts\n%s", h)
+	}
+	if out := e.mustSh("agent", "timeout 2 wget -q -O - http://docs.e2e.test/"); out != "hello from 198.18.1.11\n" {
+		t.Errorf("wget http://docs.e2e.test/ after the update: %q", out)
+	}
+
+	e.update("agent", "--revoke", "api.e2e.test")
+	h := hosts()
+	if strings.Contains(h, "api.e2e.test") || !strings.Contains(h, docs11) || !strings.HasPrefix(h, "# written by enforcerd\n127.0.0.1\tlocalhost\n") {
+		t.Errorf("after revoking api.e2e.test: /etc/hosts\n%q", h)
+	}
+	if e.wget("agent", "198.18.1.10") {
+		t.Error("the sandbox still reaches the revoked pinned address 198.18.1.10")
+	}
+	if _, _, code := e.sh("agent", "echo x >> /etc/hosts"); code == 0 {
+		t.Error("the sandbox could write its /etc/hosts")
+	}
+}
