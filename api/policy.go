@@ -82,5 +82,7 @@ func (c *Client) ReplacePolicy(ctx context.Context, name string, u PolicyUpdate)
 // PolicyChange is when and by whom a session's policy last changed.
 type PolicyChange struct {
 	Time time.Time `json:"time"`
-	By   string    `json:"by,omitempty"` // the caller, when the API knows it
+	// By is the API caller that made the update (SO_PEERCRED), absent when
+	// the daemon did not learn it.
+	By *Caller `json:"by,omitempty"`
 }

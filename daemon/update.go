@@ -79,6 +79,9 @@ func (e *Daemon) UpdatePolicy(ctx context.Context, name string, u api.PolicyUpda
 	rec.Request, rec.Pinned, rec.Peers = req, pinned, peers
 	rec.Generation = cur + 1
 	rec.Updated = &api.PolicyChange{Time: time.Now().UTC()}
+	if c, ok := api.CallerFrom(ctx); ok {
+		rec.Updated.By = &c
+	}
 	rec.Pending = &PendingUpdate{Request: s.rec.Request, Pinned: s.rec.Pinned, Peers: s.rec.Peers, KeepEstablished: u.KeepEstablished}
 	next := &liveSession{rec: rec, policy: policy}
 	next.rules = e.sessionRules(rec, policy, peerGuests(peers))

@@ -103,9 +103,13 @@ func TestUpdateFaultAtEachStepChangesNothing(t *testing.T) {
 	}
 	w.compare("invalid updates", before)
 
-	info, err := w.d.UpdatePolicy(context.Background(), "u1", widen(), false)
+	caller := api.Caller{UID: 1000, GID: 100, PID: 4242}
+	info, err := w.d.UpdatePolicy(api.WithCaller(context.Background(), caller), "u1", widen(), false)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if in, _ := w.d.Inspect("u1"); in.Policy.Updated == nil || in.Policy.Updated.By == nil || *in.Policy.Updated.By != caller {
+		t.Errorf("inspect after the update: updated %+v, want by %+v", in.Policy.Updated, caller)
 	}
 	if want := []string{"93.184.0.0/24", "93.184.216.7", "b.example.com:443"}; !slices.Equal(info.Policy.Allow, want) || info.Policy.Generation != 2 || info.Policy.Updated == nil {
 		t.Fatalf("after the update: allow %v generation %d updated %v, want %v, 2, set", info.Policy.Allow, info.Policy.Generation, info.Policy.Updated, want)

@@ -11,6 +11,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/netip"
+	"os"
 	"reflect"
 	"slices"
 	"strings"
@@ -96,7 +97,12 @@ func TestE2EUpdateWiden(t *testing.T) {
 	}
 	got := e.inspect("agent")
 	if got.Policy.Generation != 2 || got.Policy.Updated == nil || got.Policy.Updated.Time.Before(t0) {
-		t.Errorf("inspect after the update: generation %d updated %+v", got.Policy.Generation, got.Policy.Updated)
+		t.Fatalf("inspect after the update: generation %d updated %+v", got.Policy.Generation, got.Policy.Updated)
+	}
+	// Who: the CLI's process, as the socket's peer credentials say (the
+	// test runs as root).
+	if by := got.Policy.Updated.By; by == nil || by.UID != uint32(os.Geteuid()) || by.GID != uint32(os.Getegid()) || by.PID <= 0 || int(by.PID) == os.Getpid() {
+		t.Errorf("inspect after the update: updated by %+v, want the CLI's uid %d, gid %d and pid", got.Policy.Updated.By, os.Geteuid(), os.Getegid())
 	}
 	e2eLookupWant(t, ns, "after", "docs.e2e.test", dns.RcodeSuccess, "198.18.1.11")
 	e2eLookupWant(t, ns, "after", "api.e2e.test", dns.RcodeSuccess, "198.18.1.10")
