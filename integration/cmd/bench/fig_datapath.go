@@ -118,6 +118,22 @@ func figDatapath(ctx context.Context, cfg *config, rep *Report) error {
 	dropFloor := func() { run(ctx, 10*time.Second, inNS(e.w.HostPath, "nft", "delete", "table", "ip", floorTable)...) }
 	defer dropFloor()
 
+	// The drop log is read throughout, as the daemon reads it: the table's
+	// reason chains and log budget are on the path whatever the reader,
+	// and the accept path must not pay for them.
+	drops, err := e.fw.OpenDropLog()
+	if err != nil {
+		return fmt.Errorf("open the drop log: %w", err)
+	}
+	defer drops.Close()
+	go func() {
+		for {
+			if _, err := drops.Read(); err != nil {
+				return
+			}
+		}
+	}()
+
 	var ours, none, floor []float64
 	var oursRT, noneRT []string
 	var loads []float64
@@ -169,7 +185,7 @@ func figDatapath(ctx context.Context, cfg *config, rep *Report) error {
 		Extra: []string{fmt.Sprintf("reps=%d", cfg.iperfReps), fmt.Sprintf("duration_s=%d", int(cfg.iperfDuration/time.Second)),
 			"ours_all=" + joinFloats(ours), "peer_all=" + joinFloats(none),
 			"ours_retrans=" + strings.Join(oursRT, ","), "peer_retrans=" + strings.Join(noneRT, ","),
-			fmt.Sprintf("table_load_ms=%.0f", median(loads)), "pin=taskset-c1-both"}})
+			fmt.Sprintf("table_load_ms=%.0f", median(loads)), "pin=taskset-c1-both", "drop_log=read"}})
 	if cfg.natFloor {
 		rep.Add(Result{Name: "tcp-throughput-vs-ct-nat-floor", Unit: "Gbit/s", Ours: median(ours), Peer: median(floor),
 			Note:  "diagnostic: peer = conntrack (established first) + masquerade, no per-session rules; no target",

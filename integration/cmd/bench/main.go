@@ -61,6 +61,16 @@ type config struct {
 	peerConc    int           // fig 6: ptp ADDs by 4 concurrent runners
 	churn       int           // fig 6: creates+deletes of the churn
 	memSessions int           // fig 6: live sessions for the memory figure
+
+	floodReps     int           // fig 7: interleaved repetitions (log read, log not read)
+	floodDuration time.Duration // fig 7: one flood
+	floodLive     int           // fig 7: live sessions beside the flooding one
+	updN          int           // fig 8: updates measured per kind and level
+	updCreates    int           // fig 8: creates measured per level
+	updHigh       int           // fig 8: live sessions at the high level
+	updBudget     time.Duration // fig 8: longest time spent growing
+	cniN          int           // fig 9: ADD/DEL samples
+	cniBin        string        // fig 9: the enforcerd-cni plugin
 }
 
 func fullConfig() config {
@@ -70,6 +80,9 @@ func fullConfig() config {
 		dnsNames: 1000, dnsSat: 10 * time.Second, dnsLat: 10 * time.Second, dnsLatQPS: 2000, dnsReps: 3, dnsHigh: 4000,
 		runcN: 20, execN: 50,
 		apiN: 100, apiSandboxN: 15, apiConc: 1000, peerConc: 200, churn: 1000, memSessions: 1000,
+		floodReps: 3, floodDuration: 5 * time.Second, floodLive: 100,
+		updN: 100, updCreates: 50, updHigh: 4000, updBudget: 4 * time.Minute,
+		cniN: 100,
 	}
 }
 
@@ -81,6 +94,9 @@ func quickConfig() config {
 		dnsNames: 1000, dnsSat: 3 * time.Second, dnsLat: 3 * time.Second, dnsLatQPS: 2000, dnsReps: 1, dnsHigh: 4000,
 		runcN: 5, execN: 10,
 		apiN: 20, apiSandboxN: 3, apiConc: 40, peerConc: 20, churn: 40, memSessions: 100,
+		floodReps: 1, floodDuration: 2 * time.Second, floodLive: 10,
+		updN: 20, updCreates: 10, updHigh: 400, updBudget: 40 * time.Second,
+		cniN: 20,
 	}
 }
 
@@ -96,6 +112,9 @@ var figures = []figure{
 	{"dns", figDNS},
 	{"runc", figRunc},
 	{"daemon", figDaemon},
+	{"droplog", figDropLog},
+	{"cni", figCNI},
+	{"update", figUpdate}, // leaves the kernel tearing down its sessions' netns
 	{"scale", figScale}, // last: it leaves the kernel tearing down thousands of netns
 }
 
@@ -104,10 +123,13 @@ func main() {
 	if len(os.Args) > 1 && os.Args[1] == dnsHelperArg {
 		os.Exit(dnsHelperMain(os.Args[2:]))
 	}
+	if len(os.Args) > 1 && os.Args[1] == floodHelperArg {
+		os.Exit(floodHelperMain(os.Args[2:]))
+	}
 	quick := flag.Bool("quick", os.Getenv("BENCH_QUICK") == "1", "a short smoke run (also BENCH_QUICK=1)")
 	bin := flag.String("bin", os.Getenv("ENFORCERD_BIN"), "the enforcerd binary (default $ENFORCERD_BIN)")
 	rootfs := flag.String("rootfs", os.Getenv("ENFORCERD_ROOTFS"), "a busybox rootfs from scripts/mkrootfs.sh (default $ENFORCERD_ROOTFS)")
-	only := flag.String("only", os.Getenv("BENCH_ONLY"), "comma-separated figures to run: net,datapath,dns,runc,daemon,scale (default all)")
+	only := flag.String("only", os.Getenv("BENCH_ONLY"), "comma-separated figures to run: net,datapath,dns,runc,daemon,droplog,update,cni,scale (default all)")
 	flag.Parse()
 	if err := mainErr(*quick, *bin, *rootfs, *only); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
@@ -124,7 +146,12 @@ func mainErr(quick bool, bin, rootfs, only string) error {
 		cfg = quickConfig()
 	}
 	cfg.bin, cfg.rootfs = bin, rootfs
-	for _, p := range []*string{&cfg.bin, &cfg.rootfs} {
+	// The CNI plugin: $ENFORCERD_CNI_BIN, else beside the daemon binary
+	// (make build builds both into bin/).
+	if cfg.cniBin = os.Getenv("ENFORCERD_CNI_BIN"); cfg.cniBin == "" && bin != "" {
+		cfg.cniBin = filepath.Join(filepath.Dir(bin), "enforcerd-cni")
+	}
+	for _, p := range []*string{&cfg.bin, &cfg.rootfs, &cfg.cniBin} {
 		if *p != "" {
 			abs, err := filepath.Abs(*p)
 			if err != nil {
@@ -149,6 +176,15 @@ func mainErr(quick bool, bin, rootfs, only string) error {
 	for _, k := range strings.Split(only, ",") {
 		if k = strings.TrimSpace(k); k != "" {
 			want[k] = true
+		}
+	}
+	for k := range want {
+		known := false
+		for _, f := range figures {
+			known = known || f.key == k
+		}
+		if !known {
+			return fmt.Errorf("BENCH_ONLY: no figure %q", k)
 		}
 	}
 	mode := "full"

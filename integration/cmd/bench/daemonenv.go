@@ -1,0 +1,99 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/enforcerd/enforcerd/integration/daemon"
+	"github.com/enforcerd/enforcerd/integration/world"
+)
+
+// daemonEnv is the enforcerd binary serving in a world of its own (figures
+// 7, 8 and 9), driven through api.Client over its socket.
+type daemonEnv struct {
+	w *world.World
+	d *daemon.Daemon
+	c *apiClient
+}
+
+// startDaemonEnv builds a world and starts the daemon in its simulated host,
+// its state under cfg.tmp/sub.
+func startDaemonEnv(cfg *config, sub string) (de *daemonEnv, err error) {
+	if cfg.bin == "" {
+		return nil, fmt.Errorf("no enforcerd binary: set ENFORCERD_BIN (make bench builds it)")
+	}
+	w, err := world.Build()
+	if err != nil {
+		return nil, err
+	}
+	de = &daemonEnv{w: w}
+	defer func() {
+		if err != nil {
+			de.Close()
+			de = nil
+		}
+	}()
+	dir := filepath.Join(cfg.tmp, sub)
+	if err := os.MkdirAll(dir, 0o711); err != nil {
+		return de, err
+	}
+	de.d = daemon.New(cfg.bin, w, dir)
+	if err := de.d.Start(); err != nil {
+		return de, err
+	}
+	// nsenter execs the daemon, so the PID we started is the daemon's own.
+	if comm, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", de.d.PID())); err != nil || strings.TrimSpace(string(comm)) != "enforcerd" {
+		return de, fmt.Errorf("pid %d is not the enforcerd daemon (comm %q, %v)", de.d.PID(), comm, err)
+	}
+	de.c = newAPIClient(de.d.Client())
+	return de, nil
+}
+
+// logTail is the end of the daemon's log, for a figure's error.
+func (de *daemonEnv) logTail() string { return lastLines(de.d.Log(), 10) }
+
+// Close stops the daemon (SIGTERM to its PID), reaps what it left by its
+// prefix, and removes the world.
+func (de *daemonEnv) Close() {
+	if de.d != nil {
+		if err := de.d.Stop(); err != nil {
+			logf("cleanup: stop enforcerd: %v", err)
+		}
+		if out, err := de.d.Reap(); err != nil {
+			logf("cleanup: reap %s: %v: %s", de.d.Prefix, err, out)
+		}
+	}
+	if err := de.w.Close(); err != nil {
+		logf("cleanup: close world %s: %v", de.w.ID, err)
+	}
+}
+
+// cpuNS is the CPU time (user and system, every thread) a process has used,
+// from /proc/PID/task/*/schedstat (nanoseconds, unlike /proc/PID/stat's
+// clock ticks). Threads that have already exited are not counted.
+func cpuNS(pid int) (int64, error) {
+	tasks, err := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/schedstat", pid))
+	if err != nil || len(tasks) == 0 {
+		return 0, fmt.Errorf("no threads of pid %d: %v", pid, err)
+	}
+	var sum int64
+	for _, t := range tasks {
+		b, err := os.ReadFile(t)
+		if err != nil {
+			continue // the thread exited meanwhile
+		}
+		var ns int64
+		if _, err := fmt.Sscan(string(b), &ns); err == nil {
+			sum += ns
+		}
+	}
+	return sum, nil
+}
+
+// pctOf is CPU time as a percentage of one CPU over wall.
+func pctOf(cpu int64, wall time.Duration) float64 {
+	return 100 * float64(cpu) / float64(wall.Nanoseconds())
+}

@@ -1,0 +1,229 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/enforcerd/enforcerd/integration/world"
+	"github.com/vishvananda/netns"
+)
+
+// enfCNI runs the enforcerd-cni plugin as a runtime does: one exec per
+// command, the network config on stdin, the CNI_* environment, into a
+// named netns made beforehand. The plugin is a client of the daemon: ADD
+// is one create over the socket (attach mode: the veth made in that
+// netns), DEL an inspect and a remove.
+type enfCNI struct {
+	bin, socket string
+	host        netns.NsHandle
+	prefix      string
+
+	mu   sync.Mutex
+	prev map[int][]byte
+	made map[int]bool
+}
+
+func (p *enfCNI) nsName(i int) string { return fmt.Sprintf("%s-e%d", p.prefix, i) }
+
+func (p *enfCNI) NewNetns(ctx context.Context, i int) error {
+	if _, err := run(ctx, 20*time.Second, "ip", "netns", "add", p.nsName(i)); err != nil {
+		return err
+	}
+	p.mu.Lock()
+	p.made[i] = true
+	p.mu.Unlock()
+	return nil
+}
+
+func (p *enfCNI) DelNetns(i int) error {
+	p.mu.Lock()
+	delete(p.made, i)
+	p.mu.Unlock()
+	return removeNetnsFile(filepath.Join(world.NetnsDir, p.nsName(i)))
+}
+
+// conf is the network config: the same policy createNet gives a session.
+func (p *enfCNI) conf() []byte {
+	return fmt.Appendf(nil, `{"cniVersion":"1.1.0","name":"%s-enf","type":"enforcerd-cni","socket":%q,`+
+		`"policy":{"egress":"allowlist","allow":["api.bench.test"]}}`, p.prefix, p.socket)
+}
+
+func (p *enfCNI) plugin(command string, i int, stdin []byte) *exec.Cmd {
+	cmd := exec.Command(p.bin)
+	cmd.Env = []string{
+		"CNI_COMMAND=" + command,
+		"CNI_CONTAINERID=" + p.nsName(i),
+		"CNI_NETNS=" + filepath.Join(world.NetnsDir, p.nsName(i)),
+		"CNI_IFNAME=eth0",
+		"CNI_PATH=" + filepath.Dir(p.bin),
+		"PATH=" + os.Getenv("PATH"),
+	}
+	cmd.Stdin = bytes.NewReader(stdin)
+	return cmd
+}
+
+// Add runs ADD for attachment i and returns how long the exec took.
+func (p *enfCNI) Add(i int) (time.Duration, error) {
+	cmd := p.plugin("ADD", i, p.conf())
+	var out, errOut bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errOut
+	took, err := forkIn(p.host, cmd)
+	if err != nil {
+		return 0, fmt.Errorf("enforcerd-cni ADD %s: %w: %s %s", p.nsName(i), err, out.String(), errOut.String())
+	}
+	p.mu.Lock()
+	p.prev[i] = out.Bytes()
+	p.mu.Unlock()
+	return took, nil
+}
+
+// Del runs DEL for attachment i with the ADD result as prevResult, as
+// libcni passes it (and as the ptp peer gets it).
+func (p *enfCNI) Del(i int) (time.Duration, error) {
+	p.mu.Lock()
+	prev := p.prev[i]
+	delete(p.prev, i)
+	p.mu.Unlock()
+	conf := p.conf()
+	if len(prev) > 0 {
+		conf = append(conf[:len(conf)-1], `,"prevResult":`...)
+		conf = append(append(conf, bytes.TrimSpace(prev)...), '}')
+	}
+	cmd := p.plugin("DEL", i, conf)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	took, err := forkIn(p.host, cmd)
+	if err != nil {
+		return 0, fmt.Errorf("enforcerd-cni DEL %s: %w: %s", p.nsName(i), err, out.String())
+	}
+	return took, nil
+}
+
+func (p *enfCNI) Close() {
+	p.mu.Lock()
+	var left []int
+	for i := range p.made {
+		left = append(left, i)
+	}
+	p.mu.Unlock()
+	for _, i := range left {
+		if err := p.DelNetns(i); err != nil {
+			logf("cleanup: remove netns %s: %v", p.nsName(i), err)
+		}
+	}
+}
+
+// figCNI is figure 9: the enforcerd-cni plugin's ADD and DEL (one exec
+// each, through the daemon) against the ptp plugin's (host-local IPAM),
+// interleaved one for one in the same run, each into a netns made
+// beforehand and untimed; the spawn floor (a bare fork+exec of /bin/true)
+// is sampled beside them.
+func figCNI(ctx context.Context, cfg *config, rep *Report) error {
+	section("9. CNI: enforcerd-cni ADD and DEL through the daemon vs the ptp plugin's")
+	if fi, err := os.Stat(cfg.cniBin); cfg.cniBin == "" || err != nil || fi.Mode()&0o111 == 0 {
+		return fmt.Errorf("no enforcerd-cni plugin at %q (make build builds it; or set ENFORCERD_CNI_BIN)", cfg.cniBin)
+	}
+	de, err := startDaemonEnv(cfg, "cni")
+	if err != nil {
+		return err
+	}
+	defer de.Close()
+	peer, err := newPtpPeer(de.w.Host, "pc"+de.w.ID, cfg.tmp)
+	if err != nil {
+		return err
+	}
+	defer peer.Close()
+	ours := &enfCNI{bin: cfg.cniBin, socket: de.d.Socket, host: de.w.Host, prefix: "ec" + de.w.ID,
+		prev: map[int][]byte{}, made: map[int]bool{}}
+	defer ours.Close()
+	if err := figCNIIn(ctx, cfg, rep, de, ours, peer); err != nil {
+		return fmt.Errorf("%w\ndaemon log tail:\n%s", err, de.logTail())
+	}
+	return nil
+}
+
+func figCNIIn(ctx context.Context, cfg *config, rep *Report, de *daemonEnv, ours *enfCNI, peer *ptpPeer) error {
+	const warm = 2
+	n := cfg.cniN + warm
+	var oa, od, pa, pd, floor Samples
+	for i := 0; i < n; i++ {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if err := ours.NewNetns(ctx, i); err != nil {
+			return err
+		}
+		if err := peer.NewNetns(ctx, i); err != nil {
+			return err
+		}
+		d, err := ours.Add(i)
+		if err != nil {
+			return err
+		}
+		dp, err := peer.Add(i)
+		if err != nil {
+			return err
+		}
+		if i == warm {
+			if err := peer.Check(i); err != nil {
+				return err
+			}
+		}
+		if i >= warm {
+			oa, pa = append(oa, d), append(pa, dp)
+			floor = append(floor, spawnFloor(de.w.Host))
+		}
+	}
+	// Every ADD made a session of the daemon's, attached in its netns.
+	if list, err := de.d.Client().List(ctx, "enforcerd.io/cni-network", ours.prefix+"-enf"); err != nil || len(list) != n {
+		return fmt.Errorf("after %d ADDs the daemon lists %d sessions of the network (%v)", n, len(list), err)
+	}
+	for i := 0; i < n; i++ {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		d, err := ours.Del(i)
+		if err != nil {
+			return err
+		}
+		dp, err := peer.Del(i)
+		if err != nil {
+			return err
+		}
+		if i >= warm {
+			od, pd = append(od, d), append(pd, dp)
+		}
+		if err := ours.DelNetns(i); err != nil {
+			return err
+		}
+		if err := peer.DelNetns(i); err != nil {
+			return err
+		}
+	}
+	if list, err := de.d.Client().List(ctx, "", ""); err != nil || len(list) != 0 {
+		return fmt.Errorf("after every DEL the daemon lists %d sessions (%v)", len(list), err)
+	}
+	note := "CNI ptp ADD/DEL (host-local), one exec each, interleaved"
+	extra := []string{fmt.Sprintf("n=%d", len(oa)), fmt.Sprintf("spawn_floor_p50_ms=%.3f", floor.Pct(50))}
+	for _, x := range []struct {
+		op         string
+		ours, peer Samples
+		p, target  float64
+	}{{"add", oa, pa, 50, 0.25}, {"add", oa, pa, 99, 0}, {"del", od, pd, 50, 0.25}, {"del", od, pd, 99, 0}} {
+		note := note
+		if x.target == 0 {
+			note += "; no target"
+		}
+		rep.Add(Result{Name: fmt.Sprintf("cni-%s-p%g", x.op, x.p), Unit: "ms", Ours: x.ours.Pct(x.p), Peer: x.peer.Pct(x.p),
+			Goal: AtMost, Target: x.target, Note: note, Extra: extra})
+	}
+	logf("enforcerd-cni ADD p50 %.2f ms, DEL p50 %.2f ms; ptp ADD p50 %.2f ms, DEL p50 %.2f ms; spawn floor p50 %.2f ms",
+		oa.Pct(50), od.Pct(50), pa.Pct(50), pd.Pct(50), floor.Pct(50))
+	return nil
+}
