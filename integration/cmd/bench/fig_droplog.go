@@ -6,10 +6,12 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"time"
 
+	"github.com/enforcerd/enforcerd/integration/world"
 	"github.com/enforcerd/enforcerd/netpolicy"
 	"golang.org/x/sys/unix"
 )
@@ -118,8 +120,12 @@ func figDropLogIn(ctx context.Context, cfg *config, rep *Report, de *daemonEnv) 
 	if err != nil {
 		return err
 	}
-	if info.Netns == "" {
-		return fmt.Errorf("session %s has no netns path", name)
+	nsPath := info.Netns // a name under world.NetnsDir, or (attached) a path
+	if nsPath == "" {
+		return fmt.Errorf("session %s has no netns", name)
+	}
+	if !filepath.IsAbs(nsPath) {
+		nsPath = filepath.Join(world.NetnsDir, nsPath)
 	}
 	self, err := os.Executable()
 	if err != nil {
@@ -159,7 +165,7 @@ func figDropLogIn(ctx context.Context, cfg *config, rep *Report, de *daemonEnv) 
 		if err != nil {
 			return r, err
 		}
-		out, err := run(ctx, cfg.floodDuration+30*time.Second, inNS(info.Netns, "taskset", "-c", "1",
+		out, err := run(ctx, cfg.floodDuration+30*time.Second, inNS(nsPath, "taskset", "-c", "1",
 			self, floodHelperArg, "-dst", floodDst.String(), "-duration", cfg.floodDuration.String())...)
 		if err != nil {
 			return r, err

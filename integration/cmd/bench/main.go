@@ -115,7 +115,7 @@ var figures = []figure{
 	{"droplog", figDropLog},
 	{"cni", figCNI},
 	{"update", figUpdate}, // leaves the kernel tearing down its sessions' netns
-	{"scale", figScale}, // last: it leaves the kernel tearing down thousands of netns
+	{"scale", figScale},   // last: it leaves the kernel tearing down thousands of netns
 }
 
 func main() {
