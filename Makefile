@@ -21,8 +21,9 @@ BIN       := bin/enforcerd
 CNIBIN    := bin/enforcerd-cni
 ROOTFS    ?= $(CURDIR)/.cache/rootfs
 FUZZTIME  ?= 30000x
-# Debian packages the build, the tests and the demo need.
-PKGS      := gcc libc6-dev pkg-config libseccomp-dev busybox-static iproute2 util-linux nftables
+# Debian packages the build, the tests and the demo need (podman: the CNI
+# plugin's real-runtime test, with its CNI backend; tar: its image import).
+PKGS      := gcc libc6-dev pkg-config libseccomp-dev busybox-static iproute2 util-linux nftables podman tar
 # Extra packages only the benchmarks need (the peers we compare with).
 BENCHPKGS := dnsperf dnsmasq-base iperf3 runc containernetworking-plugins
 

@@ -12,6 +12,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -24,6 +25,7 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 	types100 "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/miekg/dns"
+	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 
 	"github.com/enforcerd/enforcerd/api"
@@ -162,6 +164,8 @@ func TestE2ECNI(t *testing.T) {
 	_, h, release := sessionHandle(t, nsA)
 	if l, err := h.LinkByName("eth0"); err != nil || !slices.Equal(v4Addrs(t, h, l), []string{info.GuestIP + "/30"}) {
 		t.Errorf("eth0 in the container's netns: %v", err)
+	} else if res.Interfaces[1].Mac != l.Attrs().HardwareAddr.String() {
+		t.Errorf("ADD result: eth0's mac %q, the kernel's %s", res.Interfaces[1].Mac, l.Attrs().HardwareAddr)
 	}
 	release()
 
@@ -183,9 +187,36 @@ func TestE2ECNI(t *testing.T) {
 		t.Errorf("docs.e2e.test resolved for container a: %v", m)
 	}
 
-	// CHECK: the session is as ADD returned it.
+	// CHECK: the session is as ADD returned it, and so is the container's
+	// netns: an interface taken down fails CHECK (and loses its route), one
+	// brought back with its route passes again.
 	if err := rtm.check(rtA); err != nil {
 		t.Errorf("CHECK: %v", err)
+	}
+	_, h, release = sessionHandle(t, nsA)
+	eth0, err := h.LinkByName("eth0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := h.LinkSetDown(eth0); err != nil {
+		t.Fatal(err)
+	}
+	if err := rtm.check(rtA); err == nil || !strings.Contains(err.Error(), "eth0 in netns "+nsA+" is down") {
+		t.Errorf("CHECK with eth0 down = %v, want it to say eth0 is down", err)
+	}
+	if err := h.LinkSetUp(eth0); err != nil {
+		t.Fatal(err)
+	}
+	if err := rtm.check(rtA); err == nil || !strings.Contains(err.Error(), "has default route none, want via "+info.GatewayIP) {
+		t.Errorf("CHECK with no default route = %v, want it to name the missing route", err)
+	}
+	gw := net.ParseIP(info.GatewayIP)
+	if err := h.RouteAdd(&netlink.Route{LinkIndex: eth0.Attrs().Index, Dst: &net.IPNet{IP: net.IPv4zero.To4(), Mask: net.CIDRMask(0, 32)}, Gw: gw}); err != nil {
+		t.Fatal(err)
+	}
+	release()
+	if err := rtm.check(rtA); err != nil {
+		t.Errorf("CHECK with eth0 restored: %v", err)
 	}
 	// STATUS: the daemon answers.
 	if err := rtm.status(); err != nil {

@@ -58,7 +58,18 @@ func cmdAdd(args *skel.CmdArgs) error {
 	if err != nil {
 		return daemonError(conf, "add", err)
 	}
-	res, err := result(info, args.IfName, args.Netns)
+	ci, err := inspectIface(args.Netns, args.IfName)
+	if err == nil && ci.MAC == nil {
+		err = fmt.Errorf("%s in netns %s has no ethernet address", args.IfName, args.Netns)
+	}
+	if err != nil {
+		// (the daemon made it a moment ago: undo, so a failed ADD leaves nothing)
+		if rerr := c.Remove(ctx, info.Name); rerr != nil && !errors.Is(rerr, api.ErrNotFound) {
+			err = errors.Join(err, rerr)
+		}
+		return types.NewError(types.ErrInternal, "add: "+err.Error(), "")
+	}
+	res, err := result(info, args.IfName, args.Netns, ci.MAC)
 	if err != nil {
 		return types.NewError(types.ErrInternal, err.Error(), "")
 	}
@@ -66,9 +77,12 @@ func cmdAdd(args *skel.CmdArgs) error {
 }
 
 // result is the CNI result of a session: the host veth and the container's
-// interface, the guest's /30 with its gateway, the default route, and the
-// DNS anycast address as the nameserver.
-func result(info api.SessionInfo, ifname, netns string) (*types100.Result, error) {
+// interface with its MAC (read in the netns: runtimes such as podman
+// require it), the guest's /30 with its gateway, the default route, and
+// the DNS anycast address as the nameserver. The host veth's MAC is not
+// there: it lives in the daemon's netns, which the plugin does not enter,
+// and inspect does not report it.
+func result(info api.SessionInfo, ifname, netns string, mac net.HardwareAddr) (*types100.Result, error) {
 	guest, err := netip.ParseAddr(info.GuestIP)
 	if err != nil {
 		return nil, fmt.Errorf("session %s: guest address %q: %w", info.Name, info.GuestIP, err)
@@ -82,7 +96,7 @@ func result(info api.SessionInfo, ifname, netns string) (*types100.Result, error
 		CNIVersion: types100.ImplementedSpecVersion,
 		Interfaces: []*types100.Interface{
 			{Name: info.HostVeth},
-			{Name: ifname, Sandbox: netns},
+			{Name: ifname, Mac: mac.String(), Sandbox: netns},
 		},
 		IPs: []*types100.IPConfig{{
 			Interface: &inContainer,
@@ -127,8 +141,12 @@ func owns(info api.SessionInfo, containerID, ifname string) bool {
 	return info.ContainerID == containerID && info.IfName == ifname
 }
 
-// cmdCheck verifies that the session exists as ADD returned it: the same
-// container, netns, interface and address.
+// cmdCheck verifies that the session exists as ADD returned it (the same
+// container, netns, interface and address) and that the container's netns
+// still holds it: the interface up, with the guest's /30, the MAC of the
+// result and the default route via the gateway. The daemon answers for the
+// session; the kernel inside CNI_NETNS, read by the plugin itself, for the
+// interface.
 func cmdCheck(args *skel.CmdArgs) error {
 	conf, c, ctx, cancel, err := setup(args)
 	if err != nil {
@@ -162,7 +180,41 @@ func cmdCheck(args *skel.CmdArgs) error {
 	if len(prev.IPs) == 0 {
 		return fmt.Errorf("check: the result of session %s has no address", name)
 	}
+	ci, err := inspectIface(args.Netns, args.IfName)
+	if err != nil {
+		return fmt.Errorf("check: %w", err)
+	}
+	return checkIface(ci, info, prev, args.IfName, args.Netns)
+}
+
+// checkIface compares what the container's netns holds with the session
+// and the result ADD returned: the interface up, with the guest's /30, the
+// result's MAC, and the default route via the gateway.
+func checkIface(ci containerIface, info api.SessionInfo, prev *types100.Result, ifname, netns string) error {
+	where := ifname + " in netns " + netns
+	if !ci.Up {
+		return fmt.Errorf("check: %s is down", where)
+	}
+	want := info.GuestIP + "/30"
+	if got := ci.Addr.String(); !ci.Addr.IsValid() || got != want {
+		return fmt.Errorf("check: %s has address %s, want %s", where, addrOrNone(ci.Addr.IsValid(), got), want)
+	}
+	for _, i := range prev.Interfaces {
+		if i.Name == ifname && i.Sandbox == netns && i.Mac != "" && i.Mac != ci.MAC.String() {
+			return fmt.Errorf("check: %s has mac %s, the result said %s", where, ci.MAC, i.Mac)
+		}
+	}
+	if !ci.HasRoute || ci.Gateway.String() != info.GatewayIP {
+		return fmt.Errorf("check: %s has default route %s, want via %s", where, addrOrNone(ci.HasRoute, "via "+ci.Gateway.String()), info.GatewayIP)
+	}
 	return nil
+}
+
+func addrOrNone(ok bool, s string) string {
+	if !ok {
+		return "none"
+	}
+	return s
 }
 
 // cmdGC deletes the sessions of this network whose attachment the runtime
