@@ -79,7 +79,7 @@ type Resolver interface {
 	Unregister(guest netip.Addr)
 	// Update swaps a session's policy once apply has made the kernel
 	// enforce it (see dnsproxy.Proxy.Update).
-	Update(p dnsproxy.SessionPolicy, apply func(stale, keep []netpolicy.Attestation) error) error
+	Update(p dnsproxy.SessionPolicy, apply func(stale, keep []netpolicy.Attestation, forgotten bool) error) error
 	Stats() dnsproxy.Stats
 }
 

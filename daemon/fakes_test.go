@@ -228,6 +228,10 @@ func (f *fakeNetwork) render() []string {
 type fakeFirewall struct {
 	in    *injector
 	rules map[netip.Addr]netpolicy.SessionRules
+	// attested is what Attested lists; lastUpdate the last UpdateSession's
+	// argument.
+	attested   map[netip.Addr][]netpolicy.AttestedAddr
+	lastUpdate netpolicy.SessionUpdate
 }
 
 func (f *fakeFirewall) AddSession(r netpolicy.SessionRules) error {
@@ -276,7 +280,9 @@ func (f *fakeFirewall) PruneGuests(gone func(netip.Addr) bool) (int, error) {
 	return 0, nil
 }
 
-func (f *fakeFirewall) Attested(netip.Addr) ([]netpolicy.AttestedAddr, error) { return nil, nil }
+func (f *fakeFirewall) Attested(g netip.Addr) ([]netpolicy.AttestedAddr, error) {
+	return f.attested[g], nil
+}
 func (f *fakeFirewall) AllAttested() (map[netip.Addr][]netpolicy.AttestedAddr, error) {
 	return nil, nil
 }
@@ -325,6 +331,8 @@ func addrsString(as []netip.Addr) string {
 type fakeResolver struct {
 	in  *injector
 	reg map[netip.Addr]dnsproxy.SessionPolicy
+	// forgotten is what Update tells its apply.
+	forgotten bool
 }
 
 func (f *fakeResolver) Register(p dnsproxy.SessionPolicy) error {

@@ -3,6 +3,8 @@ package daemon
 import (
 	"context"
 	"errors"
+	"net/netip"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -23,6 +25,7 @@ func (f *fakeFirewall) UpdateSession(u netpolicy.SessionUpdate) error {
 	if err := f.in.enter(callFwUpdate); err != nil {
 		return err
 	}
+	f.lastUpdate = u
 	r := u.New
 	r.Static, r.Peers = slices.Clone(r.Static), slices.Clone(r.Peers)
 	f.rules[r.Guest] = r
@@ -40,11 +43,11 @@ func (f *fakeFirewall) CutFlows(u netpolicy.SessionUpdate) (int, error) {
 
 // Update is dnsproxy's: apply runs first; only if it succeeds is the new
 // policy registered.
-func (f *fakeResolver) Update(p dnsproxy.SessionPolicy, apply func(stale, keep []netpolicy.Attestation) error) error {
+func (f *fakeResolver) Update(p dnsproxy.SessionPolicy, apply func(stale, keep []netpolicy.Attestation, forgotten bool) error) error {
 	if err := f.in.enter(callDNSUpdate); err != nil {
 		return err
 	}
-	if err := apply(nil, nil); err != nil {
+	if err := apply(nil, nil, f.forgotten); err != nil {
 		return err
 	}
 	f.reg[p.Guest] = p
@@ -232,5 +235,38 @@ func TestUpdatePinnedHosts(t *testing.T) {
 		if h := hosts(w); h != "" {
 			t.Errorf("crash %q: after revoking the pinned name the sandbox's hosts hold %q", cp, h)
 		}
+	}
+}
+
+// TestUpdateForgottenNamesAreStale: when the DNS proxy says it forgot
+// names, the update counts every attested element the kernel holds for
+// the session stale (the batch keeps those a kept name holds), so a
+// revoked name the proxy forgot loses its addresses too.
+func TestUpdateForgottenNamesAreStale(t *testing.T) {
+	w := newWorld(t)
+	w.mustCreate(api.CreateRequest{Name: "f1", NetworkOnly: true, Allow: []string{"a.example.com", "b.example.com"}})
+	in, _ := w.d.Inspect("f1")
+	guest := netip.MustParseAddr(in.GuestIP)
+	w.fw.attested = map[netip.Addr][]netpolicy.AttestedAddr{guest: {
+		{IP: netip.MustParseAddr("93.184.216.34")},
+		{IP: netip.MustParseAddr("93.184.216.35"), Port: 443, Proto: netpolicy.ProtoTCP},
+	}}
+	revoke := api.PolicyUpdate{Revoke: []string{"a.example.com"}}
+	if _, err := w.d.UpdatePolicy(context.Background(), "f1", revoke, false); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(w.fw.lastUpdate.Stale); n != 0 {
+		t.Fatalf("the proxy forgot nothing, yet the update counted %d kernel elements stale", n)
+	}
+	w.dns.forgotten = true
+	if _, err := w.d.UpdatePolicy(context.Background(), "f1", api.PolicyUpdate{Revoke: []string{"b.example.com"}}, false); err != nil {
+		t.Fatal(err)
+	}
+	want := []netpolicy.Attestation{
+		{Addrs: []netip.Addr{netip.MustParseAddr("93.184.216.34")}},
+		{Addrs: []netip.Addr{netip.MustParseAddr("93.184.216.35")}, Ports: []netpolicy.PortSpec{{Port: 443, Proto: netpolicy.ProtoTCP}}},
+	}
+	if got := w.fw.lastUpdate.Stale; !reflect.DeepEqual(got, want) {
+		t.Errorf("stale after a forgetful proxy: %+v, want every attested element %+v", got, want)
 	}
 }

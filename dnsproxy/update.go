@@ -17,14 +17,16 @@ import (
 // registration it was made under: an update hands the kept part to the new
 // one. It may remember more than the kernel holds (expired elements; the
 // firewall's removal tolerates them) and is bounded: past attestLogMax
-// addresses the names attested longest ago are forgotten, and then an
-// update no longer cuts their flows (their elements expire on their own).
+// addresses the names attested longest ago are forgotten, and forgot says
+// so: the next update's apply is told, and must treat every attested
+// element of the session that no kept name holds as stale.
 //
 // mu protects everything below it.
 type attestLog struct {
 	mu     sync.Mutex
 	seq    uint64
 	size   int
+	forgot bool                    // a name was dropped to stay within attestLogMax
 	byName map[string]*nameAttests // key: lower-case, no trailing dot
 }
 
@@ -66,6 +68,7 @@ func (l *attestLog) note(name string, addrs []netip.Addr, ports []netpolicy.Port
 		}
 		l.size -= len(l.byName[oldest].addrs)
 		delete(l.byName, oldest)
+		l.forgot = true
 	}
 }
 
@@ -80,10 +83,13 @@ func (na *nameAttests) attestation() netpolicy.Attestation {
 
 // split divides the log between the names the compiled policy cs still
 // allows with the same ports (kept, returned as a new log for cs) and the
-// others (stale). A name cs pins is stale: its pinned addresses are static.
-func (l *attestLog) split(cs *compiledSession) (kept *attestLog, keep, stale []netpolicy.Attestation) {
+// others (stale), and says whether the log forgot names. A name cs pins is
+// stale: its pinned addresses are static. The kept log has forgotten
+// nothing: after the update the kernel holds no attested element it lacks.
+func (l *attestLog) split(cs *compiledSession) (kept *attestLog, keep, stale []netpolicy.Attestation, forgot bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	forgot = l.forgot
 	kept = newAttestLog()
 	kept.seq = l.seq
 	names := make([]string, 0, len(l.byName))
@@ -101,7 +107,7 @@ func (l *attestLog) split(cs *compiledSession) (kept *attestLog, keep, stale []n
 			stale = append(stale, na.attestation())
 		}
 	}
-	return kept, keep, stale
+	return kept, keep, stale, forgot
 }
 
 func stillAllowed(cs *compiledSession, name string, ports []netpolicy.PortSpec) bool {
@@ -122,7 +128,10 @@ func stillAllowed(cs *compiledSession, name string, ports []netpolicy.PortSpec) 
 // address, as one step for both the proxy and the kernel: apply is called
 // with the attestations the new policy no longer justifies (stale) and
 // those it still does (keep), and must make the kernel enforce the new
-// policy (netpolicy's UpdateSession). While apply runs, nothing is attested
+// policy (netpolicy's UpdateSession). forgotten says the session's log
+// dropped names it could not keep: the kernel may hold attested elements
+// of names in neither list, and apply must then remove every attested
+// element of the session that no kept attestation holds. While apply runs, nothing is attested
 // for the session (an attest in progress is waited for first, new ones
 // wait), so every attested element apply sees is in stale or keep. If
 // apply fails, the old registration goes on exactly as before and Update
@@ -135,7 +144,7 @@ func stillAllowed(cs *compiledSession, name string, ports []netpolicy.PortSpec) 
 //
 // A policy that does not compile, or a guest that is not registered,
 // changes nothing and apply is not called.
-func (p *Proxy) Update(sp SessionPolicy, apply func(stale, keep []netpolicy.Attestation) error) error {
+func (p *Proxy) Update(sp SessionPolicy, apply func(stale, keep []netpolicy.Attestation, forgotten bool) error) error {
 	cs, err := compile(sp)
 	if err != nil {
 		return err
@@ -156,8 +165,8 @@ func (p *Proxy) Update(sp SessionPolicy, apply func(stale, keep []netpolicy.Atte
 	if log == nil {
 		log = newAttestLog()
 	}
-	kept, keep, stale := log.split(cs)
-	if err := apply(stale, keep); err != nil {
+	kept, keep, stale, forgot := log.split(cs)
+	if err := apply(stale, keep, forgot); err != nil {
 		prev.mu.Unlock()
 		return err
 	}

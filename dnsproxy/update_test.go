@@ -2,6 +2,7 @@ package dnsproxy
 
 import (
 	"errors"
+	"fmt"
 	"net/netip"
 	"slices"
 	"testing"
@@ -32,7 +33,7 @@ func TestUpdateSplitsAttestationsAndSwapsOnce(t *testing.T) {
 	newPolicy := SessionPolicy{Name: "s", Guest: guest1, Mode: netpolicy.ModeAllowlist, Allow: entries("a.test", "c.test")}
 
 	boom := errors.New("kernel said no")
-	err := tp.Update(newPolicy, func(stale, keep []netpolicy.Attestation) error { return boom })
+	err := tp.Update(newPolicy, func(stale, keep []netpolicy.Attestation, _ bool) error { return boom })
 	if !errors.Is(err, boom) {
 		t.Fatalf("failed apply: Update = %v, want its error", err)
 	}
@@ -44,7 +45,7 @@ func TestUpdateSplitsAttestationsAndSwapsOnce(t *testing.T) {
 	}
 
 	var stale, keep []netpolicy.Attestation
-	if err := tp.Update(newPolicy, func(s, k []netpolicy.Attestation) error { stale, keep = s, k; return nil }); err != nil {
+	if err := tp.Update(newPolicy, func(s, k []netpolicy.Attestation, _ bool) error { stale, keep = s, k; return nil }); err != nil {
 		t.Fatal(err)
 	}
 	if len(stale) != 1 || !slices.Equal(stale[0].Addrs, mustAddrs("198.18.1.10", "198.18.1.11")) {
@@ -61,12 +62,12 @@ func TestUpdateSplitsAttestationsAndSwapsOnce(t *testing.T) {
 	}
 	// The kept log goes on: a second update that drops a.test names it stale.
 	err = tp.Update(SessionPolicy{Name: "s", Guest: guest1, Mode: netpolicy.ModeAllowlist},
-		func(s, k []netpolicy.Attestation) error { stale, keep = s, k; return nil })
+		func(s, k []netpolicy.Attestation, _ bool) error { stale, keep = s, k; return nil })
 	if err != nil || len(stale) != 2 || len(keep) != 0 {
 		t.Errorf("second update: err %v, stale %+v, keep %+v: want a.test and c.test stale", err, stale, keep)
 	}
 	if err := tp.Update(SessionPolicy{Name: "s", Guest: guest2, Mode: netpolicy.ModeAllowlist},
-		func(s, k []netpolicy.Attestation) error { t.Error("apply called for an unknown guest"); return nil }); err == nil {
+		func(s, k []netpolicy.Attestation, _ bool) error { t.Error("apply called for an unknown guest"); return nil }); err == nil {
 		t.Error("update of an unregistered guest succeeded")
 	}
 }
@@ -81,7 +82,7 @@ func TestUpdateEndsQueriesInFlight(t *testing.T) {
 	inFlight := goAsk(t, tp, guest1)
 	waitQueries(t, up, 1)
 	if err := tp.Update(SessionPolicy{Name: "s", Guest: guest1, Mode: netpolicy.ModeAllowlist},
-		func(s, k []netpolicy.Attestation) error { return nil }); err != nil {
+		func(s, k []netpolicy.Attestation, _ bool) error { return nil }); err != nil {
 		t.Fatal(err)
 	}
 	close(release)
@@ -90,5 +91,45 @@ func TestUpdateEndsQueriesInFlight(t *testing.T) {
 	}
 	if calls := tp.att.Calls(); len(calls) != 0 {
 		t.Fatalf("attested %+v under a policy no longer in force", calls)
+	}
+}
+
+// TestAttestLogForgets: past attestLogMax addresses the log drops the
+// names noted longest ago and says so at the next split, so that the
+// update removes what it can no longer name; the kept log starts clean.
+func TestAttestLogForgets(t *testing.T) {
+	cs, err := compile(SessionPolicy{Name: "s", Guest: guest1, Mode: netpolicy.ModeAllowlist, Allow: entries("*.flood.test")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := newAttestLog()
+	l.note("old.test", mustAddrs("198.18.1.10"), nil)
+	if _, _, _, forgot := l.split(cs); forgot {
+		t.Fatal("a log within its bound says it forgot")
+	}
+	next := netip.MustParseAddr("198.19.0.1")
+	for i := 0; l.size < attestLogMax; i++ {
+		var as []netip.Addr
+		for range min(32, attestLogMax-l.size) {
+			as, next = append(as, next), next.Next()
+		}
+		l.note(fmt.Sprintf("n%d.flood.test", i), as, nil)
+	}
+	if l.byName["old.test"] == nil {
+		t.Fatal("old.test forgotten before the bound was passed")
+	}
+	l.note("last.flood.test", []netip.Addr{next}, nil)
+	if l.byName["old.test"] != nil || l.size > attestLogMax {
+		t.Fatalf("past the bound: old.test kept %v, size %d", l.byName["old.test"] != nil, l.size)
+	}
+	kept, keep, stale, forgot := l.split(cs)
+	if !forgot {
+		t.Error("split does not say the log forgot old.test")
+	}
+	if len(stale) != 0 || len(keep) != len(l.byName) {
+		t.Errorf("split: %d stale, %d kept of %d names", len(stale), len(keep), len(l.byName))
+	}
+	if _, _, _, again := kept.split(cs); again {
+		t.Error("the kept log says it forgot")
 	}
 }

@@ -420,3 +420,48 @@ func TestE2EUpdatePinnedHosts(t *testing.T) {
 		t.Error("the sandbox could write its /etc/hosts")
 	}
 }
+
+// A session that resolved more names than the proxy remembers (8192
+// addresses) cannot keep a name it resolved long before past its revoke:
+// the update removes every attested element no still-allowed name it
+// remembers holds, so the revoked name's address leaves the kernel and
+// its open connection is cut.
+func TestE2EUpdateRevokeForgottenName(t *testing.T) {
+	e := newE2E(t, "--max-attested", "10000")
+	const names, per = 420, 20 // 8400 addresses: past the proxy's 8192 (20 fit a plain UDP answer)
+	next := netip.MustParseAddr("198.19.0.1")
+	for i := range names {
+		for range per {
+			e.w.DNS.AddRR(fmt.Sprintf("n%d.flood.e2e.test. 300 IN A %s", i, next))
+			next = next.Next()
+		}
+	}
+	agent := e.createNetOnly("agent", "--allow", "api.e2e.test", "--allow", "*.flood.e2e.test")
+	ns, guest := e.nsPath("agent"), netip.MustParseAddr(agent.GuestIP)
+	e2eLookupWant(t, ns, "first", "api.e2e.test", dns.RcodeSuccess, "198.18.1.10")
+	conn := e2eDial(t, ns, "198.18.1.10:7")
+	e2eEcho(t, "before the flood", conn)
+	for i := range names {
+		if rcode, addrs := e2eLookup(t, ns, fmt.Sprintf("n%d.flood.e2e.test", i)); rcode != dns.RcodeSuccess || len(addrs) != per {
+			t.Fatalf("n%d.flood.e2e.test: %s, %d addresses", i, dns.RcodeToString[rcode], len(addrs))
+		}
+	}
+	if got := e2eNftAttested(t, e.w, e.d.Prefix, guest); !slices.Contains(got, "198.18.1.10") || len(got) != names*per+1 {
+		t.Fatalf("after the flood the kernel holds %d attested addresses (198.18.1.10 among them: %v), want %d",
+			len(got), slices.Contains(got, "198.18.1.10"), names*per+1)
+	}
+	e2eEcho(t, "after the flood", conn) // positive control: still allowed
+
+	e.update("agent", "--revoke", "api.e2e.test")
+	e2eCut(t, "the forgotten name's 198.18.1.10:7", conn)
+	e2eExpect(t, e2eTCP(ns, "198.18.1.10:7", e2eDropped))
+	got := e2eNftAttested(t, e.w, e.d.Prefix, guest)
+	if slices.Contains(got, "198.18.1.10") {
+		t.Errorf("the revoked name's 198.18.1.10 is still attested after the update")
+	}
+	// The still-allowed names it remembers keep their addresses.
+	if !slices.Contains(got, next.Prev().String()) {
+		t.Errorf("the last flood name's %s, still allowed and remembered, lost its attestation", next.Prev())
+	}
+	e2eLookupWant(t, ns, "after", "api.e2e.test", dns.RcodeNameError)
+}
