@@ -102,7 +102,15 @@ func (de *dropEvents) record(fl netpolicy.DroppedFlow) {
 	if !ok {
 		return
 	}
-	de.d.events.Record(api.Event{Session: name, Kind: api.EventKindFlow, Action: FlowActionDropped, Detail: flowDetail(fl, de.d.guard)})
+	detail := flowDetail(fl, de.d.guard)
+	if fl.Reason == netpolicy.ReasonNotAllowed {
+		if n, ok := de.d.names.lookup(name, fl.Dst); ok {
+			// Attested for the session, and no longer: nothing else of its
+			// policy allows the address (an update forgets what it revokes).
+			detail["reason"], detail["name"] = ReasonExpired, n
+		}
+	}
+	de.d.events.Record(api.Event{Session: name, Kind: api.EventKindFlow, Action: FlowActionDropped, Detail: detail})
 }
 
 // flowDetail is a dropped flow as its event shows it: proto, dst, dport

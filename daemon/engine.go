@@ -476,6 +476,7 @@ func (e *Daemon) Delete(ctx context.Context, name string) (err error) {
 	e.mu.Lock()
 	delete(e.sessions, name)
 	e.mu.Unlock()
+	e.names.drop(name)
 	e.recordCall(ctx, name, "deleted", nil, nil)
 	e.events.Close(name)
 	return nil
@@ -825,6 +826,9 @@ func (e *Daemon) Record(ev dnsproxy.Event) {
 		action = api.DNSActionFiltered
 	}
 	if ev.Session != "" {
+		if ev.Verdict == dnsproxy.VerdictAllowed {
+			e.names.remember(ev.Session, ev.Name, ev.Addrs)
+		}
 		e.events.Record(api.Event{Time: ev.Time.UTC(), Session: ev.Session, Kind: api.EventKindDNS, Action: action, Detail: detail})
 	}
 }

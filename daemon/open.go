@@ -34,11 +34,17 @@ func Open(cfg Config, log *slog.Logger, metrics *Metrics) (_ *Daemon, err error)
 		return nil, fmt.Errorf("open own netns: %w", err)
 	}
 	var (
-		nets  *nsmgr.Manager
-		fw    *netpolicy.Firewall
-		drops *netpolicy.DropLog
+		nets         *nsmgr.Manager
+		fw           *netpolicy.Firewall
+		drops        *netpolicy.DropLog
+		sweep, swept chan struct{} // stop and done of sweepRefreshed
 	)
 	closeAll := func() {
+		if sweep != nil {
+			close(sweep)
+			<-swept // the firewall must not be closed under a sweep
+			sweep = nil
+		}
 		if drops != nil {
 			drops.Close()
 		}
@@ -79,7 +85,7 @@ func Open(cfg Config, log *slog.Logger, metrics *Metrics) (_ *Daemon, err error)
 	}
 	fw, err = netpolicy.OpenFirewall(netpolicy.FirewallConfig{
 		NetNS: host, Prefix: cfg.NamePrefix, Pool: cfg.Pool, DNSAddr: dnsAddr,
-		Guard: guard, AttestFloor: cfg.DNSMinTTL,
+		Guard: guard, AttestFloor: cfg.DNSMinTTL, AttestMaxLifetime: cfg.AttestMaxLifetime,
 		MaxFlows: cfg.MaxFlows, FlowRate: cfg.FlowRate, MaxAttested: cfg.MaxAttested,
 		OnFlowFlushError: func(err error) { log.Error("flush conntrack entries of removed sessions (retrying)", "err", err) },
 	})
@@ -88,6 +94,13 @@ func Open(cfg Config, log *slog.Logger, metrics *Metrics) (_ *Daemon, err error)
 	}
 	if err := fw.Ensure(); err != nil {
 		return nil, err
+	}
+	if p := fw.RefreshSweepPeriod(); p > 0 {
+		sweep, swept = make(chan struct{}), make(chan struct{})
+		go func() {
+			defer close(swept)
+			sweepRefreshed(fw, p, sweep, log)
+		}()
 	}
 	boxes, err := container.New(container.Config{
 		StateDir: filepath.Join(cfg.StateDir, "containers"),
@@ -134,6 +147,26 @@ func Open(cfg Config, log *slog.Logger, metrics *Metrics) (_ *Daemon, err error)
 		d.serveDrops(drops)
 	}
 	return d, nil
+}
+
+// sweepRefreshed ends, every period until stop is closed, the refreshes
+// of attested addresses past the maximum lifetime (or revoked, or of
+// removed sessions): see netpolicy.Firewall.SweepRefreshed.
+func sweepRefreshed(fw *netpolicy.Firewall, period time.Duration, stop <-chan struct{}, log *slog.Logger) {
+	t := time.NewTicker(period)
+	defer t.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-t.C:
+		}
+		if n, err := fw.SweepRefreshed(); err != nil {
+			log.Warn("sweep refreshed attested addresses", "err", err)
+		} else if n > 0 {
+			log.Debug("swept refreshed attested addresses", "deleted", n)
+		}
+	}
 }
 
 // ListenDNS returns the function that serves the DNS proxy on udp and tcp

@@ -90,18 +90,10 @@ func (e *Daemon) UpdatePolicy(ctx context.Context, name string, u api.PolicyUpda
 	if err := e.state.Save(rec); err != nil {
 		return info, fmt.Errorf("update policy of %s: write the record ahead: %w", name, err)
 	}
-	err = e.dns.Update(e.dnsPolicy(next), func(stale, keep []netpolicy.Attestation, forgotten bool) error {
+	err = e.dns.Update(e.dnsPolicy(next), func(stale, keep []netpolicy.Attestation) error {
 		upd.Stale, upd.Keep = stale, keep
-		if forgotten {
-			// The proxy dropped names it could not keep: every attested
-			// element no kept name holds is stale, or a forgotten revoked
-			// name's addresses would stay allowed.
-			all, err := e.attestedElements(s.rec.Guest)
-			if err != nil {
-				return fmt.Errorf("list the session's attested elements: %w", err)
-			}
-			upd.Stale = append(upd.Stale, all...)
-		}
+		// Before the batch: a drop the update causes is not-allowed.
+		e.names.forget(name, staleAddrs(stale, keep))
 		return e.fw.UpdateSession(upd)
 	})
 	if err != nil {
@@ -242,8 +234,14 @@ func (e *Daemon) finishPending(s *liveSession) error {
 	oldRec := s.rec
 	oldRec.Request, oldRec.Pinned, oldRec.Peers = p.Request, p.Pinned, p.Peers
 	upd := netpolicy.SessionUpdate{Old: e.sessionRules(oldRec, oldPolicy, peerGuests(p.Peers)), New: s.rules}
-	if all, err := e.attestedElements(s.rec.Guest); err == nil {
-		upd.Stale = all
+	if att, err := e.fw.Attested(s.rec.Guest); err == nil {
+		for _, a := range att {
+			st := netpolicy.Attestation{Addrs: []netip.Addr{a.IP}}
+			if a.Port != 0 {
+				st.Ports = []netpolicy.PortSpec{{Port: a.Port, Proto: a.Proto}}
+			}
+			upd.Stale = append(upd.Stale, st)
+		}
 	}
 	if err := e.fw.UpdateSession(upd); err != nil {
 		return fmt.Errorf("complete its interrupted policy update: %v", err)
@@ -264,24 +262,6 @@ func (e *Daemon) finishPending(s *liveSession) error {
 	return nil
 }
 
-// attestedElements returns every attested element the kernel holds for
-// guest, one attestation each.
-func (e *Daemon) attestedElements(guest netip.Addr) ([]netpolicy.Attestation, error) {
-	att, err := e.fw.Attested(guest)
-	if err != nil {
-		return nil, err
-	}
-	out := make([]netpolicy.Attestation, 0, len(att))
-	for _, a := range att {
-		st := netpolicy.Attestation{Addrs: []netip.Addr{a.IP}}
-		if a.Port != 0 {
-			st.Ports = []netpolicy.PortSpec{{Port: a.Port, Proto: a.Proto}}
-		}
-		out = append(out, st)
-	}
-	return out, nil
-}
-
 // setHosts rewrites the /etc/hosts of rec's sandbox when its pinned names
 // differ from old's.
 func (e *Daemon) setHosts(rec SessionRecord, old map[string][]netip.Addr) error {
@@ -292,4 +272,23 @@ func (e *Daemon) setHosts(rec SessionRecord, old map[string][]netip.Addr) error 
 		return fmt.Errorf("its sandbox's /etc/hosts still names the old pinned addresses: %w", err)
 	}
 	return nil
+}
+
+// staleAddrs returns the addresses of stale that no kept attestation holds.
+func staleAddrs(stale, keep []netpolicy.Attestation) []netip.Addr {
+	kept := map[netip.Addr]bool{}
+	for _, k := range keep {
+		for _, a := range k.Addrs {
+			kept[a] = true
+		}
+	}
+	var out []netip.Addr
+	for _, st := range stale {
+		for _, a := range st.Addrs {
+			if !kept[a] {
+				out = append(out, a)
+			}
+		}
+	}
+	return out
 }

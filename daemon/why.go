@@ -258,6 +258,9 @@ func (e *Daemon) whyAddr(s *liveSession, d whyDest, a netip.Addr, attested []net
 	if len(otherPorts) > 0 {
 		return set(api.WhyDropped, "port", fmt.Sprintf("allowed on other ports only: %s", strings.Join(otherPorts, ", ")))
 	}
+	if name, ok := e.names.lookup(s.rec.Name, a); ok {
+		return set(api.WhyDropped, ReasonExpired, fmt.Sprintf("attested for %s, and expired: resolve the name again (or pin it)", name))
+	}
 	return set(api.WhyDropped, "not-allowed", "no entry and nothing attested for this address")
 }
 

@@ -64,7 +64,8 @@ func newNPEnv(t *testing.T, floor time.Duration) *npEnv {
 	if e.guard, err = netpolicy.NewGuard(e.pool, []netip.Prefix{w.PublicOverride}); err != nil {
 		t.Fatalf("guard: %v", err)
 	}
-	e.cfg = netpolicy.FirewallConfig{NetNS: w.Host, Prefix: e.prefix, Pool: e.pool, DNSAddr: e.dns, Guard: e.guard, AttestFloor: floor}
+	e.cfg = netpolicy.FirewallConfig{NetNS: w.Host, Prefix: e.prefix, Pool: e.pool, DNSAddr: e.dns, Guard: e.guard, AttestFloor: floor,
+		AttestMaxLifetime: time.Hour} // the daemon's default
 	e.fw = e.openFirewall(t)
 	t.Cleanup(func() {
 		for i := 0; i < 2; i++ { // deleting twice is fine

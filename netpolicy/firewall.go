@@ -54,6 +54,12 @@ type FirewallConfig struct {
 	Guard *Guard
 	// AttestFloor is the minimum attest timeout (0: DefaultAttestFloor).
 	AttestFloor time.Duration
+	// AttestMaxLifetime turns on the refresh of attested elements: a new
+	// flow to an attested address keeps it allowed for AttestFloor after
+	// that flow, for at most AttestMaxLifetime after the DNS answer that
+	// last attested it (SweepRefreshed enforces the maximum). 0 turns the
+	// refresh off: an address is allowed for its answer's timeout only.
+	AttestMaxLifetime time.Duration
 	// MaxFlows caps each session's concurrent tracked flows (conntrack
 	// entries it opened); 0 means DefaultMaxFlows.
 	MaxFlows int
@@ -173,6 +179,9 @@ func OpenFirewall(cfg FirewallConfig) (*Firewall, error) {
 	f.admin.nsFd, f.attest.nsFd, f.flows.nsFd = fd, fd, fd
 	f.flows.onError = cfg.OnFlowFlushError
 	f.attests = newGroupCommit(attestBatchMax, f.flushAttests)
+	if cfg.AttestMaxLifetime > 0 {
+		f.attested.refresh, f.attested.maxLife = f.floor, cfg.AttestMaxLifetime
+	}
 	if err := f.admin.do(func(*nftables.Conn) error { return nil }); err != nil {
 		unix.Close(fd)
 		return nil, fmt.Errorf("open firewall: %w", err)
@@ -208,6 +217,9 @@ func checkConfig(cfg *FirewallConfig) error {
 	}
 	if cfg.AttestFloor == 0 {
 		cfg.AttestFloor = DefaultAttestFloor
+	}
+	if cfg.AttestMaxLifetime < 0 || cfg.AttestMaxLifetime > MaxAttestTimeout {
+		return fmt.Errorf("attest max lifetime %s: want 0 (no refresh) to %s", cfg.AttestMaxLifetime, MaxAttestTimeout)
 	}
 	for _, b := range []struct {
 		name string

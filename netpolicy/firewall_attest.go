@@ -122,3 +122,65 @@ func mergeAttests(reqs []attestReq) []setElems {
 // more: the answer must fail (SERVFAIL), never pass unattested, and the cap
 // is reported (an event and a metric), never silent.
 var ErrAttestCap = errors.New("per-session cap on attested addresses reached")
+
+// RefreshSweepPeriod is how often SweepRefreshed should run: a quarter of
+// the maximum lifetime, at most 30 s; 0 without the refresh.
+func (f *Firewall) RefreshSweepPeriod() time.Duration {
+	return min(f.attested.maxLife/4, 30*time.Second)
+}
+
+// AttestMaxLifetime returns the refresh's maximum lifetime (0: no refresh).
+func (f *Firewall) AttestMaxLifetime() time.Duration { return f.attested.maxLife }
+
+// SweepRefreshed deletes every live element (see buildRules) the refresh no
+// longer justifies: its key was last attested more than the maximum
+// lifetime ago, an update revoked it, its session is gone, or this process
+// never attested it (a restart: refreshes end at the first sweep unless a
+// new answer attests the address again). It dumps the live sets, which
+// hold only the addresses sessions connected to, and deletes in one batch;
+// it returns how many elements it deleted. A live element thus outlives
+// the maximum by at most one period (plus its refresh timeout).
+func (f *Firewall) SweepRefreshed() (int, error) {
+	var n int
+	err := f.admin.do(func(c *nftables.Conn) error {
+		n = 0
+		now := time.Now()
+		queued := false
+		for _, name := range liveSets {
+			set := f.schema.sets[name]
+			elems, err := c.GetSetElements(set)
+			if err != nil {
+				return fmt.Errorf("list set %s: %w", name, err)
+			}
+			var del []nftables.SetElement
+			for _, e := range elems {
+				g, ok := keyGuest(name, e.Key)
+				if ok && f.attested.justified(g, name, e.Key, now) {
+					continue
+				}
+				del = append(del, nftables.SetElement{Key: e.Key})
+			}
+			if len(del) == 0 {
+				continue
+			}
+			// Added first: an element may expire between the dump and the
+			// batch, and a delete of a missing key fails the batch.
+			if err := addElements(c, set, del, false); err != nil {
+				return err
+			}
+			if err := addElements(c, set, del, true); err != nil {
+				return err
+			}
+			n += len(del)
+			queued = true
+		}
+		if !queued {
+			return nil
+		}
+		return c.Flush()
+	})
+	if err != nil {
+		return 0, fmt.Errorf("sweep refreshed attested elements of table inet %s: %w", f.cfg.Prefix, err)
+	}
+	return n, nil
+}

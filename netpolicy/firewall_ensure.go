@@ -47,7 +47,7 @@ func chainDefs() []chainDef {
 func (f *Firewall) ruleEnv(set func(string) *nftables.Set) ruleEnv {
 	return ruleEnv{prefix: f.cfg.Prefix, pool: f.cfg.Pool, dns: f.cfg.DNSAddr,
 		maxFlows: uint32(f.cfg.MaxFlows), flowRate: uint32(f.cfg.FlowRate),
-		logRate: uint32(f.cfg.LogRate), logGroup: f.cfg.LogGroup, set: set}
+		logRate: uint32(f.cfg.LogRate), logGroup: f.cfg.LogGroup, refresh: f.attested.refresh, set: set}
 }
 
 // Ensure makes the table match this package's design in one atomic batch:
@@ -110,6 +110,15 @@ func (f *Firewall) Ensure() error {
 		if err := addElements(c, blocked, blockedElements(f.guard), false); err != nil {
 			return err
 		}
+		// Without the refresh no live element is justified: a restart
+		// that turns it off ends every refresh at once.
+		if f.attested.maxLife == 0 {
+			for _, name := range liveSets {
+				if _, ok := haveSets[name]; ok {
+					c.FlushSet(batchSets[name])
+				}
+			}
+		}
 		chains := map[string]*nftables.Chain{}
 		for _, d := range chainDefs() {
 			ch := &nftables.Chain{Name: d.name, Table: t, Type: d.typ, Hooknum: d.hook, Priority: d.priority}
@@ -147,7 +156,7 @@ func (f *Firewall) Ensure() error {
 // seedAttestedLocked records the attested elements already in the kernel
 // (a restarted daemon's), so that the index is complete from now on.
 func (f *Firewall) seedAttestedLocked(c *nftables.Conn) error {
-	for _, name := range attestedSets {
+	for _, name := range append(append([]string(nil), attestedSets...), liveSets...) {
 		elems, err := c.GetSetElements(f.schema.sets[name])
 		if err != nil {
 			return fmt.Errorf("list set %s: %w", name, err)

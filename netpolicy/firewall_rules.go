@@ -2,6 +2,7 @@ package netpolicy
 
 import (
 	"net/netip"
+	"time"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/binaryutil"
@@ -39,13 +40,14 @@ type ruleSpec struct {
 
 // ruleEnv is what the rules depend on.
 type ruleEnv struct {
-	prefix   string       // interface name prefix of session veths
-	pool     netip.Prefix // masquerade source range
-	dns      netip.Addr   // DNS anycast address
-	maxFlows uint32       // per-session concurrent flows
-	flowRate uint32       // per-session new flows per second
-	logRate  uint32       // per-session drop-log lines per second
-	logGroup uint16       // NFLOG group of the drop log
+	prefix   string        // interface name prefix of session veths
+	pool     netip.Prefix  // masquerade source range
+	dns      netip.Addr    // DNS anycast address
+	maxFlows uint32        // per-session concurrent flows
+	flowRate uint32        // per-session new flows per second
+	logRate  uint32        // per-session drop-log lines per second
+	logGroup uint16        // NFLOG group of the drop log
+	refresh  time.Duration // life of a live element after the flow that refreshed it; 0: no refresh
 	set      func(name string) *nftables.Set
 }
 
@@ -77,8 +79,13 @@ type ruleEnv struct {
 //	  ip daddr @blocked goto drop_special                   # SSRF guard, every mode
 //	  meta l4proto {tcp,udp} th dport {53,853} goto resolver
 //	  ip saddr @public goto accept_new
+//	  ip saddr . ip daddr @attested update @attested_live { ip saddr . ip daddr timeout REFRESH }
 //	  ip saddr . ip daddr @attested goto accept_new
-//	  ip saddr . meta l4proto . ip daddr . th dport @attested_ports goto accept_new
+//	  ip saddr . ip daddr @attested_live update @attested_live { ip saddr . ip daddr timeout REFRESH } goto accept_new
+//	  (the same three for the ports: KEY = ip saddr . meta l4proto . ip daddr . th dport)
+//	  KEY @attested_ports update @attested_ports_live { KEY timeout REFRESH }
+//	  KEY @attested_ports goto accept_new
+//	  KEY @attested_ports_live update @attested_ports_live { KEY timeout REFRESH } goto accept_new
 //	  ip saddr . ip daddr @static goto accept_new
 //	  ip saddr . meta l4proto . ip daddr . th dport @static_ports goto accept_new
 //	  ip saddr . ip daddr @static_cidr goto accept_new
@@ -88,7 +95,7 @@ type ruleEnv struct {
 //	  ip saddr . ip daddr @port_cidrs goto drop_port
 //	  goto drop_not_allowed
 //	resolver                                               # DNS and DoT: only entries that name the port
-//	  ip saddr . meta l4proto . ip daddr . th dport @attested_ports goto accept_new
+//	  the three attested_ports rules of policy
 //	  ip saddr . meta l4proto . ip daddr . th dport @static_ports goto accept_new
 //	  ip saddr . meta l4proto . ip daddr . th dport @static_cidr_ports goto accept_new
 //	  goto drop_resolver
@@ -130,7 +137,20 @@ type ruleEnv struct {
 //
 // The accounting update and the verdict are separate rules: a dynset that
 // cannot insert (a full set) ends its rule, and the verdict must not depend on
-// accounting.
+// accounting. The same holds for the refresh of an attested element: the
+// update of its live set is a rule of its own before the verdict.
+//
+// The refresh (REFRESH > 0, see FirewallConfig.AttestMaxLifetime): a new
+// flow accepted by a DNS-attested element creates or refreshes the same key
+// in the live set, with a timeout of REFRESH; a live element accepts new
+// flows and refreshes itself. The DNS answers' elements keep their own
+// expiry (a refresh never shortens what an answer allowed), and only new
+// flows pass here, so only they refresh. The datapath can only write keys it
+// just found in an attested set (or in the live set itself); the daemon's
+// sweep deletes every live element whose attestation is older than the
+// maximum lifetime, was revoked, or belongs to no session. A packet that
+// found a key just before its deletion may create it again after it: the
+// sweep removes such an element too.
 func buildRules(env ruleEnv) []ruleSpec {
 	var rs []ruleSpec
 	add := func(chain string, parts ...[]expr.Any) {
@@ -203,8 +223,8 @@ func buildRules(env ruleEnv) []ruleSpec {
 		add(chainPolicy, v4, l4protoIs(pp.Proto), loadDport(reg1), []expr.Any{cmpEq(reg1, portKey(pp.Port)[:2])}, gotoC(chainResolver))
 	}
 	add(chainPolicy, v4, loadSaddr(reg1), env.lookup(setPublic, reg1, false), gotoC(chainAcceptNew))
-	add(chainPolicy, v4, env.lookupPair(setAttested), gotoC(chainAcceptNew))
-	add(chainPolicy, v4, env.lookupPorts(setAttestedPorts), gotoC(chainAcceptNew))
+	env.attestedRules(func(parts ...[]expr.Any) { add(chainPolicy, parts...) }, false)
+	env.attestedRules(func(parts ...[]expr.Any) { add(chainPolicy, parts...) }, true)
 	add(chainPolicy, v4, env.lookupPair(setStatic), gotoC(chainAcceptNew))
 	add(chainPolicy, v4, env.lookupPorts(setStaticPorts), gotoC(chainAcceptNew))
 	add(chainPolicy, v4, env.lookupPair(setStaticCIDR), gotoC(chainAcceptNew))
@@ -218,7 +238,8 @@ func buildRules(env ruleEnv) []ruleSpec {
 	add(chainPolicy, gotoC(chainDropNotAllowed))
 
 	// resolver
-	for _, set := range []string{setAttestedPorts, setStaticPorts, setStaticCIDRPorts} {
+	env.attestedRules(func(parts ...[]expr.Any) { add(chainResolver, parts...) }, true)
+	for _, set := range []string{setStaticPorts, setStaticCIDRPorts} {
 		add(chainResolver, v4, env.lookupPorts(set), gotoC(chainAcceptNew))
 	}
 	add(chainResolver, gotoC(chainDropResolver))
@@ -427,6 +448,33 @@ func (env ruleEnv) limitRate() []expr.Any {
 		Operation: unix.NFT_DYNSET_OP_UPDATE,
 		Exprs: []expr.Any{&expr.Limit{Type: expr.LimitTypePkts, Rate: uint64(env.flowRate), Over: true,
 			Unit: expr.LimitTimeSecond, Burst: 2 * env.flowRate}}})
+}
+
+// attestedRules adds the rules accepting new flows by an attested element
+// (attested, or with ports attested_ports) and, with a refresh, those
+// refreshing and accepting by its live element.
+func (env ruleEnv) attestedRules(add func(...[]expr.Any), ports bool) {
+	v4 := nfprotoIs(true)
+	lookup, set, live := env.lookupPair, setAttested, setAttestedLive
+	if ports {
+		lookup, set, live = env.lookupPorts, setAttestedPorts, setAttestedPortsLive
+	}
+	accept := verdict(expr.VerdictGoto, chainAcceptNew)
+	if env.refresh <= 0 {
+		add(v4, lookup(set), accept)
+		return
+	}
+	add(v4, lookup(set), env.refreshLive(live))
+	add(v4, lookup(set), accept)
+	add(v4, lookup(live), env.refreshLive(live), accept)
+}
+
+// refreshLive is "update @set { KEY timeout REFRESH }" for the key the
+// preceding lookup loaded (from register 32_00 on).
+func (env ruleEnv) refreshLive(set string) []expr.Any {
+	s := env.set(set)
+	return []expr.Any{&expr.Dynset{SrcRegKey: reg32(0), SetName: s.Name, SetID: s.ID,
+		Operation: unix.NFT_DYNSET_OP_UPDATE, Timeout: env.refresh}}
 }
 
 // lookupPair matches ip saddr . ip daddr in set.

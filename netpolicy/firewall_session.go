@@ -61,7 +61,7 @@ func (f *Firewall) AddSession(r SessionRules) error {
 }
 
 // sessionSets are the sets RemoveSession scans for a guest's elements.
-var sessionSets = []string{setSessions, setPublic, setPeers, setAttested, setAttestedPorts,
+var sessionSets = []string{setSessions, setPublic, setPeers, setAttested, setAttestedPorts, setAttestedLive, setAttestedPortsLive,
 	setStatic, setStaticPorts, setStaticCIDR, setStaticCIDRPorts, setAcctAccept, setAcctDrop, setAcctLimited, setAcctReturn,
 	setFlows, setFlowRate, setIfaces, setPortHosts, setPortCIDRs, setPortAttested, setAcctReason, setLogRate}
 
@@ -180,7 +180,12 @@ func (f *Firewall) removeByKeyLocked(c *nftables.Conn, r SessionRules, attested 
 			return err
 		}
 	}
-	for _, name := range attestedSets {
+	// Added first, then deleted, like the datapath's: an attested element
+	// may have expired, and its live copy may never have existed.
+	for _, name := range append(append([]string(nil), attestedSets...), liveSets...) {
+		if err := addElements(c, f.schema.sets[name], attested[name], false); err != nil {
+			return err
+		}
 		if err := addElements(c, f.schema.sets[name], attested[name], true); err != nil {
 			return err
 		}
@@ -302,25 +307,40 @@ func (f *Firewall) Attested(guest netip.Addr) ([]AttestedAddr, error) {
 }
 
 // AllAttested returns every session's attested elements keyed by guest
-// address, each list sorted: two dumps whatever the number of sessions.
+// address, each list sorted: four dumps whatever the number of sessions.
+// An element the refresh keeps alive (see buildRules) is listed with the
+// later of its answer's and its refresh's expiry.
 func (f *Firewall) AllAttested() (map[netip.Addr][]AttestedAddr, error) {
 	out := map[netip.Addr][]AttestedAddr{}
-	plain, err := f.listSet(setAttested)
-	if err != nil {
-		return nil, err
+	type id struct {
+		guest netip.Addr
+		key   string
 	}
-	for _, e := range plain {
-		if g, ok := keyGuest(setAttested, e.Key); ok && len(e.Key) == 8 {
-			out[g] = append(out[g], AttestedAddr{IP: netip.AddrFrom4([4]byte(e.Key[4:8])), Expires: e.Expires})
+	at := map[id]int{}
+	for _, name := range []string{setAttested, setAttestedLive, setAttestedPorts, setAttestedPortsLive} {
+		elems, err := f.listSet(name)
+		if err != nil {
+			return nil, err
 		}
-	}
-	ported, err := f.listSet(setAttestedPorts)
-	if err != nil {
-		return nil, err
-	}
-	for _, e := range ported {
-		if g, ip, proto, port, ok := decodeGuestPort(e.Key); ok {
-			out[g] = append(out[g], AttestedAddr{IP: ip, Port: port, Proto: proto, Expires: e.Expires})
+		for _, e := range elems {
+			var g netip.Addr
+			var a AttestedAddr
+			switch len(e.Key) {
+			case 8:
+				g, a = netip.AddrFrom4([4]byte(e.Key[0:4])), AttestedAddr{IP: netip.AddrFrom4([4]byte(e.Key[4:8])), Expires: e.Expires}
+			case 16:
+				gg, ip, proto, port, _ := decodeGuestPort(e.Key)
+				g, a = gg, AttestedAddr{IP: ip, Port: port, Proto: proto, Expires: e.Expires}
+			default:
+				continue
+			}
+			k := id{g, string(e.Key)}
+			if i, ok := at[k]; ok {
+				out[g][i].Expires = max(out[g][i].Expires, a.Expires)
+				continue
+			}
+			at[k] = len(out[g])
+			out[g] = append(out[g], a)
 		}
 	}
 	for _, list := range out {

@@ -20,28 +20,30 @@ import (
 // case out of pipapo keeps AddSession flat; sessions with CIDR entries pay
 // an insert cost that grows with all sessions' CIDR elements.
 const (
-	setSessions        = "sessions"          // ifname . ipv4_addr: host veth . guest (anti-spoofing, known interfaces)
-	setPublic          = "public"            // ipv4_addr: guests in public mode
-	setBlocked         = "blocked"           // ipv4_addr interval: Guard.Blocked()
-	setPeers           = "peers"             // ipv4_addr . ipv4_addr: guest . lab peer guest
-	setAttested        = "attested"          // ipv4_addr . ipv4_addr, timeout: guest . DNS-attested address
-	setAttestedPorts   = "attested_ports"    // ipv4_addr . inet_proto . ipv4_addr . inet_service, timeout
-	setStatic          = "static"            // ipv4_addr . ipv4_addr: guest . single static address (pinned, /32 entry)
-	setStaticPorts     = "static_ports"      // ipv4_addr . inet_proto . ipv4_addr . inet_service: the same with a port
-	setStaticCIDR      = "static_cidr"       // ipv4_addr . ipv4_addr interval: guest . CIDR (shorter than /32)
-	setStaticCIDRPorts = "static_cidr_ports" // ipv4_addr . inet_proto . ipv4_addr . inet_service interval
-	setAcctAccept      = "acct_accept"       // ipv4_addr with a counter per element: guest
-	setAcctDrop        = "acct_drop"         // ipv4_addr with a counter per element: guest
-	setAcctLimited     = "acct_limited"      // ipv4_addr with a counter per element: new flows over budget
-	setAcctReturn      = "acct_return"       // ipv4_addr with a counter per element: guest, traffic to it (replies)
-	setFlows           = "flows"             // ipv4_addr, dynamic, ct count per element: tracked flows of a guest
-	setFlowRate        = "flowrate"          // ipv4_addr, dynamic, limit per element: new-flow rate of a guest
-	setIfaces          = "ifaces"            // map ifname : mark: host veth -> the guest's address bytes (names the session of a spoofed packet)
-	setPortHosts       = "port_hosts"        // ipv4_addr . ipv4_addr: guest . address static_ports allows on some port
-	setPortCIDRs       = "port_cidrs"        // ipv4_addr . ipv4_addr interval: guest . CIDR static_cidr_ports allows on some port
-	setPortAttested    = "port_attested"     // ipv4_addr . ipv4_addr, timeout: guest . address attested_ports allows on some port
-	setAcctReason      = "acct_reason"       // ipv4_addr . mark, dynamic, counter: guest . drop reason code
-	setLogRate         = "lograte"           // ipv4_addr, dynamic, limit per element: the guest's drop-log budget
+	setSessions          = "sessions"            // ifname . ipv4_addr: host veth . guest (anti-spoofing, known interfaces)
+	setPublic            = "public"              // ipv4_addr: guests in public mode
+	setBlocked           = "blocked"             // ipv4_addr interval: Guard.Blocked()
+	setPeers             = "peers"               // ipv4_addr . ipv4_addr: guest . lab peer guest
+	setAttested          = "attested"            // ipv4_addr . ipv4_addr, timeout: guest . DNS-attested address
+	setAttestedPorts     = "attested_ports"      // ipv4_addr . inet_proto . ipv4_addr . inet_service, timeout
+	setAttestedLive      = "attested_live"       // ipv4_addr . ipv4_addr, dynamic, timeout: attested elements kept alive by use
+	setAttestedPortsLive = "attested_ports_live" // the same for attested_ports
+	setStatic            = "static"              // ipv4_addr . ipv4_addr: guest . single static address (pinned, /32 entry)
+	setStaticPorts       = "static_ports"        // ipv4_addr . inet_proto . ipv4_addr . inet_service: the same with a port
+	setStaticCIDR        = "static_cidr"         // ipv4_addr . ipv4_addr interval: guest . CIDR (shorter than /32)
+	setStaticCIDRPorts   = "static_cidr_ports"   // ipv4_addr . inet_proto . ipv4_addr . inet_service interval
+	setAcctAccept        = "acct_accept"         // ipv4_addr with a counter per element: guest
+	setAcctDrop          = "acct_drop"           // ipv4_addr with a counter per element: guest
+	setAcctLimited       = "acct_limited"        // ipv4_addr with a counter per element: new flows over budget
+	setAcctReturn        = "acct_return"         // ipv4_addr with a counter per element: guest, traffic to it (replies)
+	setFlows             = "flows"               // ipv4_addr, dynamic, ct count per element: tracked flows of a guest
+	setFlowRate          = "flowrate"            // ipv4_addr, dynamic, limit per element: new-flow rate of a guest
+	setIfaces            = "ifaces"              // map ifname : mark: host veth -> the guest's address bytes (names the session of a spoofed packet)
+	setPortHosts         = "port_hosts"          // ipv4_addr . ipv4_addr: guest . address static_ports allows on some port
+	setPortCIDRs         = "port_cidrs"          // ipv4_addr . ipv4_addr interval: guest . CIDR static_cidr_ports allows on some port
+	setPortAttested      = "port_attested"       // ipv4_addr . ipv4_addr, timeout: guest . address attested_ports allows on some port
+	setAcctReason        = "acct_reason"         // ipv4_addr . mark, dynamic, counter: guest . drop reason code
+	setLogRate           = "lograte"             // ipv4_addr, dynamic, limit per element: the guest's drop-log budget
 )
 
 // Chain names in the table.
@@ -113,6 +115,11 @@ func newSchema(tableName string, pool netip.Prefix) *schema {
 	// it (an insert into a full set fails, and the answer with it).
 	add(&nftables.Set{Name: setAttested, KeyType: typeGuestPeer, Concatenation: true, HasTimeout: true, Size: attestedSetSize})
 	add(&nftables.Set{Name: setAttestedPorts, KeyType: typeGuestPort, Concatenation: true, HasTimeout: true, Size: attestedSetSize})
+	// The datapath's refresh of attested elements (see liveSets): it
+	// creates and refreshes these from the packet path, so they are
+	// dynamic; the DNS answers' own sets are never written by the datapath.
+	add(&nftables.Set{Name: setAttestedLive, KeyType: typeGuestPeer, Concatenation: true, HasTimeout: true, Dynamic: true, Size: attestedSetSize})
+	add(&nftables.Set{Name: setAttestedPortsLive, KeyType: typeGuestPort, Concatenation: true, HasTimeout: true, Dynamic: true, Size: attestedSetSize})
 	add(&nftables.Set{Name: setStatic, KeyType: typeGuestPeer, Concatenation: true})
 	add(&nftables.Set{Name: setStaticPorts, KeyType: typeGuestPort, Concatenation: true})
 	add(&nftables.Set{Name: setStaticCIDR, KeyType: typeGuestPeer, Concatenation: true, Interval: true})

@@ -153,6 +153,10 @@ func (f *Firewall) UpdateSession(u SessionUpdate) error {
 	if len(plan.del)+len(plan.add)+len(plan.unattest) == 0 {
 		return nil
 	}
+	// Before the batch: from now on the sweep deletes any live copy of a
+	// stale element, one a packet in flight created again after the
+	// batch's delete included.
+	f.attested.revoke(u.New.Guest, plan.unattest)
 	err := f.admin.do(func(c *nftables.Conn) error { return f.updateByKeyLocked(c, plan) })
 	for attempt := 0; err != nil && isNotFound(err) && attempt < 4; attempt++ {
 		err = f.admin.do(func(c *nftables.Conn) error { return f.updateByDumpLocked(c, u, plan) })
@@ -180,14 +184,22 @@ func (f *Firewall) updateByKeyLocked(c *nftables.Conn, p updatePlan) error {
 	return c.Flush()
 }
 
+// queueUnattest deletes the stale attested elements and their live copies
+// (each added first: it may be gone).
 func (f *Firewall) queueUnattest(c *nftables.Conn, unattest []setElems) error {
 	for _, se := range unattest {
-		s := f.schema.sets[se.set]
-		if err := addElements(c, s, se.elems, false); err != nil {
-			return err
+		names := []string{se.set}
+		if live, ok := liveOf(se.set); ok {
+			names = append(names, live)
 		}
-		if err := addElements(c, s, se.elems, true); err != nil {
-			return err
+		for _, name := range names {
+			s := f.schema.sets[name]
+			if err := addElements(c, s, se.elems, false); err != nil {
+				return err
+			}
+			if err := addElements(c, s, se.elems, true); err != nil {
+				return err
+			}
 		}
 	}
 	return nil

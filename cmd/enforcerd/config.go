@@ -38,14 +38,17 @@ type ServeConfig struct {
 	Upstreams       []netip.AddrPort // DNS resolvers the proxy forwards to
 	PublicOverrides []netip.Prefix   // special-purpose ranges treated as public (labs, tests)
 	DNSMinTTL       time.Duration    // floor of an attested address's lifetime
-	MetricsListen   string           // host:port of the Prometheus endpoint; "" = off
-	LogFormat       string           // "text" or "json"
-	ConfigFile      string           // the --config file, "" if none (for the start-up log)
-	ImagesDirs      []string         // the only directories a sandbox rootfs may come from (absolute, cleaned)
-	MaxFlows        int              // per-session cap on concurrent tracked flows (> 0)
-	FlowRate        int              // per-session new flows per second (> 0); the burst is twice this
-	MaxAttested     int              // per-session cap on live DNS-attested elements (> 0)
-	EventsRetention time.Duration    // how long a removed session's events are kept (>= 0)
+	// AttestMaxLifetime bounds the refresh of attested addresses by new
+	// connections (0: no refresh; at most 24h).
+	AttestMaxLifetime time.Duration
+	MetricsListen     string        // host:port of the Prometheus endpoint; "" = off
+	LogFormat         string        // "text" or "json"
+	ConfigFile        string        // the --config file, "" if none (for the start-up log)
+	ImagesDirs        []string      // the only directories a sandbox rootfs may come from (absolute, cleaned)
+	MaxFlows          int           // per-session cap on concurrent tracked flows (> 0)
+	FlowRate          int           // per-session new flows per second (> 0); the burst is twice this
+	MaxAttested       int           // per-session cap on live DNS-attested elements (> 0)
+	EventsRetention   time.Duration // how long a removed session's events are kept (>= 0)
 }
 
 // daemonConfig is the part of the configuration the session lifecycle uses.
@@ -53,7 +56,8 @@ func (c ServeConfig) daemonConfig() daemon.Config {
 	return daemon.Config{
 		StateDir: c.StateDir, NamePrefix: c.NamePrefix, Pool: c.Pool,
 		Upstreams: c.Upstreams, PublicOverrides: c.PublicOverrides, DNSMinTTL: c.DNSMinTTL,
-		ImagesDirs: c.ImagesDirs, MaxFlows: c.MaxFlows, FlowRate: c.FlowRate, MaxAttested: c.MaxAttested,
+		AttestMaxLifetime: c.AttestMaxLifetime,
+		ImagesDirs:        c.ImagesDirs, MaxFlows: c.MaxFlows, FlowRate: c.FlowRate, MaxAttested: c.MaxAttested,
 		EventsRetention: c.EventsRetention,
 	}
 }
@@ -64,6 +68,7 @@ const (
 	defaultNamePrefix = "enf"
 	defaultPool       = "10.20.0.0/16"
 	defaultDNSMinTTL  = "60s"
+	defaultAttestLife = "1h"
 	defaultMaxFlows   = 8192
 	defaultFlowRate   = 2000
 	defaultMaxAttest  = 4096
@@ -81,6 +86,7 @@ const (
 	optUpstream       = "upstream"
 	optPublicOverride = "public-override"
 	optDNSMinTTL      = "dns-min-ttl"
+	optAttestLife     = "attest-max-lifetime"
 	optMetricsListen  = "metrics-listen"
 	optLogFormat      = "log-format"
 	optImagesDir      = "images-dir"
@@ -100,6 +106,7 @@ type fileConfig struct {
 	Upstream       []string `toml:"upstream"`
 	PublicOverride []string `toml:"public-override"`
 	DNSMinTTL      string   `toml:"dns-min-ttl"`
+	AttestLife     string   `toml:"attest-max-lifetime"`
 	MetricsListen  string   `toml:"metrics-listen"`
 	LogFormat      string   `toml:"log-format"`
 	ImagesDir      []string `toml:"images-dir"`
@@ -145,6 +152,7 @@ func defineServeFlags(fs *pflag.FlagSet) *serveFlags {
 	f.lists[optUpstream] = fs.StringArray(optUpstream, nil, "upstream DNS resolver `IP[:PORT]`, repeatable (default: /etc/resolv.conf nameservers)")
 	f.lists[optPublicOverride] = fs.StringArray(optPublicOverride, nil, "treat the special-purpose `CIDR` as public (labs, tests), repeatable")
 	f.single[optDNSMinTTL] = fs.String(optDNSMinTTL, "", "minimum lifetime `DURATION` of an attested address (default "+defaultDNSMinTTL+")")
+	f.single[optAttestLife] = fs.String(optAttestLife, "", "longest `DURATION` new connections keep an attested address allowed after its DNS answer; 0 = no refresh (default "+defaultAttestLife+")")
 	f.single[optMetricsListen] = fs.String(optMetricsListen, "", "serve Prometheus metrics on `ADDR` (host:port; default off)")
 	f.single[optLogFormat] = fs.String(optLogFormat, "", "log `FORMAT`: text or json (default json under systemd, else text)")
 	f.lists[optImagesDir] = fs.StringArray(optImagesDir, nil, "a root-owned `DIR` sandbox rootfs directories may come from, repeatable (default: none, so every --rootfs is refused)")
@@ -221,6 +229,7 @@ func loadConfigFile(path string) (map[string]rawOption, error) {
 	add(optUpstream, fc.Upstream...)
 	add(optPublicOverride, fc.PublicOverride...)
 	add(optDNSMinTTL, fc.DNSMinTTL)
+	add(optAttestLife, fc.AttestLife)
 	add(optMetricsListen, fc.MetricsListen)
 	add(optLogFormat, fc.LogFormat)
 	add(optImagesDir, fc.ImagesDir...)
@@ -310,6 +319,12 @@ func buildServeConfig(o serveOptions, getenv func(string) string, resolvConf str
 		return cfg, fmt.Errorf("%s %q: want a non-negative duration such as 60s or 5m", origin, ttl)
 	}
 	cfg.DNSMinTTL = d
+
+	life, origin := o.single(optAttestLife, defaultAttestLife)
+	if d, err = time.ParseDuration(life); err != nil || d < 0 || d > 24*time.Hour {
+		return cfg, fmt.Errorf("%s %q: want a duration from 0 (no refresh) to 24h, such as 1h or 10m", origin, life)
+	}
+	cfg.AttestMaxLifetime = d
 
 	ret, origin := o.single(optRetention, defaultRetention)
 	if cfg.EventsRetention, err = time.ParseDuration(ret); err != nil || cfg.EventsRetention < 0 {
@@ -491,6 +506,7 @@ func (c ServeConfig) LogValue() slog.Value {
 		slog.String("upstreams", strings.Join(ups, ",")),
 		slog.String("public_overrides", strings.Join(ovs, ",")),
 		slog.Duration("dns_min_ttl", c.DNSMinTTL),
+		slog.Duration("attest_max_lifetime", c.AttestMaxLifetime),
 		slog.String("metrics_listen", c.MetricsListen),
 		slog.String("log_format", c.LogFormat),
 		slog.String("images_dirs", strings.Join(c.ImagesDirs, ",")),

@@ -38,14 +38,15 @@ func TestServeDefaults(t *testing.T) {
 	c := newTestCLI(t)
 	got := serveConfigOf(t, c)
 	want := ServeConfig{
-		Socket:     api.DefaultSocket,
-		StateDir:   "/var/lib/enforcerd",
-		NamePrefix: "enf",
-		Pool:       netip.MustParsePrefix("10.20.0.0/16"),
-		Upstreams:  []netip.AddrPort{netip.MustParseAddrPort("192.0.2.53:53")},
-		DNSMinTTL:  60 * time.Second,
-		LogFormat:  "text",
-		MaxFlows:   defaultMaxFlows, FlowRate: defaultFlowRate, MaxAttested: defaultMaxAttest,
+		Socket:            api.DefaultSocket,
+		StateDir:          "/var/lib/enforcerd",
+		NamePrefix:        "enf",
+		Pool:              netip.MustParsePrefix("10.20.0.0/16"),
+		Upstreams:         []netip.AddrPort{netip.MustParseAddrPort("192.0.2.53:53")},
+		DNSMinTTL:         60 * time.Second,
+		AttestMaxLifetime: time.Hour,
+		LogFormat:         "text",
+		MaxFlows:          defaultMaxFlows, FlowRate: defaultFlowRate, MaxAttested: defaultMaxAttest,
 		EventsRetention: 24 * time.Hour,
 	}
 	if !reflect.DeepEqual(got, want) {
@@ -73,6 +74,7 @@ pool = "10.40.0.0/16"
 upstream = ["198.51.100.1", "198.51.100.2:5353", "[2001:db8::53]:53"]
 public-override = ["198.18.0.0/15"]
 dns-min-ttl = "5m"
+attest-max-lifetime = "10m"
 metrics-listen = "127.0.0.1:9323"
 log-format = "json"
 events-retention = "90m"
@@ -88,11 +90,12 @@ events-retention = "90m"
 		Pool:        netip.MustParsePrefix("10.40.0.0/16"),
 		Upstreams: []netip.AddrPort{netip.MustParseAddrPort("198.51.100.1:53"),
 			netip.MustParseAddrPort("198.51.100.2:5353"), netip.MustParseAddrPort("[2001:db8::53]:53")},
-		PublicOverrides: []netip.Prefix{netip.MustParsePrefix("198.18.0.0/15")},
-		DNSMinTTL:       5 * time.Minute,
-		MetricsListen:   "127.0.0.1:9323",
-		LogFormat:       "json",
-		MaxFlows:        defaultMaxFlows, FlowRate: defaultFlowRate, MaxAttested: defaultMaxAttest,
+		PublicOverrides:   []netip.Prefix{netip.MustParsePrefix("198.18.0.0/15")},
+		DNSMinTTL:         5 * time.Minute,
+		AttestMaxLifetime: 10 * time.Minute,
+		MetricsListen:     "127.0.0.1:9323",
+		LogFormat:         "json",
+		MaxFlows:          defaultMaxFlows, FlowRate: defaultFlowRate, MaxAttested: defaultMaxAttest,
 		EventsRetention: 90 * time.Minute,
 		ConfigFile:      file,
 	}
@@ -101,12 +104,13 @@ events-retention = "90m"
 	}
 
 	flags := serveConfigOf(t, c, "--config", file, "--pool", "10.50.0.0/24", "--upstream", "203.0.113.9",
-		"--name-prefix", "flg", "--log-format", "text", "--dns-min-ttl", "0s", "--socket", "/flag/s.sock")
+		"--name-prefix", "flg", "--log-format", "text", "--dns-min-ttl", "0s", "--socket", "/flag/s.sock", "--attest-max-lifetime", "0")
 	want.Pool = netip.MustParsePrefix("10.50.0.0/24")
 	want.Upstreams = []netip.AddrPort{netip.MustParseAddrPort("203.0.113.9:53")}
 	want.NamePrefix = "flg"
 	want.LogFormat = "text"
 	want.DNSMinTTL = 0
+	want.AttestMaxLifetime = 0
 	want.Socket = "/flag/s.sock"
 	if !reflect.DeepEqual(flags, want) {
 		t.Fatalf("flags over config:\n got  %+v\nwant %+v", flags, want)
@@ -160,6 +164,8 @@ func TestServeConfigErrors(t *testing.T) {
 		{[]string{"--public-override", "198.18.0.1/15"}, `--public-override "198.18.0.1/15": want a network CIDR such as 198.18.0.0/15`},
 		{[]string{"--dns-min-ttl", "-1s"}, `--dns-min-ttl "-1s": want a non-negative duration such as 60s or 5m`},
 		{[]string{"--dns-min-ttl", "60"}, `--dns-min-ttl "60": want a non-negative duration such as 60s or 5m`},
+		{[]string{"--attest-max-lifetime", "25h"}, `--attest-max-lifetime "25h": want a duration from 0 (no refresh) to 24h, such as 1h or 10m`},
+		{[]string{"--attest-max-lifetime", "-1m"}, `--attest-max-lifetime "-1m": want a duration from 0 (no refresh) to 24h, such as 1h or 10m`},
 		{[]string{"--events-retention", "1d"}, `--events-retention "1d": want a non-negative duration such as 24h or 30m`},
 		{[]string{"--metrics-listen", "9323"}, `--metrics-listen "9323": want host:port such as 127.0.0.1:9323 or :9323`},
 		{[]string{"--metrics-listen", "localhost:http"}, `--metrics-listen "localhost:http": want a numeric port 0-65535`},
