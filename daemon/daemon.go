@@ -24,13 +24,10 @@ type Config struct {
 	Upstreams       []netip.AddrPort // DNS resolvers the proxy and pinning forward to
 	PublicOverrides []netip.Prefix   // special-purpose ranges treated as public (labs, tests)
 	DNSMinTTL       time.Duration    // floor of an attested address's lifetime
-	// AttestMaxLifetime bounds how long new connections keep an attested
-	// address allowed after the answer that attested it (0: no refresh).
-	AttestMaxLifetime time.Duration
-	ImagesDirs        []string // the only directories a sandbox rootfs may come from
-	MaxFlows          int      // per-session cap on concurrent tracked flows
-	FlowRate          int      // per-session new flows per second
-	MaxAttested       int      // per-session cap on live DNS-attested elements
+	ImagesDirs      []string         // the only directories a sandbox rootfs may come from
+	MaxFlows        int              // per-session cap on concurrent tracked flows
+	FlowRate        int              // per-session new flows per second
+	MaxAttested     int              // per-session cap on live DNS-attested elements
 	// EventsRetention is how long a removed session's events stay in
 	// <state-dir>/events (0: removed with it).
 	EventsRetention time.Duration
@@ -82,7 +79,7 @@ type Resolver interface {
 	Unregister(guest netip.Addr)
 	// Update swaps a session's policy once apply has made the kernel
 	// enforce it (see dnsproxy.Proxy.Update).
-	Update(p dnsproxy.SessionPolicy, apply func(stale, keep []netpolicy.Attestation) error) error
+	Update(p dnsproxy.SessionPolicy, apply func(stale, keep []netpolicy.Attestation, forgotten bool) error) error
 	Stats() dnsproxy.Stats
 }
 
@@ -153,8 +150,8 @@ type Daemon struct {
 	pending  map[string]bool // names whose create or delete is in flight
 
 	held heldWatch // the execs whose end this daemon watches (execs.go)
-
-	names attestNames // the name that attested each address (expired.go)
+	// finishMu serialises finishExec: an exec's end is recorded once.
+	finishMu sync.Mutex
 }
 
 // New returns a daemon over the given parts. It changes nothing: call
@@ -173,7 +170,6 @@ func New(cfg Config, p Parts) *Daemon {
 		dns: p.Resolver, boxes: p.Sandboxes, state: p.Store, events: events,
 		metrics: p.Metrics, dnsAddr: p.DNSAddr, pin: p.Pin, closeFn: p.Close,
 		sessions: map[string]*liveSession{}, pending: map[string]bool{},
-		names: attestNames{max: cfg.MaxAttested},
 	}
 }
 

@@ -98,10 +98,20 @@ func (s *eventStore) openFile(name string) (*eventFile, error) {
 // open for the next (the session has a ring). A name that is not a
 // session name has no file. A failure is logged once per name until a
 // write succeeds again; the event still reaches the ring and followers.
+//
+// A refused call on a name that has neither a session nor a file (a
+// create that failed validation, an rm of an unknown name) is not written:
+// any caller could otherwise make a file per name it invents. It still
+// reaches the journal and the followers of every session's events.
 func (s *eventStore) appendLocked(ev api.Event, keepOpen bool) {
 	name := ev.Session
 	if !sessionNameValid(name) {
 		return
+	}
+	if !keepOpen && s.files[name] == nil && ev.Detail["outcome"] == "error" {
+		if _, err := os.Stat(s.path(name)); errors.Is(err, os.ErrNotExist) {
+			return
+		}
 	}
 	if err := s.write(name, ev, keepOpen); err != nil {
 		if !s.failing[name] {

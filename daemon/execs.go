@@ -165,6 +165,8 @@ func lastFrame(st container.HeldStatus) api.ExecFrame {
 // finishExec records the end event of an exec once (a marker file keeps
 // a restarted daemon from recording it again).
 func (e *Daemon) finishExec(ctx context.Context, name, id string) {
+	e.finishMu.Lock() // the holder's watcher and a stream's end may both get here
+	defer e.finishMu.Unlock()
 	dir := e.execDir(name, id)
 	if _, err := os.Stat(filepath.Join(dir, recordedMarker)); err == nil {
 		return
@@ -392,6 +394,10 @@ func (e *Daemon) ExecOutput(ctx context.Context, name, id string, offset int64, 
 			if recs, _, _ := container.ReadHeldRecords(f, off, 1); len(recs) > 0 {
 				continue
 			}
+			// Record the end before the caller hears of it: a caller that
+			// acts on the exit (stops the daemon, reads the events) finds
+			// the event in place.
+			e.finishExec(context.Background(), name, id)
 			return fn(lastFrame(st))
 		}
 		if !follow {
