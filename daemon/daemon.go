@@ -24,10 +24,13 @@ type Config struct {
 	Upstreams       []netip.AddrPort // DNS resolvers the proxy and pinning forward to
 	PublicOverrides []netip.Prefix   // special-purpose ranges treated as public (labs, tests)
 	DNSMinTTL       time.Duration    // floor of an attested address's lifetime
-	ImagesDirs      []string         // the only directories a sandbox rootfs may come from
-	MaxFlows        int              // per-session cap on concurrent tracked flows
-	FlowRate        int              // per-session new flows per second
-	MaxAttested     int              // per-session cap on live DNS-attested elements
+	// AttestMaxLifetime bounds how long new connections keep an attested
+	// address allowed after the answer that attested it (0: no refresh).
+	AttestMaxLifetime time.Duration
+	ImagesDirs        []string // the only directories a sandbox rootfs may come from
+	MaxFlows          int      // per-session cap on concurrent tracked flows
+	FlowRate          int      // per-session new flows per second
+	MaxAttested       int      // per-session cap on live DNS-attested elements
 	// EventsRetention is how long a removed session's events stay in
 	// <state-dir>/events (0: removed with it).
 	EventsRetention time.Duration
@@ -152,6 +155,8 @@ type Daemon struct {
 	held heldWatch // the execs whose end this daemon watches (execs.go)
 	// finishMu serialises finishExec: an exec's end is recorded once.
 	finishMu sync.Mutex
+
+	names attestNames // the name that attested each address (expired.go)
 }
 
 // New returns a daemon over the given parts. It changes nothing: call
@@ -170,6 +175,7 @@ func New(cfg Config, p Parts) *Daemon {
 		dns: p.Resolver, boxes: p.Sandboxes, state: p.Store, events: events,
 		metrics: p.Metrics, dnsAddr: p.DNSAddr, pin: p.Pin, closeFn: p.Close,
 		sessions: map[string]*liveSession{}, pending: map[string]bool{},
+		names: attestNames{max: cfg.MaxAttested},
 	}
 }
 

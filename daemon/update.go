@@ -90,8 +90,18 @@ func (e *Daemon) UpdatePolicy(ctx context.Context, name string, u api.PolicyUpda
 	if err := e.state.Save(rec); err != nil {
 		return info, fmt.Errorf("update policy of %s: write the record ahead: %w", name, err)
 	}
-	err = e.dns.Update(e.dnsPolicy(next), func(stale, keep []netpolicy.Attestation) error {
+	err = e.dns.Update(e.dnsPolicy(next), func(stale, keep []netpolicy.Attestation, forgotten bool) error {
 		upd.Stale, upd.Keep = stale, keep
+		if forgotten {
+			// The proxy dropped names it could not keep: every attested
+			// element no kept name holds is stale, or a forgotten revoked
+			// name's addresses would stay allowed.
+			all, err := e.attestedElements(s.rec.Guest)
+			if err != nil {
+				return fmt.Errorf("list the session's attested elements: %w", err)
+			}
+			upd.Stale = append(upd.Stale, all...)
+		}
 		// Before the batch: a drop the update causes is not-allowed.
 		e.names.forget(name, staleAddrs(stale, keep))
 		return e.fw.UpdateSession(upd)
@@ -234,14 +244,8 @@ func (e *Daemon) finishPending(s *liveSession) error {
 	oldRec := s.rec
 	oldRec.Request, oldRec.Pinned, oldRec.Peers = p.Request, p.Pinned, p.Peers
 	upd := netpolicy.SessionUpdate{Old: e.sessionRules(oldRec, oldPolicy, peerGuests(p.Peers)), New: s.rules}
-	if att, err := e.fw.Attested(s.rec.Guest); err == nil {
-		for _, a := range att {
-			st := netpolicy.Attestation{Addrs: []netip.Addr{a.IP}}
-			if a.Port != 0 {
-				st.Ports = []netpolicy.PortSpec{{Port: a.Port, Proto: a.Proto}}
-			}
-			upd.Stale = append(upd.Stale, st)
-		}
+	if all, err := e.attestedElements(s.rec.Guest); err == nil {
+		upd.Stale = all
 	}
 	if err := e.fw.UpdateSession(upd); err != nil {
 		return fmt.Errorf("complete its interrupted policy update: %v", err)
@@ -260,6 +264,24 @@ func (e *Daemon) finishPending(s *liveSession) error {
 	}
 	e.log.Info("completed a policy update interrupted by a restart", "session", s.rec.Name, "generation", s.rec.Generation)
 	return nil
+}
+
+// attestedElements returns every attested element the kernel holds for
+// guest, one attestation each.
+func (e *Daemon) attestedElements(guest netip.Addr) ([]netpolicy.Attestation, error) {
+	att, err := e.fw.Attested(guest)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]netpolicy.Attestation, 0, len(att))
+	for _, a := range att {
+		st := netpolicy.Attestation{Addrs: []netip.Addr{a.IP}}
+		if a.Port != 0 {
+			st.Ports = []netpolicy.PortSpec{{Port: a.Port, Proto: a.Proto}}
+		}
+		out = append(out, st)
+	}
+	return out, nil
 }
 
 // setHosts rewrites the /etc/hosts of rec's sandbox when its pinned names
