@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
@@ -105,6 +106,38 @@ func (p *enfCNI) Del(i int) (time.Duration, error) {
 	return took, nil
 }
 
+// Version runs VERSION: the plugin's exec with no call to the daemon.
+func (p *enfCNI) Version() (time.Duration, error) {
+	cmd := p.plugin("VERSION", 0, []byte(`{"cniVersion":"1.1.0"}`))
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	took, err := forkIn(p.host, cmd)
+	if err != nil {
+		return 0, fmt.Errorf("enforcerd-cni VERSION: %w: %s", err, out.String())
+	}
+	return took, nil
+}
+
+// daemonCreateTook collects the took= of every "created" line of the
+// daemon's log (the time the daemon spent inside a create).
+func daemonCreateTook(log string) Samples {
+	var s Samples
+	for _, line := range strings.Split(log, "\n") {
+		if !strings.Contains(line, "action=created") {
+			continue
+		}
+		_, v, ok := strings.Cut(line, " took=")
+		if !ok {
+			continue
+		}
+		v, _, _ = strings.Cut(v, " ")
+		if d, err := time.ParseDuration(v); err == nil {
+			s = append(s, d)
+		}
+	}
+	return s
+}
+
 func (p *enfCNI) Close() {
 	p.mu.Lock()
 	var left []int
@@ -151,7 +184,7 @@ func figCNI(ctx context.Context, cfg *config, rep *Report) error {
 func figCNIIn(ctx context.Context, cfg *config, rep *Report, de *daemonEnv, ours *enfCNI, peer *ptpPeer) error {
 	const warm = 2
 	n := cfg.cniN + warm
-	var oa, od, pa, pd, floor Samples
+	var oa, od, pa, pd, floor, version Samples
 	for i := 0; i < n; i++ {
 		if err := ctx.Err(); err != nil {
 			return err
@@ -178,6 +211,11 @@ func figCNIIn(ctx context.Context, cfg *config, rep *Report, de *daemonEnv, ours
 		if i >= warm {
 			oa, pa = append(oa, d), append(pa, dp)
 			floor = append(floor, spawnFloor(de.w.Host))
+			v, err := ours.Version()
+			if err != nil {
+				return err
+			}
+			version = append(version, v)
 		}
 	}
 	// Every ADD made a session of the daemon's, attached in its netns.
@@ -210,7 +248,12 @@ func figCNIIn(ctx context.Context, cfg *config, rep *Report, de *daemonEnv, ours
 		return fmt.Errorf("after every DEL the daemon lists %d sessions (%v)", len(list), err)
 	}
 	note := "CNI ptp ADD/DEL (host-local), one exec each, interleaved"
-	extra := []string{fmt.Sprintf("n=%d", len(oa)), fmt.Sprintf("spawn_floor_p50_ms=%.3f", floor.Pct(50))}
+	// Where an exec's time goes: the plugin's VERSION (no daemon call: the
+	// binary's start and skel alone), and the daemon's own create time
+	// (its log's took=, attach mode).
+	created := daemonCreateTook(de.d.Log())
+	extra := []string{fmt.Sprintf("n=%d", len(oa)), fmt.Sprintf("spawn_floor_p50_ms=%.3f", floor.Pct(50)),
+		fmt.Sprintf("plugin_version_exec_p50_ms=%.3f", version.Pct(50)), fmt.Sprintf("daemon_create_took_p50_ms=%.3f", created.Pct(50))}
 	for _, x := range []struct {
 		op         string
 		ours, peer Samples
@@ -223,7 +266,7 @@ func figCNIIn(ctx context.Context, cfg *config, rep *Report, de *daemonEnv, ours
 		rep.Add(Result{Name: fmt.Sprintf("cni-%s-p%g", x.op, x.p), Unit: "ms", Ours: x.ours.Pct(x.p), Peer: x.peer.Pct(x.p),
 			Goal: AtMost, Target: x.target, Note: note, Extra: extra})
 	}
-	logf("enforcerd-cni ADD p50 %.2f ms, DEL p50 %.2f ms; ptp ADD p50 %.2f ms, DEL p50 %.2f ms; spawn floor p50 %.2f ms",
-		oa.Pct(50), od.Pct(50), pa.Pct(50), pd.Pct(50), floor.Pct(50))
+	logf("enforcerd-cni ADD p50 %.2f ms, DEL p50 %.2f ms; ptp ADD p50 %.2f ms, DEL p50 %.2f ms; spawn floor p50 %.2f ms; enforcerd-cni VERSION exec p50 %.2f ms; daemon's create took p50 %.2f ms",
+		oa.Pct(50), od.Pct(50), pa.Pct(50), pd.Pct(50), floor.Pct(50), version.Pct(50), created.Pct(50))
 	return nil
 }
