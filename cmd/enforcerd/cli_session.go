@@ -379,7 +379,7 @@ func (c *cli) sessionExec(glob *globalOpts) *cobra.Command {
 	fs.Var(&timeout, "timeout", "kill the command's process group after `DURATION` (exit 124)")
 	fs.Var(&env, "env", "set the environment variable `KEY=VALUE`, repeatable")
 	fs.StringVar(&req.Dir, "workdir", "", "run in the directory `DIR` of the sandbox")
-	fs.StringVar(&req.User, "user", "", "run as `USER` (name or uid[:gid]) of the sandbox")
+	fs.StringVar(&req.User, "user", "", "run as `UID[:GID]` (numbers; the gid defaults to the uid; default 0:0): names are not looked up")
 	fs.BoolVar(&withStdin, "stdin", false, "send this program's standard input (at most 512 KiB) to the command")
 	fs.BoolVar(&detach, "detach", false, "start the command, print its exec ID and return")
 	fs.StringVar(&attach, "attach", "", "follow the output of the exec `ID` and exit with its status")
