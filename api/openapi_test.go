@@ -494,7 +494,8 @@ func TestOpenAPIExchanges(t *testing.T) {
 		{method: "PUT", path: "/v1/sessions/box/policy", status: 200, body: `{"generation":2,"egress":"allowlist","allow":["example.com:443"]}`},
 		{method: "PATCH", path: "/v1/sessions/box/policy", status: 409, body: `{"generation":1,"allow":["d.example.com"]}`},
 		{method: "PUT", path: "/v1/sessions/nope/policy", status: 404, body: `{}`},
-		{method: "PATCH", path: "/v1/sessions/box/policy", status: 400, invalid: true, body: `{"deny":["x.example.com"]}`},
+		{method: "PATCH", path: "/v1/sessions/box/policy", status: 200, body: `{"deny":["x.example.com","198.51.100.0/24:443/tcp"],"revoke_deny":["y.example.com"],"on_deny":"reject"}`},
+		{method: "PATCH", path: "/v1/sessions/box/policy", status: 400, invalid: true, body: `{"denied":["x.example.com"]}`},
 
 		{method: "POST", path: "/v1/sessions/box/exec", status: 200, body: `{"args":["both"]}`, check: func(t *testing.T, body []byte) {
 			frames := execFrames(t, body)

@@ -9,12 +9,13 @@ import (
 
 // PolicyUpdate is the body of PUT and PATCH /v1/sessions/{name}/policy.
 //
-// PUT: Egress, Allow, Scope and LabPeers are the whole new policy (Egress
-// "" is derived as at create); the revoke fields must be empty. PATCH: the
-// entries of Allow, Scope and LabPeers are added, those of Revoke (an
-// --allow or --scope entry, as inspect shows it or as it was given) and
-// RevokeLabPeers removed; Egress "" keeps the current mode. Entries take
-// the grammar, validation and one-line errors of create.
+// PUT: Egress, Allow, Scope, LabPeers, Deny and OnDeny are the whole new
+// policy (Egress "" is derived as at create, OnDeny "" is drop); the
+// revoke fields must be empty. PATCH: the entries of Allow, Scope,
+// LabPeers and Deny are added, those of Revoke (an --allow or --scope
+// entry, as inspect shows it or as it was given), RevokeLabPeers and
+// RevokeDeny removed; Egress "" and OnDeny "" keep the current ones.
+// Entries take the grammar, validation and one-line errors of create.
 //
 // Generation, when not 0, is the policy generation the caller read
 // (SessionInfo.Policy.Generation): if the session's policy has changed
@@ -29,6 +30,9 @@ type PolicyUpdate struct {
 	LabPeers        []string `json:"lab_peers,omitempty"`
 	Revoke          []string `json:"revoke,omitempty"`
 	RevokeLabPeers  []string `json:"revoke_lab_peers,omitempty"`
+	Deny            []string `json:"deny,omitempty"`
+	RevokeDeny      []string `json:"revoke_deny,omitempty"`
+	OnDeny          string   `json:"on_deny,omitempty"`
 	KeepEstablished bool     `json:"keep_established,omitempty"`
 }
 

@@ -22,6 +22,13 @@ type CreateRequest struct {
 	Pids        int64             `json:"pids,omitempty"`
 	CPUs        float64           `json:"cpus,omitempty"` // like docker's --cpus; 0 = container.DefaultCPUs
 	Labels      map[string]string `json:"labels,omitempty"`
+	// Deny entries win over every allow, in every mode: a name, wildcard,
+	// address or CIDR (an address or CIDR optionally with a port).
+	Deny []string `json:"deny,omitempty"`
+	// OnDeny is what a packet the session's policy drops gets: "drop"
+	// (silence, the default when "") or "reject" (a TCP reset, an ICMP
+	// administratively prohibited for other protocols).
+	OnDeny string `json:"on_deny,omitempty"`
 	// Attach mode (what the CNI plugin asks for): the session's interface
 	// is made in NetnsPath, a netns the caller made and keeps, instead of a
 	// netns of the session's own; there is no sandbox (network_only is
@@ -61,7 +68,7 @@ type Counters struct {
 	// flow cap or over its new-flow rate (also in DroppedPackets).
 	LimitedPackets uint64 `json:"limited_packets"`
 	// DroppedByReason counts dropped packets by reason (not-allowed, port,
-	// special-purpose, resolver, spoofed, inbound, rate-limit), exactly,
+	// special-purpose, resolver, spoofed, inbound, rate-limit, denied), exactly,
 	// whatever the log's rate limit; reasons without drops are absent.
 	// spoofed and inbound drops are not in DroppedPackets.
 	DroppedByReason map[string]uint64 `json:"dropped_by_reason,omitempty"`
@@ -76,6 +83,8 @@ type PolicyView struct {
 	LabPeers []string            `json:"lab_peers,omitempty"`
 	Lab      bool                `json:"lab,omitempty"`
 	Pinned   map[string][]string `json:"pinned,omitempty"`
+	Deny     []string            `json:"deny,omitempty"`
+	OnDeny   string              `json:"on_deny"` // drop or reject
 	// Generation counts the policy's versions: 1 at create, one more per
 	// update (name it in a PolicyUpdate to refuse a stale update).
 	Generation uint64 `json:"generation"`

@@ -110,7 +110,24 @@ func (de *dropEvents) record(fl netpolicy.DroppedFlow) {
 			detail["reason"], detail["name"] = ReasonExpired, n
 		}
 	}
+	if fl.Reason == netpolicy.ReasonDenied {
+		if ent, ok := de.d.denyEntry(name, fl.Dst, fl.DstPort, netpolicy.Proto(fl.Proto)); ok {
+			detail["entry"] = ent.String()
+		}
+	}
 	de.d.events.Record(api.Event{Session: name, Kind: api.EventKindFlow, Action: FlowActionDropped, Detail: detail})
+}
+
+// denyEntry is the deny entry of the named session's policy that denies
+// dst (on dport/proto), if any.
+func (e *Daemon) denyEntry(name string, dst netip.Addr, dport uint16, proto netpolicy.Proto) (netpolicy.Entry, bool) {
+	e.mu.Lock()
+	s, ok := e.sessions[name]
+	e.mu.Unlock()
+	if !ok {
+		return netpolicy.Entry{}, false
+	}
+	return s.policy.DeniedAddr(dst, dport, proto)
 }
 
 // flowDetail is a dropped flow as its event shows it: proto, dst, dport

@@ -77,6 +77,21 @@ func (e *Daemon) buildPolicy(req api.CreateRequest) (netpolicy.Policy, error) {
 		p.Allow = append(p.Allow, ent)
 	}
 	p.Allow = netpolicy.DedupEntries(p.Allow)
+	for _, s := range req.Deny {
+		ent, err := netpolicy.ParseDenyEntry(s)
+		if err != nil {
+			return p, badRequest(err)
+		}
+		p.Deny = append(p.Deny, ent)
+	}
+	p.Deny = netpolicy.DedupEntries(p.Deny)
+	switch req.OnDeny {
+	case "", "drop":
+	case "reject":
+		p.Reject = true
+	default:
+		return p, badRequest(fmt.Errorf("--on-deny %q: expected drop or reject", req.OnDeny))
+	}
 	p.LabPeers = req.LabPeers
 	p.Lab = req.Lab
 	switch {
@@ -113,6 +128,10 @@ func (e *Daemon) buildPolicy(req api.CreateRequest) (netpolicy.Policy, error) {
 		for _, ent := range p.Allow {
 			if ent.Kind == netpolicy.KindWildcard || ent.Kind == netpolicy.KindMultiWildcard {
 				return p, badRequest(fmt.Errorf("--pin: wildcard %q cannot be resolved once; name each host", ent.String()))
+			}
+			// Pinning would ask the upstream for a denied name.
+			if d, denied := p.DeniedName(ent.Name); denied {
+				return p, badRequest(fmt.Errorf("--pin: host %s is denied by deny entry %q; remove one of them", ent.Name, d.String()))
 			}
 		}
 	}
@@ -424,6 +443,8 @@ func (e *Daemon) sessionRules(rec SessionRecord, p netpolicy.Policy, peers []net
 		Egress:    p.Egress,
 		Static:    netpolicy.StaticTargets(p, rec.Pinned),
 		Peers:     peers,
+		Deny:      netpolicy.DenyTargets(p),
+		Reject:    p.Reject,
 	}
 }
 
@@ -434,6 +455,7 @@ func (e *Daemon) dnsPolicy(s *liveSession) dnsproxy.SessionPolicy {
 		Mode:   s.policy.Egress,
 		Allow:  s.policy.Allow,
 		Pinned: s.rec.Pinned,
+		Deny:   s.policy.Deny,
 	}
 }
 
@@ -627,6 +649,8 @@ func (e *Daemon) summary(s *liveSession) api.SessionInfo {
 			LabPeers: s.policy.LabPeers,
 			Lab:      s.policy.Lab,
 			Pinned:   pinned,
+			Deny:     entryStrings(s.policy.Deny),
+			OnDeny:   onDeny(s.policy),
 			// A record from before updates existed is generation 1.
 			Generation: max(s.rec.Generation, 1),
 			Locked:     s.rec.Request.Locked,
@@ -773,6 +797,12 @@ func createEssentials(req api.CreateRequest) map[string]any {
 	if req.Egress != "" {
 		d["egress"] = req.Egress
 	}
+	if len(req.Deny) > 0 {
+		d["deny"] = req.Deny
+	}
+	if req.OnDeny != "" {
+		d["on_deny"] = req.OnDeny
+	}
 	if req.Rootfs != "" {
 		d["rootfs"] = req.Rootfs
 	}
@@ -846,6 +876,13 @@ func addrStrings(as []netip.Addr) []string {
 		out[i] = a.String()
 	}
 	return out
+}
+
+func onDeny(p netpolicy.Policy) string {
+	if p.Reject {
+		return "reject"
+	}
+	return "drop"
 }
 
 func entryStrings(es []netpolicy.Entry) []string {

@@ -31,7 +31,8 @@ func (e *Daemon) UpdatePolicy(ctx context.Context, name string, u api.PolicyUpda
 	recorded := false
 	defer func() {
 		if err != nil && !recorded {
-			d := map[string]any{"allow": u.Allow, "scope": stripScopes(u.Scope), "revoke": stripScopes(u.Revoke), "egress": u.Egress, "replace": replace}
+			d := map[string]any{"allow": u.Allow, "scope": stripScopes(u.Scope), "revoke": stripScopes(u.Revoke), "egress": u.Egress, "replace": replace,
+				"deny": u.Deny, "revoke_deny": u.RevokeDeny, "on_deny": u.OnDeny}
 			e.recordCall(ctx, name, "policy_update_failed", d, err)
 		}
 	}()
@@ -142,7 +143,7 @@ func (e *Daemon) UpdatePolicy(ctx context.Context, name string, u api.PolicyUpda
 	e.mu.Unlock()
 	detail := map[string]any{
 		"generation": rec.Generation, "egress": string(policy.Egress), "allow": entryStrings(policy.Allow),
-		"lab_peers": policy.LabPeers, "replace": replace, "keep_established": u.KeepEstablished,
+		"lab_peers": policy.LabPeers, "deny": entryStrings(policy.Deny), "on_deny": onDeny(policy), "replace": replace, "keep_established": u.KeepEstablished,
 		"flows_cut": cut, "attested_removed": len(upd.Stale),
 	}
 	recorded = true
@@ -159,11 +160,29 @@ func (e *Daemon) UpdatePolicy(ctx context.Context, name string, u api.PolicyUpda
 func (e *Daemon) updatedRequest(s *liveSession, u api.PolicyUpdate, replace bool) (api.CreateRequest, error) {
 	req := s.rec.Request
 	if replace {
-		if len(u.Revoke) > 0 || len(u.RevokeLabPeers) > 0 {
-			return req, badRequest(errors.New("revoke and revoke_lab_peers have no meaning when the policy is replaced (PUT, --replace): give the whole new policy"))
+		if len(u.Revoke) > 0 || len(u.RevokeLabPeers) > 0 || len(u.RevokeDeny) > 0 {
+			return req, badRequest(errors.New("revoke, revoke_lab_peers and revoke_deny have no meaning when the policy is replaced (PUT, --replace): give the whole new policy"))
 		}
 		req.Allow, req.Scope, req.LabPeers, req.Egress = slices.Clone(u.Allow), slices.Clone(u.Scope), slices.Clone(u.LabPeers), u.Egress
+		req.Deny, req.OnDeny = slices.Clone(u.Deny), u.OnDeny
 		return req, nil
+	}
+	req.Deny = append(slices.Clone(req.Deny), u.Deny...)
+	if u.OnDeny != "" {
+		req.OnDeny = u.OnDeny
+	}
+	for _, r := range u.RevokeDeny {
+		ent, err := netpolicy.ParseDenyEntry(r)
+		n := len(req.Deny)
+		if err == nil {
+			req.Deny = slices.DeleteFunc(req.Deny, func(a string) bool {
+				x, err := netpolicy.ParseDenyEntry(a)
+				return err == nil && x.String() == ent.String()
+			})
+		}
+		if len(req.Deny) == n {
+			return req, badRequest(fmt.Errorf("revoke deny %q: not a deny entry of session %s's policy (its deny entries: %s)", r, s.rec.Name, listOrNone(entryStrings(s.policy.Deny))))
+		}
 	}
 	req.Allow = append(slices.Clone(req.Allow), u.Allow...)
 	req.Scope = append(slices.Clone(req.Scope), u.Scope...)

@@ -119,6 +119,11 @@ func (e *Daemon) attestedOf(s *liveSession) ([]netpolicy.AttestedAddr, error) {
 // whyName answers for a name: does the policy allow it (else NXDOMAIN),
 // and what each of its addresses would meet.
 func (e *Daemon) whyName(ctx context.Context, s *liveSession, d whyDest, ans api.WhyAnswer) (api.WhyAnswer, error) {
+	if den, ok := s.policy.DeniedName(d.name); ok {
+		ans.Verdict, ans.Reason, ans.Entry = api.WhyNXDomain, netpolicy.ReasonDenied, den.String()
+		ans.Detail = fmt.Sprintf("denied by %q: the proxy answers NXDOMAIN and never asks upstream", den.String())
+		return ans, nil
+	}
 	var entry *netpolicy.Entry
 	switch s.policy.Egress {
 	case netpolicy.ModePublic:
@@ -174,7 +179,7 @@ func (e *Daemon) whyName(ctx context.Context, s *liveSession, d whyDest, ans api
 				v.Detail = fmt.Sprintf("a lookup attests it for %s only", strings.TrimPrefix(entry.PortSpec.String(), ":"))
 			}
 		}
-		if !e.guard.IsPublicUnicast(a) && !isPinned {
+		if _, denied := s.policy.DeniedAddr(a, 0, ""); denied || (!e.guard.IsPublicUnicast(a) && !isPinned) {
 			v.Detail += "; the proxy removes it from the answer"
 		}
 		ans.Addrs = append(ans.Addrs, v.WhyAddr)
@@ -197,13 +202,19 @@ func (e *Daemon) whyAddr(s *liveSession, d whyDest, a netip.Addr, attested []net
 	if a == s.rec.Guest {
 		return set(api.WhyAllowed, "self", "the session's own address: it never leaves the session's netns")
 	}
+	if a == e.dnsAddr && (d.port == 0 || d.port == 53) {
+		return set(api.WhyAllowed, "resolver", "the DNS proxy on the anycast address")
+	}
+	// A deny wins over every allow: lab peers, public mode, static and
+	// attested elements (the policy chain's first rules).
+	if den, ok := s.policy.DeniedAddr(a, d.port, d.proto); ok {
+		r.entry = den.String()
+		return set(api.WhyDropped, netpolicy.ReasonDenied, fmt.Sprintf("denied by %q: dropped before any accept", den.String()))
+	}
 	for _, p := range s.rules.Peers {
 		if p == a {
 			return set(api.WhyAllowed, "lab-peer", "a lab target this session was peered with")
 		}
-	}
-	if a == e.dnsAddr && (d.port == 0 || d.port == 53) {
-		return set(api.WhyAllowed, "resolver", "the DNS proxy on the anycast address")
 	}
 	if !e.guard.IsPublicUnicast(a) {
 		detail := "special-purpose address: dropped in every mode"

@@ -113,8 +113,11 @@ func (p *Proxy) answer(ctx context.Context, s *compiledSession, req *dns.Msg, ev
 	if len(key) > 1 {
 		key = key[:len(key)-1]
 	}
+	if s.deniedName(q.Name) {
+		return reply(VerdictDenied, dns.RcodeNameError) // before pinned names and every mode
+	}
 	if addrs, ok := s.pinned[key]; ok {
-		return p.answerPinned(q, addrs, resp, ev)
+		return p.answerPinned(s, q, addrs, resp, ev)
 	}
 	var ports []netpolicy.PortSpec
 	hints := true
@@ -137,7 +140,19 @@ func (p *Proxy) answer(ctx context.Context, s *compiledSession, req *dns.Msg, ev
 		return reply(VerdictServfail, dns.RcodeServerFailure)
 	}
 	ev.Upstream, ev.Latency = p.upstreamAddrs[idx], rtt
-	f := filterResponse(q.Name, up, hints, p.cfg.Guard.IsPublicUnicast)
+	for _, rr := range up.Answer {
+		if c, ok := rr.(*dns.CNAME); ok && s.deniedName(c.Target) {
+			// An allowed name that is an alias of a denied one: the
+			// denied name's addresses must not come in through it.
+			ev.Err = "cname " + c.Target + " is denied"
+			return reply(VerdictDenied, dns.RcodeNameError)
+		}
+	}
+	keep := p.cfg.Guard.IsPublicUnicast
+	if len(s.denied) > 0 {
+		keep = func(a netip.Addr) bool { return p.cfg.Guard.IsPublicUnicast(a) && !s.deniedAddr(a) }
+	}
+	f := filterResponse(q.Name, up, hints, keep)
 	ev.Dropped = f.dropped
 	if n := f.limit(p.cfg.MaxAnswerAddrs); n > 0 {
 		ev.Capped = n
@@ -203,18 +218,18 @@ func (p *Proxy) forwardIn(ctx, sctx context.Context, q dns.Question, fl queryFla
 const pinnedTTL = 60 * time.Second
 
 // answerPinned answers a pinned name from its pinned addresses: A queries
-// get them (after the guard); every other type an empty answer. Nothing is
+// get them (after the guard and the session's denied CIDRs); every other type an empty answer. Nothing is
 // attested: the session's static sets hold the pinned addresses with their
 // entry's port constraint (see SessionPolicy), and attesting them into the
 // port-less set would open every port.
-func (p *Proxy) answerPinned(q dns.Question, addrs []netip.Addr, resp *dns.Msg, ev *Event) *dns.Msg {
+func (p *Proxy) answerPinned(s *compiledSession, q dns.Question, addrs []netip.Addr, resp *dns.Msg, ev *Event) *dns.Msg {
 	ev.Verdict = VerdictPinned
 	if q.Qtype != dns.TypeA {
 		return resp
 	}
 	var kept []netip.Addr
 	for _, a := range addrs {
-		if p.cfg.Guard.IsPublicUnicast(a) {
+		if p.cfg.Guard.IsPublicUnicast(a) && !s.deniedAddr(a) {
 			kept = append(kept, a)
 		} else {
 			ev.Dropped = append(ev.Dropped, a)

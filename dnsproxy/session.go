@@ -27,6 +27,11 @@ type SessionPolicy struct {
 	Mode   netpolicy.Mode
 	Allow  []netpolicy.Entry
 	Pinned map[string][]netip.Addr
+	// Deny wins over Allow and Pinned in every mode: a name a deny entry
+	// matches (the question, or a CNAME target of the answer) is answered
+	// NXDOMAIN, the question never sent upstream; an address a port-less
+	// deny entry covers is removed from every answer and never attested.
+	Deny []netpolicy.Entry
 }
 
 // compiledSession is one registration: a ready-to-match form of a
@@ -45,6 +50,8 @@ type compiledSession struct {
 	mode   netpolicy.Mode
 	match  *matcher
 	pinned map[string][]netip.Addr // key: lower-case, no trailing dot
+	deny   *matcher                // the deny entries' names
+	denied []netip.Prefix          // the port-less deny entries' CIDRs
 
 	// ctx is the context the session's upstream waits run in; it descends
 	// from the proxy's (so Shutdown ends it too) and retire cancels it.
@@ -93,7 +100,21 @@ func compile(sp SessionPolicy) (*compiledSession, error) {
 	if err != nil {
 		return nil, fmt.Errorf("register session %q: %w: %w", sp.Name, ErrBadSession, err)
 	}
-	cs := &compiledSession{name: sp.Name, guest: sp.Guest, mode: sp.Mode, match: m}
+	var names []netpolicy.Entry
+	var denied []netip.Prefix
+	for _, e := range sp.Deny {
+		switch {
+		case e.Kind != netpolicy.KindCIDR:
+			names = append(names, e)
+		case e.Port == 0:
+			denied = append(denied, e.Prefix)
+		}
+	}
+	dm, err := newMatcher(names)
+	if err != nil {
+		return nil, fmt.Errorf("register session %q: %w: deny: %w", sp.Name, ErrBadSession, err)
+	}
+	cs := &compiledSession{name: sp.Name, guest: sp.Guest, mode: sp.Mode, match: m, deny: dm, denied: denied}
 	if len(sp.Pinned) > 0 {
 		cs.pinned = make(map[string][]netip.Addr, len(sp.Pinned))
 		for name, addrs := range sp.Pinned {
@@ -173,4 +194,20 @@ func (p *Proxy) Unregister(guest netip.Addr) {
 // no lock.
 func (p *Proxy) session(src netip.Addr) *compiledSession {
 	return (*p.sessions.Load())[src.Unmap()]
+}
+
+// deniedName reports whether a deny entry matches qname.
+func (cs *compiledSession) deniedName(qname string) bool {
+	ok, _, _ := cs.deny.match(qname)
+	return ok
+}
+
+// deniedAddr reports whether a port-less deny entry covers a.
+func (cs *compiledSession) deniedAddr(a netip.Addr) bool {
+	for _, p := range cs.denied {
+		if p.Contains(a.Unmap()) {
+			return true
+		}
+	}
+	return false
 }

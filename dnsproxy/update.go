@@ -111,7 +111,7 @@ func (l *attestLog) split(cs *compiledSession) (kept *attestLog, keep, stale []n
 }
 
 func stillAllowed(cs *compiledSession, name string, ports []netpolicy.PortSpec) bool {
-	if _, pinned := cs.pinned[name]; pinned {
+	if _, pinned := cs.pinned[name]; pinned || cs.deniedName(name) {
 		return false
 	}
 	switch cs.mode {

@@ -21,10 +21,11 @@ const (
 	ReasonSpoofed        = "spoofed"         // a source address that is not the session's
 	ReasonInbound        = "inbound"         // a connection opened towards the session
 	ReasonRateLimit      = "rate-limit"      // over the flow cap or the new-flow rate
+	ReasonDenied         = "denied"          // a deny entry names the destination
 )
 
 // Reasons lists every drop reason.
-var Reasons = []string{ReasonNotAllowed, ReasonPort, ReasonSpecialPurpose, ReasonResolver, ReasonSpoofed, ReasonInbound, ReasonRateLimit}
+var Reasons = []string{ReasonNotAllowed, ReasonPort, ReasonSpecialPurpose, ReasonResolver, ReasonSpoofed, ReasonInbound, ReasonRateLimit, ReasonDenied}
 
 // dropCode is a reason's number in @acct_reason keys (guest . code). The
 // counts of rate-limit are @acct_limited's; codeUnlogged counts the log
@@ -44,6 +45,7 @@ var dropCodes = []dropCode{
 	{ReasonResolver, 4, chainDropResolver},
 	{ReasonSpoofed, 5, chainDropSpoofed},
 	{ReasonInbound, 6, chainDropInbound},
+	{ReasonDenied, 7, chainDropDenied},
 	{"", codeUnlogged, ""},
 }
 

@@ -123,8 +123,22 @@ func sessionElements(r SessionRules) []setElems {
 		first, last := prefixBounds(p)
 		portCIDR = append(portCIDR, nftables.SetElement{Key: concat(g, ipKey(first)), KeyEnd: concat(g, ipKey(last))})
 	}
+	var denied, deniedPorts []nftables.SetElement
+	for _, t := range expandProto(r.Deny) {
+		first, last := prefixBounds(t.Prefix)
+		if t.Port == 0 {
+			denied = append(denied, nftables.SetElement{Key: concat(g, ipKey(first)), KeyEnd: concat(g, ipKey(last))})
+			continue
+		}
+		pr, po := protoKey(t.Proto), portKey(t.Port)
+		deniedPorts = append(deniedPorts, nftables.SetElement{Key: concat(g, pr, ipKey(first), po), KeyEnd: concat(g, pr, ipKey(last), po)})
+	}
+	var reject []nftables.SetElement
+	if r.Reject {
+		reject = []nftables.SetElement{{Key: g}}
+	}
 	for _, se := range []setElems{{setPeers, peers}, {setStatic, static}, {setStaticPorts, staticPorts}, {setStaticCIDR, cidr}, {setStaticCIDRPorts, cidrPorts},
-		{setPortHosts, portHosts}, {setPortCIDRs, portCIDR}} {
+		{setPortHosts, portHosts}, {setPortCIDRs, portCIDR}, {setDenied, denied}, {setDeniedPorts, deniedPorts}, {setReject, reject}} {
 		if len(se.elems) > 0 {
 			out = append(out, se)
 		}

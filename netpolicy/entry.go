@@ -25,6 +25,26 @@ func ParseEntry(s string, g *Guard) (Entry, error) {
 	return e, nil
 }
 
+// ParseDenyEntry parses a deny entry: the grammar of ParseEntry, except
+// that an address or CIDR may be any IPv4 range (denying a special-purpose
+// range is redundant, never unsafe) and a name takes no port: a name is
+// denied at the resolver, which knows no ports (deny its addresses with a
+// port instead). Errors are one line: `deny entry "X": reason`.
+func ParseDenyEntry(s string) (Entry, error) {
+	e, err := parseEntry(strings.TrimSpace(s), anyRange)
+	if err == nil && e.Kind != KindCIDR && e.Port != 0 {
+		err = fmt.Errorf("a name is denied on every port (the resolver knows no ports); give %s, or deny an address or CIDR with a port", e.Name)
+	}
+	if err != nil {
+		return Entry{}, fmt.Errorf("deny entry %q: %w", s, err)
+	}
+	return e, nil
+}
+
+// anyRange is the guard of deny entries: it blocks nothing, so no range is
+// refused.
+var anyRange = &Guard{}
+
 // MustParseEntry is ParseEntry with the default guard for constants in tests
 // and examples: it panics on error, so it must never see user input.
 func MustParseEntry(s string) Entry {

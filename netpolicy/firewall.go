@@ -96,6 +96,8 @@ type SessionRules struct {
 	Egress    Mode
 	Static    []Target     // CIDR entries and pinned addresses (see StaticTargets)
 	Peers     []netip.Addr // guest addresses of the lab peers this session may reach
+	Deny      []Target     // denied addresses and CIDRs (DenyTargets): dropped before any accept
+	Reject    bool         // policy drops answered with a TCP reset or ICMP admin-prohibited
 }
 
 // SessionKey identifies a session in the kernel's "sessions" set.

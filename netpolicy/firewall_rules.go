@@ -20,6 +20,10 @@ const (
 
 func reg32(n uint32) uint32 { return reg32_00 + n }
 
+// icmpAdminProhibited is ICMP destination unreachable code 13,
+// "communication administratively prohibited" (RFC 1812).
+const icmpAdminProhibited = 13
+
 // connlimitOver is NFT_CONNLIMIT_F_INV: "ct count over N" matches when the
 // count exceeds N (golang.org/x/sys/unix does not define it).
 const connlimitOver = 1
@@ -75,6 +79,8 @@ type ruleEnv struct {
 //	  ip daddr . ip saddr @peers goto accept_session       # back to a lab peer
 //	  goto policy                                          # about its own flow: judged like a new packet
 //	policy
+//	  ip saddr . ip daddr @denied goto drop_denied           # deny entries: before every accept
+//	  ip saddr . meta l4proto . ip daddr . th dport @denied_ports goto drop_denied
 //	  ip saddr . ip daddr @peers goto accept_new            # lab peers (before the guard: they are in the pool)
 //	  ip daddr @blocked goto drop_special                   # SSRF guard, every mode
 //	  meta l4proto {tcp,udp} th dport {53,853} goto resolver
@@ -107,8 +113,12 @@ type ruleEnv struct {
 //	accept_return:  update @acct_return { ip daddr }; accept  # counted: downloads are replies
 //	drop_session:   update @acct_drop { ip saddr }; drop
 //	drop_limited:   update @acct_limited { ip saddr }; LOG(rate-limit); goto drop_session
-//	drop_not_allowed, drop_port, drop_special, drop_resolver:
-//	                update @acct_reason { ip saddr . CODE }; LOG(reason); goto drop_session
+//	drop_not_allowed, drop_port, drop_special, drop_resolver, drop_denied:
+//	                update @acct_reason { ip saddr . CODE }; LOG(reason); goto drop_policy
+//	drop_policy:    ip saddr @reject goto reject_session; goto drop_session
+//	reject_session: update @acct_drop { ip saddr }
+//	                meta l4proto tcp reject with tcp reset
+//	                reject with icmp admin-prohibited      # --on-deny reject: the session's own packets only
 //	drop_spoofed:   update @acct_reason { iifname map @ifaces . 5 }; LOG(spoofed); drop
 //	drop_inbound:   oifname . ip daddr != @sessions drop
 //	                update @acct_reason { ip daddr . 6 }; LOG(inbound); drop
@@ -211,7 +221,10 @@ func buildRules(env ruleEnv) []ruleSpec {
 	add(chainRelated, v4, env.lookupPeerOf(), gotoC(chainAccept))
 	add(chainRelated, gotoC(chainPolicy))
 
-	// policy
+	// policy. Deny entries first: a deny wins over every accept below (lab
+	// peers, public mode, attested and static elements).
+	add(chainPolicy, v4, env.lookupPair(setDenied), gotoC(chainDropDenied))
+	add(chainPolicy, v4, env.lookupPorts(setDeniedPorts), gotoC(chainDropDenied))
 	add(chainPolicy, v4, env.lookupPair(setPeers), gotoC(chainAcceptNew))
 	add(chainPolicy, v4, loadDaddr(reg1), env.lookup(setBlocked, reg1, false), gotoC(chainDropSpecial))
 	// DNS (53) and DNS over TLS (853) go to the anycast proxy only, in
@@ -265,7 +278,9 @@ func buildRules(env ruleEnv) []ruleSpec {
 		if d.chain == "" {
 			continue
 		}
-		k, final := guestIsSaddr, gotoC(chainDrop)
+		// The session's own packets the policy drops may be answered
+		// (drop_policy); spoofed and inbound ones never are.
+		k, final := guestIsSaddr, gotoC(chainDropPolicy)
 		switch d.reason {
 		case ReasonSpoofed:
 			k, final = guestByIface, drop
@@ -277,6 +292,17 @@ func buildRules(env ruleEnv) []ruleSpec {
 			add(d.chain, r)
 		}
 	}
+	// drop_policy, reject_session: the session chose reject. Only the
+	// reason chains above reach here, and only with the session's own
+	// address as the source: raw_prerouting's anti-spoofing check passed,
+	// so the answer goes to the session that sent the packet, nowhere else.
+	add(chainDropPolicy, v4, loadSaddr(reg1), env.lookup(setReject, reg1, false), gotoC(chainReject))
+	add(chainDropPolicy, gotoC(chainDrop))
+	add(chainReject, v4, env.update(setAcctDrop))
+	add(chainReject, v4, l4protoNumIs(unix.IPPROTO_TCP), []expr.Any{&expr.Reject{Type: unix.NFT_REJECT_TCP_RST}})
+	add(chainReject, v4, []expr.Any{&expr.Reject{Type: unix.NFT_REJECT_ICMP_UNREACH, Code: icmpAdminProhibited}})
+	// A rate-limited flow stays a silent drop: answering a flood would only
+	// add to it.
 	limited := env.reasonRules(dropCode{reason: ReasonRateLimit}, guestIsSaddr, true, gotoC(chainDrop))
 	limited[0] = append(v4, env.update(setAcctLimited)...)
 	for _, r := range limited {

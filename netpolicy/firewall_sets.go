@@ -44,6 +44,9 @@ const (
 	setPortAttested      = "port_attested"       // ipv4_addr . ipv4_addr, timeout: guest . address attested_ports allows on some port
 	setAcctReason        = "acct_reason"         // ipv4_addr . mark, dynamic, counter: guest . drop reason code
 	setLogRate           = "lograte"             // ipv4_addr, dynamic, limit per element: the guest's drop-log budget
+	setDenied            = "denied"              // ipv4_addr . ipv4_addr interval: guest . denied address or CIDR
+	setDeniedPorts       = "denied_ports"        // ipv4_addr . inet_proto . ipv4_addr . inet_service interval: the same on a port
+	setReject            = "reject"              // ipv4_addr: guests whose policy drops are answered (--on-deny reject)
 )
 
 // Chain names in the table.
@@ -70,6 +73,9 @@ const (
 	chainDropResolver   = "drop_resolver"
 	chainDropSpoofed    = "drop_spoofed"
 	chainDropInbound    = "drop_inbound"
+	chainDropDenied     = "drop_denied"
+	chainDropPolicy     = "drop_policy"
+	chainReject         = "reject_session"
 )
 
 var (
@@ -154,6 +160,11 @@ func newSchema(tableName string, pool netip.Prefix) *schema {
 	}
 	add(&nftables.Set{Name: setAcctReason, KeyType: typeGuestMark, Concatenation: true, Dynamic: true, Counter: true, Size: reasonSize})
 	add(&nftables.Set{Name: setLogRate, KeyType: nftables.TypeIPAddr, Dynamic: true, Size: size})
+	// Deny entries are interval sets whatever their shape: few sessions
+	// have any, and only those pay pipapo's insert cost (see above).
+	add(&nftables.Set{Name: setDenied, KeyType: typeGuestPeer, Concatenation: true, Interval: true})
+	add(&nftables.Set{Name: setDeniedPorts, KeyType: typeGuestPort, Concatenation: true, Interval: true})
+	add(&nftables.Set{Name: setReject, KeyType: nftables.TypeIPAddr, Size: size})
 	return s
 }
 

@@ -216,7 +216,7 @@ func (f *Firewall) updateByDumpLocked(c *nftables.Conn, u SessionUpdate, p updat
 		base[se.set] = true
 	}
 	want := map[elemID]bool{}
-	sets := []string{setPublic, setPeers, setStatic, setStaticPorts, setStaticCIDR, setStaticCIDRPorts}
+	sets := []string{setPublic, setPeers, setStatic, setStaticPorts, setStaticCIDR, setStaticCIDRPorts, setDenied, setDeniedPorts, setReject}
 	for _, plan := range [][]setElems{sessionElements(u.Old), sessionElements(u.New)} {
 		for _, se := range plan {
 			if !slices.Contains(sets, se.set) && !base[se.set] {
@@ -264,11 +264,24 @@ func (f *Firewall) updateByDumpLocked(c *nftables.Conn, u SessionUpdate, p updat
 // cutsFlow reports whether an update takes away a flow of the guest to dst
 // (protocol number proto, destination port dport): the old rules or a stale
 // attestation allowed it, and neither the new rules nor a kept attestation
-// does. A flow no update step ever allowed (an attestation that expired
-// long before, the DNS proxy) is left alone: its fate is not the update's.
+// does, or the new rules deny it (a deny wins over a kept attestation
+// too). A flow no update step ever allowed (an attestation that expired
+// long before, the DNS proxy, a destination the old rules denied) is left
+// alone: its fate is not the update's.
 func (u SessionUpdate) cutsFlow(g *Guard, dst netip.Addr, proto uint8, dport uint16) bool {
-	was := rulesAllow(u.Old, g, dst, proto, dport) || attestAllow(u.Stale, dst, proto, dport)
-	return was && !rulesAllow(u.New, g, dst, proto, dport) && !attestAllow(u.Keep, dst, proto, dport)
+	was := !rulesDeny(u.Old, dst, proto, dport) && (rulesAllow(u.Old, g, dst, proto, dport) ||
+		attestAllow(u.Stale, dst, proto, dport) || attestAllow(u.Keep, dst, proto, dport))
+	now := !rulesDeny(u.New, dst, proto, dport) && (rulesAllow(u.New, g, dst, proto, dport) || attestAllow(u.Keep, dst, proto, dport))
+	return was && !now
+}
+
+func rulesDeny(r SessionRules, dst netip.Addr, proto uint8, dport uint16) bool {
+	for _, t := range r.Deny {
+		if t.Prefix.Contains(dst) && portAllows(t.Port, t.Proto, proto, dport) {
+			return true
+		}
+	}
+	return false
 }
 
 func portAllows(port uint16, p Proto, proto uint8, dport uint16) bool {

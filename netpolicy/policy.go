@@ -130,4 +130,36 @@ type Policy struct {
 	// their LabPeers. The daemon enforces the pairing; the firewall only sees
 	// addresses.
 	Lab bool
+	// Deny wins over every allow, in every mode (public, attested, static,
+	// lab peers): a name entry is answered NXDOMAIN and never sent upstream
+	// (ParseDenyEntry: names take no port), an address or CIDR entry is
+	// dropped in the kernel before any accept and removed from DNS answers.
+	Deny []Entry
+	// Reject: what the session's policy drops gets a TCP reset or an ICMP
+	// administratively prohibited instead of silence (--on-deny reject).
+	Reject bool
+}
+
+// DeniedName returns the deny entry that matches name, if any.
+func (p Policy) DeniedName(name string) (Entry, bool) {
+	for _, e := range p.Deny {
+		if e.MatchesName(name) {
+			return e, true
+		}
+	}
+	return Entry{}, false
+}
+
+// DeniedAddr returns the deny entry that denies a (on port/proto when port
+// is not 0; with port 0, only a port-less entry), if any.
+func (p Policy) DeniedAddr(a netip.Addr, port uint16, proto Proto) (Entry, bool) {
+	for _, e := range p.Deny {
+		if e.Kind != KindCIDR || !e.Prefix.Contains(a) {
+			continue
+		}
+		if e.Port == 0 || (e.Port == port && (e.Proto == ProtoAny || e.Proto == proto)) {
+			return e, true
+		}
+	}
+	return Entry{}, false
 }

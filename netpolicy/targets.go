@@ -52,6 +52,21 @@ func StaticTargets(p Policy, pinned map[string][]netip.Addr) []Target {
 	return normalizeTargets(out)
 }
 
+// DenyTargets returns the address and CIDR deny entries of p as targets,
+// normalised like StaticTargets' (name entries are the DNS proxy's).
+func DenyTargets(p Policy) []Target {
+	if p.Egress == ModeNone {
+		return nil
+	}
+	var out []Target
+	for _, e := range p.Deny {
+		if e.Kind == KindCIDR {
+			out = append(out, Target{Prefix: e.Prefix, Port: e.Port, Proto: e.Proto})
+		}
+	}
+	return normalizeTargets(out)
+}
+
 // covers reports whether every packet matching u also matches t.
 func (t Target) covers(u Target) bool {
 	if t.Prefix.Bits() > u.Prefix.Bits() || !t.Prefix.Contains(u.Prefix.Addr()) {

@@ -23,6 +23,21 @@ func (p Policy) Validate() error {
 		if p.Lab {
 			errs = append(errs, fmt.Errorf("egress none cannot be a lab target; a session without a network cannot be reached"))
 		}
+		if len(p.Deny) > 0 {
+			errs = append(errs, fmt.Errorf("egress none takes no deny entries (got %d); nothing leaves a session without a network", len(p.Deny)))
+		}
+		if p.Reject {
+			errs = append(errs, fmt.Errorf("egress none takes no --on-deny reject; a session without a network sends nothing to reject"))
+		}
+	}
+	for _, e := range p.Deny {
+		err := e.check()
+		if err == nil && e.Kind != KindCIDR && e.Port != 0 {
+			err = fmt.Errorf("a name is denied on every port")
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("deny entry %q: %w", e.String(), err))
+		}
 	}
 	for _, e := range p.Allow {
 		if err := e.check(); err != nil {

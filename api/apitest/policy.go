@@ -29,7 +29,18 @@ func (f *Engine) UpdatePolicy(ctx context.Context, name string, u api.PolicyUpda
 		allow = append(slices.Clone(s.Policy.Allow), u.Allow...)
 		allow = slices.DeleteFunc(allow, func(a string) bool { return slices.Contains(u.Revoke, a) })
 	}
-	s.Policy.Allow = allow
+	deny := slices.Clone(u.Deny)
+	if !replace {
+		deny = append(slices.Clone(s.Policy.Deny), u.Deny...)
+		deny = slices.DeleteFunc(deny, func(a string) bool { return slices.Contains(u.RevokeDeny, a) })
+	}
+	switch {
+	case u.OnDeny != "":
+		s.Policy.OnDeny = u.OnDeny
+	case replace:
+		s.Policy.OnDeny = "drop"
+	}
+	s.Policy.Allow, s.Policy.Deny = allow, deny
 	s.Policy.Generation = gen + 1
 	f.sessions[name] = s
 	return s, nil

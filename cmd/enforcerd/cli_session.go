@@ -239,6 +239,8 @@ func (c *cli) sessionCreate(glob *globalOpts) *cobra.Command {
 		req          api.CreateRequest
 		allow, scope []string
 		labPeers     []string
+		deny         []string
+		onDeny       = enumFlag{allowed: []string{"drop", "reject"}}
 		labels       kvFlag
 		memory       sizeFlag
 		cpus         cpusFlag
@@ -258,6 +260,8 @@ func (c *cli) sessionCreate(glob *globalOpts) *cobra.Command {
 	fs.BoolVar(&req.Writable, "writable", false, "give the sandbox a writable overlay instead of a read-only root with a tmpfs /tmp")
 	fs.StringArrayVar(&allow, "allow", nil, "allow egress to `ENTRY` (name, *.wildcard, CIDR, optionally :PORT), repeatable")
 	fs.StringArrayVar(&scope, "scope", nil, "allow the host of the scope `URL`, repeatable; a scope without a port allows every port (a browser would use only the scheme's default), and an IPv4-mapped IPv6 address is judged by its IPv4 address")
+	fs.StringArrayVar(&deny, "deny", nil, "deny `ENTRY` (name, *.wildcard, address or CIDR, an address or CIDR optionally :PORT), winning over every allow in every mode, repeatable")
+	fs.Var(&onDeny, "on-deny", "what the policy's drops get: `drop` (silence, the default) or reject (a TCP reset, ICMP administratively prohibited otherwise)")
 	fs.BoolVar(&req.Pin, "pin", false, "resolve every allowed host once now and pin its IPv4 addresses")
 	fs.BoolVar(&req.Locked, "locked", false, "the policy never changes: every update is refused")
 	fs.Var(&egress, "egress", "egress `MODE`: none, allowlist or public (default: allowlist when something is allowed, else none)")
@@ -270,6 +274,7 @@ func (c *cli) sessionCreate(glob *globalOpts) *cobra.Command {
 	fs.Var(&labels, "label", "attach the label `KEY=VALUE`, repeatable")
 	fs.BoolVar(&asJSON, "json", false, "print the session as JSON")
 	_ = cmd.RegisterFlagCompletionFunc("egress", cobra.FixedCompletions(egress.allowed, cobra.ShellCompDirectiveNoFileComp))
+	_ = cmd.RegisterFlagCompletionFunc("on-deny", cobra.FixedCompletions(onDeny.allowed, cobra.ShellCompDirectiveNoFileComp))
 	_ = cmd.MarkFlagDirname("rootfs")
 	cmd.ValidArgsFunction = cobra.NoFileCompletions
 
@@ -315,6 +320,8 @@ func (c *cli) sessionCreate(glob *globalOpts) *cobra.Command {
 		req.Allow = allow
 		req.Scope = scope
 		req.LabPeers = labPeers
+		req.Deny = deny
+		req.OnDeny = onDeny.value
 		req.Egress = egress.value
 		req.MemoryBytes = memory.bytes
 		req.Pids = int64(pids)

@@ -17,12 +17,14 @@ func (c *cli) sessionUpdate(glob *globalOpts) *cobra.Command {
 		egress   = enumFlag{allowed: []string{"allowlist", "public"}}
 		gen      positiveFlag
 		revokeLP []string
+		onDeny   = enumFlag{allowed: []string{"drop", "reject"}}
 	)
 	cmd := &cobra.Command{
-		Use:   "update NAME [--allow ENTRY]... [--revoke ENTRY]... [--egress MODE] [--lab-peer NAME]... [--revoke-lab-peer NAME]... [--replace] [options]",
+		Use:   "update NAME [--allow ENTRY]... [--revoke ENTRY]... [--egress MODE] [--lab-peer NAME]... [--revoke-lab-peer NAME]... [--deny ENTRY]... [--revoke-deny ENTRY]... [--on-deny drop|reject] [--replace] [options]",
 		Short: "change a running session's policy",
 		Long: `Change a running session's policy. The entries of --allow, --scope and
---lab-peer are added, those of --revoke and --revoke-lab-peer removed; with
+--lab-peer and --deny are added, those of --revoke, --revoke-lab-peer and
+--revoke-deny removed; with
 --replace the given entries become the whole policy. The entries take
 create's grammar. The kernel's rules and the DNS proxy change together, or,
 on any failure, not at all. What is revoked is dropped at once, the
@@ -38,12 +40,16 @@ with --locked refuses every update.`,
 	fs.StringArrayVar(&u.Revoke, "revoke", nil, "remove the allow or scope `ENTRY`, repeatable")
 	fs.StringArrayVar(&u.LabPeers, "lab-peer", nil, "may connect to the lab target `NAME`, repeatable")
 	fs.StringArrayVar(&revokeLP, "revoke-lab-peer", nil, "remove the lab peer `NAME`, repeatable")
+	fs.StringArrayVar(&u.Deny, "deny", nil, "deny `ENTRY` (as create), repeatable")
+	fs.StringArrayVar(&u.RevokeDeny, "revoke-deny", nil, "remove the deny `ENTRY`, repeatable")
+	fs.Var(&onDeny, "on-deny", "what the policy's drops get: `drop` or reject (default: unchanged; with --replace, drop)")
 	fs.Var(&egress, "egress", "egress `MODE`: allowlist or public (default: unchanged; with --replace, derived as at create)")
 	fs.BoolVar(&replace, "replace", false, "the given entries become the whole policy")
 	fs.BoolVar(&u.KeepEstablished, "keep-established", false, "leave established flows to revoked destinations alone")
 	fs.Var(&gen, "generation", "refuse the update unless the policy is at generation `N`")
 	fs.BoolVar(&asJSON, "json", false, "print the session as JSON")
 	_ = cmd.RegisterFlagCompletionFunc("egress", cobra.FixedCompletions(egress.allowed, cobra.ShellCompDirectiveNoFileComp))
+	_ = cmd.RegisterFlagCompletionFunc("on-deny", cobra.FixedCompletions(onDeny.allowed, cobra.ShellCompDirectiveNoFileComp))
 	cmd.ValidArgsFunction = c.completeSessions(glob, 1)
 
 	cmd.RunE = func(cmd *cobra.Command, args []string) error {
@@ -54,9 +60,10 @@ with --locked refuses every update.`,
 		}
 		u.RevokeLabPeers = revokeLP
 		u.Egress = egress.value
+		u.OnDeny = onDeny.value
 		u.Generation = uint64(gen)
-		if replace && (len(u.Revoke) > 0 || len(revokeLP) > 0) {
-			return usageErr(name, "--revoke and --revoke-lab-peer have no meaning with --replace: give the whole new policy")
+		if replace && (len(u.Revoke) > 0 || len(revokeLP) > 0 || len(u.RevokeDeny) > 0) {
+			return usageErr(name, "--revoke, --revoke-lab-peer and --revoke-deny have no meaning with --replace: give the whole new policy")
 		}
 		ctx, cancel := signalContext()
 		defer cancel()

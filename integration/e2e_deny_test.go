@@ -1,0 +1,146 @@
+package integration
+
+// Deny entries and --on-deny reject, checked where they matter: the DNS
+// proxy's answers and the upstream's query log, connections made, dropped
+// or refused, the kernel's counters, and why.
+
+import (
+	"errors"
+	"net/netip"
+	"slices"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/miekg/dns"
+
+	"github.com/enforcerd/enforcerd/api"
+	"github.com/enforcerd/enforcerd/integration/world"
+)
+
+// In allowlist mode a deny wins over a wildcard allow (the name is
+// NXDOMAIN and never asked upstream), over a static entry and over an
+// allowed name's answer (the address is removed from it and dropped); an
+// update that adds a deny cuts the established flow an attested name
+// still allows, and one that revokes it opens the address again.
+func TestE2EDenyAllowlist(t *testing.T) {
+	e := newE2E(t)
+	info := e.createNetOnly("agent", "--allow", "*.e2e.test", "--allow", "198.18.2.10:7",
+		"--deny", "docs.e2e.test", "--deny", "198.18.2.10")
+	ns := e.nsPath("agent")
+	if !slices.Equal(info.Policy.Deny, []string{"198.18.2.10", "docs.e2e.test"}) || info.Policy.OnDeny != "drop" {
+		t.Errorf("created: deny %v on_deny %q, want [198.18.2.10 docs.e2e.test] drop", info.Policy.Deny, info.Policy.OnDeny)
+	}
+	// Positive controls: the wildcard allows, and the proxy asks upstream.
+	e2eLookupWant(t, ns, "allowed", "api.e2e.test", dns.RcodeSuccess, "198.18.1.10")
+	e2eLookupWant(t, ns, "allowed, same address as the denied name", "other.e2e.test", dns.RcodeSuccess, "198.18.1.11")
+	if !e.w.DNS.QueriedName("api.e2e.test") {
+		t.Fatal("api.e2e.test was answered without the upstream: the query log is not a control")
+	}
+	e2eLookupWant(t, ns, "denied name", "docs.e2e.test", dns.RcodeNameError)
+	if e.w.DNS.QueriedName("docs.e2e.test") {
+		t.Error("docs.e2e.test, denied, was asked upstream")
+	}
+	// An allowed name whose answer is a denied address: the address is
+	// removed from the answer and never attested.
+	e2eLookupWant(t, ns, "allowed name, denied address", "cdn.e2e.test", dns.RcodeSuccess)
+	e2eExpect(t,
+		e2eTCP(ns, "198.18.1.10:7", e2eReach),
+		e2eTCP(ns, "198.18.2.10:7", e2eDropped), // the static 198.18.2.10:7 loses to the deny
+	)
+	if a := e.why("agent", "docs.e2e.test"); a.Verdict != api.WhyNXDomain || a.Reason != "denied" || a.Entry != "docs.e2e.test" {
+		t.Errorf("why docs.e2e.test: %+v, want nxdomain, denied, entry docs.e2e.test", a)
+	}
+	if a := e.why("agent", "198.18.2.10:7"); a.Verdict != api.WhyDropped || a.Reason != "denied" || a.Entry != "198.18.2.10" {
+		t.Errorf("why 198.18.2.10:7: %+v, want dropped, denied, entry 198.18.2.10", a)
+	}
+	if n := e.inspect("agent").Counters.DroppedByReason["denied"]; n == 0 {
+		t.Error("no packet counted with reason denied")
+	}
+
+	// Added by an update: the established flow to an address an allowed
+	// name attested is cut, a new one dropped.
+	conn := e2eDial(t, ns, "198.18.1.10:7")
+	e2eEcho(t, "before the deny", conn)
+	info = e.update("agent", "--deny", "198.18.1.10", "--revoke-deny", "198.18.2.10")
+	if !slices.Equal(info.Policy.Deny, []string{"198.18.1.10", "docs.e2e.test"}) {
+		t.Errorf("update: deny %v, want [198.18.1.10 docs.e2e.test]", info.Policy.Deny)
+	}
+	e2eCut(t, "198.18.1.10:7, denied by the update", conn)
+	e2eExpect(t,
+		e2eTCP(ns, "198.18.1.10:7", e2eDropped),
+		e2eTCP(ns, "198.18.2.10:7", e2eReach), // the deny revoked: the static entry allows again
+	)
+	e2eLookupWant(t, ns, "after the update", "api.e2e.test", dns.RcodeSuccess)
+}
+
+// In public mode a deny is "everything public except these": the denied
+// name is NXDOMAIN and never asked upstream, the denied address is dropped
+// and removed from answers; the rest of the public internet stays open.
+func TestE2EDenyPublic(t *testing.T) {
+	e := newE2E(t)
+	e.createNetOnly("pub", "--egress", "public", "--deny", "api.e2e.test", "--deny", "198.18.1.11/32:7")
+	ns := e.nsPath("pub")
+	e2eLookupWant(t, ns, "public", "cdn.e2e.test", dns.RcodeSuccess, "198.18.2.10")
+	e2eLookupWant(t, ns, "denied name", "api.e2e.test", dns.RcodeNameError)
+	if e.w.DNS.QueriedName("api.e2e.test") {
+		t.Error("api.e2e.test, denied, was asked upstream")
+	}
+	if !e.w.DNS.QueriedName("cdn.e2e.test") {
+		t.Error("cdn.e2e.test was not asked upstream: the query log is not a control")
+	}
+	// A port deny keeps the address in answers (other ports are open).
+	e2eLookupWant(t, ns, "address denied on a port", "docs.e2e.test", dns.RcodeSuccess, "198.18.1.11")
+	e2eExpect(t,
+		e2eTCP(ns, "198.18.2.10:7", e2eReach),
+		e2eTCP(ns, "198.18.1.10:7", e2eReach), // a denied name denies the name, not its address
+		e2eTCP(ns, "198.18.1.11:7", e2eDropped),
+	)
+	e.update("pub", "--deny", "198.18.2.0/24")
+	e2eLookupWant(t, ns, "address denied by the update", "cdn.e2e.test", dns.RcodeSuccess)
+	e2eExpect(t, e2eTCP(ns, "198.18.2.10:7", e2eDropped), e2eTCP(ns, "198.18.1.10:7", e2eReach))
+}
+
+// --on-deny reject: a TCP connect the policy drops is refused (a reset)
+// within 100 ms, a UDP send gets an ICMP error, for denied and for merely
+// not allowed destinations; back to drop, the same connects time out.
+func TestE2EDenyReject(t *testing.T) {
+	e := newE2E(t)
+	info := e.createNetOnly("agent", "--allow", "api.e2e.test", "--deny", "198.18.1.11", "--on-deny", "reject")
+	ns := e.nsPath("agent")
+	if info.Policy.OnDeny != "reject" {
+		t.Errorf("created: on_deny %q, want reject", info.Policy.OnDeny)
+	}
+	e2eLookupWant(t, ns, "allowed", "api.e2e.test", dns.RcodeSuccess, "198.18.1.10")
+	e2eExpect(t, e2eTCP(ns, "198.18.1.10:7", e2eReach))
+	for _, dst := range []string{"198.18.1.11:7", "198.18.2.10:7"} {
+		start := time.Now()
+		c, err := world.DialTCP(ns, netip.MustParseAddrPort(dst), world.BlockTimeout)
+		took := time.Since(start)
+		if err == nil {
+			c.Close()
+			t.Errorf("tcp %s: connected, want refused", dst)
+			continue
+		}
+		if !errors.Is(err, syscall.ECONNREFUSED) || took > 100*time.Millisecond {
+			t.Errorf("tcp %s: %v after %v, want ECONNREFUSED within 100ms", dst, err, took)
+		}
+		start = time.Now()
+		err = world.UDPEcho(ns, netip.MustParseAddrPort(dst), world.BlockTimeout)
+		if took := time.Since(start); err == nil || world.IsTimeout(err) || !errors.Is(err, syscall.EHOSTUNREACH) {
+			t.Errorf("udp %s: %v after %v, want an ICMP error (EHOSTUNREACH)", dst, err, took)
+		}
+	}
+	if n := e.inspect("agent").Counters.DroppedByReason["denied"]; n == 0 {
+		t.Error("no packet counted with reason denied")
+	}
+	// The control: the same destinations with drop time out.
+	if info := e.update("agent", "--on-deny", "drop"); info.Policy.OnDeny != "drop" {
+		t.Errorf("update: on_deny %q, want drop", info.Policy.OnDeny)
+	}
+	e2eExpect(t,
+		e2eTCP(ns, "198.18.1.11:7", e2eDropped),
+		e2eTCP(ns, "198.18.2.10:7", e2eDropped),
+		e2eUDP(ns, "198.18.2.10:7", e2eDropped),
+	)
+}
