@@ -31,7 +31,8 @@ const drainGrace = 500 * time.Millisecond
 // Timeout or ctx cancellation Exec kills that whole group with SIGKILL, waits for the leader and
 // returns ErrTimeout (or ctx's error). Processes that left the group (setsid, setpgid) are not
 // followed; they die with the sandbox. The exit code is -1 whenever err is not nil, but for an
-// *OOMError: the command was killed for want of memory, and its status (137) comes with it.
+// *OOMError: the command was killed for want of memory, and its status (137) comes with it; and
+// for a *PidsLimitError: the command failed while the sandbox refused forks, with its status.
 func (m *Manager) Exec(ctx context.Context, name string, p ExecSpec) (exitCode int, err error) {
 	if len(p.Args) == 0 || p.Args[0] == "" {
 		return -1, errors.New("exec: no command; give at least the program to run")
@@ -124,7 +125,29 @@ func (m *Manager) Exec(ctx context.Context, name string, p ExecSpec) (exitCode i
 	if code == 128+int(unix.SIGKILL) && oomBefore >= 0 && oomKills(memDir) > oomBefore {
 		return code, &OOMError{Command: p.Args[0], Sandbox: name, Limit: memoryLimit(memDir)}
 	}
+	if code != 0 && pidsBefore >= 0 && m.pidsRefused(box) > pidsBefore {
+		pe := &PidsLimitError{Command: p.Args[0], Sandbox: name}
+		pe.Max, _ = m.pidsMax(box)
+		return code, pe
+	}
 	return code, nil
+}
+
+// PidsLimitError is the error of an Exec whose command ran but failed while
+// the sandbox was at its --pids limit (the cgroup refused forks during the
+// run): Exec returns it with the command's own status, so the caller can say
+// why a fork failed ("can't fork: Resource temporarily unavailable").
+type PidsLimitError struct {
+	Command string
+	Sandbox string
+	Max     int64 // the limit, 0 when unknown
+}
+
+func (e *PidsLimitError) Error() string {
+	if e.Max > 0 {
+		return fmt.Sprintf("exec %q in %s: pids limit reached (%d processes): a fork failed while it ran", e.Command, e.Sandbox, e.Max)
+	}
+	return fmt.Sprintf("exec %q in %s: pids limit reached: a fork failed while it ran", e.Command, e.Sandbox)
 }
 
 // exitStatus is the shell's convention: the exit status, or 128+signal.

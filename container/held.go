@@ -82,6 +82,7 @@ const (
 	HeldTimeout    = "timeout"     // it ran past its Timeout; its process group was killed
 	HeldNotStarted = "not_started" // it never started: Exit is ExitNotFound or ExitCannotRun
 	HeldOOM        = "oom"         // the kernel killed it at the sandbox's memory limit
+	HeldPidsLimit  = "pids_limit"  // it failed while the sandbox was at its pids limit: Exit is its status
 	HeldKilled     = "killed"      // the holder was told to stop it (SIGTERM), or it was lost
 	HeldFailed     = "failed"      // the holder could not run it
 )
@@ -379,9 +380,12 @@ func runHeld(dir string) HeldStatus {
 	}
 	var startErr *StartError
 	var oom *OOMError
+	var pids *PidsLimitError
 	switch {
 	case err == nil:
 		return HeldStatus{Exit: code, Reason: HeldExited}
+	case errors.As(err, &pids):
+		return HeldStatus{Exit: code, Reason: HeldPidsLimit, Error: err.Error()}
 	case errors.As(err, &startErr):
 		return HeldStatus{Exit: startErr.Code, Reason: HeldNotStarted, Error: err.Error()}
 	case errors.As(err, &oom):

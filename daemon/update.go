@@ -151,7 +151,11 @@ func (e *Daemon) UpdatePolicy(ctx context.Context, name string, u api.PolicyUpda
 	if cutErr != nil {
 		return e.summary(next), fmt.Errorf("policy of %s updated (generation %d), but: %w", name, rec.Generation, cutErr)
 	}
-	return e.info(next), nil
+	// The answer is the session without the kernel's reads (as create's):
+	// its attested set and counters come from dumps of every session's
+	// sets, which would make an update's cost grow with the number of
+	// sessions. Inspect has them.
+	return e.summary(next), nil
 }
 
 // updatedRequest is the session's request with the update's policy
