@@ -115,7 +115,11 @@ func (de *dropEvents) record(fl netpolicy.DroppedFlow) {
 			detail["entry"] = ent.String()
 		}
 	}
-	de.d.events.Record(api.Event{Session: name, Kind: api.EventKindFlow, Action: FlowActionDropped, Detail: detail})
+	ev := api.Event{Time: time.Now().UTC(), Session: name, Kind: api.EventKindFlow, Action: FlowActionDropped, Detail: detail}
+	de.d.events.Record(ev)
+	// Under systemd the journal keeps it too, with structured fields; the
+	// kernel's per-session log budget bounds how many lines a flood makes.
+	de.d.logEvent(ev)
 }
 
 // denyEntry is the deny entry of the named session's policy that denies
@@ -209,8 +213,10 @@ func (de *dropEvents) pollUnlogged(stop <-chan struct{}) {
 		de.d.mu.Unlock()
 		de.mu.Unlock()
 		for _, r := range out {
-			de.d.events.Record(api.Event{Session: r.name, Kind: api.EventKindFlow, Action: FlowActionUnlogged,
-				Detail: map[string]any{"count": r.n}})
+			ev := api.Event{Time: time.Now().UTC(), Session: r.name, Kind: api.EventKindFlow, Action: FlowActionUnlogged,
+				Detail: map[string]any{"count": r.n}}
+			de.d.events.Record(ev)
+			de.d.logEvent(ev)
 		}
 	}
 }

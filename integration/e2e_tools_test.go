@@ -93,6 +93,10 @@ func TestE2EToolDefaults(t *testing.T) {
 	if want := "C.UTF-8\n/tmp\n/tmp\ndata\nhome-ok\n"; out != want {
 		t.Errorf("read-only root defaults: %q, want %q", out, want)
 	}
+	// wget URL, as a user types it: the file lands in the working directory.
+	if out := e.mustSh("plain", `timeout 5 wget -q http://198.18.1.10/ && cat index.html`); out != "hello from 198.18.1.10\n" {
+		t.Errorf("wget URL on a read-only root: %q", out)
+	}
 	// An explicit --workdir and --env still win.
 	if out := e.cli("session", "exec", "plain", "--workdir", "/", "--env", "LANG=C", "--", "sh", "-c", `pwd; echo "$LANG"`); out != "/\nC\n" {
 		t.Errorf("--workdir / --env LANG=C: %q", out)
