@@ -153,8 +153,11 @@ type Daemon struct {
 	pending  map[string]bool // names whose create or delete is in flight
 
 	held heldWatch // the execs whose end this daemon watches (execs.go)
-	// finishMu serialises finishExec: an exec's end is recorded once.
-	finishMu sync.Mutex
+	// finishMu serialises finishExec (an exec's end is recorded once) and
+	// guards execCallers: the context of each exec this daemon started,
+	// whose caller the end event names.
+	finishMu    sync.Mutex
+	execCallers map[string]context.Context
 
 	names attestNames // the name that attested each address (expired.go)
 }

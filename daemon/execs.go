@@ -116,6 +116,12 @@ func (e *Daemon) Exec(ctx context.Context, name string, req api.ExecRequest) (in
 	}
 	key := name + "/" + id
 	e.held.claim(key)
+	e.finishMu.Lock()
+	if e.execCallers == nil {
+		e.execCallers = map[string]context.Context{}
+	}
+	e.execCallers[key] = context.WithoutCancel(ctx) // whoever records the end, it is this caller's
+	e.finishMu.Unlock()
 	go func() {
 		defer e.held.done(key)
 		_, _ = proc.Wait() // the holder is this daemon's child until it restarts
@@ -167,6 +173,11 @@ func lastFrame(st container.HeldStatus) api.ExecFrame {
 func (e *Daemon) finishExec(ctx context.Context, name, id string) {
 	e.finishMu.Lock() // the holder's watcher and a stream's end may both get here
 	defer e.finishMu.Unlock()
+	key := name + "/" + id
+	if c, ok := e.execCallers[key]; ok {
+		ctx = c // the request's context: its caller goes on the event
+		defer delete(e.execCallers, key)
+	}
 	dir := e.execDir(name, id)
 	if _, err := os.Stat(filepath.Join(dir, recordedMarker)); err == nil {
 		return
