@@ -68,8 +68,16 @@ func newNPEnv(t *testing.T, floor time.Duration) *npEnv {
 		AttestMaxLifetime: time.Hour} // the daemon's default
 	e.fw = e.openFirewall(t)
 	t.Cleanup(func() {
+		// A handle of its own: the test may have reopened e.fw, and the
+		// reopened handle's Close (a later cleanup) runs before this one.
+		fw, err := netpolicy.OpenFirewall(e.cfg)
+		if err != nil {
+			t.Errorf("delete table: open firewall: %v", err)
+			return
+		}
+		defer fw.Close()
 		for i := 0; i < 2; i++ { // deleting twice is fine
-			if err := e.fw.DeleteTable(); err != nil {
+			if err := fw.DeleteTable(); err != nil {
 				t.Errorf("delete table (call %d): %v", i+1, err)
 			}
 		}
