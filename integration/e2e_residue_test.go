@@ -79,7 +79,13 @@ func e2eReadObjects(t *testing.T, w *world.World, prefix, stateDir string) e2eOb
 	if err != nil {
 		t.Fatalf("netlink handle in %s: %v", w.HostName, err)
 	}
+	// A dump interrupted by a concurrent change (a veth the kernel is still
+	// removing) is retried, as the product's own dumps are.
 	links, err := h.LinkList()
+	for i := 0; i < 5 && errors.Is(err, netlink.ErrDumpInterrupted); i++ {
+		time.Sleep(20 * time.Millisecond)
+		links, err = h.LinkList()
+	}
 	h.Close()
 	if err != nil {
 		t.Fatalf("list links of %s: %v", w.HostName, err)
