@@ -136,6 +136,23 @@ func (e *e2eEnv) start() {
 // prefix is left.
 func (e *e2eEnv) cleanup() {
 	t := e.t
+	// Whatever fails first (a Fatalf ends this function early), the daemon
+	// this test started is stopped and its prefix reaped: nothing of the
+	// test outlives it.
+	defer func() {
+		if done, _ := e.d.Exited(); !done && e.d.PID() != 0 {
+			if err := e.d.Stop(); err != nil {
+				t.Errorf("cleanup: stop enforcerd: %v", err)
+			}
+		}
+		if out, err := e.d.Reap(); err != nil {
+			t.Errorf("cleanup: enforcerd reap --name-prefix %s: %v\n%s", e.d.Prefix, err, out)
+		}
+		e.expectObjects(t, "after enforcerd reap", e2eObjects{})
+		if t.Failed() {
+			t.Logf("enforcerd log (%s):\n%s", e.d.LogPath, e2eTail(e.d.Log(), 80))
+		}
+	}()
 	if done, _ := e.d.Exited(); !done && e.d.PID() != 0 {
 		if list, err := e.tryList(); err == nil {
 			for _, s := range list {
@@ -151,16 +168,6 @@ func (e *e2eEnv) cleanup() {
 		} else {
 			t.Errorf("cleanup: daemon not answering: %v", err)
 		}
-		if err := e.d.Stop(); err != nil {
-			t.Errorf("cleanup: stop enforcerd: %v", err)
-		}
-	}
-	if out, err := e.d.Reap(); err != nil {
-		t.Errorf("cleanup: enforcerd reap --name-prefix %s: %v\n%s", e.d.Prefix, err, out)
-	}
-	e.expectObjects(t, "after enforcerd reap", e2eObjects{})
-	if t.Failed() {
-		t.Logf("enforcerd log (%s):\n%s", e.d.LogPath, e2eTail(e.d.Log(), 80))
 	}
 }
 
