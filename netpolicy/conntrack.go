@@ -1,6 +1,7 @@
 package netpolicy
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -151,6 +152,9 @@ const (
 	ctaTupleOrig    = 1
 	ctaZone         = 18
 	ctaTupleIP      = 1
+	ctaTupleProto   = 2
+	ctaProtoNum     = 1
+	ctaProtoDstPort = 3
 	ctaIPv4Src      = 1
 	ctaIPv4Dst      = 2
 	nfnetlinkV0     = 0
@@ -239,6 +243,8 @@ type flowEntry struct {
 	tuple    []byte
 	zone     []byte
 	src, dst netip.Addr
+	proto    uint8  // the protocol number
+	dport    uint16 // the destination port of a port protocol (TCP, UDP, ...), else 0
 }
 
 func nfgenmsg() []byte { return []byte{unix.AF_INET, nfnetlinkV0, 0, 0} }
@@ -278,7 +284,7 @@ func parseFlow(b []byte) (flowEntry, error) {
 		switch ad.Type() {
 		case ctaTupleOrig:
 			e.tuple = append([]byte(nil), ad.Bytes()...)
-			e.src, e.dst = tupleAddrs(e.tuple)
+			e.src, e.dst, e.proto, e.dport = parseTuple(e.tuple)
 		case ctaZone:
 			e.zone = append([]byte(nil), ad.Bytes()...)
 		}
@@ -286,30 +292,41 @@ func parseFlow(b []byte) (flowEntry, error) {
 	return e, ad.Err()
 }
 
-// tupleAddrs reads the IPv4 source and destination of an encoded tuple.
-func tupleAddrs(tuple []byte) (src, dst netip.Addr) {
+// parseTuple reads an encoded tuple once: its IPv4 source and destination,
+// its protocol number and, for a port protocol, its destination port.
+func parseTuple(tuple []byte) (src, dst netip.Addr, proto uint8, dport uint16) {
 	ad, err := netlink.NewAttributeDecoder(tuple)
 	if err != nil {
 		return
 	}
 	for ad.Next() {
-		if ad.Type() != ctaTupleIP {
-			continue
-		}
-		ip, err := netlink.NewAttributeDecoder(ad.Bytes())
+		inner, err := netlink.NewAttributeDecoder(ad.Bytes())
 		if err != nil {
 			return
 		}
-		for ip.Next() {
-			v := ip.Bytes()
-			if len(v) != 4 {
-				continue
+		switch ad.Type() {
+		case ctaTupleIP:
+			for inner.Next() {
+				v := inner.Bytes()
+				if len(v) != 4 {
+					continue
+				}
+				switch inner.Type() {
+				case ctaIPv4Src:
+					src = netip.AddrFrom4([4]byte(v))
+				case ctaIPv4Dst:
+					dst = netip.AddrFrom4([4]byte(v))
+				}
 			}
-			switch ip.Type() {
-			case ctaIPv4Src:
-				src = netip.AddrFrom4([4]byte(v))
-			case ctaIPv4Dst:
-				dst = netip.AddrFrom4([4]byte(v))
+		case ctaTupleProto:
+			for inner.Next() {
+				v := inner.Bytes()
+				switch {
+				case inner.Type() == ctaProtoNum && len(v) == 1:
+					proto = v[0]
+				case inner.Type() == ctaProtoDstPort && len(v) == 2:
+					dport = binary.BigEndian.Uint16(v)
+				}
 			}
 		}
 	}

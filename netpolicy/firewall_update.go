@@ -1,7 +1,6 @@
 package netpolicy
 
 import (
-	"encoding/binary"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -344,8 +343,7 @@ func (f *Firewall) CutFlows(u SessionUpdate) (int, error) {
 			if e.src != guest {
 				continue
 			}
-			proto, dport := tupleProtoPort(e.tuple)
-			if !u.cutsFlow(f.guard, e.dst, proto, dport) {
+			if !u.cutsFlow(f.guard, e.dst, e.proto, e.dport) {
 				continue
 			}
 			if err := deleteFlow(c, e); err != nil {
@@ -362,40 +360,3 @@ func (f *Firewall) CutFlows(u SessionUpdate) (int, error) {
 }
 
 // ctnetlink tuple attributes (linux/netfilter/nfnetlink_conntrack.h).
-const (
-	ctaTupleProto   = 2
-	ctaProtoNum     = 1
-	ctaProtoDstPort = 3
-)
-
-// tupleProtoPort reads the protocol number and, for TCP, UDP and the other
-// port protocols, the destination port of an encoded tuple (0 otherwise).
-func tupleProtoPort(tuple []byte) (proto uint8, dport uint16) {
-	ad, err := netlink.NewAttributeDecoder(tuple)
-	if err != nil {
-		return
-	}
-	for ad.Next() {
-		if ad.Type() != ctaTupleProto {
-			continue
-		}
-		pd, err := netlink.NewAttributeDecoder(ad.Bytes())
-		if err != nil {
-			return
-		}
-		for pd.Next() {
-			v := pd.Bytes()
-			switch pd.Type() {
-			case ctaProtoNum:
-				if len(v) == 1 {
-					proto = v[0]
-				}
-			case ctaProtoDstPort:
-				if len(v) == 2 {
-					dport = binary.BigEndian.Uint16(v)
-				}
-			}
-		}
-	}
-	return
-}
