@@ -168,11 +168,11 @@ func (d *datapath) run() (string, error) {
 		return "", err
 	}
 	defer inB.Close()
-	// First the packet that must be dropped, on a fresh socket (no
-	// conntrack entry makes it a reply), then the one that must pass.
-	if err := sendUDPFrom(b.NetnsPath, netip.AddrPortFrom(a.Guest, datapathPort), []byte("enforcerd doctor: must be dropped")); err != nil {
-		return "", err
-	}
+	// First the packet that must pass, resent until it is delivered: a
+	// fresh pair's carrier and neighbours take a moment, and a packet sent
+	// before then is lost before any chain sees it. Then the one that must
+	// be dropped, each on a fresh socket (no conntrack entry makes it a
+	// reply), resent until b's dropped counter moves or the wait ends.
 	delivered := false
 	deadline := time.Now().Add(datapathWait)
 	buf := make([]byte, 64)
@@ -185,12 +185,22 @@ func (d *datapath) run() (string, error) {
 			delivered = true
 		}
 	}
-	ca, err := d.fw.Counters(a.Guest)
-	if err != nil {
-		return "", err
+	var ca, cb netpolicy.Counters
+	deadline = time.Now().Add(datapathWait)
+	for {
+		if err := sendUDPFrom(b.NetnsPath, netip.AddrPortFrom(a.Guest, datapathPort), []byte("enforcerd doctor: must be dropped")); err != nil {
+			return "", err
+		}
+		time.Sleep(20 * time.Millisecond)
+		if cb, err = d.fw.Counters(b.Guest); err != nil {
+			return "", err
+		}
+		if cb.DroppedPackets > 0 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(80 * time.Millisecond)
 	}
-	cb, err := d.fw.Counters(b.Guest)
-	if err != nil {
+	if ca, err = d.fw.Counters(a.Guest); err != nil {
 		return "", err
 	}
 	return datapathVerdict(ca, cb, delivered)
