@@ -1,37 +1,42 @@
 package daemon
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"runtime"
+	"sort"
 	"sync"
 	"time"
 
 	"github.com/enforcerd/enforcerd/api"
 	"github.com/enforcerd/enforcerd/dnsproxy"
 	"github.com/enforcerd/enforcerd/netpolicy"
-
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
-// Metrics are the daemon's Prometheus metrics in their own registry. Every
-// method is safe on a nil *Metrics (tests and callers without metrics).
-// What the engine and the DNS proxy already count (sessions, per-session
-// packet counters, every dnsproxy.Stats field) is read at scrape time
-// (SetSessionSource), never measured twice and never stale.
+// Metrics are the daemon's Prometheus metrics. Every method is safe on a
+// nil *Metrics (tests and callers without metrics). What the engine and the
+// DNS proxy already count (sessions, per-session packet counters, every
+// dnsproxy.Stats field) is read at scrape time (SetSessionSource), never
+// measured twice and never stale; the creates are counted here.
 type Metrics struct {
-	Registry       *prometheus.Registry
-	Creates        *prometheus.CounterVec // {result="ok"|"error"}
-	CreateFailures *prometheus.CounterVec // {reason}
-	CreateSeconds  prometheus.Histogram
+	version, commit string
 
-	src *sourceCollector
+	mu             sync.Mutex
+	creates        map[string]uint64 // by result: ok, error
+	createFailures map[string]uint64 // by reason
+	createHist     []uint64          // cumulative counts per createBuckets bound
+	createCount    uint64
+	createSum      float64
+	source         sessionSource
 }
+
+// createBuckets are the bounds, in seconds, of the create latency histogram.
+var createBuckets = []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10}
 
 // sessionSource is what the metrics read from the engine at every scrape.
 type sessionSource interface {
@@ -72,57 +77,16 @@ var dnsGauges = []struct {
 	{"enforcerd_dns_sessions", "Sessions registered with the DNS proxy.", func(s dnsproxy.Stats) int { return s.Sessions }},
 }
 
-// NewMetrics registers every metric, the Go runtime's and the process's;
-// version and commit label enforcerd_build_info.
+// NewMetrics returns the daemon's metrics, the Go runtime's and the
+// process's; version and commit label enforcerd_build_info.
 func NewMetrics(version, commit string) *Metrics {
-	m := &Metrics{
-		Registry: prometheus.NewRegistry(),
-		Creates: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "enforcerd_session_creates_total", Help: "Session creates by result (ok or error).",
-		}, []string{"result"}),
-		CreateFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "enforcerd_session_create_failures_total", Help: "Failed session creates by reason.",
-		}, []string{"reason"}),
-		CreateSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name: "enforcerd_session_create_seconds", Help: "Latency of successful session creates.",
-			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10},
-		}),
-		src: &sourceCollector{
-			sessions: prometheus.NewDesc("enforcerd_sessions", "Sessions that exist now.", nil, nil),
-			dropped: prometheus.NewDesc("enforcerd_session_dropped_packets_total",
-				"Packets the session's policy dropped (from the nftables counters).", []string{"session"}, nil),
-			limited: prometheus.NewDesc("enforcerd_session_limited_packets_total",
-				"New flows of the session dropped because it was at its flow cap or over its new-flow rate (--max-flows, --flow-rate).", []string{"session"}, nil),
-			byReason: prometheus.NewDesc("enforcerd_dropped_packets_total",
-				"Packets the table dropped, by reason, summed over the sessions (per session: inspect's dropped_by_reason).", []string{"reason"}, nil),
-			unlogged: prometheus.NewDesc("enforcerd_drops_not_logged_total",
-				"Dropped new flows that got no flow event (the per-session log budget), summed over the sessions.", nil, nil),
-			queries: prometheus.NewDesc("enforcerd_dns_queries_total", "DNS queries answered, by verdict.", []string{"verdict"}, nil),
-			loops: prometheus.NewDesc("enforcerd_dns_serve_loops",
-				"DNS proxy serve loops running now (proto udp: readers, tcp: accept loops); 0 means queries of that protocol go unanswered.", []string{"proto"}, nil),
-			attest: prometheus.NewDesc("enforcerd_dns_attest_seconds",
-				"Time to put an answer's addresses into the session's set (each attest, failed ones too).", nil, nil),
-			upstream: prometheus.NewDesc("enforcerd_dns_upstream_seconds",
-				"Round-trip time of successful upstream exchanges.", nil, nil),
-		},
+	return &Metrics{
+		version: version, commit: commit,
+		// export zeros from the start
+		creates:        map[string]uint64{"ok": 0, "error": 0},
+		createFailures: map[string]uint64{},
+		createHist:     make([]uint64, len(createBuckets)),
 	}
-	for _, d := range dnsCounters {
-		m.src.counters = append(m.src.counters, prometheus.NewDesc(d.name, d.help, nil, nil))
-	}
-	for _, d := range dnsGauges {
-		m.src.gauges = append(m.src.gauges, prometheus.NewDesc(d.name, d.help, nil, nil))
-	}
-	build := prometheus.NewGauge(prometheus.GaugeOpts{
-		Name: "enforcerd_build_info", Help: "Always 1; the labels say which build runs.",
-		ConstLabels: prometheus.Labels{"version": version, "commit": commit, "goversion": runtime.Version()},
-	})
-	build.Set(1)
-	m.Registry.MustRegister(m.Creates, m.CreateFailures, m.CreateSeconds, m.src, build,
-		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	for _, r := range []string{"ok", "error"} {
-		m.Creates.WithLabelValues(r) // export zeros from the start
-	}
-	return m
 }
 
 // SetSessionSource installs the engine the scrape-time metrics read.
@@ -130,9 +94,15 @@ func (m *Metrics) SetSessionSource(src sessionSource) {
 	if m == nil {
 		return
 	}
-	m.src.mu.Lock()
-	m.src.source = src
-	m.src.mu.Unlock()
+	m.mu.Lock()
+	m.source = src
+	m.mu.Unlock()
+}
+
+func (m *Metrics) sessionSource() sessionSource {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.source
 }
 
 // CreateRefused counts a create refused before it reached the daemon
@@ -145,13 +115,22 @@ func (m *Metrics) observeCreate(d time.Duration, err error) {
 	if m == nil {
 		return
 	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
 	if err != nil {
-		m.Creates.WithLabelValues("error").Inc()
-		m.CreateFailures.WithLabelValues(failureReason(err)).Inc()
+		m.creates["error"]++
+		m.createFailures[failureReason(err)]++
 		return
 	}
-	m.Creates.WithLabelValues("ok").Inc()
-	m.CreateSeconds.Observe(d.Seconds())
+	m.creates["ok"]++
+	s := d.Seconds()
+	for i, b := range createBuckets {
+		if s <= b {
+			m.createHist[i]++
+		}
+	}
+	m.createCount++
+	m.createSum += s
 }
 
 // failureReason is the {reason} label of a failed create.
@@ -169,40 +148,42 @@ func failureReason(err error) string {
 	return "internal"
 }
 
-// sourceCollector reads the engine's and the DNS proxy's counters at
-// scrape time, so sessions that went leave no series. mu guards source.
-type sourceCollector struct {
-	sessions, dropped, limited *prometheus.Desc
-	byReason, unlogged         *prometheus.Desc
-	queries, loops             *prometheus.Desc
-	attest, upstream           *prometheus.Desc
-	counters                   []*prometheus.Desc // one per dnsCounters entry
-	gauges                     []*prometheus.Desc // one per dnsGauges entry
-	mu                         sync.Mutex
-	source                     sessionSource
+// WriteText writes every metric in the text exposition format: the creates,
+// what the source counts now, the build, the Go runtime and the process.
+func (m *Metrics) WriteText(w io.Writer) error {
+	p := newPromWriter(w)
+	m.writeCreates(p)
+	m.writeSource(p, m.sessionSource())
+	p.family("enforcerd_build_info", "Always 1; the labels say which build runs.", "gauge")
+	p.sample("enforcerd_build_info", 1, "commit", m.commit, "goversion", runtime.Version(), "version", m.version)
+	writeRuntimeMetrics(p)
+	return p.flush()
 }
 
-func (c *sourceCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.sessions, c.dropped, c.limited, c.byReason, c.unlogged, c.queries, c.loops, c.attest, c.upstream} {
-		ch <- d
+func (m *Metrics) writeCreates(p *promWriter) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	p.family("enforcerd_session_creates_total", "Session creates by result (ok or error).", "counter")
+	for _, r := range sortedKeys(m.creates) {
+		p.sample("enforcerd_session_creates_total", float64(m.creates[r]), "result", r)
 	}
-	for _, d := range c.counters {
-		ch <- d
+	p.family("enforcerd_session_create_failures_total", "Failed session creates by reason.", "counter")
+	for _, r := range sortedKeys(m.createFailures) {
+		p.sample("enforcerd_session_create_failures_total", float64(m.createFailures[r]), "reason", r)
 	}
-	for _, d := range c.gauges {
-		ch <- d
-	}
+	p.family("enforcerd_session_create_seconds", "Latency of successful session creates.", "histogram")
+	p.histogram("enforcerd_session_create_seconds", createBuckets, m.createHist, m.createCount, m.createSum)
 }
 
-func (c *sourceCollector) Collect(ch chan<- prometheus.Metric) {
-	c.mu.Lock()
-	src := c.source
-	c.mu.Unlock()
+// writeSource writes what the engine and the DNS proxy count now, so
+// sessions that went leave no series.
+func (m *Metrics) writeSource(p *promWriter, src sessionSource) {
+	p.family("enforcerd_sessions", "Sessions that exist now.", "gauge")
 	if src == nil {
-		ch <- prometheus.MustNewConstMetric(c.sessions, prometheus.GaugeValue, 0)
+		p.sample("enforcerd_sessions", 0)
 		return
 	}
-	ch <- prometheus.MustNewConstMetric(c.sessions, prometheus.GaugeValue, float64(src.SessionCount()))
+	p.sample("enforcerd_sessions", float64(src.SessionCount()))
 	// Every reason has a series, zero included, so a rate() over it never
 	// starts from a missing one.
 	byReason := map[string]uint64{}
@@ -210,53 +191,83 @@ func (c *sourceCollector) Collect(ch chan<- prometheus.Metric) {
 		byReason[r] = 0
 	}
 	var unlogged uint64
-	for name, n := range src.SessionCounters() {
-		ch <- prometheus.MustNewConstMetric(c.dropped, prometheus.CounterValue, float64(n.DroppedPackets), name)
-		ch <- prometheus.MustNewConstMetric(c.limited, prometheus.CounterValue, float64(n.LimitedPackets), name)
+	counters := src.SessionCounters()
+	names := sortedKeys(counters)
+	p.family("enforcerd_session_dropped_packets_total", "Packets the session's policy dropped (from the nftables counters).", "counter")
+	for _, name := range names {
+		p.sample("enforcerd_session_dropped_packets_total", float64(counters[name].DroppedPackets), "session", name)
+	}
+	p.family("enforcerd_session_limited_packets_total", "New flows of the session dropped because it was at its flow cap or over its new-flow rate (--max-flows, --flow-rate).", "counter")
+	for _, name := range names {
+		n := counters[name]
+		p.sample("enforcerd_session_limited_packets_total", float64(n.LimitedPackets), "session", name)
 		for r, v := range n.ByReason {
 			byReason[r] += v
 		}
 		unlogged += n.Unlogged
 	}
-	for r, v := range byReason {
-		ch <- prometheus.MustNewConstMetric(c.byReason, prometheus.CounterValue, float64(v), r)
+	p.family("enforcerd_dropped_packets_total", "Packets the table dropped, by reason, summed over the sessions (per session: inspect's dropped_by_reason).", "counter")
+	for _, r := range sortedKeys(byReason) {
+		p.sample("enforcerd_dropped_packets_total", float64(byReason[r]), "reason", r)
 	}
-	ch <- prometheus.MustNewConstMetric(c.unlogged, prometheus.CounterValue, float64(unlogged))
+	p.family("enforcerd_drops_not_logged_total", "Dropped new flows that got no flow event (the per-session log budget), summed over the sessions.", "counter")
+	p.sample("enforcerd_drops_not_logged_total", float64(unlogged))
+
 	st := src.DNSStats()
-	for verdict, n := range st.Verdicts {
-		ch <- prometheus.MustNewConstMetric(c.queries, prometheus.CounterValue, float64(n), verdict)
+	p.family("enforcerd_dns_queries_total", "DNS queries answered, by verdict.", "counter")
+	for _, v := range sortedKeys(st.Verdicts) {
+		p.sample("enforcerd_dns_queries_total", float64(st.Verdicts[v]), "verdict", v)
 	}
-	for i, d := range c.counters {
-		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(dnsCounters[i].get(st)))
+	for _, d := range dnsCounters {
+		p.family(d.name, d.help, "counter")
+		p.sample(d.name, float64(d.get(st)))
 	}
-	for i, d := range c.gauges {
-		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, float64(dnsGauges[i].get(st)))
+	for _, d := range dnsGauges {
+		p.family(d.name, d.help, "gauge")
+		p.sample(d.name, float64(d.get(st)))
 	}
-	ch <- prometheus.MustNewConstMetric(c.loops, prometheus.GaugeValue, float64(st.UDPReaders), "udp")
-	ch <- prometheus.MustNewConstMetric(c.loops, prometheus.GaugeValue, float64(st.TCPAcceptors), "tcp")
-	ch <- constHistogram(c.attest, st.Attest)
-	ch <- constHistogram(c.upstream, st.Upstream)
+	p.family("enforcerd_dns_serve_loops", "DNS proxy serve loops running now (proto udp: readers, tcp: accept loops); 0 means queries of that protocol go unanswered.", "gauge")
+	p.sample("enforcerd_dns_serve_loops", float64(st.TCPAcceptors), "proto", "tcp")
+	p.sample("enforcerd_dns_serve_loops", float64(st.UDPReaders), "proto", "udp")
+	writeDNSHistogram(p, "enforcerd_dns_attest_seconds", "Time to put an answer's addresses into the session's set (each attest, failed ones too).", st.Attest)
+	writeDNSHistogram(p, "enforcerd_dns_upstream_seconds", "Round-trip time of successful upstream exchanges.", st.Upstream)
 }
 
-// constHistogram exports one of the proxy's cumulative histograms as is.
-func constHistogram(d *prometheus.Desc, h dnsproxy.Histogram) prometheus.Metric {
-	buckets := make(map[float64]uint64, len(h.Bounds))
+// writeDNSHistogram exports one of the proxy's cumulative histograms as is.
+func writeDNSHistogram(p *promWriter, name, help string, h dnsproxy.Histogram) {
+	bounds := make([]float64, len(h.Bounds))
 	for i, b := range h.Bounds {
-		buckets[b.Seconds()] = h.Counts[i]
+		bounds[i] = b.Seconds()
 	}
-	return prometheus.MustNewConstHistogram(d, h.Count, h.Sum.Seconds(), buckets)
+	p.family(name, help, "histogram")
+	p.histogram(name, bounds, h.Counts, h.Count, h.Sum.Seconds())
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
 }
 
 // Handler serves the registry at /metrics, and /healthz and /readyz.
 func (m *Metrics) Handler() http.Handler {
 	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{}))
+	mux.HandleFunc("/metrics", func(w http.ResponseWriter, r *http.Request) {
+		var buf bytes.Buffer
+		if err := m.WriteText(&buf); err != nil {
+			http.Error(w, "metrics: "+err.Error(), http.StatusInternalServerError)
+			return
+		}
+		w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+		_, _ = w.Write(buf.Bytes())
+	})
 	// Health for orchestrators that probe over TCP: the same check as the
 	// API's /v1/healthz; ready once the engine is installed (after reconcile).
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
-		m.src.mu.Lock()
-		src := m.src.source
-		m.src.mu.Unlock()
+		src := m.sessionSource()
 		switch {
 		case src == nil:
 			http.Error(w, "starting", http.StatusServiceUnavailable)
@@ -269,10 +280,7 @@ func (m *Metrics) Handler() http.Handler {
 		}
 	})
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, r *http.Request) {
-		m.src.mu.Lock()
-		ready := m.src.source != nil
-		m.src.mu.Unlock()
-		if !ready {
+		if m.sessionSource() == nil {
 			http.Error(w, "reconciling", http.StatusServiceUnavailable)
 			return
 		}

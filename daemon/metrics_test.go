@@ -1,10 +1,12 @@
 package daemon
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"net/http"
 	"net/netip"
@@ -16,6 +18,8 @@ import (
 	"github.com/enforcerd/enforcerd/api"
 
 	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	prommodel "github.com/prometheus/common/model"
 
 	"github.com/enforcerd/enforcerd/dnsproxy"
 	"github.com/enforcerd/enforcerd/netpolicy"
@@ -40,17 +44,20 @@ func (fakeSource) SessionCounters() map[string]netpolicy.Counters {
 	return map[string]netpolicy.Counters{"s1": {DroppedPackets: 5, LimitedPackets: 3}, "s2": {}}
 }
 
+// gatherMetrics parses what m writes with Prometheus's own text parser,
+// so the hand-written exposition is checked against the format.
 func gatherMetrics(t *testing.T, m *Metrics) map[string]*dto.MetricFamily {
 	t.Helper()
-	fams, err := m.Registry.Gather()
-	if err != nil {
+	var buf bytes.Buffer
+	if err := m.WriteText(&buf); err != nil {
 		t.Fatal(err)
 	}
-	out := map[string]*dto.MetricFamily{}
-	for _, f := range fams {
-		out[f.GetName()] = f
+	parser := expfmt.NewTextParser(prommodel.LegacyValidation)
+	fams, err := parser.TextToMetricFamilies(&buf)
+	if err != nil {
+		t.Fatalf("parse the exposition: %v\n%s", err, buf.String())
 	}
-	return out
+	return fams
 }
 
 // series renders a family as "label=value,...=number" lines.
@@ -103,7 +110,7 @@ func TestMetrics(t *testing.T) {
 		"enforcerd_sessions":                      "[=2]",
 		"enforcerd_session_creates_total":         "[result=error=5 result=ok=1]",
 		"enforcerd_session_create_failures_total": "[reason=bad_request=1 reason=canceled=1 reason=internal=1 reason=name_taken=1 reason=pool_exhausted=1]",
-		"enforcerd_session_create_seconds":        "[le0.001:0,le0.0025:0,le0.005:0,le0.01:0,le0.025:1,le0.05:1,le0.1:1,le0.25:1,le0.5:1,le1:1,le2.5:1,le5:1,le10:1,sum:0.02=1]",
+		"enforcerd_session_create_seconds":        "[le0.001:0,le0.0025:0,le0.005:0,le0.01:0,le0.025:1,le0.05:1,le0.1:1,le0.25:1,le0.5:1,le1:1,le2.5:1,le5:1,le10:1,le+Inf:1,sum:0.02=1]",
 		"enforcerd_session_dropped_packets_total": "[session=s1=5 session=s2=0]",
 		"enforcerd_session_limited_packets_total": "[session=s1=3 session=s2=0]",
 		"enforcerd_dns_queries_total":             "[verdict=allowed=2 verdict=denied=1]",
@@ -119,8 +126,8 @@ func TestMetrics(t *testing.T) {
 		"enforcerd_dns_queued":                    "[=8]",
 		"enforcerd_dns_sessions":                  "[=2]",
 		"enforcerd_dns_serve_loops":               "[proto=tcp=1 proto=udp=4]",
-		"enforcerd_dns_attest_seconds":            "[le0.001:1,le0.01:2,sum:2=3]",
-		"enforcerd_dns_upstream_seconds":          "[sum:0=0]",
+		"enforcerd_dns_attest_seconds":            "[le0.001:1,le0.01:2,le+Inf:3,sum:2=3]",
+		"enforcerd_dns_upstream_seconds":          "[le+Inf:0,sum:0=0]",
 		"enforcerd_build_info":                    "[commit=abc,goversion=" + runtime.Version() + ",version=1.2.3=1]",
 	}
 	for name, w := range want {
@@ -133,8 +140,18 @@ func TestMetrics(t *testing.T) {
 			t.Errorf("%s = %s, want %s", name, got, w)
 		}
 	}
-	if fams["go_goroutines"] == nil || fams["process_open_fds"] == nil {
-		t.Error("runtime or process collector missing")
+	for _, name := range []string{"go_goroutines", "go_memstats_alloc_bytes", "process_open_fds", "process_resident_memory_bytes", "process_cpu_seconds_total", "process_start_time_seconds"} {
+		if fams[name] == nil {
+			t.Errorf("%s missing", name)
+		}
+	}
+	if st := fams["process_start_time_seconds"]; st != nil {
+		if v := st.GetMetric()[0].GetGauge().GetValue(); math.Abs(v-float64(time.Now().Unix())) > 3600 {
+			t.Errorf("process_start_time_seconds = %g, not within an hour of now", v)
+		}
+	}
+	if rss := fams["process_resident_memory_bytes"]; rss != nil && rss.GetMetric()[0].GetGauge().GetValue() < 1<<20 {
+		t.Errorf("process_resident_memory_bytes = %g, under 1 MiB", rss.GetMetric()[0].GetGauge().GetValue())
 	}
 }
 
