@@ -1,12 +1,20 @@
 package main
 
+// The man pages are written here rather than by cobra/doc: that package
+// pulls a markdown renderer and a YAML library into the binary, and their
+// package init cost every enforcerd process (each CLI call) about a
+// millisecond at start, for a hidden command run once per install.
+
 import (
+	"bytes"
 	"fmt"
 	"os"
+	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
-	"github.com/spf13/cobra/doc"
+	"github.com/spf13/pflag"
 )
 
 // writeManPages writes one section-1 man page per visible command into dir
@@ -17,17 +25,103 @@ func writeManPages(root *cobra.Command, dir string, date time.Time) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("man pages: %w", err)
 	}
-	header := &doc.GenManHeader{
-		Section: "1",
-		Date:    &date,
-		Source:  "enforcerd " + version,
-		Manual:  "enforcerd manual",
-	}
 	for _, cmd := range allCommands(root) {
-		cmd.DisableAutoGenTag = true
-	}
-	if err := doc.GenManTree(root, header, dir); err != nil {
-		return fmt.Errorf("man pages in %s: %w", dir, err)
+		if !cmd.IsAvailableCommand() {
+			continue
+		}
+		path := filepath.Join(dir, manName(cmd)+".1")
+		if err := os.WriteFile(path, manPage(cmd, date), 0o644); err != nil {
+			return fmt.Errorf("man pages in %s: %w", dir, err)
+		}
 	}
 	return nil
+}
+
+// manName is a command's page name: its path with dashes.
+func manName(cmd *cobra.Command) string {
+	return strings.ReplaceAll(cmd.CommandPath(), " ", "-")
+}
+
+// manPage renders one command's page in roff (man macros): name, synopsis,
+// description, its options, the inherited ones, examples, see also.
+func manPage(cmd *cobra.Command, date time.Time) []byte {
+	var b bytes.Buffer
+	fmt.Fprintf(&b, ".TH %q \"1\" %q %q \"enforcerd manual\"\n", strings.ToUpper(manName(cmd)), date.Format("Jan 2006"), "enforcerd "+version)
+	fmt.Fprintf(&b, ".SH NAME\n%s \\- %s\n", manName(cmd), roffText(cmd.Short))
+	fmt.Fprintf(&b, ".SH SYNOPSIS\n\\fB%s\\fP\n", roffText(cmd.UseLine()))
+	desc := cmd.Long
+	if desc == "" {
+		desc = cmd.Short
+	}
+	fmt.Fprintf(&b, ".SH DESCRIPTION\n%s\n", roffParagraphs(desc))
+	writeManFlags(&b, "OPTIONS", cmd.NonInheritedFlags())
+	writeManFlags(&b, "OPTIONS INHERITED FROM PARENT COMMANDS", cmd.InheritedFlags())
+	if cmd.Example != "" {
+		fmt.Fprintf(&b, ".SH EXAMPLE\n.nf\n%s\n.fi\n", roffText(cmd.Example))
+	}
+	var see []string
+	if cmd.HasParent() {
+		see = append(see, fmt.Sprintf("\\fB%s(1)\\fP", manName(cmd.Parent())))
+	}
+	for _, sub := range cmd.Commands() {
+		if sub.IsAvailableCommand() {
+			see = append(see, fmt.Sprintf("\\fB%s(1)\\fP", manName(sub)))
+		}
+	}
+	if len(see) > 0 {
+		fmt.Fprintf(&b, ".SH SEE ALSO\n%s\n", strings.Join(see, ", "))
+	}
+	return b.Bytes()
+}
+
+// writeManFlags lists a flag set under heading, one tagged paragraph each.
+func writeManFlags(b *bytes.Buffer, heading string, flags *pflag.FlagSet) {
+	if !flags.HasAvailableFlags() {
+		return
+	}
+	fmt.Fprintf(b, ".SH %s\n", heading)
+	flags.VisitAll(func(f *pflag.Flag) {
+		if f.Hidden {
+			return
+		}
+		tag := "\\fB--" + roffText(f.Name) + "\\fP"
+		if f.Shorthand != "" && f.ShorthandDeprecated == "" {
+			tag = "\\fB-" + f.Shorthand + "\\fP, " + tag
+		}
+		if varname, _ := pflag.UnquoteUsage(f); varname != "" {
+			tag += "=" + roffText(varname)
+		}
+		if f.DefValue != "" && f.DefValue != "false" && f.DefValue != "[]" {
+			tag += fmt.Sprintf(" (default %s)", roffText(f.DefValue))
+		}
+		_, usage := pflag.UnquoteUsage(f)
+		fmt.Fprintf(b, ".TP\n%s\n%s\n", tag, roffText(usage))
+	})
+}
+
+// roffText escapes text for roff: backslashes, and a line that would start
+// with a control character ('.' or ').
+func roffText(s string) string {
+	s = strings.ReplaceAll(s, `\`, `\e`)
+	lines := strings.Split(s, "\n")
+	for i, l := range lines {
+		if strings.HasPrefix(l, ".") || strings.HasPrefix(l, "'") {
+			lines[i] = `\&` + l
+		}
+	}
+	return strings.Join(lines, "\n")
+}
+
+// roffParagraphs renders text whose paragraphs are separated by blank lines;
+// indented lines (examples, lists) are kept as they are, unfilled.
+func roffParagraphs(s string) string {
+	var out []string
+	for _, para := range strings.Split(strings.TrimSpace(s), "\n\n") {
+		if strings.HasPrefix(para, " ") || strings.Contains(para, "\n ") {
+			out = append(out, ".PP\n.nf\n"+roffText(para)+"\n.fi")
+			continue
+		}
+		out = append(out, ".PP\n"+roffText(para))
+	}
+	return strings.Join(out, "\n")
 }

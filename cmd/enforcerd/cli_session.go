@@ -107,7 +107,7 @@ func oneName(cmd string, pos []string) (string, error) {
 
 const createLong = `Create a session: its own network namespace, address and egress policy, and
 (with --rootfs) a sandbox running in it. NAME is 1 to 32 of [a-z0-9-],
-starting with a letter or digit. The policy is fixed at create.
+starting with a letter or digit. The policy can be changed later with "session update", unless --locked.
 
 The sandbox's root user is root over its image: the daemon accepts a
 --rootfs only inside a directory the operator gave serve with --images-dir
