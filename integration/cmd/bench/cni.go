@@ -65,6 +65,20 @@ func (p *ptpPeer) NewNetns(ctx context.Context, i int) error {
 	return nil
 }
 
+// markNetns records that session i's netns exists (made by the caller),
+// so Close removes it; unmarkNetns that it was removed.
+func (p *ptpPeer) markNetns(i int) {
+	p.mu.Lock()
+	p.made[i] = true
+	p.mu.Unlock()
+}
+
+func (p *ptpPeer) unmarkNetns(i int) {
+	p.mu.Lock()
+	delete(p.made, i)
+	p.mu.Unlock()
+}
+
 // DelNetns removes the session's named netns by exact name.
 func (p *ptpPeer) DelNetns(i int) error {
 	p.mu.Lock()

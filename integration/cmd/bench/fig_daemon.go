@@ -1,9 +1,11 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -48,7 +50,7 @@ func figDaemon(ctx context.Context, cfg *config, rep *Report) error {
 	}
 	defer peer.Close()
 	f := &daemonFig{cfg: cfg, rep: rep, w: w, d: d, c: c, peer: peer}
-	for _, step := range []func(context.Context) error{f.warm, f.memoryAndRate, f.latency, f.sandbox, f.churn} {
+	for _, step := range []func(context.Context) error{f.warm, f.memoryAndRate, f.latency, f.cliLatency, f.sandbox, f.churn} {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
@@ -250,6 +252,97 @@ func (f *daemonFig) latency(ctx context.Context) error {
 	}{{"create", oc, pc, 50}, {"create", oc, pc, 99}, {"delete", od, pd, 50}, {"delete", od, pd, 99}} {
 		f.rep.Add(Result{Name: fmt.Sprintf("api-net-%s-p%g", x.op, x.p), Unit: "ms", Ours: x.ours.Pct(x.p), Peer: x.peer.Pct(x.p),
 			Goal: AtMost, Target: 0.15, Note: note, Extra: []string{fmt.Sprintf("n=%d", n)}})
+	}
+	return nil
+}
+
+// cliLatency: what a script or a plugin pays for one network-only
+// session: one `enforcerd session create --network-only` process (its
+// start, the API call, its output) against `ip netns add` plus one ptp ADD
+// process; and one `enforcerd session rm` process against ptp DEL plus
+// `ip netns del`. Interleaved one for one, each exec'd from a thread in the
+// simulated host.
+func (f *daemonFig) cliLatency(ctx context.Context) error {
+	n := f.cfg.apiN
+	var oc, od, pc, pd Samples
+	base := f.next
+	f.next += n
+	cli := func(args ...string) (time.Duration, error) {
+		cmd := f.d.Command(ctx, args...)
+		var out bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &out
+		took, err := forkIn(f.w.Host, cmd)
+		if err != nil {
+			return 0, fmt.Errorf("enforcerd %s: %w: %s", strings.Join(args, " "), err, out.String())
+		}
+		return took, nil
+	}
+	ipNetns := func(verb string, i int) (time.Duration, error) {
+		cmd := exec.CommandContext(ctx, "ip", "netns", verb, f.peer.nsName(i))
+		var out bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &out
+		took, err := forkIn(f.w.Host, cmd)
+		if err != nil {
+			return 0, fmt.Errorf("ip netns %s %s: %w: %s", verb, f.peer.nsName(i), err, out.String())
+		}
+		return took, nil
+	}
+	for i := 0; i < n; i++ {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		d, err := cli("session", "create", "--network-only", fmt.Sprintf("c%d", i))
+		if err != nil {
+			return err
+		}
+		oc = append(oc, d)
+		add, err := ipNetns("add", base+i)
+		if err != nil {
+			return err
+		}
+		f.peer.markNetns(base + i)
+		d, err = f.peer.Add(base + i)
+		if err != nil {
+			return err
+		}
+		pc = append(pc, add+d)
+	}
+	for i := 0; i < n; i++ {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		d, err := cli("session", "rm", fmt.Sprintf("c%d", i))
+		if err != nil {
+			return err
+		}
+		od = append(od, d)
+		d, err = f.peer.Del(base + i)
+		if err != nil {
+			return err
+		}
+		del, err := ipNetns("del", base+i)
+		if err != nil {
+			return err
+		}
+		f.peer.unmarkNetns(base + i)
+		pd = append(pd, d+del)
+	}
+	floor := spawnFloor(f.w.Host)
+	for _, x := range []struct {
+		op         string
+		ours, peer Samples
+		p          float64
+		note       string
+		target     float64
+	}{
+		{"create", oc, pc, 50, "`ip netns add` + CNI ptp ADD, two execs", 0.5},
+		{"create", oc, pc, 99, "`ip netns add` + CNI ptp ADD, two execs", 0.5},
+		{"delete", od, pd, 50, "CNI ptp DEL + `ip netns del`, two execs", 0.5},
+		{"delete", od, pd, 99, "CNI ptp DEL + `ip netns del`, two execs", 0.5},
+	} {
+		f.rep.Add(Result{Name: fmt.Sprintf("cli-net-%s-p%g", x.op, x.p), Unit: "ms", Ours: x.ours.Pct(x.p), Peer: x.peer.Pct(x.p),
+			Goal: AtMost, Target: x.target, Note: x.note,
+			Extra: []string{fmt.Sprintf("n=%d", n), fmt.Sprintf("spawn_floor_ms=%.2f", floor.Seconds()*1000)}})
 	}
 	return nil
 }
