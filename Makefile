@@ -42,7 +42,7 @@ VERSION   ?= $(shell git describe --tags --dirty 2>/dev/null || echo 0.1.0-dev)
 COMMIT    ?= $(shell git rev-parse --short=12 HEAD 2>/dev/null)
 build: deps
 	$(GO) build -tags $(TAGS) -ldflags "-X main.version=$(VERSION) -X main.commit=$(COMMIT)" -o $(BIN) ./cmd/enforcerd
-	$(GO) build -ldflags "-X main.pluginVersion=$(VERSION)" -o $(CNIBIN) ./cmd/enforcerd-cni
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-X main.pluginVersion=$(VERSION)" -o $(CNIBIN) ./cmd/enforcerd-cni
 
 vet: deps
 	$(GO) vet -tags $(TAGS) ./...
