@@ -93,3 +93,48 @@ func TestCutsFlow(t *testing.T) {
 		t.Error("public -> allowlist: want every public destination cut but the new static one")
 	}
 }
+
+// TestWidensOnly: an update CutFlows skips (widensOnly) cuts no flow
+// cutsFlow would cut, checked over a grid of destinations, protocols and
+// ports; each way of taking something away makes it walk the table.
+func TestWidensOnly(t *testing.T) {
+	g := DefaultGuard()
+	a := Target{Prefix: netip.MustParsePrefix("203.0.113.0/24"), Port: 443, Proto: ProtoTCP}
+	b := Target{Prefix: netip.MustParsePrefix("198.51.100.7/32")}
+	deny := Target{Prefix: netip.MustParsePrefix("203.0.113.66/32")}
+	peer, peer2 := netip.MustParseAddr("10.20.0.10"), netip.MustParseAddr("10.20.0.14")
+	att := []Attestation{{Addrs: []netip.Addr{netip.MustParseAddr("192.0.2.5")}}}
+	withDeny := func(r SessionRules, d ...Target) SessionRules { r.Deny = d; return r }
+	for _, c := range []struct {
+		name  string
+		u     SessionUpdate
+		widen bool
+	}{
+		{"add a target", SessionUpdate{Old: updRules(ModeAllowlist, []Target{a}), New: updRules(ModeAllowlist, []Target{a, b})}, true},
+		{"add a peer, keep an attestation", SessionUpdate{Old: updRules(ModeAllowlist, nil, peer), New: updRules(ModeAllowlist, nil, peer, peer2), Keep: att}, true},
+		{"allowlist to public", SessionUpdate{Old: updRules(ModeAllowlist, []Target{a}), New: updRules(ModePublic, []Target{a})}, true},
+		{"drop a deny", SessionUpdate{Old: withDeny(updRules(ModePublic, nil), deny), New: updRules(ModePublic, nil)}, true},
+		{"no change", SessionUpdate{Old: updRules(ModeAllowlist, []Target{a}), New: updRules(ModeAllowlist, []Target{a})}, true},
+		{"revoke a target", SessionUpdate{Old: updRules(ModeAllowlist, []Target{a, b}), New: updRules(ModeAllowlist, []Target{a})}, false},
+		{"revoke a peer", SessionUpdate{Old: updRules(ModeAllowlist, nil, peer), New: updRules(ModeAllowlist, nil)}, false},
+		{"public to allowlist", SessionUpdate{Old: updRules(ModePublic, nil), New: updRules(ModeAllowlist, nil)}, false},
+		{"add a deny", SessionUpdate{Old: updRules(ModeAllowlist, []Target{a}), New: withDeny(updRules(ModeAllowlist, []Target{a}), deny)}, false},
+		{"a stale attestation", SessionUpdate{Old: updRules(ModeAllowlist, nil), New: updRules(ModeAllowlist, nil), Stale: att}, false},
+	} {
+		if got := c.u.widensOnly(); got != c.widen {
+			t.Errorf("%s: widensOnly = %v, want %v", c.name, got, c.widen)
+		}
+		if !c.u.widensOnly() {
+			continue
+		}
+		for _, dst := range []string{"203.0.113.9", "203.0.113.66", "198.51.100.7", "192.0.2.5", "10.20.0.10", "10.20.0.14", "93.184.216.34", "100.64.0.1"} {
+			for _, proto := range []uint8{1, 6, 17} {
+				for _, port := range []uint16{0, 53, 80, 443} {
+					if c.u.cutsFlow(g, netip.MustParseAddr(dst), proto, port) {
+						t.Errorf("%s: widensOnly, yet cutsFlow(%s %d/%d)", c.name, dst, port, proto)
+					}
+				}
+			}
+		}
+	}
+}
