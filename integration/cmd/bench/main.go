@@ -67,6 +67,9 @@ type config struct {
 	floodLive     int           // fig 7: live sessions beside the flooding one
 	updN          int           // fig 8: updates measured per kind and level
 	updCreates    int           // fig 8: creates measured per level
+	poolHigh      int           // fig 10: live sessions at the high level (the default pool's size)
+	poolCreates   int           // fig 10: creates timed at each level
+	poolBudget    time.Duration // fig 10: longest time spent growing
 	updHigh       int           // fig 8: live sessions at the high level
 	updBudget     time.Duration // fig 8: longest time spent growing
 	cniN          int           // fig 9: ADD/DEL samples
@@ -82,7 +85,8 @@ func fullConfig() config {
 		apiN: 100, apiSandboxN: 15, apiConc: 1000, peerConc: 200, churn: 1000, memSessions: 1000,
 		floodReps: 3, floodDuration: 5 * time.Second, floodLive: 100,
 		updN: 100, updCreates: 50, updHigh: 4000, updBudget: 4 * time.Minute,
-		cniN: 100,
+		cniN:     100,
+		poolHigh: 16383, poolCreates: 50, poolBudget: 6 * time.Minute,
 	}
 }
 
@@ -96,7 +100,8 @@ func quickConfig() config {
 		apiN: 20, apiSandboxN: 3, apiConc: 40, peerConc: 20, churn: 40, memSessions: 100,
 		floodReps: 1, floodDuration: 2 * time.Second, floodLive: 10,
 		updN: 20, updCreates: 10, updHigh: 400, updBudget: 40 * time.Second,
-		cniN: 20,
+		cniN:     20,
+		poolHigh: 400, poolCreates: 10, poolBudget: 40 * time.Second,
 	}
 }
 
@@ -115,7 +120,8 @@ var figures = []figure{
 	{"droplog", figDropLog},
 	{"cni", figCNI},
 	{"update", figUpdate}, // leaves the kernel tearing down its sessions' netns
-	{"scale", figScale},   // last: it leaves the kernel tearing down thousands of netns
+	{"scale", figScale},   // it leaves the kernel tearing down thousands of netns
+	{"pool", figPool},     // last: the whole pool, 16,383 netns to tear down
 }
 
 func main() {
@@ -129,7 +135,7 @@ func main() {
 	quick := flag.Bool("quick", os.Getenv("BENCH_QUICK") == "1", "a short smoke run (also BENCH_QUICK=1)")
 	bin := flag.String("bin", os.Getenv("ENFORCERD_BIN"), "the enforcerd binary (default $ENFORCERD_BIN)")
 	rootfs := flag.String("rootfs", os.Getenv("ENFORCERD_ROOTFS"), "a busybox rootfs from scripts/mkrootfs.sh (default $ENFORCERD_ROOTFS)")
-	only := flag.String("only", os.Getenv("BENCH_ONLY"), "comma-separated figures to run: net,datapath,dns,runc,daemon,droplog,update,cni,scale (default all)")
+	only := flag.String("only", os.Getenv("BENCH_ONLY"), "comma-separated figures to run: net,datapath,dns,runc,daemon,droplog,update,cni,scale,pool (default all)")
 	flag.Parse()
 	if err := mainErr(*quick, *bin, *rootfs, *only); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)

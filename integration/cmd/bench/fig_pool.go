@@ -1,0 +1,129 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"time"
+)
+
+// figPool is figure 10: the daemon with its whole default pool live
+// (10.20.0.0/16: 16,383 sessions of a /30 each), grown by 4 clients
+// through the API, against the same daemon with 10 live. At both levels:
+// cfg.poolCreates network-only creates (each deleted right after, so the
+// high level needs one free slot) and the daemon's VmRSS. The growth has a
+// time budget; the figure names the level it reached.
+func figPool(ctx context.Context, cfg *config, rep *Report) error {
+	section(fmt.Sprintf("10. the whole pool: %d live sessions vs 10", cfg.poolHigh))
+	de, err := startDaemonEnv(cfg, "pool")
+	if err != nil {
+		return err
+	}
+	defer de.Close()
+	if err := figPoolIn(ctx, cfg, rep, de); err != nil {
+		return fmt.Errorf("%w\ndaemon log tail:\n%s", err, de.logTail())
+	}
+	return nil
+}
+
+type poolLevel struct {
+	live   int
+	create Samples
+	rssKiB int
+}
+
+func figPoolIn(ctx context.Context, cfg *config, rep *Report, de *daemonEnv) error {
+	c := de.c
+	live := 0
+	grow := func(to int, budget time.Duration) (time.Duration, error) {
+		start := time.Now()
+		for live < to {
+			if budget > 0 && time.Since(start) > budget {
+				logf("growth budget %s used up at %d live sessions", budget, live)
+				break
+			}
+			n := min(500, to-live)
+			base := live
+			if _, err := parallel(ctx, n, func(i int) error {
+				_, err := c.createNet(ctx, fmt.Sprintf("g%d", base+i))
+				return err
+			}); err != nil {
+				return 0, fmt.Errorf("grow to %d live sessions: %w", to, err)
+			}
+			live += n
+			if live%2000 == 0 {
+				logf("%d live sessions (%.1f/s)", live, float64(live)/time.Since(start).Seconds())
+			}
+		}
+		return time.Since(start), nil
+	}
+	measure := func(tag string) (poolLevel, error) {
+		lv := poolLevel{live: live}
+		for i := 0; i < cfg.poolCreates; i++ {
+			name := fmt.Sprintf("m%s%d", tag, i)
+			d, err := c.createNet(ctx, name)
+			if err != nil {
+				return lv, err
+			}
+			lv.create = append(lv.create, d)
+			if _, err := c.delete(ctx, name); err != nil {
+				return lv, err
+			}
+		}
+		time.Sleep(time.Second) // let the heap settle before reading RSS
+		rss, err := rssKiB(de.d.PID())
+		if err != nil {
+			return lv, err
+		}
+		lv.rssKiB = rss
+		logf("%d live: create p50 %.2f ms p99 %.2f ms; daemon VmRSS %d KiB", lv.live, lv.create.Pct(50), lv.create.Pct(99), rss)
+		return lv, nil
+	}
+	// Warm: first-use costs.
+	for i := 0; i < 3; i++ {
+		name := fmt.Sprintf("w%d", i)
+		if _, err := c.createNet(ctx, name); err != nil {
+			return err
+		}
+		if _, err := c.delete(ctx, name); err != nil {
+			return err
+		}
+	}
+	if _, err := grow(10, 0); err != nil {
+		return err
+	}
+	low, err := measure("a")
+	if err != nil {
+		return err
+	}
+	took, err := grow(cfg.poolHigh-1, cfg.poolBudget)
+	if err != nil {
+		return err
+	}
+	logf("grew to %d live sessions in %s", live, took.Round(time.Millisecond))
+	high, err := measure("b")
+	if err != nil {
+		return err
+	}
+	note := fmt.Sprintf("ours with %d live vs ours with %d live", high.live, low.live)
+	if high.live < cfg.poolHigh-1 {
+		note += fmt.Sprintf(" (wanted %d: growth budget used up)", cfg.poolHigh-1)
+	}
+	extra := []string{fmt.Sprintf("live_high=%d", high.live), fmt.Sprintf("live_low=%d", low.live), fmt.Sprintf("n=%d", cfg.poolCreates),
+		fmt.Sprintf("grow_s=%.1f", took.Seconds())}
+	rep.Add(Result{Name: "pool-create-p50", Unit: "ms", Ours: high.create.Pct(50), Peer: low.create.Pct(50), Goal: AtMost, Target: 2,
+		Note: note + "; network-only create through the API", Extra: append(append([]string{}, extra...),
+			fmt.Sprintf("high_p99_ms=%.3f", high.create.Pct(99)), fmt.Sprintf("low_p99_ms=%.3f", low.create.Pct(99)))})
+	perK := nan()
+	if n := high.live - low.live; n > 0 {
+		perK = float64(high.rssKiB-low.rssKiB) / 1024 / float64(n) * 1000
+	}
+	rep.Add(Result{Name: "pool-memory-per-1000", Unit: "MiB", Ours: perK, Peer: nan(), Goal: AtMost, Target: 16, Abs: true,
+		Note: "daemon VmRSS growth per 1000 live sessions, from 10 to the high level", Extra: append(append([]string{}, extra...),
+			fmt.Sprintf("rss_low_kib=%d", low.rssKiB), fmt.Sprintf("rss_high_kib=%d", high.rssKiB))})
+	logf("removing %d live sessions", live)
+	_, err = parallel(ctx, live, func(i int) error {
+		_, err := c.delete(ctx, fmt.Sprintf("g%d", i))
+		return err
+	})
+	return err
+}
