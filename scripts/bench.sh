@@ -28,6 +28,6 @@ fi
 
 GO=${GO:-go}
 mkdir -p bin .cache/bench
-CGO_ENABLED=1 "$GO" build -tags seccomp -o bin/enforcerd-bench ./integration/cmd/bench
+CGO_ENABLED=1 "$GO" build -tags "seccomp netgo osusergo" -ldflags "-extldflags=-static" -o bin/enforcerd-bench ./integration/cmd/bench
 echo "bench: bin/enforcerd-bench -bin $ENFORCERD_BIN -rootfs $ENFORCERD_ROOTFS${BENCH_QUICK:+ (BENCH_QUICK=$BENCH_QUICK)}${BENCH_ONLY:+ (BENCH_ONLY=$BENCH_ONLY)}" >&2
 bin/enforcerd-bench -bin "$ENFORCERD_BIN" -rootfs "$ENFORCERD_ROOTFS" | tee .cache/bench/last.txt
