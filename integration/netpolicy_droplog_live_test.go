@@ -3,6 +3,7 @@ package integration
 import (
 	"net"
 	"net/netip"
+	"reflect"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -171,6 +172,27 @@ func TestNetpolicyDropLogReasons(t *testing.T) {
 	}
 	if oc, _ := e.fw.Counters(other.Guest); len(oc.ByReason) != 0 {
 		t.Errorf("session b's reasons moved (a spoofed its address): %+v", oc.ByReason)
+	}
+	// Counters reads one guest's elements by key; AllCounters dumps the
+	// sets: both must read the same kernel counters.
+	all, err := e.fw.AllCounters()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, g := range []netip.Addr{s.Guest, other.Guest} {
+		one, err := e.fw.Counters(g)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !reflect.DeepEqual(one, all[g]) {
+			t.Errorf("Counters(%s) = %+v, AllCounters has %+v", g, one, all[g])
+		}
+	}
+	if c.AcceptedPackets == 0 || c.ReceivedPackets == 0 || c.DroppedPackets == 0 {
+		t.Errorf("counters by key did not move: %+v", c)
+	}
+	if none, err := e.fw.Counters(netip.MustParseAddr("10.255.255.254")); err != nil || !reflect.DeepEqual(none, netpolicy.Counters{}) {
+		t.Errorf("Counters of an address no session has = %+v, %v; want zero and no error", none, err)
 	}
 }
 

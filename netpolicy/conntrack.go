@@ -30,9 +30,7 @@ import (
 // masqueraded or not) or original destination (flows a lab peer opened into
 // it) is a queued guest.
 type flowTable struct {
-	mu   sync.Mutex // guards conn and serialises its use
-	nsFd int
-	conn *netlink.Conn
+	nfnlConn
 
 	pmu     sync.Mutex // guards pending, flushErr and the flusher's start
 	pending map[netip.Addr]bool
@@ -161,18 +159,6 @@ const (
 	nestedAttribute = unix.NLA_F_NESTED
 )
 
-func (t *flowTable) dialLocked() (*netlink.Conn, error) {
-	if t.conn != nil {
-		return t.conn, nil
-	}
-	c, err := netlink.Dial(unix.NETLINK_NETFILTER, &netlink.Config{NetNS: t.nsFd})
-	if err != nil {
-		return nil, fmt.Errorf("open conntrack netlink socket: %w", err)
-	}
-	t.conn = c
-	return c, nil
-}
-
 // close stops the flusher (what is still queued is pruned by the next
 // start's reconcile) and closes the connection.
 func (t *flowTable) close() {
@@ -184,28 +170,7 @@ func (t *flowTable) close() {
 		close(t.stop)
 		<-t.stopped
 	}
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if t.conn != nil {
-		t.conn.Close()
-		t.conn = nil
-	}
-}
-
-// do runs fn on the connection; after an error the connection is replaced.
-func (t *flowTable) do(fn func(c *netlink.Conn) error) error {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	c, err := t.dialLocked()
-	if err != nil {
-		return err
-	}
-	if err := fn(c); err != nil {
-		t.conn.Close()
-		t.conn = nil
-		return err
-	}
-	return nil
+	t.closeConn()
 }
 
 // prune deletes every IPv4 conntrack entry whose original source or

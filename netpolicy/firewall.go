@@ -159,6 +159,7 @@ type Firewall struct {
 	attests  *groupCommit[attestReq]
 	attested attestIndex
 	flows    flowTable // conntrack entries of removed sessions
+	reads    nfnlConn  // single-element reads (one session's counters)
 }
 
 // OpenFirewall validates cfg and opens the netlink connections. It changes
@@ -178,7 +179,7 @@ func OpenFirewall(cfg FirewallConfig) (*Firewall, error) {
 		nsFd:   fd,
 		schema: newSchema(cfg.Prefix, cfg.Pool),
 	}
-	f.admin.nsFd, f.attest.nsFd, f.flows.nsFd = fd, fd, fd
+	f.admin.nsFd, f.attest.nsFd, f.flows.nsFd, f.reads.nsFd = fd, fd, fd, fd
 	f.flows.onError = cfg.OnFlowFlushError
 	f.attests = newGroupCommit(attestBatchMax, f.flushAttests)
 	if cfg.AttestMaxLifetime > 0 {
@@ -249,6 +250,7 @@ func (f *Firewall) Close() error {
 	f.admin.close()
 	f.attest.close()
 	f.flows.close()
+	f.reads.closeConn()
 	if f.nsFd > 0 {
 		err := unix.Close(f.nsFd)
 		f.nsFd = -1

@@ -426,14 +426,11 @@ func (f *Firewall) reasonCounters() (map[netip.Addr]Counters, error) {
 	return out, nil
 }
 
-// Counters returns one session's counters (zero if it has none). It costs
-// what AllCounters costs; prefer AllCounters for many sessions.
+// Counters returns one session's counters (zero if it has none), read by
+// key: a dozen single-element requests whatever the number of sessions.
+// For many sessions AllCounters is cheaper (four dumps in all).
 func (f *Firewall) Counters(guest netip.Addr) (Counters, error) {
-	all, err := f.AllCounters()
-	if err != nil {
-		return Counters{}, err
-	}
-	return all[guest], nil
+	return f.guestCounters(guest)
 }
 
 // Sessions lists the sessions present in the kernel (host interface and
