@@ -74,16 +74,16 @@ var ErrClosed = errors.New("dnsproxy: closed")
 // Proxy is the DNS listener shared by every session. Its methods are safe
 // for concurrent use.
 //
-// sessions holds an immutable snapshot (sessionMap) read without a lock on
-// the answer path; Register and Unregister build a new snapshot under
-// sessionsMu and store it.
+// sessions holds immutable snapshots (sessionMap, sharded) read without a
+// lock on the answer path; Register, Unregister and Update publish a new
+// copy of one shard under sessionsMu.
 type Proxy struct {
 	cfg   Config
 	log   *slog.Logger
 	stats counters
 	sched *scheduler
 
-	sessions   atomic.Pointer[sessionMap]
+	sessions   *sessionTable
 	sessionsMu sync.Mutex
 
 	preferred atomic.Uint32 // index of the upstream that answered last
@@ -161,8 +161,7 @@ func New(cfg Config) (*Proxy, error) {
 	}
 	p.ctx, p.cancel = context.WithCancel(context.Background())
 	p.sched = newScheduler(cfg.MaxInFlight, cfg.SessionShare, cfg.Timeout, func() { p.stats.shed.Add(1) })
-	empty := sessionMap{}
-	p.sessions.Store(&empty)
+	p.sessions = newSessionTable()
 	return p, nil
 }
 

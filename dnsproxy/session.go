@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"maps"
 	"net/netip"
 	"sync"
 
@@ -80,8 +79,8 @@ func (cs *compiledSession) retire() {
 	cs.mu.Unlock()
 }
 
-// sessionMap is an immutable snapshot: it is never modified after it has
-// been published through Proxy.sessions.
+// sessionMap is an immutable snapshot of one shard of Proxy.sessions: it
+// is never modified after it has been published.
 type sessionMap = map[netip.Addr]*compiledSession
 
 // ErrBadSession is wrapped by Register for a policy it cannot accept.
@@ -148,12 +147,7 @@ func (p *Proxy) Register(sp SessionPolicy) error {
 	cs.ctx, cs.cancel = context.WithCancel(p.ctx)
 	cs.attests = newAttestLog()
 	p.sessionsMu.Lock()
-	old := *p.sessions.Load()
-	prev := old[cs.guest]
-	next := make(sessionMap, len(old)+1)
-	maps.Copy(next, old)
-	next[cs.guest] = cs
-	p.sessions.Store(&next)
+	prev := p.sessions.put(cs)
 	p.sessionsMu.Unlock()
 	if prev != nil {
 		prev.retire()
@@ -170,20 +164,11 @@ func (p *Proxy) Register(sp SessionPolicy) error {
 // error. The caller removes the session's firewall elements after it.
 func (p *Proxy) Unregister(guest netip.Addr) {
 	p.sessionsMu.Lock()
-	old := *p.sessions.Load()
-	prev, ok := old[guest]
-	if !ok {
-		p.sessionsMu.Unlock()
+	prev := p.sessions.remove(guest)
+	p.sessionsMu.Unlock()
+	if prev == nil {
 		return
 	}
-	next := make(sessionMap, len(old))
-	for k, v := range old {
-		if k != guest {
-			next[k] = v
-		}
-	}
-	p.sessions.Store(&next)
-	p.sessionsMu.Unlock()
 	// Outside sessionsMu: waiting for an attest in progress must not hold
 	// up other sessions' Register and Unregister.
 	prev.retire()
@@ -193,7 +178,7 @@ func (p *Proxy) Unregister(guest netip.Addr) {
 // session returns the session whose guest address is src, or nil. It takes
 // no lock.
 func (p *Proxy) session(src netip.Addr) *compiledSession {
-	return (*p.sessions.Load())[src.Unmap()]
+	return p.sessions.get(src.Unmap())
 }
 
 // deniedName reports whether a deny entry matches qname.

@@ -155,7 +155,7 @@ func (p *Proxy) Stats() Stats {
 		SessionGone:    c.sessionGone.Load(),
 		TCPRefused:     c.tcpRefused.Load(),
 		UpstreamErrors: c.upstreamErrors.Load(),
-		Sessions:       len(*p.sessions.Load()),
+		Sessions:       p.sessions.len(),
 		Attest:         c.attest.snapshot(),
 		Upstream:       c.upstream.snapshot(),
 		UDPReaders:     int(c.udpLoops.Load()),

@@ -173,13 +173,7 @@ func (p *Proxy) Update(sp SessionPolicy, apply func(stale, keep []netpolicy.Atte
 	cs.attests = kept
 	cs.ctx, cs.cancel = context.WithCancel(p.ctx)
 	p.sessionsMu.Lock()
-	old := *p.sessions.Load()
-	next := make(sessionMap, len(old))
-	for k, v := range old {
-		next[k] = v
-	}
-	next[cs.guest] = cs
-	p.sessions.Store(&next)
+	p.sessions.put(cs)
 	p.sessionsMu.Unlock()
 	prev.gone = true
 	prev.mu.Unlock()

@@ -67,7 +67,10 @@ func TestUpdateSplitsAttestationsAndSwapsOnce(t *testing.T) {
 		t.Errorf("second update: err %v, stale %+v, keep %+v: want a.test and c.test stale", err, stale, keep)
 	}
 	if err := tp.Update(SessionPolicy{Name: "s", Guest: guest2, Mode: netpolicy.ModeAllowlist},
-		func(s, k []netpolicy.Attestation, _ bool) error { t.Error("apply called for an unknown guest"); return nil }); err == nil {
+		func(s, k []netpolicy.Attestation, _ bool) error {
+			t.Error("apply called for an unknown guest")
+			return nil
+		}); err == nil {
 		t.Error("update of an unregistered guest succeeded")
 	}
 }
