@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -50,6 +51,87 @@ func startDaemonEnv(cfg *config, sub string) (de *daemonEnv, err error) {
 	}
 	de.c = newAPIClient(de.d.Client())
 	return de, nil
+}
+
+// inDaemonEnv runs fn against a daemon in a world of its own (state under
+// cfg.tmp/sub), closes both after, and adds the daemon's log tail to fn's
+// error.
+func inDaemonEnv(cfg *config, sub string, fn func(de *daemonEnv) error) error {
+	de, err := startDaemonEnv(cfg, sub)
+	if err != nil {
+		return err
+	}
+	defer de.Close()
+	if err := fn(de); err != nil {
+		return fmt.Errorf("%w\ndaemon log tail:\n%s", err, de.logTail())
+	}
+	return nil
+}
+
+// grower grows a daemon's live network-only sessions, named g0, g1, ...,
+// by 4 concurrent clients in batches; others counts the live sessions it
+// did not make (a probe).
+type grower struct {
+	c      *apiClient
+	made   int
+	others int
+	batch  int // sessions per parallel batch
+	every  int // a progress line every this many live sessions
+}
+
+func (g *grower) live() int { return g.made + g.others }
+
+// to grows to `to` live sessions, or until budget (0: none) is used up,
+// and returns how long it took.
+func (g *grower) to(ctx context.Context, to int, budget time.Duration) (time.Duration, error) {
+	start := time.Now()
+	for g.live() < to {
+		if budget > 0 && time.Since(start) > budget {
+			logf("growth budget %s used up at %d live sessions", budget, g.live())
+			break
+		}
+		n := min(g.batch, to-g.live())
+		base := g.made
+		if _, err := parallel(ctx, n, func(i int) error {
+			_, err := g.c.createNet(ctx, fmt.Sprintf("g%d", base+i))
+			return err
+		}); err != nil {
+			return 0, fmt.Errorf("grow to %d live sessions: %w", to, err)
+		}
+		g.made += n
+		if g.made%g.every == 0 {
+			logf("%d live sessions (%.1f/s)", g.live(), float64(g.made-base)/time.Since(start).Seconds())
+		}
+	}
+	return time.Since(start), nil
+}
+
+// timedCreates times n network-only creates named prefix0, prefix1, ...,
+// each deleted right after (untimed), so the live count stays put.
+func timedCreates(ctx context.Context, c *apiClient, prefix string, n int) (Samples, error) {
+	var s Samples
+	for i := 0; i < n; i++ {
+		name := fmt.Sprintf("%s%d", prefix, i)
+		d, err := c.createNet(ctx, name)
+		if err != nil {
+			return s, err
+		}
+		s = append(s, d)
+		if _, err := c.delete(ctx, name); err != nil {
+			return s, err
+		}
+	}
+	return s, nil
+}
+
+// removeAll deletes every session the grower made.
+func (g *grower) removeAll(ctx context.Context) error {
+	logf("removing %d live sessions", g.made)
+	_, err := parallel(ctx, g.made, func(i int) error {
+		_, err := g.c.delete(ctx, fmt.Sprintf("g%d", i))
+		return err
+	})
+	return err
 }
 
 // logTail is the end of the daemon's log, for a figure's error.

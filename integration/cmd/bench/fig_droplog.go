@@ -93,15 +93,7 @@ func (r floodRun) dropsPerS() float64 { return float64(r.drops) / r.elapsed.Seco
 // over as long a window with no flood (its idle floor).
 func figDropLog(ctx context.Context, cfg *config, rep *Report) error {
 	section("7. drop path under a flood of denied new flows: the daemon reading the drop log vs not reading it")
-	de, err := startDaemonEnv(cfg, "droplog")
-	if err != nil {
-		return err
-	}
-	defer de.Close()
-	if err := figDropLogIn(ctx, cfg, rep, de); err != nil {
-		return fmt.Errorf("%w\ndaemon log tail:\n%s", err, de.logTail())
-	}
-	return nil
+	return inDaemonEnv(cfg, "droplog", func(de *daemonEnv) error { return figDropLogIn(ctx, cfg, rep, de) })
 }
 
 func figDropLogIn(ctx context.Context, cfg *config, rep *Report, de *daemonEnv) error {

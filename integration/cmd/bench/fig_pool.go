@@ -14,15 +14,7 @@ import (
 // time budget; the figure names the level it reached.
 func figPool(ctx context.Context, cfg *config, rep *Report) error {
 	section(fmt.Sprintf("10. the whole pool: %d live sessions vs 10", cfg.poolHigh))
-	de, err := startDaemonEnv(cfg, "pool")
-	if err != nil {
-		return err
-	}
-	defer de.Close()
-	if err := figPoolIn(ctx, cfg, rep, de); err != nil {
-		return fmt.Errorf("%w\ndaemon log tail:\n%s", err, de.logTail())
-	}
-	return nil
+	return inDaemonEnv(cfg, "pool", func(de *daemonEnv) error { return figPoolIn(ctx, cfg, rep, de) })
 }
 
 type poolLevel struct {
@@ -33,41 +25,12 @@ type poolLevel struct {
 
 func figPoolIn(ctx context.Context, cfg *config, rep *Report, de *daemonEnv) error {
 	c := de.c
-	live := 0
-	grow := func(to int, budget time.Duration) (time.Duration, error) {
-		start := time.Now()
-		for live < to {
-			if budget > 0 && time.Since(start) > budget {
-				logf("growth budget %s used up at %d live sessions", budget, live)
-				break
-			}
-			n := min(500, to-live)
-			base := live
-			if _, err := parallel(ctx, n, func(i int) error {
-				_, err := c.createNet(ctx, fmt.Sprintf("g%d", base+i))
-				return err
-			}); err != nil {
-				return 0, fmt.Errorf("grow to %d live sessions: %w", to, err)
-			}
-			live += n
-			if live%2000 == 0 {
-				logf("%d live sessions (%.1f/s)", live, float64(live)/time.Since(start).Seconds())
-			}
-		}
-		return time.Since(start), nil
-	}
+	g := &grower{c: c, batch: 500, every: 2000}
 	measure := func(tag string) (poolLevel, error) {
-		lv := poolLevel{live: live}
-		for i := 0; i < cfg.poolCreates; i++ {
-			name := fmt.Sprintf("m%s%d", tag, i)
-			d, err := c.createNet(ctx, name)
-			if err != nil {
-				return lv, err
-			}
-			lv.create = append(lv.create, d)
-			if _, err := c.delete(ctx, name); err != nil {
-				return lv, err
-			}
+		lv := poolLevel{live: g.live()}
+		var err error
+		if lv.create, err = timedCreates(ctx, c, "m"+tag, cfg.poolCreates); err != nil {
+			return lv, err
 		}
 		time.Sleep(time.Second) // let the heap settle before reading RSS
 		rss, err := rssKiB(de.d.PID())
@@ -78,28 +41,21 @@ func figPoolIn(ctx context.Context, cfg *config, rep *Report, de *daemonEnv) err
 		logf("%d live: create p50 %.2f ms p99 %.2f ms; daemon VmRSS %d KiB", lv.live, lv.create.Pct(50), lv.create.Pct(99), rss)
 		return lv, nil
 	}
-	// Warm: first-use costs.
-	for i := 0; i < 3; i++ {
-		name := fmt.Sprintf("w%d", i)
-		if _, err := c.createNet(ctx, name); err != nil {
-			return err
-		}
-		if _, err := c.delete(ctx, name); err != nil {
-			return err
-		}
+	if _, err := timedCreates(ctx, c, "w", 3); err != nil { // warm: first-use costs
+		return err
 	}
-	if _, err := grow(10, 0); err != nil {
+	if _, err := g.to(ctx, 10, 0); err != nil {
 		return err
 	}
 	low, err := measure("a")
 	if err != nil {
 		return err
 	}
-	took, err := grow(cfg.poolHigh-1, cfg.poolBudget)
+	took, err := g.to(ctx, cfg.poolHigh-1, cfg.poolBudget)
 	if err != nil {
 		return err
 	}
-	logf("grew to %d live sessions in %s", live, took.Round(time.Millisecond))
+	logf("grew to %d live sessions in %s", g.live(), took.Round(time.Millisecond))
 	high, err := measure("b")
 	if err != nil {
 		return err
@@ -120,10 +76,5 @@ func figPoolIn(ctx context.Context, cfg *config, rep *Report, de *daemonEnv) err
 	rep.Add(Result{Name: "pool-memory-per-1000", Unit: "MiB", Ours: perK, Peer: nan(), Goal: AtMost, Target: 16, Abs: true,
 		Note: "daemon VmRSS growth per 1000 live sessions, from 10 to the high level", Extra: append(append([]string{}, extra...),
 			fmt.Sprintf("rss_low_kib=%d", low.rssKiB), fmt.Sprintf("rss_high_kib=%d", high.rssKiB))})
-	logf("removing %d live sessions", live)
-	_, err = parallel(ctx, live, func(i int) error {
-		_, err := c.delete(ctx, fmt.Sprintf("g%d", i))
-		return err
-	})
-	return err
+	return g.removeAll(ctx)
 }

@@ -15,15 +15,7 @@ import (
 // update is one session's: it must not grow with the number of sessions.
 func figUpdate(ctx context.Context, cfg *config, rep *Report) error {
 	section(fmt.Sprintf("8. policy update (add 1 entry, replace 100) with %d live sessions vs 10, create beside it", cfg.updHigh))
-	de, err := startDaemonEnv(cfg, "update")
-	if err != nil {
-		return err
-	}
-	defer de.Close()
-	if err := figUpdateIn(ctx, cfg, rep, de); err != nil {
-		return fmt.Errorf("%w\ndaemon log tail:\n%s", err, de.logTail())
-	}
-	return nil
+	return inDaemonEnv(cfg, "update", func(de *daemonEnv) error { return figUpdateIn(ctx, cfg, rep, de) })
 }
 
 // policy100 is a 100-entry allow list: 50 names and 50 addresses, disjoint
@@ -62,48 +54,19 @@ func figUpdateIn(ctx context.Context, cfg *config, rep *Report, de *daemonEnv) e
 			return err
 		})
 	}
-	live := 1 // the probe
-	grow := func(to int, budget time.Duration) (time.Duration, error) {
-		start := time.Now()
-		for live < to {
-			if budget > 0 && time.Since(start) > budget {
-				logf("growth budget %s used up at %d live sessions", budget, live)
-				break
-			}
-			n := min(200, to-live)
-			base := live
-			if _, err := parallel(ctx, n, func(i int) error {
-				_, err := c.createNet(ctx, fmt.Sprintf("g%d", base+i))
-				return err
-			}); err != nil {
-				return 0, fmt.Errorf("grow to %d live sessions: %w", to, err)
-			}
-			live += n
-			if live%1000 == 0 {
-				logf("%d live sessions (%.1f/s)", live, float64(live-1)/time.Since(start).Seconds())
-			}
-		}
-		return time.Since(start), nil
-	}
+	g := &grower{c: c, others: 1, batch: 200, every: 1000} // others: the probe
 	tag := 0
 	measure := func(lvTag string) (updLevel, error) {
-		lv := updLevel{live: live}
+		lv := updLevel{live: g.live()}
 		// The probe starts every level from a 100-entry policy, so each
 		// timed replace swaps 100 entries for 100 others.
 		tag = 1 - tag
 		if _, err := put(policy100(tag)); err != nil {
 			return lv, err
 		}
-		for i := 0; i < cfg.updCreates; i++ {
-			name := fmt.Sprintf("m%s%d", lvTag, i)
-			d, err := c.createNet(ctx, name)
-			if err != nil {
-				return lv, err
-			}
-			lv.create = append(lv.create, d)
-			if _, err := c.delete(ctx, name); err != nil {
-				return lv, err
-			}
+		var err error
+		if lv.create, err = timedCreates(ctx, c, "m"+lvTag, cfg.updCreates); err != nil {
+			return lv, err
 		}
 		for i := 0; i < cfg.updN; i++ {
 			entry := fmt.Sprintf("1.2.%d.%d/32", i/250, i%250+1)
@@ -135,18 +98,18 @@ func figUpdateIn(ctx context.Context, cfg *config, rep *Report, de *daemonEnv) e
 			return err
 		}
 	}
-	if _, err := grow(10, 0); err != nil {
+	if _, err := g.to(ctx, 10, 0); err != nil {
 		return err
 	}
 	low, err := measure("a")
 	if err != nil {
 		return err
 	}
-	took, err := grow(cfg.updHigh, cfg.updBudget)
+	took, err := g.to(ctx, cfg.updHigh, cfg.updBudget)
 	if err != nil {
 		return err
 	}
-	logf("grew to %d live sessions in %s", live, took.Round(time.Millisecond))
+	logf("grew to %d live sessions in %s", g.live(), took.Round(time.Millisecond))
 	high, err := measure("b")
 	if err != nil {
 		return err
@@ -171,10 +134,5 @@ func figUpdateIn(ctx context.Context, cfg *config, rep *Report, de *daemonEnv) e
 		Note: note + "; create beside the updates, same run; no target here", Extra: []string{fmt.Sprintf("live_high=%d", high.live),
 			fmt.Sprintf("live_low=%d", low.live), fmt.Sprintf("n=%d", cfg.updCreates),
 			fmt.Sprintf("high_p99_ms=%.3f", high.create.Pct(99)), fmt.Sprintf("low_p99_ms=%.3f", low.create.Pct(99))}})
-	logf("removing %d live sessions", live)
-	_, err = parallel(ctx, live-1, func(i int) error {
-		_, err := c.delete(ctx, fmt.Sprintf("g%d", i+1))
-		return err
-	})
-	return err
+	return g.removeAll(ctx)
 }
