@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/netip"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/nftables"
@@ -21,6 +22,8 @@ const monitorRetry = time.Second
 // receive error ends it, and then nothing is known until a new one has
 // joined. mu guards everything below it.
 type attestMonitor struct {
+	ended atomic.Uint64 // monitors that ended other than by Close
+
 	mu      sync.Mutex
 	mon     *nftables.Monitor
 	closed  bool
@@ -36,7 +39,10 @@ func (f *Firewall) startMonitor() error {
 	if m.closed || m.running {
 		return nil
 	}
-	c, err := nftables.New(nftables.WithNetNSFd(f.nsFd))
+	// The large buffer: each inserted element is a notification too, and
+	// a burst of answers (a thousand names at once) overflowed the
+	// default one, which ends the monitor and all knowledge with it.
+	c, err := nftables.New(nftables.WithNetNSFd(f.nsFd), nftables.WithSockOptions(forceBuffers))
 	if err != nil {
 		return fmt.Errorf("open nftables monitor socket: %w", err)
 	}
@@ -76,6 +82,7 @@ func (f *Firewall) watch(ch chan *nftables.MonitorEvents) {
 	if closed {
 		return
 	}
+	m.ended.Add(1)
 	time.AfterFunc(monitorRetry, func() {
 		if err := f.startMonitor(); err != nil {
 			f.monitorFailed(err)
@@ -110,6 +117,11 @@ func (f *Firewall) monitorFailed(err error) {
 		}
 	})
 }
+
+// AttestMonitorEnded returns how many times the notification monitor
+// ended by itself (its socket overflowed or failed): each time, nothing
+// was known for about monitorRetry.
+func (f *Firewall) AttestMonitorEnded() uint64 { return f.monitor.ended.Load() }
 
 // stopMonitor ends the monitor for good (Close).
 func (f *Firewall) stopMonitor() {

@@ -31,7 +31,7 @@ type attestReq struct {
 // a blocked range stay unreachable (the guard is checked first).
 //
 // Every element already in the kernel with at least the clamped timeout
-// less knownSlack of life left (at most 1 s), as far as this Firewall KNOWS (it inserted
+// less knownSlack of life left (an eighth, at most 30 s), as far as this Firewall KNOWS (it inserted
 // it, nothing deleted it since; see knownIndex), needs no batch: Attest
 // then returns at once with the shortest remaining life, and the kernel
 // keeps the elements' expiry (only the refresh's maximum lifetime counts
