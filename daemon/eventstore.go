@@ -15,8 +15,8 @@ package daemon
 //     a killed daemon loses none of them.
 //   - A DNS decision or a flow drop (RecordAsync) is queued: the answer is
 //     not held for the write. A killed daemon loses those still queued: the
-//     writer's latency, normally well under a millisecond and a few
-//     milliseconds when the machine is loaded. The ring has them at once,
+//     writer's latency, writerLinger (1 ms, so that a burst is one write)
+//     plus the write, a few milliseconds when the machine is loaded. The ring has them at once,
 //     so readers see them in order meanwhile.
 //   - The queue is bounded (maxQueuedEvents). A queued event that finds it
 //     full is not written (the ring and the followers still have it): it is
@@ -77,6 +77,12 @@ const maxQueuedEvents = 8192
 // dropLogInterval spaces the log lines about events not written.
 const dropLogInterval = 10 * time.Second
 
+// writerLinger is how long the writer lets queued events gather after it
+// wakes, unless a caller waits for one: at a few thousand DNS answers a
+// second, one write(2) per file every millisecond instead of one per
+// event. It is the writer's latency for queued events.
+const writerLinger = time.Millisecond
+
 // maxWriteBatch bounds one write(2) of a file (a file is rotated between
 // writes, so it stays within maxBytes too).
 const maxWriteBatch = 64 << 10
@@ -100,6 +106,7 @@ type eventStore struct {
 	mu       sync.Mutex
 	pending  []storeOp
 	queued   int  // appends in pending that nobody waits for
+	waiting  int  // ops in pending that a caller waits for
 	stopped  bool // Shutdown queued its last op: nothing is queued after
 	wake     chan struct{}
 	exited   chan struct{}
@@ -157,6 +164,9 @@ func (s *eventStore) enqueue(op storeOp) bool {
 	if op.done == nil && op.fn == nil {
 		s.queued++
 	}
+	if op.done != nil {
+		s.waiting++
+	}
 	s.mu.Unlock()
 	select {
 	case s.wake <- struct{}{}:
@@ -202,8 +212,14 @@ func (s *eventStore) writer() {
 	for {
 		<-s.wake
 		s.mu.Lock()
+		linger := s.waiting == 0 && !s.stopped
+		s.mu.Unlock()
+		if linger {
+			time.Sleep(writerLinger)
+		}
+		s.mu.Lock()
 		ops, stopped := s.pending, s.stopped
-		s.pending, s.queued = nil, 0
+		s.pending, s.queued, s.waiting = nil, 0, 0
 		s.mu.Unlock()
 		s.run(ops)
 		if stopped {
@@ -467,6 +483,7 @@ func (s *eventStore) shutdown() {
 		return
 	}
 	s.pending = append(s.pending, storeOp{fn: s.closeAllLocked, done: done})
+	s.waiting++
 	s.stopped = true
 	s.mu.Unlock()
 	select {
