@@ -5,24 +5,25 @@ package daemon
 //
 // One writer goroutine owns the files: Record queues an event (in the
 // order of the rings) and the writer encodes and writes what is queued,
-// each file's lines in one write(2), without fsync, as soon as it wakes,
-// so that no encoding and no write(2) is on a DNS answer's path. What it
-// means for a daemon that is killed (kill -9, a crash):
+// each file's lines in one write(2), without fsync, so that no encoding
+// and no write(2) is on a DNS answer's path. What it means for a daemon
+// that is killed (kill -9, a crash):
 //
 //   - An event of an API call or of the daemon's own lifecycle (Record) is
 //     acknowledged only once written: Record returns after the writer
 //     wrote it, so the call's answer comes after the write, as before, and
 //     a killed daemon loses none of them.
 //   - A DNS decision or a flow drop (RecordAsync) is queued: the answer is
-//     not held for the write. A killed daemon loses those still queued: the
-//     writer's latency, writerLinger (1 ms, so that a burst is one write)
-//     plus the write, a few milliseconds when the machine is loaded. The ring has them at once,
-//     so readers see them in order meanwhile.
+//     not held for the write. A killed daemon loses those still queued:
+//     the writer's latency, writerLinger (1 ms, so that a burst is one
+//     write) plus the write, a few milliseconds when the machine is
+//     loaded. The ring has them at once, so readers see them in order
+//     meanwhile.
 //   - The queue is bounded (maxQueuedEvents). A queued event that finds it
-//     full is not written (the ring and the followers still have it): it is
-//     counted (EventLog.DroppedWrites)
-//     and logged, at most once per dropLogInterval with the count since.
-//     The answer is never held for room.
+//     full is not written (the ring and the followers still have it): it
+//     is counted (EventLog.DroppedWrites) and logged, at most once per
+//     dropLogInterval with the count since. The answer is never held for
+//     room.
 //
 // A machine that goes down (power, a kernel crash) can lose what the
 // kernel had not yet written back, at most the last few seconds (a file is
