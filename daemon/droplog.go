@@ -116,7 +116,7 @@ func (de *dropEvents) record(fl netpolicy.DroppedFlow) {
 		}
 	}
 	ev := api.Event{Time: time.Now().UTC(), Session: name, Kind: api.EventKindFlow, Action: FlowActionDropped, Detail: detail}
-	de.d.events.Record(ev)
+	de.d.events.RecordAsync(ev)
 	// Under systemd the journal keeps it too, with structured fields; the
 	// kernel's per-session log budget bounds how many lines a flood makes.
 	de.d.logEvent(ev)
@@ -215,7 +215,7 @@ func (de *dropEvents) pollUnlogged(stop <-chan struct{}) {
 		for _, r := range out {
 			ev := api.Event{Time: time.Now().UTC(), Session: r.name, Kind: api.EventKindFlow, Action: FlowActionUnlogged,
 				Detail: map[string]any{"count": r.n}}
-			de.d.events.Record(ev)
+			de.d.events.RecordAsync(ev)
 			de.d.logEvent(ev)
 		}
 	}

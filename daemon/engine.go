@@ -859,7 +859,7 @@ func (e *Daemon) Record(ev dnsproxy.Event) {
 		if ev.Verdict == dnsproxy.VerdictAllowed {
 			e.names.remember(ev.Session, ev.Name, ev.Addrs)
 		}
-		e.events.Record(api.Event{Time: ev.Time.UTC(), Session: ev.Session, Kind: api.EventKindDNS, Action: action, Detail: detail})
+		e.events.RecordAsync(api.Event{Time: ev.Time.UTC(), Session: ev.Session, Kind: api.EventKindDNS, Action: action, Detail: detail})
 	}
 }
 

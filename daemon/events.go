@@ -25,11 +25,12 @@ const defaultSubscriberBuffer = 64
 // file (eventStore). A ring exists from Open (create) or Load (adopt) to
 // Close (delete); an event of a name without one (a refused create of a
 // new name, a DNS answer racing a delete) goes to the file and to the
-// followers of every session only. Record never blocks: a follower whose
-// channel is full misses events and, as soon as it has room again,
-// receives one marker event of kind "missed" counting them. mu guards
-// every field, every ring and the store; channels are sent to and closed
-// only under mu.
+// followers of every session only. Record never blocks on a follower: a
+// follower whose channel is full misses events and, as soon as it has
+// room again, receives one marker event of kind "missed" counting them.
+// The files are the store's writer's (eventstore.go); events are queued
+// to it under mu, so each file's order is its ring's. mu guards every
+// field and every ring; channels are sent to and closed only under mu.
 type EventLog struct {
 	mu       sync.Mutex
 	capacity int
@@ -113,26 +114,42 @@ func (l *EventLog) pruneLoop(every time.Duration) {
 }
 
 // Prune removes the files of sessions without a ring whose last event is
-// older than the retention.
+// older than the retention. The names with a ring are taken when it is
+// called; a session created meanwhile has a fresh file, which is kept.
 func (l *EventLog) Prune() {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.store != nil {
-		l.store.pruneLocked(func(name string) bool { return l.sessions[name] != nil })
+	if l.store == nil {
+		return
 	}
+	l.mu.Lock()
+	live := make(map[string]bool, len(l.sessions))
+	for name := range l.sessions {
+		live[name] = true
+	}
+	l.mu.Unlock()
+	l.store.do(func() { l.store.pruneLocked(func(name string) bool { return live[name] }) })
 }
 
-// Shutdown stops the prune loop and syncs and closes the open files. The
-// log must not be used after.
+// Shutdown stops the prune loop, lets the writer write everything queued,
+// and syncs and closes the open files. The log must not be used after: an
+// event recorded after is kept in memory only, and counted as not
+// written.
 func (l *EventLog) Shutdown() {
 	if l.stop != nil {
 		l.stopOnce.Do(func() { close(l.stop) })
 	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
 	if l.store != nil {
-		l.store.closeAllLocked()
+		l.store.shutdown()
 	}
+}
+
+// DroppedWrites returns how many events were not written to their file
+// because the writer's queue was full (or the log was shut down): they
+// reached the rings and followers only.
+func (l *EventLog) DroppedWrites() uint64 {
+	if l.store == nil {
+		return 0
+	}
+	return l.store.dropped.Load()
 }
 
 // Open starts a session's ring, empty: a new session (a name used before
@@ -163,7 +180,9 @@ func (l *EventLog) Load(session string, labels map[string]string) {
 	if l.store == nil {
 		return
 	}
-	evs, _ := l.store.readLocked(session)
+	// Under mu, which the writer never takes: no event of the session is
+	// recorded between the read and the ring.
+	evs, _ := l.store.read(session)
 	evs = sinceCreation(evs)
 	if len(evs) > l.capacity {
 		evs = evs[len(evs)-l.capacity:]
@@ -189,17 +208,43 @@ func sinceCreation(evs []api.Event) []api.Event {
 	return evs
 }
 
-// Record appends ev to its session's file and ring (ev.Session) and sends
-// it to the followers without blocking.
+// Record appends ev to its session's ring (ev.Session), sends it to the
+// followers without blocking, and returns once the writer wrote it to the
+// session's file: an API call's event is on file before the call answers,
+// so a daemon killed after the answer has it.
 func (l *EventLog) Record(ev api.Event) {
+	if done := l.record(ev, true); done != nil {
+		<-done
+	}
+}
+
+// RecordAsync is Record without the wait for the write: for the events on
+// a hot path (a DNS answer, a flow drop), which must not wait for a
+// write(2). The ring and the followers have the event at once; the file
+// within the writer's latency (see eventstore.go), or never when its queue
+// is full (counted: DroppedWrites).
+func (l *EventLog) RecordAsync(ev api.Event) { l.record(ev, false) }
+
+// record appends ev to the ring, fans it out and queues its write; it
+// returns the channel closed once written when wait is set and the write
+// was queued.
+func (l *EventLog) record(ev api.Event, wait bool) chan struct{} {
 	if ev.Time.IsZero() {
 		ev.Time = time.Now().UTC()
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	r := l.sessions[ev.Session]
+	var done chan struct{}
 	if l.store != nil {
-		l.store.appendLocked(ev, r != nil)
+		// Queued under mu: the file's order is the ring's.
+		op := storeOp{ev: ev, keepOpen: r != nil}
+		if wait {
+			op.done = make(chan struct{})
+		}
+		if l.store.enqueue(op) {
+			done = op.done
+		}
 	}
 	labels := requestLabels(ev)
 	if r != nil {
@@ -219,6 +264,7 @@ func (l *EventLog) Record(ev api.Event) {
 			l.sendLocked(s, ev)
 		}
 	}
+	return done
 }
 
 // requestLabels are the labels a create event carries (detail.labels),
@@ -325,14 +371,15 @@ func (l *EventLog) Follow(ctx context.Context, session string) ([]api.Event, <-c
 func (l *EventLog) Read(ctx context.Context, session string, follow bool) ([]api.Event, <-chan api.Event, error) {
 	l.mu.Lock()
 	if l.sessions[session] == nil {
+		l.mu.Unlock()
 		var (
 			evs   []api.Event
 			found bool
 		)
 		if l.store != nil {
-			evs, found = l.store.readLocked(session)
+			// After every event queued so far: the file has them all.
+			evs, found = l.store.read(session)
 		}
-		l.mu.Unlock()
 		if !found {
 			return nil, nil, fmt.Errorf("session %q: %w", session, api.ErrNotFound)
 		}
@@ -386,19 +433,20 @@ func (l *EventLog) ReadAll(ctx context.Context, key, value string, follow bool) 
 }
 
 // Close ends a session's ring: its followers' channels are closed, its
-// file is synced and closed, and kept for the retention.
+// file is synced and closed (after its queued events are written), and
+// kept for the retention. It returns once the file is closed.
 func (l *EventLog) Close(session string) {
+	done := make(chan struct{})
 	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.store != nil {
-		l.store.closeLocked(session)
+	queued := l.store != nil && l.store.enqueue(storeOp{fn: func() { l.store.closeLocked(session) }, done: done})
+	if r := l.sessions[session]; r != nil {
+		for s := range r.subs {
+			close(s.ch)
+		}
+		delete(l.sessions, session)
 	}
-	r := l.sessions[session]
-	if r == nil {
-		return
+	l.mu.Unlock()
+	if queued {
+		<-done
 	}
-	for s := range r.subs {
-		close(s.ch)
-	}
-	delete(l.sessions, session)
 }

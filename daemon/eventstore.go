@@ -3,12 +3,32 @@ package daemon
 // The events' persistence: one NDJSON file per session name under
 // <state-dir>/events/<name>.ndjson, one api.Event per line.
 //
-// Every event is written with one write(2) as it is recorded, without
-// fsync: a daemon that is killed (kill -9, a crash) loses no event, since
-// the kernel holds what was written; a machine that goes down (power, a
-// kernel crash) can lose what the kernel had not yet written back, at
-// most the last few seconds (a file is synced when its session is removed
-// and when it is rotated). A torn last line is skipped when read.
+// One writer goroutine owns the files: Record queues an event (in the
+// order of the rings) and the writer encodes and writes what is queued,
+// each file's lines in one write(2), without fsync, so that no encoding
+// and no write(2) is on a DNS answer's path. What it means for a daemon
+// that is killed (kill -9, a crash):
+//
+//   - An event of an API call or of the daemon's own lifecycle (Record) is
+//     acknowledged only once written: Record returns after the writer
+//     wrote it, so the call's answer comes after the write, as before, and
+//     a killed daemon loses none of them.
+//   - A DNS decision or a flow drop (RecordAsync) is queued: the answer is
+//     not held for the write. A killed daemon loses those still queued:
+//     the writer's latency, writerLinger (1 ms, so that a burst is one
+//     write) plus the write, a few milliseconds when the machine is
+//     loaded. The ring has them at once, so readers see them in order
+//     meanwhile.
+//   - The queue is bounded (maxQueuedEvents). A queued event that finds it
+//     full is not written (the ring and the followers still have it): it
+//     is counted (EventLog.DroppedWrites) and logged, at most once per
+//     dropLogInterval with the count since. The answer is never held for
+//     room.
+//
+// A machine that goes down (power, a kernel crash) can lose what the
+// kernel had not yet written back, at most the last few seconds (a file is
+// synced when its session is removed, when it is rotated and at Shutdown,
+// which drains the queue first). A torn last line is skipped when read.
 //
 // A file that would grow past maxBytes is renamed to <name>.ndjson.1
 // (replacing the one before) and started anew, so a name keeps at most
@@ -26,6 +46,8 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/enforcerd/enforcerd/api"
@@ -47,9 +69,32 @@ func pruneInterval(retention time.Duration) time.Duration {
 	return min(max(retention/10, minPruneInterval), maxPruneInterval)
 }
 
-// eventStore writes and reads the event files. Its methods are called
-// under EventLog.mu. files holds the open files of the sessions with a
-// ring; a name without one is opened, appended to and closed per event.
+// maxQueuedEvents bounds the events queued for the writer that no caller
+// waits for (RecordAsync): about 1 KiB each, a few MiB at most. At a
+// writer that keeps up (a batch per wake-up, one write(2) per file) the
+// queue holds what arrived during one batch.
+const maxQueuedEvents = 8192
+
+// dropLogInterval spaces the log lines about events not written.
+const dropLogInterval = 10 * time.Second
+
+// writerLinger is how long the writer lets queued events gather after it
+// wakes, unless a caller waits for one: at a few thousand DNS answers a
+// second, one write(2) per file every millisecond instead of one per
+// event. It is the writer's latency for queued events.
+const writerLinger = time.Millisecond
+
+// maxWriteBatch bounds one write(2) of a file (a file is rotated between
+// writes, so it stays within maxBytes too).
+const maxWriteBatch = 64 << 10
+
+// eventStore writes and reads the event files. Its writer goroutine owns
+// the files: every file operation (an append, a read, a close, a prune) is
+// a storeOp run by it in the order queued, so a read sees every event
+// queued before it, and a close follows its session's last queued event.
+// files holds the open files of the sessions with a ring; a name without
+// one is opened, appended to and closed per batch. mu guards the queue
+// fields; everything else belongs to the writer.
 type eventStore struct {
 	dir       string
 	maxBytes  int64
@@ -58,6 +103,27 @@ type eventStore struct {
 	now       func() time.Time
 	files     map[string]*eventFile
 	failing   map[string]bool // names whose last write failed (logged once)
+
+	mu       sync.Mutex
+	pending  []storeOp
+	queued   int  // appends in pending that nobody waits for
+	waiting  int  // ops in pending that a caller waits for
+	stopped  bool // Shutdown queued its last op: nothing is queued after
+	wake     chan struct{}
+	exited   chan struct{}
+	dropped  atomic.Uint64
+	lastDrop time.Time // when a drop was last logged
+	unlogged uint64    // drops since that log line
+}
+
+// storeOp is one operation for the writer: an append of ev (keepOpen: its
+// session has a ring, keep the file open), or fn. done, when not nil, is
+// closed once it is done (once written, for an append).
+type storeOp struct {
+	ev       api.Event
+	keepOpen bool
+	fn       func()
+	done     chan struct{}
 }
 
 type eventFile struct {
@@ -75,8 +141,210 @@ func openEventStore(dir string, opts EventStoreOptions) (*eventStore, error) {
 	if opts.Log == nil {
 		opts.Log = slog.New(slog.DiscardHandler)
 	}
-	return &eventStore{dir: dir, maxBytes: opts.MaxBytes, retention: opts.Retention, log: opts.Log,
-		now: time.Now, files: map[string]*eventFile{}, failing: map[string]bool{}}, nil
+	s := &eventStore{dir: dir, maxBytes: opts.MaxBytes, retention: opts.Retention, log: opts.Log,
+		now: time.Now, files: map[string]*eventFile{}, failing: map[string]bool{},
+		wake: make(chan struct{}, 1), exited: make(chan struct{})}
+	go s.writer()
+	return s, nil
+}
+
+// enqueue queues op for the writer and reports whether it was: an append
+// nobody waits for is refused when maxQueuedEvents are queued already
+// (counted and logged), and everything after Shutdown. A caller that waits
+// (done set) is never refused room: such calls are few, and each waits.
+func (s *eventStore) enqueue(op storeOp) bool {
+	s.mu.Lock()
+	if s.stopped || (op.done == nil && op.fn == nil && s.queued >= maxQueuedEvents) {
+		if op.fn == nil {
+			s.dropLocked(op.ev)
+		}
+		s.mu.Unlock()
+		return false
+	}
+	s.pending = append(s.pending, op)
+	if op.done == nil && op.fn == nil {
+		s.queued++
+	}
+	if op.done != nil {
+		s.waiting++
+	}
+	s.mu.Unlock()
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+	return true
+}
+
+// dropLocked counts an event not written and logs the first drop and then
+// at most one line per dropLogInterval with the count since the last.
+func (s *eventStore) dropLocked(ev api.Event) {
+	s.dropped.Add(1)
+	s.unlogged++
+	now := time.Now()
+	if !s.lastDrop.IsZero() && now.Sub(s.lastDrop) < dropLogInterval {
+		return
+	}
+	why := "the write queue is full"
+	if s.stopped {
+		why = "the event log is shut down"
+	}
+	s.log.Warn("events not persisted (they are kept in memory only): "+why, "count", s.unlogged,
+		"total", s.dropped.Load(), "session", ev.Session, "kind", ev.Kind, "queue", maxQueuedEvents)
+	s.lastDrop, s.unlogged = now, 0
+}
+
+// do runs fn on the writer, after everything queued before, and waits for
+// it. After Shutdown it runs fn itself: the writer is gone, and so is
+// every other user of the files.
+func (s *eventStore) do(fn func()) {
+	done := make(chan struct{})
+	if !s.enqueue(storeOp{fn: fn, done: done}) {
+		<-s.exited
+		fn()
+		return
+	}
+	<-done
+}
+
+// writer runs the queued operations in order until Shutdown's last one.
+func (s *eventStore) writer() {
+	defer close(s.exited)
+	for {
+		<-s.wake
+		s.mu.Lock()
+		linger := s.waiting == 0 && !s.stopped
+		s.mu.Unlock()
+		if linger {
+			time.Sleep(writerLinger)
+		}
+		s.mu.Lock()
+		ops, stopped := s.pending, s.stopped
+		s.pending, s.queued, s.waiting = nil, 0, 0
+		s.mu.Unlock()
+		s.run(ops)
+		if stopped {
+			return
+		}
+	}
+}
+
+// run performs ops in order, each file's consecutive appends in one write.
+func (s *eventStore) run(ops []storeOp) {
+	b := newWriteBatch(s)
+	for _, op := range ops {
+		if op.fn != nil {
+			b.flush()
+			op.fn()
+		} else {
+			b.add(op.ev, op.keepOpen)
+		}
+		if op.done != nil {
+			if op.fn == nil {
+				b.flush() // its caller waits for the write
+			}
+			close(op.done)
+		}
+	}
+	b.flush()
+}
+
+// writeBatch gathers encoded lines per file, in order, up to maxWriteBatch
+// (and maxBytes) a write.
+type writeBatch struct {
+	s     *eventStore
+	order []string
+	lines map[string]*batchFile
+	enc   *json.Encoder
+	buf   bytes.Buffer
+}
+
+type batchFile struct {
+	buf      bytes.Buffer
+	keepOpen bool
+	first    api.Event // for the failure's log line
+}
+
+func newWriteBatch(s *eventStore) *writeBatch {
+	b := &writeBatch{s: s, lines: map[string]*batchFile{}}
+	b.enc = json.NewEncoder(&b.buf)
+	b.enc.SetEscapeHTML(false)
+	return b
+}
+
+func (b *writeBatch) add(ev api.Event, keepOpen bool) {
+	name := ev.Session
+	if !b.s.wanted(ev, keepOpen) {
+		return
+	}
+	b.buf.Reset()
+	if err := b.enc.Encode(ev); err != nil {
+		b.s.failed(name, ev, err)
+		return
+	}
+	bf := b.lines[name]
+	if bf == nil {
+		bf = &batchFile{first: ev}
+		b.lines[name] = bf
+		b.order = append(b.order, name)
+	}
+	limit := min(int64(maxWriteBatch), b.s.maxBytes)
+	if bf.buf.Len() > 0 && int64(bf.buf.Len()+b.buf.Len()) > limit {
+		b.s.append(name, bf.buf.Bytes(), bf.keepOpen, bf.first)
+		bf.buf.Reset()
+		bf.first = ev
+	}
+	bf.buf.Write(b.buf.Bytes())
+	bf.keepOpen = bf.keepOpen || keepOpen
+}
+
+func (b *writeBatch) flush() {
+	for _, name := range b.order {
+		if bf := b.lines[name]; bf.buf.Len() > 0 {
+			b.s.append(name, bf.buf.Bytes(), bf.keepOpen, bf.first)
+		}
+	}
+	b.order = b.order[:0]
+	clear(b.lines)
+}
+
+// wanted reports whether ev goes to a file. A name that is not a session
+// name has no file.
+//
+// A refused call on a name that has neither a session nor a file (a
+// create that failed validation, an rm of an unknown name) is not written:
+// any caller could otherwise make a file per name it invents. It still
+// reaches the journal and the followers of every session's events.
+func (s *eventStore) wanted(ev api.Event, keepOpen bool) bool {
+	name := ev.Session
+	if !sessionNameValid(name) {
+		return false
+	}
+	if !keepOpen && s.files[name] == nil && ev.Detail["outcome"] == "error" {
+		if _, err := os.Stat(s.path(name)); errors.Is(err, os.ErrNotExist) {
+			return false
+		}
+	}
+	return true
+}
+
+// append writes lines to name's file; keepOpen keeps the file open for
+// the next (the session has a ring). A failure is logged once per name
+// until a write succeeds again; the events still reached the ring and
+// followers.
+func (s *eventStore) append(name string, lines []byte, keepOpen bool, first api.Event) {
+	if err := s.write(name, lines, keepOpen); err != nil {
+		s.failed(name, first, err)
+		return
+	}
+	delete(s.failing, name)
+}
+
+func (s *eventStore) failed(name string, ev api.Event, err error) {
+	if !s.failing[name] {
+		s.log.Error("persist event (it is kept in memory only)", "session", name, "kind", ev.Kind, "action", ev.Action, "err", err)
+	}
+	s.failing[name] = true
 }
 
 func (s *eventStore) path(name string) string { return filepath.Join(s.dir, name+eventFileExt) }
@@ -94,42 +362,7 @@ func (s *eventStore) openFile(name string) (*eventFile, error) {
 	return &eventFile{f: f, size: fi.Size()}, nil
 }
 
-// appendLocked writes ev to its session's file; keepOpen keeps the file
-// open for the next (the session has a ring). A name that is not a
-// session name has no file. A failure is logged once per name until a
-// write succeeds again; the event still reaches the ring and followers.
-//
-// A refused call on a name that has neither a session nor a file (a
-// create that failed validation, an rm of an unknown name) is not written:
-// any caller could otherwise make a file per name it invents. It still
-// reaches the journal and the followers of every session's events.
-func (s *eventStore) appendLocked(ev api.Event, keepOpen bool) {
-	name := ev.Session
-	if !sessionNameValid(name) {
-		return
-	}
-	if !keepOpen && s.files[name] == nil && ev.Detail["outcome"] == "error" {
-		if _, err := os.Stat(s.path(name)); errors.Is(err, os.ErrNotExist) {
-			return
-		}
-	}
-	if err := s.write(name, ev, keepOpen); err != nil {
-		if !s.failing[name] {
-			s.log.Error("persist event (it is kept in memory only)", "session", name, "kind", ev.Kind, "action", ev.Action, "err", err)
-		}
-		s.failing[name] = true
-		return
-	}
-	delete(s.failing, name)
-}
-
-func (s *eventStore) write(name string, ev api.Event, keepOpen bool) error {
-	var buf bytes.Buffer
-	enc := json.NewEncoder(&buf)
-	enc.SetEscapeHTML(false)
-	if err := enc.Encode(ev); err != nil {
-		return err
-	}
+func (s *eventStore) write(name string, lines []byte, keepOpen bool) error {
 	ef := s.files[name]
 	if ef == nil {
 		var err error
@@ -137,7 +370,7 @@ func (s *eventStore) write(name string, ev api.Event, keepOpen bool) error {
 			return err
 		}
 	}
-	if ef.size > 0 && ef.size+int64(buf.Len()) > s.maxBytes {
+	if ef.size > 0 && ef.size+int64(len(lines)) > s.maxBytes {
 		// Rotate: the full file becomes .1 (replacing the one before).
 		_ = ef.f.Sync()
 		ef.f.Close()
@@ -155,13 +388,24 @@ func (s *eventStore) write(name string, ev api.Event, keepOpen bool) error {
 	} else {
 		defer ef.f.Close()
 	}
-	n, err := ef.f.Write(buf.Bytes())
+	n, err := ef.f.Write(lines)
 	ef.size += int64(n)
 	return err
 }
 
+// read returns a name's stored events (readLocked on the writer, after
+// every event queued before).
+func (s *eventStore) read(name string) ([]api.Event, bool) {
+	var (
+		evs   []api.Event
+		found bool
+	)
+	s.do(func() { evs, found = s.readLocked(name) })
+	return evs, found
+}
+
 // readLocked returns a name's stored events, oldest first, and whether it
-// has any file. Lines that do not decode (a line torn by a machine crash)
+// has any file. It runs on the writer (see read). Lines that do not decode (a line torn by a machine crash)
 // are skipped.
 func (s *eventStore) readLocked(name string) ([]api.Event, bool) {
 	if !sessionNameValid(name) {
@@ -200,7 +444,7 @@ func (s *eventStore) readLocked(name string) ([]api.Event, bool) {
 }
 
 // closeLocked syncs and closes a name's open file; with no retention its
-// files go at once.
+// files go at once. It runs on the writer.
 func (s *eventStore) closeLocked(name string) {
 	if ef := s.files[name]; ef != nil {
 		_ = ef.f.Sync()
@@ -228,8 +472,32 @@ func (s *eventStore) closeAllLocked() {
 	}
 }
 
+// shutdown queues the last op (every file synced and closed), waits for
+// the writer to run it and everything queued before, and refuses what
+// comes after.
+func (s *eventStore) shutdown() {
+	done := make(chan struct{})
+	s.mu.Lock()
+	if s.stopped {
+		s.mu.Unlock()
+		<-s.exited
+		return
+	}
+	s.pending = append(s.pending, storeOp{fn: s.closeAllLocked, done: done})
+	s.waiting++
+	s.stopped = true
+	s.mu.Unlock()
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+	<-done
+	<-s.exited
+}
+
 // pruneLocked removes the files of the names that are not live whose
-// newest file was last written more than the retention ago.
+// newest file was last written more than the retention ago. It runs on
+// the writer.
 func (s *eventStore) pruneLocked(live func(string) bool) {
 	ents, err := os.ReadDir(s.dir)
 	if err != nil {

@@ -19,8 +19,11 @@ import (
 //
 // Attest must return only once the addresses are in the kernel's set (the
 // answer is released right after). ttl is the element timeout the proxy
-// wants; the returned duration is the timeout actually applied (after the
-// attester's floor clamp). ports nil means any port.
+// wants; the returned duration is how long the elements are known to stay
+// there from now: the timeout actually applied (after the attester's floor
+// clamp), or less for elements already there that it did not insert again
+// (netpolicy's known elements). The answer's TTLs are capped by it. ports
+// nil means any port.
 type Attester interface {
 	Attest(guest netip.Addr, ips []netip.Addr, ttl time.Duration, ports []netpolicy.PortSpec) (time.Duration, error)
 }

@@ -139,6 +139,13 @@ func (x *attestIndex) record(guest netip.Addr, set string, elems []nftables.SetE
 	x.recordLocked(guest, set, elems, now, false)
 }
 
+// noteAnswer is record for an answer whose elements were known to be in
+// the kernel (no batch): the refresh is justified from now, and the
+// expiry the index keeps (an upper bound) can only grow.
+func (x *attestIndex) noteAnswer(guest netip.Addr, set string, elems []nftables.SetElement, now time.Time) {
+	x.record(guest, set, elems, now)
+}
+
 // recordLocked records elems; a seeding record (a dump) never justifies a
 // refresh: when the answer that attested it came is unknown.
 func (x *attestIndex) recordLocked(guest netip.Addr, set string, elems []nftables.SetElement, now time.Time, seeding bool) {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/netip"
 	"regexp"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/nftables"
@@ -158,8 +159,11 @@ type Firewall struct {
 	attest   connSlot // Attest only, used by attests' leader
 	attests  *groupCommit[attestReq]
 	attested attestIndex
-	flows    flowTable // conntrack entries of removed sessions
-	reads    nfnlConn  // single-element reads (one session's counters)
+	known    knownIndex    // what Attest may skip the kernel for (attestknown.go)
+	monitor  attestMonitor // forgets what others delete (attestmonitor.go)
+	flushes  atomic.Uint64 // attest batches sent to the kernel
+	flows    flowTable     // conntrack entries of removed sessions
+	reads    nfnlConn      // single-element reads (one session's counters)
 }
 
 // OpenFirewall validates cfg and opens the netlink connections. It changes
@@ -247,6 +251,7 @@ func checkConfig(cfg *FirewallConfig) error {
 // its state stay in the kernel (and keep enforcing). Close must not run
 // concurrently with other methods; nothing may be called after it.
 func (f *Firewall) Close() error {
+	f.stopMonitor()
 	f.admin.close()
 	f.attest.close()
 	f.flows.close()
@@ -292,6 +297,8 @@ func tableExists(c *nftables.Conn, t *nftables.Table) (bool, error) {
 // DeleteTable removes the whole table with every session's state. It is for
 // an offline reap (no daemon running); deleting a missing table succeeds.
 func (f *Firewall) DeleteTable() error {
+	f.known.forget(everyGuest)
+	defer f.known.forget(everyGuest)
 	err := f.admin.do(func(c *nftables.Conn) error {
 		ok, err := tableExists(c, f.schema.table)
 		if err != nil || !ok {

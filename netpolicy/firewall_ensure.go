@@ -63,6 +63,9 @@ func (f *Firewall) ruleEnv(set func(string) *nftables.Set) ruleEnv {
 // An existing set whose type differs from the design (a table from another
 // version) is an error: delete the table offline (DeleteTable) to upgrade.
 func (f *Firewall) Ensure() error {
+	// Whatever the table held before is not known to be there after.
+	f.known.forget(everyGuest)
+	defer f.known.forget(everyGuest)
 	err := f.admin.do(func(c *nftables.Conn) error {
 		t := f.schema.table
 		exists, err := tableExists(c, t)
@@ -153,6 +156,11 @@ func (f *Firewall) Ensure() error {
 		return fmt.Errorf("ensure table inet %s: %w", f.cfg.Prefix, err)
 	}
 	f.attested.setSeeded(true)
+	if err := f.startMonitor(); err != nil {
+		// Enforcement does not depend on it: without it every Attest
+		// waits for the kernel. It is retried.
+		f.monitorFailed(err)
+	}
 	return nil
 }
 

@@ -45,6 +45,9 @@ func (f *Firewall) AddSession(r SessionRules) error {
 	if err := f.checkRules(r); err != nil {
 		return fmt.Errorf("add session %s: %w", r.Name, err)
 	}
+	// A new session on an address starts knowing nothing of it (its
+	// predecessor's removal forgot it already).
+	f.known.forgetGuest(r.Guest)
 	plan := sessionElements(r)
 	err := f.admin.do(func(c *nftables.Conn) error {
 		for _, se := range plan {
@@ -111,6 +114,10 @@ func (f *Firewall) RemoveSession(r SessionRules) error {
 	if !r.Guest.Is4() {
 		return fmt.Errorf("remove session %s: guest address %s is not IPv4", r.Name, r.Guest)
 	}
+	// Unknown before the batch and after it: an attest batch in flight
+	// meanwhile learns nothing (see knownIndex).
+	f.known.forgetGuest(r.Guest)
+	defer f.known.forgetGuest(r.Guest)
 	attested, taken, complete := f.attested.take(r.Guest, time.Now())
 	if complete && r.Egress != "" && r.Egress != ModeNone && f.checkRules(r) == nil {
 		err := f.admin.do(func(c *nftables.Conn) error { return f.removeByKeyLocked(c, r, attested) })
@@ -264,6 +271,8 @@ func (f *Firewall) removeGuestsLocked(c *nftables.Conn, gone func(netip.Addr) bo
 // after its removal by an older version) outlives it for the next session on
 // the address. It returns the number of conntrack entries deleted.
 func (f *Firewall) PruneGuests(gone func(guest netip.Addr) bool) (int, error) {
+	f.known.forget(gone)
+	defer f.known.forget(gone)
 	var err error
 	for attempt := 0; attempt < 4; attempt++ {
 		if err = f.admin.do(func(c *nftables.Conn) error { return f.removeGuestsLocked(c, gone) }); err == nil || !isNotFound(err) {

@@ -154,8 +154,12 @@ func (f *Firewall) UpdateSession(u SessionUpdate) error {
 	}
 	// Before the batch: from now on the sweep deletes any live copy of a
 	// stale element, one a packet in flight created again after the
-	// batch's delete included.
+	// batch's delete included. Nothing of the guest is known from now on
+	// either (and again after the batch): the next answers wait for the
+	// kernel.
 	f.attested.revoke(u.New.Guest, plan.unattest)
+	f.known.forgetGuest(u.New.Guest)
+	defer f.known.forgetGuest(u.New.Guest)
 	err := f.admin.do(func(c *nftables.Conn) error { return f.updateByKeyLocked(c, plan) })
 	for attempt := 0; err != nil && isNotFound(err) && attempt < 4; attempt++ {
 		err = f.admin.do(func(c *nftables.Conn) error { return f.updateByDumpLocked(c, u, plan) })

@@ -12,6 +12,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/enforcerd/enforcerd/api"
+	"github.com/enforcerd/enforcerd/daemon"
 	"github.com/enforcerd/enforcerd/dnsproxy"
 	"github.com/enforcerd/enforcerd/integration/world"
 	"github.com/enforcerd/enforcerd/netpolicy"
@@ -38,6 +40,7 @@ type helperOpts struct {
 	guest    netip.Addr
 	slot     int
 	extra    int
+	events   string // the daemon's event log directory ("" : none)
 }
 
 func dnsHelperMain(args []string) int {
@@ -52,6 +55,7 @@ func dnsHelperMain(args []string) int {
 	fs.StringVar(&guest, "guest", "", "guest address of the measured session")
 	fs.IntVar(&o.slot, "slot", 0, "slot of the measured session (skipped by the extra sessions)")
 	fs.IntVar(&o.extra, "extra", 0, "extra live sessions (firewall elements and proxy registrations only)")
+	fs.StringVar(&o.events, "events", "", "record every decision in the daemon's event log under this directory, as the daemon does")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -93,8 +97,17 @@ func serveDNSHelper(o helperOpts) error {
 		return err
 	}
 	defer fw.DeleteTable()
+	var events *daemon.EventLog
+	var sink dnsproxy.EventSink
+	if o.events != "" {
+		if events, err = daemon.OpenEventLog(o.events, 0, daemon.EventStoreOptions{Retention: time.Hour}); err != nil {
+			return err
+		}
+		defer events.Shutdown()
+		sink = eventSink{events}
+	}
 	proxy, err := dnsproxy.New(dnsproxy.Config{Upstreams: []netip.AddrPort{o.upstream},
-		Timeout: 2 * time.Second, Guard: guard, Attester: fw})
+		Timeout: 2 * time.Second, Guard: guard, Attester: fw, Events: sink})
 	if err != nil {
 		return err
 	}
@@ -105,6 +118,9 @@ func serveDNSHelper(o helperOpts) error {
 	register := func(r netpolicy.SessionRules) error {
 		if err := fw.AddSession(r); err != nil {
 			return err
+		}
+		if events != nil {
+			events.Open(r.Name, nil)
 		}
 		return proxy.Register(dnsproxy.SessionPolicy{Name: r.Name, Guest: r.Guest, Mode: r.Egress,
 			Allow: []netpolicy.Entry{allow}})
@@ -169,13 +185,43 @@ func serveDNSHelper(o helperOpts) error {
 	proxy.Shutdown(ctx)
 	st := proxy.Stats()
 	att, _ := fw.Attested(o.guest)
+	var dropped uint64
+	if events != nil {
+		events.Shutdown()
+		dropped = events.DroppedWrites()
+	}
 	fmt.Printf("stats verdicts=%v shed=%d attest_errors=%d upstream_errors=%d attested_elements=%d "+
 		"attest_n=%d attest_mean_ms=%.3f attest_p99_le_ms=%s attest_max_ms=%.3f "+
-		"upstream_mean_ms=%.3f upstream_p99_le_ms=%s upstream_max_ms=%.3f\n",
+		"upstream_mean_ms=%.3f upstream_p99_le_ms=%s upstream_max_ms=%.3f "+
+		"attest_round_trips=%d attest_skipped=%d monitor_ended=%d events=%t events_not_written=%d\n",
 		st.Verdicts, st.Shed, st.AttestErrors, st.UpstreamErrors, len(att),
 		st.Attest.Count, meanMs(st.Attest), histP99(st.Attest), ms(st.Attest.Max),
-		meanMs(st.Upstream), histP99(st.Upstream), ms(st.Upstream.Max))
+		meanMs(st.Upstream), histP99(st.Upstream), ms(st.Upstream.Max),
+		fw.AttestRoundTrips(), fw.AttestSkipped(), fw.AttestMonitorEnded(), events != nil, dropped)
 	return nil
+}
+
+// eventSink records the proxy's decisions in the event log as the daemon's
+// Record does (a DNS event with the name, type, addresses and upstream).
+type eventSink struct{ l *daemon.EventLog }
+
+func (s eventSink) Record(ev dnsproxy.Event) {
+	if ev.Session == "" {
+		return
+	}
+	detail := map[string]any{"name": ev.Name, "type": ev.Type}
+	if len(ev.Addrs) > 0 {
+		addrs := make([]string, len(ev.Addrs))
+		for i, a := range ev.Addrs {
+			addrs[i] = a.String()
+		}
+		detail["addrs"] = addrs
+	}
+	if ev.Upstream != "" {
+		detail["upstream"] = ev.Upstream
+		detail["upstream_ms"] = float64(ev.Latency.Microseconds()) / 1000
+	}
+	s.l.RecordAsync(api.Event{Time: ev.Time.UTC(), Session: ev.Session, Kind: api.EventKindDNS, Action: ev.Verdict, Detail: detail})
 }
 
 func meanMs(h dnsproxy.Histogram) float64 {

@@ -272,7 +272,8 @@ func (b *dnsBench) ours(ctx context.Context, extra int) (dnsRun, string, error) 
 	p, err := startProc("dnsproxy helper", log, inNS(b.e.w.HostPath, self, dnsHelperArg,
 		"-prefix", b.e.prefix, "-dns", b.dnsAddr.String(), "-upstream", upstreamAddr.String(),
 		"-override", b.e.w.PublicOverride.String(), "-iface", b.iface, "-guest", b.guest.String(),
-		"-slot", strconv.Itoa(b.slot), "-extra", strconv.Itoa(extra))...)
+		"-slot", strconv.Itoa(b.slot), "-extra", strconv.Itoa(extra),
+		"-events", filepath.Join(b.cfg.tmp, fmt.Sprintf("events-%d", extra)))...)
 	if err != nil {
 		return dnsRun{}, "", err
 	}

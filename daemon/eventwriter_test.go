@@ -1,0 +1,106 @@
+package daemon
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/enforcerd/enforcerd/api"
+)
+
+// fileLines returns the NDJSON lines of a session's file.
+func fileLines(t *testing.T, dir, name string) int {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(dir, name+eventFileExt))
+	if err != nil {
+		t.Fatalf("read %s: %v", name, err)
+	}
+	return strings.Count(string(b), "\n")
+}
+
+// TestEventWriterAsync: a queued event is in the ring at once and on file
+// within milliseconds, in order with the waited-for ones; a removed
+// session's read sees its events still queued at the removal.
+func TestEventWriterAsync(t *testing.T) {
+	dir := t.TempDir()
+	l, err := OpenEventLog(dir, 0, EventStoreOptions{Retention: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Shutdown()
+	l.Open("a", nil)
+	l.Record(testEvent("a", 1))
+	for i := 2; i <= 50; i++ {
+		l.RecordAsync(testEvent("a", i))
+	}
+	if got := len(l.Recorded("a")); got != 50 {
+		t.Fatalf("ring has %d events right after recording, want 50", got)
+	}
+	deadline := time.Now().Add(time.Second)
+	for fileLines(t, dir, "a") < 50 {
+		if time.Now().After(deadline) {
+			t.Fatalf("queued events not on file within 1 s: %d lines", fileLines(t, dir, "a"))
+		}
+		time.Sleep(time.Millisecond)
+	}
+	l.RecordAsync(testEvent("a", 51))
+	l.Close("a") // the file is closed after the queued event
+	evs, _, err := l.Read(context.Background(), "a", false)
+	if err != nil || len(evs) != 51 {
+		t.Fatalf("read of the removed session: %d events, %v; want 51", len(evs), err)
+	}
+	for i, ev := range evs {
+		if ev.Action != testEvent("a", i+1).Action {
+			t.Fatalf("out of order at %d: %s", i, actionsOf(evs))
+		}
+	}
+	if l.DroppedWrites() != 0 {
+		t.Errorf("dropped %d writes without a full queue", l.DroppedWrites())
+	}
+}
+
+// TestEventWriterFullQueue: with the writer held up, queued events past
+// maxQueuedEvents are not written but counted (and reach the ring), a
+// waited-for event still is, and Shutdown drains what was queued.
+func TestEventWriterFullQueue(t *testing.T) {
+	dir := t.TempDir()
+	l, err := OpenEventLog(dir, maxQueuedEvents+200, EventStoreOptions{Retention: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.Open("f", nil)
+	hold, held := make(chan struct{}), make(chan struct{})
+	l.store.enqueue(storeOp{fn: func() { close(held); <-hold }})
+	<-held
+	const extra = 100
+	for i := range maxQueuedEvents + extra {
+		l.RecordAsync(api.Event{Session: "f", Kind: api.EventKindDNS, Action: "allowed", Time: time.Unix(int64(i+1), 0).UTC()})
+	}
+	if got := l.DroppedWrites(); got != extra {
+		t.Errorf("dropped %d writes, want %d", got, extra)
+	}
+	if got := len(l.Recorded("f")); got != maxQueuedEvents+extra {
+		t.Errorf("ring has %d events, want all %d", got, maxQueuedEvents+extra)
+	}
+	waited := make(chan struct{})
+	go func() { l.Record(testEvent("f", 1<<30)); close(waited) }()
+	select {
+	case <-waited:
+		t.Fatal("a waited-for event returned before the held writer wrote it")
+	case <-time.After(20 * time.Millisecond):
+	}
+	close(hold)
+	<-waited
+	l.Shutdown()
+	if got := fileLines(t, dir, "f"); got != maxQueuedEvents+1 {
+		t.Errorf("file has %d lines, want %d (the queue and the waited-for event)", got, maxQueuedEvents+1)
+	}
+	// After Shutdown: kept in memory only, counted.
+	l.RecordAsync(testEvent("f", 2))
+	if got := l.DroppedWrites(); got != extra+1 {
+		t.Errorf("after shutdown: dropped %d, want %d", got, extra+1)
+	}
+}
