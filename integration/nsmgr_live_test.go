@@ -1041,3 +1041,60 @@ func TestNsmgrGuestCleanQuarantines(t *testing.T) {
 		t.Errorf("b got %s, want the reused %s", b.Guest, a.Guest)
 	}
 }
+
+// The host side's disable_ipv6 is written through a directory fd of the
+// daemon netns's conf directory, opened when the Manager is made: it lands
+// on the daemon netns's veth even when an interface of the same name exists
+// in another netns (here the netns the test created after New), and the
+// session netns gets IPv6 off in "all" and "default" through its private
+// procfs instance.
+func TestNsmgrIPv6SysctlsHitTheRightNetns(t *testing.T) {
+	w := world.New(t)
+	prefix := nsmgrPrefix(t, w)
+	checkNoLeftovers(t, prefix)
+	m := newManager(t, w, prefix, "10.20.0.0/16", nil)
+
+	name := w.UniqueName("x6")
+	other, err := world.NewNamedNetns(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		other.Close()
+		if err := netns.DeleteNamed(name); err != nil {
+			t.Errorf("delete netns %s: %v", name, err)
+		}
+	})
+	oh, err := netlink.NewHandleAt(other)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer oh.Close()
+	twin := nsmgr.HostIfaceName(prefix, 0) // the name slot 0's host veth gets
+	if err := oh.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: twin}, PeerName: "peer"}); err != nil {
+		t.Fatalf("add %s in %s: %v", twin, name, err)
+	}
+	s := mustCreate(t, w, m, "s6", true)
+	if s.HostIface != twin {
+		t.Fatalf("host veth %s, want %s", s.HostIface, twin)
+	}
+	if v := readSysctl(t, w.Host, "/proc/sys/net/ipv6/conf/"+twin+"/disable_ipv6"); v != "1" {
+		t.Errorf("daemon netns: %s disable_ipv6 = %s, want 1", twin, v)
+	}
+	if v := readSysctl(t, other, "/proc/sys/net/ipv6/conf/"+twin+"/disable_ipv6"); v != "0" {
+		t.Errorf("other netns: %s disable_ipv6 = %s, want 0 (untouched)", twin, v)
+	}
+	if v := readSysctl(t, other, "/proc/sys/net/ipv6/conf/default/disable_ipv6"); v != "0" {
+		t.Errorf("other netns: default disable_ipv6 = %s, want 0 (untouched)", v)
+	}
+	ns, _, release := sessionHandle(t, s.NetnsPath)
+	defer release()
+	for _, iface := range []string{"all", "default", "lo", "eth0"} {
+		if v := readSysctl(t, ns, "/proc/sys/net/ipv6/conf/"+iface+"/disable_ipv6"); v != "1" {
+			t.Errorf("session netns: %s disable_ipv6 = %s, want 1", iface, v)
+		}
+	}
+	if err := m.Delete("s6", s.Slot); err != nil {
+		t.Fatal(err)
+	}
+}

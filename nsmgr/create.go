@@ -3,7 +3,6 @@ package nsmgr
 import (
 	"errors"
 	"fmt"
-	"io/fs"
 	"net"
 	"net/netip"
 
@@ -226,26 +225,21 @@ func (c *creation) createNetns() error {
 		if c.guest, err = netlink.NewHandle(unix.NETLINK_ROUTE); err != nil {
 			return fmt.Errorf("open netlink socket in netns %s: %w", path, err)
 		}
-		err = c.step(StepDisableIPv6, func() error {
-			for _, iface := range []string{"all", "default"} {
-				if err := disableIPv6(iface); err != nil && !errors.Is(err, fs.ErrNotExist) {
-					return err // (no such file: a kernel without IPv6)
-				}
-			}
-			return nil
-		})
-		if err != nil {
+		if err := c.step(StepDisableIPv6, disableNewNetnsIPv6); err != nil {
 			return err
 		}
-		return c.step(StepLoUp, func() error {
-			// lo is ifindex 1 in every netns (LOOPBACK_IFINDEX).
-			lo := &netlink.Device{LinkAttrs: netlink.LinkAttrs{Name: "lo", Index: 1}}
-			if err := c.guest.LinkSetUp(lo); err != nil {
-				return fmt.Errorf("set lo up in netns %s: %w", path, err)
-			}
-			return nil
-		})
+		return c.step(StepLoUp, func() error { return setLoUp(c.guest, path) })
 	})
+}
+
+// setLoUp brings lo up through h, a netlink socket in the netns at path.
+func setLoUp(h *netlink.Handle, path string) error {
+	// lo is ifindex 1 in every netns (LOOPBACK_IFINDEX).
+	lo := &netlink.Device{LinkAttrs: netlink.LinkAttrs{Name: "lo", Index: 1}}
+	if err := h.LinkSetUp(lo); err != nil {
+		return fmt.Errorf("set lo up in netns %s: %w", path, err)
+	}
+	return nil
 }
 
 // addVeth creates the veth pair from the host netns with its peer created
@@ -291,12 +285,14 @@ func (c *creation) tagVeth() error {
 // disableHostIPv6 disables IPv6 on the host veth before it goes up (before
 // it would get a link-local address) and locks its ARP answers to its own
 // address (lockARP). A sysctl is the only interface for disable_ipv6,
-// written from a thread in the host netns; the ARP settings go over netlink
-// from the same thread.
+// resolved from the host netns's conf directory opened once (a full
+// /proc/sys path costs a lookup that grows with the number of netns, see
+// sysctl.go), on a thread in the host netns; the ARP settings go over
+// netlink from the same thread.
 func (c *creation) disableHostIPv6() error {
 	idx := c.host.Attrs().Index
 	return Do(c.m.cfg.HostNS, func() error {
-		if err := disableIPv6(c.hostName); err != nil && !errors.Is(err, fs.ErrNotExist) { // (no such file: a kernel without IPv6)
+		if err := disableHostIfaceIPv6(c.m.hostConf, c.hostName); err != nil {
 			return fmt.Errorf("disable ipv6 on %s: %w", c.hostName, err)
 		}
 		if err := lockARP(idx); err != nil {

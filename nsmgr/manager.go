@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"os"
 	"path/filepath"
 	"sync"
 
@@ -78,6 +79,11 @@ type Manager struct {
 	creating map[string]bool // names whose Create is in flight
 	dirReady bool            // NetnsDir prepared
 	closed   bool
+
+	// hostConf is the daemon netns's /proc/sys/net/ipv6/conf, opened once:
+	// the host side's disable_ipv6 is resolved from it (see sysctl.go).
+	// nil without IPv6.
+	hostConf *os.File
 }
 
 // New validates cfg and returns a Manager. It changes nothing in the
@@ -107,6 +113,11 @@ func New(cfg Config) (*Manager, error) {
 	if err != nil {
 		return nil, fmt.Errorf("host netns: %w", err)
 	}
+	var conf *os.File
+	if err := Do(cfg.HostNS, func() (err error) { conf, err = openHostConfDir(); return err }); err != nil {
+		h.Close()
+		return nil, fmt.Errorf("host netns: %w", err)
+	}
 	return &Manager{
 		cfg:      cfg,
 		host:     h,
@@ -114,17 +125,21 @@ func New(cfg Config) (*Manager, error) {
 		ipam:     ipam,
 		sessions: map[string]Session{},
 		creating: map[string]bool{},
+		hostConf: conf,
 	}, nil
 }
 
-// Close releases the Manager's netlink socket. It removes nothing; the
-// Manager is unusable afterwards.
+// Close releases the Manager's netlink socket and fd. It removes nothing;
+// the Manager is unusable afterwards.
 func (m *Manager) Close() error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if !m.closed {
 		m.closed = true
 		m.host.Close()
+		if m.hostConf != nil {
+			m.hostConf.Close()
+		}
 	}
 	return nil
 }
