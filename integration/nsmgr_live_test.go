@@ -46,18 +46,51 @@ func freshPrefix(t testing.TB, prefix string) string {
 // session netns of prefix (by exact name) and checks nothing is left.
 func newManager(t *testing.T, w *world.World, prefix string, pool string, fault func(string) error) *nsmgr.Manager {
 	t.Helper()
+	return newManagerPrepared(t, w, prefix, pool, fault, 0)
+}
+
+// newManagerPrepared is newManager with a pool of prepared netns of size
+// prepared (0: none), started and filled before it returns. Close, at
+// cleanup, must remove the pool (checkNoLeftovers sees its entries).
+func newManagerPrepared(t *testing.T, w *world.World, prefix string, pool string, fault func(string) error, prepared int) *nsmgr.Manager {
+	t.Helper()
 	m, err := nsmgr.New(nsmgr.Config{
 		Prefix:      prefix,
 		Pool:        netip.MustParsePrefix(pool),
 		HostNS:      w.Host,
 		Fault:       fault,
 		EtcNetnsDir: t.TempDir(), // the real /etc/netns is the e2e tests' (TestE2ENetworkOnlyResolvConf)
+		Prepared:    prepared,
 	})
 	if err != nil {
 		t.Fatalf("nsmgr.New: %v", err)
 	}
-	t.Cleanup(func() { m.Close() })
+	t.Cleanup(func() {
+		if err := m.Close(); err != nil {
+			t.Errorf("Close: %v", err)
+		}
+	})
+	if prepared > 0 {
+		m.StartPrepared()
+		waitPrepared(t, m, prepared)
+	}
 	return m
+}
+
+// waitPrepared waits until the Manager's pool holds n ready netns.
+func waitPrepared(t testing.TB, m *nsmgr.Manager, n int) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		st := m.PreparedStats()
+		if st.Ready == n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("prepared netns: %+v after 10s, want %d ready", st, n)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 }
 
 // cleanupSession removes a session's netns file by exact name (and its host
@@ -419,7 +452,13 @@ func TestNsmgrCreateWithoutNIC(t *testing.T) {
 
 // A failure injected at every step leaves nothing behind: no netns file, no
 // mount, no link, no slot.
-func TestNsmgrCreateFaultAtEveryStep(t *testing.T) {
+func TestNsmgrCreateFaultAtEveryStep(t *testing.T) { testCreateFaultAtEveryStep(t, 0) }
+
+// The same when the netns is claimed from the pool of prepared ones: the
+// claimed netns goes too (the pool's other entries go at Close).
+func TestNsmgrCreateFaultAtEveryStepPrepared(t *testing.T) { testCreateFaultAtEveryStep(t, 1) }
+
+func testCreateFaultAtEveryStep(t *testing.T, prepared int) {
 	w := world.New(t)
 	prefix := nsmgrPrefix(t, w)
 	checkNoLeftovers(t, prefix)
@@ -441,14 +480,19 @@ func TestNsmgrCreateFaultAtEveryStep(t *testing.T) {
 		}{step, false})
 	}
 	for i, c := range cases {
-		var seen []string
-		m := newManager(t, w, prefix, "10.20.0.0/16", func(step string) error {
+		var (
+			seen []string
+			mu   sync.Mutex
+		)
+		m := newManagerPrepared(t, w, prefix, "10.20.0.0/16", func(step string) error {
+			mu.Lock()
+			defer mu.Unlock()
 			seen = append(seen, step)
 			if step == c.step {
 				return errInjected
 			}
 			return nil
-		})
+		}, prepared)
 		name := fmt.Sprintf("f%d", i)
 		path := m.NetnsPath(name)
 		cleanupSession(t, w, prefix, name, 0)
@@ -461,6 +505,16 @@ func TestNsmgrCreateFaultAtEveryStep(t *testing.T) {
 		}
 		if seen[len(seen)-1] != c.step {
 			t.Errorf("step %s: fault seam saw %v", c.step, seen)
+		}
+		if st := m.PreparedStats(); prepared > 0 && c.step != nsmgr.StepAllocateSlot && c.step != nsmgr.StepCreateNetns && st.Claimed != 1 {
+			t.Errorf("step %s: %+v, want the netns claimed from the pool", c.step, st)
+		}
+		if prepared > 0 {
+			waitPrepared(t, m, prepared) // the refill ran beside the unwind; its entry is not the claimed one
+			if got := preparedFiles(t, prefix); len(got) != prepared*(i+1) {
+				// every Manager of this loop keeps its pool until cleanup
+				t.Errorf("step %s: pool entries %v, want %d", c.step, got, prepared*(i+1))
+			}
 		}
 		if _, err := os.Stat(path); !errors.Is(err, os.ErrNotExist) {
 			t.Errorf("step %s: netns file left: %v", c.step, err)

@@ -210,8 +210,22 @@ func (c *creation) allocate() error {
 // createNetns creates the named netns and, while the locked thread is in
 // it, opens its fd and a netlink socket there, disables IPv6 (before any
 // interface but lo exists, so eth0 inherits "default") and brings lo up.
+//
+// With a prepared netns ready (see prepared.go) it claims that one instead:
+// the disable-ipv6 and lo-up steps were done when it was prepared, and run
+// here as no-ops so that the Fault seam still sees every step in order (a
+// fault there unwinds the claim like any other).
 func (c *creation) createNetns() error {
 	m := c.m
+	if p := m.takePrepared(); p != nil {
+		if err := c.claim(p); err != nil {
+			return err
+		}
+		if err := c.step(StepDisableIPv6, func() error { return nil }); err != nil {
+			return err
+		}
+		return c.step(StepLoUp, func() error { return nil })
+	}
 	path := m.NetnsPath(c.name)
 	if err := createNetnsFile(path); err != nil {
 		return err
