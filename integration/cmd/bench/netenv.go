@@ -46,10 +46,14 @@ func newNetEnv(tag string) (e *netEnv, err error) {
 	if err = nsmgr.EnableForwarding(w.Host); err != nil {
 		return e, err
 	}
-	e.m, err = nsmgr.New(nsmgr.Config{Prefix: e.prefix, Pool: nsmgr.DefaultPool, HostNS: w.Host, Fault: e.clock.mark})
+	// With the daemon's default pool of prepared netns (serve's
+	// --prepared-netns).
+	e.m, err = nsmgr.New(nsmgr.Config{Prefix: e.prefix, Pool: nsmgr.DefaultPool, HostNS: w.Host, Fault: e.clock.mark,
+		Prepared: nsmgr.DefaultPrepared})
 	if err != nil {
 		return e, err
 	}
+	e.m.StartPrepared()
 	if e.geo, err = nsmgr.NewIPAM(nsmgr.DefaultPool); err != nil {
 		return e, err
 	}
@@ -191,7 +195,9 @@ func (e *netEnv) Close() {
 				logf("cleanup: delete session %s: %v", name, err)
 			}
 		}
-		e.m.Close()
+		if err := e.m.Close(); err != nil { // removes the prepared netns
+			logf("cleanup: %v", err)
+		}
 	}
 	if err := e.w.Close(); err != nil {
 		logf("cleanup: close world %s: %v", e.w.ID, err)
