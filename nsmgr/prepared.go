@@ -27,11 +27,12 @@ import (
 // nothing else. When none is ready, Create makes one itself (the fresh
 // path), as with Config.Prepared 0.
 //
-// Each one is mounted at NetnsDir/<prefix>-pool_<pid>_<n>: the prefix marks it as
-// ours (Reap removes it, like everything of the prefix), and '_' is not
-// allowed in session names, so it is never taken for a session. A crash
-// leaves at most Config.Prepared of them, which the next start's Reap (or
-// `enforcerd reap`) removes; Close removes them.
+// Each one is mounted at NetnsDir/<prefix>-pool_<pid>_<n>: the prefix
+// marks it as ours (Reap removes it, like everything of the prefix), and
+// '_' is not allowed in session names, so it is never taken for a session.
+// A crash leaves at most Config.Prepared of them (ready or being made),
+// which the next start's Reap (or `enforcerd reap`) removes; Close removes
+// them.
 
 // DefaultPrepared is the number of prepared netns the daemon keeps unless
 // configured (a burst of that many creates is served from the pool while
