@@ -37,6 +37,23 @@ func preparedFiles(t testing.TB, prefix string) []string {
 	return out
 }
 
+// waitPreparedFiles waits until prefix has n pool entries under /run/netns
+// (a claimed entry's pool name is removed in the background).
+func waitPreparedFiles(t testing.TB, prefix string, n int) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		got := preparedFiles(t, prefix)
+		if len(got) == n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("pool entries %v after 5s, want %d", got, n)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
 // netnsSnapshot is what a guest could see of its network namespace's
 // configuration, with the slot's own addresses replaced by names.
 type netnsSnapshot struct {
@@ -64,7 +81,10 @@ func snapshotNetns(t *testing.T, s nsmgr.Session) netnsSnapshot {
 	}
 	for _, l := range links {
 		a := l.Attrs()
-		snap.links = append(snap.links, fmt.Sprintf("%d %s %s %#x mtu %d", a.Index, a.Name, l.Type(), a.RawFlags, a.MTU))
+		// Without RUNNING and LOWER_UP: a veth's carrier comes up a moment
+		// after both ends are up (linkwatch), in either kind of netns.
+		flags := a.RawFlags &^ (unix.IFF_RUNNING | unix.IFF_LOWER_UP)
+		snap.links = append(snap.links, fmt.Sprintf("%d %s %s %#x mtu %d", a.Index, a.Name, l.Type(), flags, a.MTU))
 		addrs, err := h.AddrList(l, netlink.FAMILY_ALL)
 		if err != nil {
 			t.Fatal(err)
@@ -135,14 +155,15 @@ func diffSnapshots(t *testing.T, what string, got, want netnsSnapshot) {
 	}
 }
 
-// nsInode identifies a live netns (its nsfs inode: unique while it lives).
-func nsInode(t *testing.T, path string) uint64 {
+// nsInode identifies a live netns (its nsfs device and inode: unique while
+// it lives; a file not mounted yet has its own filesystem's).
+func nsInode(t *testing.T, path string) string {
 	t.Helper()
 	var st unix.Stat_t
 	if err := unix.Stat(path, &st); err != nil {
 		t.Fatalf("stat %s: %v", path, err)
 	}
-	return st.Ino
+	return fmt.Sprintf("%d:%d", st.Dev, st.Ino)
 }
 
 // A session whose netns comes from the pool looks exactly like one made on
@@ -186,14 +207,12 @@ func TestNsmgrPreparedClaimLikeFresh(t *testing.T) {
 		t.Errorf("Sessions = %+v, want the two", got)
 	}
 	waitPrepared(t, m, 2)
-	if got := preparedFiles(t, prefix); len(got) != 2 {
-		t.Fatalf("pool entries after the refill %v, want 2", got)
-	}
+	waitPreparedFiles(t, prefix, 2)
 
 	// Leave state in a session's netns (an address on lo, a changed
 	// sysctl), keep the netns alive, delete the session: the next creates
 	// never get that netns or its state.
-	used := map[uint64]string{}
+	used := map[string]string{}
 	var holders []netns.NsHandle
 	defer func() {
 		for _, h := range holders {
@@ -227,6 +246,7 @@ func TestNsmgrPreparedClaimLikeFresh(t *testing.T) {
 		if err := m.Delete(name, s.Slot); err != nil {
 			t.Fatal(err)
 		}
+		waitPreparedFiles(t, prefix, 2) // the claimed entries' pool names are gone
 		for _, p := range preparedFiles(t, prefix) {
 			if n, ok := used[nsInode(t, filepath.Join(world.NetnsDir, p))]; ok {
 				t.Fatalf("pool entry %s is the netns session %s used", p, n)

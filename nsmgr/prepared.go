@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -21,7 +22,8 @@ import (
 // Config.Prepared > 0 and StartPrepared called, the Manager keeps that many
 // netns made and configured ahead of demand, off the create path, and Create
 // claims one instead: it bind-mounts the prepared netns at the session's
-// name and unmounts the pool name. A prepared netns is brand new (made for
+// name, and the pool name is unmounted in the background (an unmount waits
+// for an RCU grace period, ~1 ms: as long as making a netns). A prepared netns is brand new (made for
 // the pool, never given to a session before) and exactly what the fresh
 // path makes: lo up with 127.0.0.1, IPv6 disabled in "all" and "default",
 // nothing else. When none is ready, Create makes one itself (the fresh
@@ -95,10 +97,11 @@ type preparedPool struct {
 	inFlight int
 	names    map[string]bool // entries of this Manager, ready or being made: Reap leaves them
 	started  bool
-	wake     chan struct{} // a claim happened (buffered 1)
-	stop     chan struct{} // closed by Close
-	done     chan struct{} // closed when every worker has returned
-	lastErr  error         // of the last failed preparation (PreparedStats)
+	wake     chan struct{}  // a claim happened (buffered 1)
+	stop     chan struct{}  // closed by Close
+	done     chan struct{}  // closed when every worker has returned
+	retiring sync.WaitGroup // pool names of claimed entries being removed
+	lastErr  error          // of the last failed preparation (PreparedStats)
 	failures int
 }
 
@@ -107,7 +110,7 @@ type PreparedStats struct {
 	Ready, Target int
 	Claimed       int   // creates served from the pool since New
 	Fresh         int   // creates that found it empty and made their own netns
-	Failures      int   // preparations that failed
+	Failures      int   // preparations (or removals of a claimed one's pool name) that failed
 	LastErr       error // of the last failed preparation
 }
 
@@ -282,39 +285,56 @@ func (m *Manager) releasePrepared(name string) {
 	m.mu.Unlock()
 }
 
-// claim makes the prepared netns p the session's: the session's netns file,
-// p bind-mounted on it, p's pool name unmounted and removed. The fd and the
-// netlink socket pass to c. On failure the session's file is undone by c's
-// undo and p is discarded (never returned to the pool: it may be mounted at
-// the session's name when the failure happens).
-func (c *creation) claim(p *preparedNetns) (err error) {
+// claim makes the prepared netns p the session's: the session's netns file
+// and p bind-mounted on it; the fd and the netlink socket pass to c, and p's
+// pool name is unmounted and removed in the background (retire). On failure
+// the session's file is undone by c's undo and p is discarded (never
+// returned to the pool: it may be mounted at the session's name when the
+// failure happens).
+func (c *creation) claim(p *preparedNetns) error {
 	m := c.m
 	path := m.NetnsPath(c.name)
-	defer m.releasePrepared(p.name)
-	defer func() {
-		if err != nil {
-			if derr := p.discard(); derr != nil {
-				err = errors.Join(err, fmt.Errorf("discard prepared netns: %w", derr))
-			}
+	fail := func(err error) error {
+		if derr := p.discard(); derr != nil {
+			err = errors.Join(err, fmt.Errorf("discard prepared netns: %w", derr))
 		}
-	}()
-	if err := createNetnsFile(path); err != nil {
+		m.releasePrepared(p.name)
 		return err
+	}
+	if err := createNetnsFile(path); err != nil {
+		return fail(err)
 	}
 	c.undo.Push("netns "+path, func() error { return removeNetns(path) })
 	if err := unix.Mount(p.path, path, "", unix.MS_BIND, ""); err != nil {
-		return fmt.Errorf("bind-mount prepared netns %s at %s: %w", p.path, path, err)
-	}
-	if err := removeNetns(p.path); err != nil {
-		return err
+		return fail(fmt.Errorf("bind-mount prepared netns %s at %s: %w", p.path, path, err))
 	}
 	c.nsFD, c.guest = p.ns, p.guest
 	p.ns, p.guest = netns.None(), nil
+	m.retire(p)
 	return nil
 }
 
-// closePrepared stops the refill workers, waits for them and removes every
-// ready entry. Called by Close after it set closed.
+// retire removes the pool name of a claimed entry in the background. It
+// stays in names until then, so Reap leaves it to us; Close waits for it. A
+// failure is counted in PreparedStats, and the name left for the next Reap.
+func (m *Manager) retire(p *preparedNetns) {
+	m.prep.retiring.Add(1)
+	go func() {
+		defer m.prep.retiring.Done()
+		err := removeNetns(p.path)
+		m.mu.Lock()
+		delete(m.prep.names, p.name)
+		if err != nil {
+			m.prep.failures++
+			m.prep.lastErr = fmt.Errorf("remove the pool name of a claimed netns: %w", err)
+		}
+		m.mu.Unlock()
+	}()
+}
+
+// closePrepared stops the refill workers, waits for them and for the
+// retirements in flight, and removes every ready entry. Called by Close
+// after it set closed.
 func (m *Manager) closePrepared() error {
 	m.mu.Lock()
 	started := m.prep.started
@@ -324,6 +344,7 @@ func (m *Manager) closePrepared() error {
 	}
 	close(m.prep.stop)
 	<-m.prep.done
+	m.prep.retiring.Wait()
 	m.mu.Lock()
 	ready := m.prep.ready
 	m.prep.ready = nil
