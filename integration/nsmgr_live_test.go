@@ -958,16 +958,44 @@ func TestNsmgrConcurrentCreateDelete(t *testing.T) {
 
 // BenchmarkNsmgrCreateDelete reports p50/p99 of Create (with NIC) and of
 // Delete (the lazy fast path) over b.N sessions.
-func BenchmarkNsmgrCreateDelete(b *testing.B) {
+func BenchmarkNsmgrCreateDelete(b *testing.B) { benchCreateDelete(b, 0) }
+
+// With the daemon's default pool of prepared netns; the create-netns step
+// (the claim) is reported apart. Run it beside the one above: the machine's
+// load moves both.
+func BenchmarkNsmgrCreateDeletePrepared(b *testing.B) { benchCreateDelete(b, nsmgr.DefaultPrepared) }
+
+func benchCreateDelete(b *testing.B, prepared int) {
 	w := world.New(b)
 	prefix := nsmgrPrefix(b, w)
-	m, err := nsmgr.New(nsmgr.Config{Prefix: prefix, Pool: nsmgr.DefaultPool, HostNS: w.Host, EtcNetnsDir: b.TempDir()})
+	var (
+		mark     time.Time
+		inStep   bool
+		netnsDur []time.Duration
+	)
+	fault := func(step string) error { // times create-netns (to the next step)
+		if inStep {
+			netnsDur = append(netnsDur, time.Since(mark))
+			inStep = false
+		}
+		if step == nsmgr.StepCreateNetns {
+			mark, inStep = time.Now(), true
+		}
+		return nil
+	}
+	m, err := nsmgr.New(nsmgr.Config{Prefix: prefix, Pool: nsmgr.DefaultPool, HostNS: w.Host, EtcNetnsDir: b.TempDir(),
+		Prepared: prepared, Fault: fault})
 	if err != nil {
 		b.Fatal(err)
 	}
 	defer m.Close()
+	if prepared > 0 {
+		m.StartPrepared()
+		waitPrepared(b, m, prepared)
+	}
 	create := make([]time.Duration, 0, b.N)
 	del := make([]time.Duration, 0, b.N)
+	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		name := fmt.Sprintf("b%d", i)
 		cleanupSession(b, w, prefix, name, -1)
@@ -991,6 +1019,11 @@ func BenchmarkNsmgrCreateDelete(b *testing.B) {
 	b.ReportMetric(pct(create, 0.99), "create-p99-µs")
 	b.ReportMetric(pct(del, 0.5), "delete-p50-µs")
 	b.ReportMetric(pct(del, 0.99), "delete-p99-µs")
+	b.ReportMetric(pct(netnsDur, 0.5), "create-netns-p50-µs")
+	if prepared > 0 {
+		st := m.PreparedStats()
+		b.ReportMetric(float64(st.Fresh), "pool-empty-creates")
+	}
 }
 
 // TestNsmgrForeignLinks: a link that starts with the prefix but is not a

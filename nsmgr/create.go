@@ -73,6 +73,12 @@ func (m *Manager) create(name string, nic bool, at *Attachment) (sess Session, e
 		if err == nil {
 			m.sessions[name] = sess
 		}
+		if len(m.creating) == 0 {
+			select { // the refill of prepared netns waits for this
+			case m.prep.idle <- struct{}{}:
+			default:
+			}
+		}
 		m.mu.Unlock()
 	}()
 	if err := c.run(nic); err != nil {

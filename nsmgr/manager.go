@@ -143,6 +143,7 @@ func New(cfg Config) (*Manager, error) {
 		prep: preparedPool{
 			names: map[string]bool{},
 			wake:  make(chan struct{}, 1),
+			idle:  make(chan struct{}, 1),
 			stop:  make(chan struct{}),
 			done:  make(chan struct{}),
 		},

@@ -98,6 +98,7 @@ type preparedPool struct {
 	names    map[string]bool // entries of this Manager, ready or being made: Reap leaves them
 	started  bool
 	wake     chan struct{}  // a claim happened (buffered 1)
+	idle     chan struct{}  // the last Create in flight ended (buffered 1)
 	stop     chan struct{}  // closed by Close
 	done     chan struct{}  // closed when every worker has returned
 	retiring sync.WaitGroup // pool names of claimed entries being removed
@@ -150,7 +151,8 @@ func (m *Manager) PreparedStats() PreparedStats {
 }
 
 // prepareLoop is one refill worker: it makes netns while the pool (ready
-// and in flight) is below its size, then waits for a claim or Close.
+// and in flight) is below its size and no Create is in flight, then waits
+// for a claim, the end of the Creates or Close.
 func (m *Manager) prepareLoop() {
 	for {
 		m.mu.Lock()
@@ -159,6 +161,18 @@ func (m *Manager) prepareLoop() {
 			return
 		}
 		need := len(m.prep.ready)+m.prep.inFlight < m.cfg.Prepared
+		if need && len(m.creating) > 0 {
+			// Not beside a Create: making a netns takes the CPU and the
+			// rtnl lock that Create's own steps need. The refill runs
+			// when no Create is in flight.
+			m.mu.Unlock()
+			select {
+			case <-m.prep.idle:
+				continue
+			case <-m.prep.stop:
+				return
+			}
+		}
 		if need {
 			// Before the first mount under NetnsDir, as Create does (see
 			// PrepareNetnsDir).

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
+	"strconv"
 	"time"
 
 	"github.com/enforcerd/enforcerd/integration/world"
@@ -47,9 +49,15 @@ func newNetEnv(tag string) (e *netEnv, err error) {
 		return e, err
 	}
 	// With the daemon's default pool of prepared netns (serve's
-	// --prepared-netns).
+	// --prepared-netns), or BENCH_PREPARED_NETNS of them (0: none).
+	prepared := nsmgr.DefaultPrepared
+	if v := os.Getenv("BENCH_PREPARED_NETNS"); v != "" {
+		if prepared, err = strconv.Atoi(v); err != nil || prepared < 0 {
+			return e, fmt.Errorf("BENCH_PREPARED_NETNS %q: want a number, 0 or more", v)
+		}
+	}
 	e.m, err = nsmgr.New(nsmgr.Config{Prefix: e.prefix, Pool: nsmgr.DefaultPool, HostNS: w.Host, Fault: e.clock.mark,
-		Prepared: nsmgr.DefaultPrepared})
+		Prepared: prepared})
 	if err != nil {
 		return e, err
 	}
