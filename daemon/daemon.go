@@ -34,6 +34,9 @@ type Config struct {
 	// EventsRetention is how long a removed session's events stay in
 	// <state-dir>/events (0: removed with it).
 	EventsRetention time.Duration
+	// PreparedNetns is how many session netns are kept made ahead of
+	// demand, off the create path (nsmgr.Config.Prepared; 0: none).
+	PreparedNetns int
 }
 
 // The daemon consumes the four domain packages through these interfaces,
@@ -52,6 +55,9 @@ type Network interface {
 	Recover() ([]nsmgr.Session, error)
 	// Reap removes every object of the prefix not in keep.
 	Reap(keep map[string]bool) ([]string, error)
+	// StartPrepared starts keeping netns prepared ahead of demand for
+	// Create (after Reap: a reap would remove them).
+	StartPrepared()
 	IsGuestAddr(a netip.Addr) bool
 	CheckDNSInterface() error
 }

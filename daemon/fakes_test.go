@@ -210,6 +210,8 @@ func (f *fakeNetwork) IsGuestAddr(a netip.Addr) bool {
 
 func (f *fakeNetwork) CheckDNSInterface() error { return nil }
 
+func (f *fakeNetwork) StartPrepared() {}
+
 func (f *fakeNetwork) render() []string {
 	var out []string
 	for _, s := range f.netns {

@@ -67,7 +67,8 @@ func Open(cfg Config, log *slog.Logger, metrics *Metrics) (_ *Daemon, err error)
 	// A released address is handed out again only once the firewall has
 	// flushed its conntrack entries (in the background, after removal).
 	guestClean := func(g netip.Addr) bool { return fw == nil || fw.FlowsFlushed(g) }
-	if nets, err = nsmgr.New(nsmgr.Config{Prefix: cfg.NamePrefix, Pool: cfg.Pool, HostNS: host, GuestClean: guestClean}); err != nil {
+	if nets, err = nsmgr.New(nsmgr.Config{Prefix: cfg.NamePrefix, Pool: cfg.Pool, HostNS: host, GuestClean: guestClean,
+		Prepared: cfg.PreparedNetns}); err != nil {
 		return nil, err
 	}
 	// Before the first kernel change: the table would treat such a link as

@@ -69,6 +69,8 @@ func (e *Daemon) Reconcile() error {
 	if err != nil {
 		e.log.Error("reap networks", "err", err)
 	}
+	// Only now: the reap above removes prepared netns it does not own.
+	e.nets.StartPrepared()
 	boxes, err := e.boxes.Reap(keep)
 	for _, r := range boxes {
 		e.log.Warn("reaped orphaned sandbox", "sandbox", r)

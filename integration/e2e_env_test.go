@@ -143,12 +143,17 @@ func (e *e2eEnv) cleanup() {
 		if done, _ := e.d.Exited(); !done && e.d.PID() != 0 {
 			if err := e.d.Stop(); err != nil {
 				t.Errorf("cleanup: stop enforcerd: %v", err)
+			} else if left := e2ePrepared(t, e.d.Prefix); len(left) > 0 {
+				t.Errorf("cleanup: prepared netns left after the daemon stopped: %v", left)
 			}
 		}
 		if out, err := e.d.Reap(); err != nil {
 			t.Errorf("cleanup: enforcerd reap --name-prefix %s: %v\n%s", e.d.Prefix, err, out)
 		}
 		e.expectObjects(t, "after enforcerd reap", e2eObjects{})
+		if left := e2ePrepared(t, e.d.Prefix); len(left) > 0 {
+			t.Errorf("cleanup: prepared netns left after enforcerd reap: %v", left)
+		}
 		if t.Failed() {
 			t.Logf("enforcerd log (%s):\n%s", e.d.LogPath, e2eTail(e.d.Log(), 80))
 		}

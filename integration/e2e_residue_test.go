@@ -71,8 +71,8 @@ func e2eReadObjects(t *testing.T, w *world.World, prefix, stateDir string) e2eOb
 		t.Fatalf("list %s: %v", world.NetnsDir, err)
 	}
 	for _, ent := range ents {
-		if n, ok := strings.CutPrefix(ent.Name(), prefix+"-"); ok {
-			o.Netns = append(o.Netns, n)
+		if n, ok := strings.CutPrefix(ent.Name(), prefix+"-"); ok && !strings.HasPrefix(n, "pool_") {
+			o.Netns = append(o.Netns, n) // (pool_: a prepared netns, see e2ePrepared)
 		}
 	}
 	h, err := netlink.NewHandleAt(w.Host)
@@ -245,6 +245,7 @@ func (e *e2eEnv) expected(list []api.SessionInfo) e2eObjects {
 // it (it may outlive its last sandbox while the daemon runs).
 func (e *e2eEnv) expectObjects(t *testing.T, when string, want e2eObjects) {
 	t.Helper()
+	e.expectOwnPrepared(t, when)
 	want = want.normal()
 	var got e2eObjects
 	deadline := time.Now().Add(5 * time.Second)
@@ -263,6 +264,40 @@ func (e *e2eEnv) expectObjects(t *testing.T, when string, want e2eObjects) {
 		time.Sleep(100 * time.Millisecond)
 	}
 	t.Errorf("objects of prefix %s %s:\n got  %s\n want %s", e.d.Prefix, when, got, want)
+}
+
+// e2ePrepared lists the prepared netns of prefix ("<prefix>-pool_<pid>_<n>",
+// made ahead of demand by a running daemon; '_' is in no session name).
+func e2ePrepared(t testing.TB, prefix string) []string {
+	t.Helper()
+	ents, err := os.ReadDir(world.NetnsDir)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("list %s: %v", world.NetnsDir, err)
+	}
+	var out []string
+	for _, ent := range ents {
+		if strings.HasPrefix(ent.Name(), prefix+"-pool_") {
+			out = append(out, ent.Name())
+		}
+	}
+	return out
+}
+
+// expectOwnPrepared checks the prepared netns of the prefix: while the
+// daemon runs, only its own (its pid in the name: a previous run's were
+// reaped at its start); while it does not run, they are checked where it
+// stopped (cleanup: a graceful stop removes them, reap removes the rest).
+func (e *e2eEnv) expectOwnPrepared(t *testing.T, when string) {
+	t.Helper()
+	if done, _ := e.d.Exited(); done || e.d.PID() == 0 {
+		return
+	}
+	own := fmt.Sprintf("%s-pool_%d_", e.d.Prefix, e.d.PID())
+	for _, n := range e2ePrepared(t, e.d.Prefix) {
+		if !strings.HasPrefix(n, own) {
+			t.Errorf("%s: prepared netns %s is not the running daemon's (pid %d)", when, n, e.d.PID())
+		}
+	}
 }
 
 // expectConsistent checks that the prefix's objects are exactly those of

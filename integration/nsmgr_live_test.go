@@ -46,18 +46,51 @@ func freshPrefix(t testing.TB, prefix string) string {
 // session netns of prefix (by exact name) and checks nothing is left.
 func newManager(t *testing.T, w *world.World, prefix string, pool string, fault func(string) error) *nsmgr.Manager {
 	t.Helper()
+	return newManagerPrepared(t, w, prefix, pool, fault, 0)
+}
+
+// newManagerPrepared is newManager with a pool of prepared netns of size
+// prepared (0: none), started and filled before it returns. Close, at
+// cleanup, must remove the pool (checkNoLeftovers sees its entries).
+func newManagerPrepared(t *testing.T, w *world.World, prefix string, pool string, fault func(string) error, prepared int) *nsmgr.Manager {
+	t.Helper()
 	m, err := nsmgr.New(nsmgr.Config{
 		Prefix:      prefix,
 		Pool:        netip.MustParsePrefix(pool),
 		HostNS:      w.Host,
 		Fault:       fault,
 		EtcNetnsDir: t.TempDir(), // the real /etc/netns is the e2e tests' (TestE2ENetworkOnlyResolvConf)
+		Prepared:    prepared,
 	})
 	if err != nil {
 		t.Fatalf("nsmgr.New: %v", err)
 	}
-	t.Cleanup(func() { m.Close() })
+	t.Cleanup(func() {
+		if err := m.Close(); err != nil {
+			t.Errorf("Close: %v", err)
+		}
+	})
+	if prepared > 0 {
+		m.StartPrepared()
+		waitPrepared(t, m, prepared)
+	}
 	return m
+}
+
+// waitPrepared waits until the Manager's pool holds n ready netns.
+func waitPrepared(t testing.TB, m *nsmgr.Manager, n int) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		st := m.PreparedStats()
+		if st.Ready == n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("prepared netns: %+v after 10s, want %d ready", st, n)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 }
 
 // cleanupSession removes a session's netns file by exact name (and its host
@@ -419,7 +452,13 @@ func TestNsmgrCreateWithoutNIC(t *testing.T) {
 
 // A failure injected at every step leaves nothing behind: no netns file, no
 // mount, no link, no slot.
-func TestNsmgrCreateFaultAtEveryStep(t *testing.T) {
+func TestNsmgrCreateFaultAtEveryStep(t *testing.T) { testCreateFaultAtEveryStep(t, 0) }
+
+// The same when the netns is claimed from the pool of prepared ones: the
+// claimed netns goes too (the pool's other entries go at Close).
+func TestNsmgrCreateFaultAtEveryStepPrepared(t *testing.T) { testCreateFaultAtEveryStep(t, 1) }
+
+func testCreateFaultAtEveryStep(t *testing.T, prepared int) {
 	w := world.New(t)
 	prefix := nsmgrPrefix(t, w)
 	checkNoLeftovers(t, prefix)
@@ -441,14 +480,19 @@ func TestNsmgrCreateFaultAtEveryStep(t *testing.T) {
 		}{step, false})
 	}
 	for i, c := range cases {
-		var seen []string
-		m := newManager(t, w, prefix, "10.20.0.0/16", func(step string) error {
+		var (
+			seen []string
+			mu   sync.Mutex
+		)
+		m := newManagerPrepared(t, w, prefix, "10.20.0.0/16", func(step string) error {
+			mu.Lock()
+			defer mu.Unlock()
 			seen = append(seen, step)
 			if step == c.step {
 				return errInjected
 			}
 			return nil
-		})
+		}, prepared)
 		name := fmt.Sprintf("f%d", i)
 		path := m.NetnsPath(name)
 		cleanupSession(t, w, prefix, name, 0)
@@ -461,6 +505,15 @@ func TestNsmgrCreateFaultAtEveryStep(t *testing.T) {
 		}
 		if seen[len(seen)-1] != c.step {
 			t.Errorf("step %s: fault seam saw %v", c.step, seen)
+		}
+		if st := m.PreparedStats(); prepared > 0 && c.step != nsmgr.StepAllocateSlot && c.step != nsmgr.StepCreateNetns && st.Claimed != 1 {
+			t.Errorf("step %s: %+v, want the netns claimed from the pool", c.step, st)
+		}
+		if prepared > 0 {
+			waitPrepared(t, m, prepared) // the refill ran beside the unwind; its entry is not the claimed one
+			// Every Manager of this loop keeps its pool until cleanup; the
+			// claimed entry's pool name goes in the background.
+			waitPreparedFiles(t, prefix, prepared*(i+1))
 		}
 		if _, err := os.Stat(path); !errors.Is(err, os.ErrNotExist) {
 			t.Errorf("step %s: netns file left: %v", c.step, err)
@@ -905,16 +958,44 @@ func TestNsmgrConcurrentCreateDelete(t *testing.T) {
 
 // BenchmarkNsmgrCreateDelete reports p50/p99 of Create (with NIC) and of
 // Delete (the lazy fast path) over b.N sessions.
-func BenchmarkNsmgrCreateDelete(b *testing.B) {
+func BenchmarkNsmgrCreateDelete(b *testing.B) { benchCreateDelete(b, 0) }
+
+// With the daemon's default pool of prepared netns; the create-netns step
+// (the claim) is reported apart. Run it beside the one above: the machine's
+// load moves both.
+func BenchmarkNsmgrCreateDeletePrepared(b *testing.B) { benchCreateDelete(b, nsmgr.DefaultPrepared) }
+
+func benchCreateDelete(b *testing.B, prepared int) {
 	w := world.New(b)
 	prefix := nsmgrPrefix(b, w)
-	m, err := nsmgr.New(nsmgr.Config{Prefix: prefix, Pool: nsmgr.DefaultPool, HostNS: w.Host, EtcNetnsDir: b.TempDir()})
+	var (
+		mark     time.Time
+		inStep   bool
+		netnsDur []time.Duration
+	)
+	fault := func(step string) error { // times create-netns (to the next step)
+		if inStep {
+			netnsDur = append(netnsDur, time.Since(mark))
+			inStep = false
+		}
+		if step == nsmgr.StepCreateNetns {
+			mark, inStep = time.Now(), true
+		}
+		return nil
+	}
+	m, err := nsmgr.New(nsmgr.Config{Prefix: prefix, Pool: nsmgr.DefaultPool, HostNS: w.Host, EtcNetnsDir: b.TempDir(),
+		Prepared: prepared, Fault: fault})
 	if err != nil {
 		b.Fatal(err)
 	}
 	defer m.Close()
+	if prepared > 0 {
+		m.StartPrepared()
+		waitPrepared(b, m, prepared)
+	}
 	create := make([]time.Duration, 0, b.N)
 	del := make([]time.Duration, 0, b.N)
+	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		name := fmt.Sprintf("b%d", i)
 		cleanupSession(b, w, prefix, name, -1)
@@ -938,6 +1019,11 @@ func BenchmarkNsmgrCreateDelete(b *testing.B) {
 	b.ReportMetric(pct(create, 0.99), "create-p99-µs")
 	b.ReportMetric(pct(del, 0.5), "delete-p50-µs")
 	b.ReportMetric(pct(del, 0.99), "delete-p99-µs")
+	b.ReportMetric(pct(netnsDur, 0.5), "create-netns-p50-µs")
+	if prepared > 0 {
+		st := m.PreparedStats()
+		b.ReportMetric(float64(st.Fresh), "pool-empty-creates")
+	}
 }
 
 // TestNsmgrForeignLinks: a link that starts with the prefix but is not a
@@ -1039,5 +1125,62 @@ func TestNsmgrGuestCleanQuarantines(t *testing.T) {
 	defer mgr.Delete("b", b.Slot)
 	if b.Guest != a.Guest {
 		t.Errorf("b got %s, want the reused %s", b.Guest, a.Guest)
+	}
+}
+
+// The host side's disable_ipv6 is written through a directory fd of the
+// daemon netns's conf directory, opened when the Manager is made: it lands
+// on the daemon netns's veth even when an interface of the same name exists
+// in another netns (here the netns the test created after New), and the
+// session netns gets IPv6 off in "all" and "default" through its private
+// procfs instance.
+func TestNsmgrIPv6SysctlsHitTheRightNetns(t *testing.T) {
+	w := world.New(t)
+	prefix := nsmgrPrefix(t, w)
+	checkNoLeftovers(t, prefix)
+	m := newManager(t, w, prefix, "10.20.0.0/16", nil)
+
+	name := w.UniqueName("x6")
+	other, err := world.NewNamedNetns(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		other.Close()
+		if err := netns.DeleteNamed(name); err != nil {
+			t.Errorf("delete netns %s: %v", name, err)
+		}
+	})
+	oh, err := netlink.NewHandleAt(other)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer oh.Close()
+	twin := nsmgr.HostIfaceName(prefix, 0) // the name slot 0's host veth gets
+	if err := oh.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: twin}, PeerName: "peer"}); err != nil {
+		t.Fatalf("add %s in %s: %v", twin, name, err)
+	}
+	s := mustCreate(t, w, m, "s6", true)
+	if s.HostIface != twin {
+		t.Fatalf("host veth %s, want %s", s.HostIface, twin)
+	}
+	if v := readSysctl(t, w.Host, "/proc/sys/net/ipv6/conf/"+twin+"/disable_ipv6"); v != "1" {
+		t.Errorf("daemon netns: %s disable_ipv6 = %s, want 1", twin, v)
+	}
+	if v := readSysctl(t, other, "/proc/sys/net/ipv6/conf/"+twin+"/disable_ipv6"); v != "0" {
+		t.Errorf("other netns: %s disable_ipv6 = %s, want 0 (untouched)", twin, v)
+	}
+	if v := readSysctl(t, other, "/proc/sys/net/ipv6/conf/default/disable_ipv6"); v != "0" {
+		t.Errorf("other netns: default disable_ipv6 = %s, want 0 (untouched)", v)
+	}
+	ns, _, release := sessionHandle(t, s.NetnsPath)
+	defer release()
+	for _, iface := range []string{"all", "default", "lo", "eth0"} {
+		if v := readSysctl(t, ns, "/proc/sys/net/ipv6/conf/"+iface+"/disable_ipv6"); v != "1" {
+			t.Errorf("session netns: %s disable_ipv6 = %s, want 1", iface, v)
+		}
+	}
+	if err := m.Delete("s6", s.Slot); err != nil {
+		t.Fatal(err)
 	}
 }

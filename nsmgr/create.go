@@ -3,7 +3,6 @@ package nsmgr
 import (
 	"errors"
 	"fmt"
-	"io/fs"
 	"net"
 	"net/netip"
 
@@ -73,6 +72,12 @@ func (m *Manager) create(name string, nic bool, at *Attachment) (sess Session, e
 		delete(m.creating, name)
 		if err == nil {
 			m.sessions[name] = sess
+		}
+		if len(m.creating) == 0 {
+			select { // the refill of prepared netns waits for this
+			case m.prep.idle <- struct{}{}:
+			default:
+			}
 		}
 		m.mu.Unlock()
 	}()
@@ -211,8 +216,22 @@ func (c *creation) allocate() error {
 // createNetns creates the named netns and, while the locked thread is in
 // it, opens its fd and a netlink socket there, disables IPv6 (before any
 // interface but lo exists, so eth0 inherits "default") and brings lo up.
+//
+// With a prepared netns ready (see prepared.go) it claims that one instead:
+// the disable-ipv6 and lo-up steps were done when it was prepared, and run
+// here as no-ops so that the Fault seam still sees every step in order (a
+// fault there unwinds the claim like any other).
 func (c *creation) createNetns() error {
 	m := c.m
+	if p := m.takePrepared(); p != nil {
+		if err := c.claim(p); err != nil {
+			return err
+		}
+		if err := c.step(StepDisableIPv6, func() error { return nil }); err != nil {
+			return err
+		}
+		return c.step(StepLoUp, func() error { return nil })
+	}
 	path := m.NetnsPath(c.name)
 	if err := createNetnsFile(path); err != nil {
 		return err
@@ -226,26 +245,21 @@ func (c *creation) createNetns() error {
 		if c.guest, err = netlink.NewHandle(unix.NETLINK_ROUTE); err != nil {
 			return fmt.Errorf("open netlink socket in netns %s: %w", path, err)
 		}
-		err = c.step(StepDisableIPv6, func() error {
-			for _, iface := range []string{"all", "default"} {
-				if err := disableIPv6(iface); err != nil && !errors.Is(err, fs.ErrNotExist) {
-					return err // (no such file: a kernel without IPv6)
-				}
-			}
-			return nil
-		})
-		if err != nil {
+		if err := c.step(StepDisableIPv6, disableNewNetnsIPv6); err != nil {
 			return err
 		}
-		return c.step(StepLoUp, func() error {
-			// lo is ifindex 1 in every netns (LOOPBACK_IFINDEX).
-			lo := &netlink.Device{LinkAttrs: netlink.LinkAttrs{Name: "lo", Index: 1}}
-			if err := c.guest.LinkSetUp(lo); err != nil {
-				return fmt.Errorf("set lo up in netns %s: %w", path, err)
-			}
-			return nil
-		})
+		return c.step(StepLoUp, func() error { return setLoUp(c.guest, path) })
 	})
+}
+
+// setLoUp brings lo up through h, a netlink socket in the netns at path.
+func setLoUp(h *netlink.Handle, path string) error {
+	// lo is ifindex 1 in every netns (LOOPBACK_IFINDEX).
+	lo := &netlink.Device{LinkAttrs: netlink.LinkAttrs{Name: "lo", Index: 1}}
+	if err := h.LinkSetUp(lo); err != nil {
+		return fmt.Errorf("set lo up in netns %s: %w", path, err)
+	}
+	return nil
 }
 
 // addVeth creates the veth pair from the host netns with its peer created
@@ -291,12 +305,14 @@ func (c *creation) tagVeth() error {
 // disableHostIPv6 disables IPv6 on the host veth before it goes up (before
 // it would get a link-local address) and locks its ARP answers to its own
 // address (lockARP). A sysctl is the only interface for disable_ipv6,
-// written from a thread in the host netns; the ARP settings go over netlink
-// from the same thread.
+// resolved from the host netns's conf directory opened once (a full
+// /proc/sys path costs a lookup that grows with the number of netns, see
+// sysctl.go), on a thread in the host netns; the ARP settings go over
+// netlink from the same thread.
 func (c *creation) disableHostIPv6() error {
 	idx := c.host.Attrs().Index
 	return Do(c.m.cfg.HostNS, func() error {
-		if err := disableIPv6(c.hostName); err != nil && !errors.Is(err, fs.ErrNotExist) { // (no such file: a kernel without IPv6)
+		if err := disableHostIfaceIPv6(c.m.hostConf, c.hostName); err != nil {
 			return fmt.Errorf("disable ipv6 on %s: %w", c.hostName, err)
 		}
 		if err := lockARP(idx); err != nil {

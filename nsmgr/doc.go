@@ -10,6 +10,8 @@
 // and removed by exact name:
 //
 //	netns           <prefix>-<session>   (file under Config.NetnsDir)
+//	prepared netns  <prefix>-pool_<pid>_<n> (file under Config.NetnsDir: made ahead of demand,
+//	                                      claimed by Create, removed by Close and Reap; see prepared.go)
 //	host-side veth  <prefix><slot>h      (in Config.HostNS, alias "<prefix>-<session>")
 //	guest-side veth eth0                 (in the session netns)
 //	attached veth   <prefix><slot>h      (alias "<prefix>-<session> attached"; its peer named by

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"os"
 	"path/filepath"
 	"sync"
 
@@ -41,6 +42,14 @@ type Config struct {
 	// Fault is a test seam: when set, Create calls it before each step
 	// (see CreateSteps) and a non-nil error fails that step.
 	Fault func(step string) error
+	// Prepared is how many netns the Manager keeps made and configured
+	// ahead of demand once StartPrepared is called, for Create to claim
+	// (see prepared.go); 0 disables the pool. The daemon's default is
+	// DefaultPrepared.
+	Prepared int
+	// PrepareConcurrency bounds how many of them are made at once
+	// (default 1: the refill competes with the creates for the CPU).
+	PrepareConcurrency int
 }
 
 // Session describes the network of one session.
@@ -78,6 +87,14 @@ type Manager struct {
 	creating map[string]bool // names whose Create is in flight
 	dirReady bool            // NetnsDir prepared
 	closed   bool
+	prep     preparedPool
+	claimed  int // creates served from the pool
+	fresh    int // creates that found the pool empty
+
+	// hostConf is the daemon netns's /proc/sys/net/ipv6/conf, opened once:
+	// the host side's disable_ipv6 is resolved from it (see sysctl.go).
+	// nil without IPv6.
+	hostConf *os.File
 }
 
 // New validates cfg and returns a Manager. It changes nothing in the
@@ -103,8 +120,16 @@ func New(cfg Config) (*Manager, error) {
 	if cfg.EtcNetnsDir == "" {
 		cfg.EtcNetnsDir = DefaultEtcNetnsDir
 	}
+	if cfg.Prepared < 0 || cfg.PrepareConcurrency < 0 {
+		return nil, fmt.Errorf("nsmgr config: prepared netns %d, concurrency %d: want 0 or more", cfg.Prepared, cfg.PrepareConcurrency)
+	}
 	h, err := handleIn(cfg.HostNS)
 	if err != nil {
+		return nil, fmt.Errorf("host netns: %w", err)
+	}
+	var conf *os.File
+	if err := Do(cfg.HostNS, func() (err error) { conf, err = openHostConfDir(); return err }); err != nil {
+		h.Close()
 		return nil, fmt.Errorf("host netns: %w", err)
 	}
 	return &Manager{
@@ -114,19 +139,36 @@ func New(cfg Config) (*Manager, error) {
 		ipam:     ipam,
 		sessions: map[string]Session{},
 		creating: map[string]bool{},
+		hostConf: conf,
+		prep: preparedPool{
+			names: map[string]bool{},
+			wake:  make(chan struct{}, 1),
+			idle:  make(chan struct{}, 1),
+			stop:  make(chan struct{}),
+			done:  make(chan struct{}),
+		},
 	}, nil
 }
 
-// Close releases the Manager's netlink socket. It removes nothing; the
-// Manager is unusable afterwards.
+// Close stops the refill of prepared netns and removes the prepared ones
+// (they are no session's), then releases the Manager's sockets and fds. It
+// removes no session; the Manager is unusable afterwards.
 func (m *Manager) Close() error {
 	m.mu.Lock()
-	defer m.mu.Unlock()
-	if !m.closed {
-		m.closed = true
-		m.host.Close()
+	if m.closed {
+		m.mu.Unlock()
+		return nil
 	}
-	return nil
+	m.closed = true
+	m.mu.Unlock()
+	err := m.closePrepared()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.host.Close()
+	if m.hostConf != nil {
+		m.hostConf.Close()
+	}
+	return err
 }
 
 // Prefix returns the prefix.

@@ -3,6 +3,8 @@ package nsmgr
 import (
 	"errors"
 	"fmt"
+	"maps"
+	"path/filepath"
 	"sort"
 
 	"golang.org/x/sys/unix"
@@ -96,7 +98,8 @@ func (m *Manager) Recover() ([]Session, error) {
 	return sortedSessions(sessions), nil
 }
 
-// Reap removes every netns file "<prefix>-<session>", every host veth
+// Reap removes every netns file "<prefix>-<session>", every prepared netns
+// "<prefix>-pool_<pid>_<n>" but this Manager's own live pool, every host veth
 // owned by this prefix (alias "<prefix>-<session>") and the resolv.conf of
 // every directory <EtcNetnsDir>/<prefix>-<session> (with the directory when
 // left empty) whose session is not in keep, and nothing else: no object of
@@ -124,6 +127,19 @@ func (m *Manager) Reap(keep map[string]bool) ([]string, error) {
 			continue
 		}
 		removed = append(removed, "netns "+NetnsName(m.cfg.Prefix, n.session))
+	}
+	m.mu.Lock()
+	own := maps.Clone(m.prep.names)
+	m.mu.Unlock()
+	for _, name := range st.prepared {
+		if own[name] {
+			continue
+		}
+		if err := removeNetns(filepath.Join(m.cfg.NetnsDir, name)); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		removed = append(removed, "netns "+name)
 	}
 	confs, err := m.resolvConfSessions()
 	if err != nil {

@@ -15,6 +15,7 @@ import (
 // kernelState is what one scan of the kernel finds for this prefix.
 type kernelState struct {
 	netns     []foundNetns
+	prepared  []string     // names of pool entries (see prepared.go), of this Manager or left by another run
 	links     []foundLink  // names of the form <prefix><slot>h with a slot of the pool
 	poolAddrs []netip.Addr // pool addresses held by links that are not ours
 }
@@ -48,6 +49,10 @@ func (m *Manager) scan() (kernelState, error) {
 		return st, fmt.Errorf("list netns dir %s: %w", m.cfg.NetnsDir, err)
 	}
 	for _, e := range entries {
+		if isPreparedName(m.cfg.Prefix, e.Name()) {
+			st.prepared = append(st.prepared, e.Name())
+			continue
+		}
 		session, ok := parseNetnsName(m.cfg.Prefix, e.Name())
 		if !ok {
 			continue

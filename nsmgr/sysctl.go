@@ -1,7 +1,9 @@
 package nsmgr
 
 import (
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 
 	"github.com/vishvananda/netlink/nl"
@@ -26,14 +28,124 @@ func writeSysctl(path, value string) error {
 	return nil
 }
 
-// ipv6SysctlPath is the disable_ipv6 sysctl of an interface (or of "all",
-// "default").
-func ipv6SysctlPath(iface string) string {
-	return "/proc/sys/net/ipv6/conf/" + iface + "/disable_ipv6"
+// ipv6ConfDir is the directory of the per-interface IPv6 sysctls.
+const ipv6ConfDir = "/proc/sys/net/ipv6/conf"
+
+// Why /proc/sys lookups are avoided on the create path: procfs gives every
+// netns its own sysctl dentries, and those of a directory that exists per
+// netns (net/ipv6, net/ipv4, net/core) hang under the one shared dentry of
+// /proc/sys/net with the same name, in one dcache hash chain. A lookup of
+// /proc/sys/net/ipv6 walks that chain, and proc_sys_compare rejects (under
+// the global sysctl_lock) every entry of another netns: with 4000 netns
+// that had looked it up, a disable_ipv6 write took 4 ms in a long-lived
+// netns and 10 ms in a new one (nsmgr's sysctl experiment, see
+// docs/benchmarks.md). Below net/ipv6 the parents are per netns and the
+// chains short, so:
+//
+//   - the host side opens the daemon netns's conf directory once
+//     (hostConfDir) and resolves "<veth>/disable_ipv6" from it;
+//   - a new netns is configured through a private, detached procfs
+//     instance (privateProc): its dcache holds only this netns's entries,
+//     and the netns leaves none behind in the shared /proc, so it does not
+//     lengthen the chains of the next lookups either.
+
+// disableIPv6 disables IPv6 on iface in the current thread's netns through
+// the shared /proc (for the rare paths: the DNS interface, an attached
+// session's interface in the runtime's netns).
+func disableIPv6(iface string) error {
+	return writeSysctl(ipv6ConfDir+"/"+iface+"/disable_ipv6", "1")
 }
 
-// disableIPv6 disables IPv6 on iface in the current thread's netns.
-func disableIPv6(iface string) error { return writeSysctl(ipv6SysctlPath(iface), "1") }
+// openHostConfDir opens ipv6ConfDir of the current thread's netns; nil and
+// no error without IPv6 (no such directory).
+func openHostConfDir() (*os.File, error) {
+	f, err := os.OpenFile(ipv6ConfDir, os.O_RDONLY|unix.O_DIRECTORY, 0)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("open %s: %w", ipv6ConfDir, err)
+	}
+	return f, nil
+}
+
+// writeSysctlAt writes value to the sysctl file rel below the directory dir
+// (a /proc/sys directory, or the root of a procfs instance). The netns the
+// entry belongs to is the directory's: dentries below a netns's own
+// directory are that netns's.
+func writeSysctlAt(dir int, rel, value string) error {
+	fd, err := unix.Openat(dir, rel, unix.O_WRONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("write sysctl %s: %w", rel, err)
+	}
+	_, err = unix.Write(fd, []byte(value))
+	if cerr := unix.Close(fd); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("write sysctl %s: %w", rel, err)
+	}
+	return nil
+}
+
+// disableHostIfaceIPv6 disables IPv6 on the interface iface of the netns
+// whose conf directory dir is (see openHostConfDir; nil: no IPv6, nothing
+// to do).
+func disableHostIfaceIPv6(dir *os.File, iface string) error {
+	if dir == nil {
+		return nil
+	}
+	err := writeSysctlAt(int(dir.Fd()), iface+"/disable_ipv6", "1")
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil // a kernel without IPv6 (or the module gone since)
+	}
+	return err
+}
+
+// privateProc mounts a new procfs instance, detached (never attached to a
+// mount tree, invisible to other processes) and returns its root, or -1 if
+// the kernel refuses (fsopen is newer than the kernels we test on, and a
+// seccomp filter may deny it). Closing the fd destroys the instance with
+// its dentries.
+func privateProc() int {
+	fsfd, err := unix.Fsopen("proc", unix.FSOPEN_CLOEXEC)
+	if err != nil {
+		return -1
+	}
+	defer unix.Close(fsfd)
+	if err := unix.FsconfigCreate(fsfd); err != nil {
+		return -1
+	}
+	mfd, err := unix.Fsmount(fsfd, unix.FSMOUNT_CLOEXEC, unix.MOUNT_ATTR_NOSUID|unix.MOUNT_ATTR_NODEV|unix.MOUNT_ATTR_NOEXEC)
+	if err != nil {
+		return -1
+	}
+	return mfd
+}
+
+// disableNewNetnsIPv6 sets net.ipv6.conf.{default,all}.disable_ipv6=1 in
+// the current thread's netns, a new one, before any interface but lo exists
+// (interfaces created afterwards inherit "default"). It goes through a private procfs instance
+// (see privateProc), or the shared /proc if none can be made. A kernel
+// without IPv6 (no such file) is not an error.
+func disableNewNetnsIPv6() error {
+	root, sys := privateProc(), "sys/net/ipv6/conf/"
+	if root >= 0 {
+		// Closing it tears the instance down, which can wait for an RCU
+		// grace period (several ms on a busy machine): not on the
+		// caller's time.
+		defer func() { go unix.Close(root) }()
+	} else {
+		root, sys = unix.AT_FDCWD, ipv6ConfDir+"/"
+	}
+	for _, iface := range []string{"all", "default"} {
+		err := writeSysctlAt(root, sys+iface+"/disable_ipv6", "1")
+		if err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return err
+		}
+	}
+	return nil
+}
 
 // EnableForwarding sets net.ipv4.ip_forward=1 in the netns ns (the daemon's
 // netns: sessions are routed through it).

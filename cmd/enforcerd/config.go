@@ -49,6 +49,7 @@ type ServeConfig struct {
 	FlowRate          int           // per-session new flows per second (> 0); the burst is twice this
 	MaxAttested       int           // per-session cap on live DNS-attested elements (> 0)
 	EventsRetention   time.Duration // how long a removed session's events are kept (>= 0)
+	PreparedNetns     int           // session netns kept made ahead of demand (0: none)
 }
 
 // daemonConfig is the part of the configuration the session lifecycle uses.
@@ -58,7 +59,7 @@ func (c ServeConfig) daemonConfig() daemon.Config {
 		Upstreams: c.Upstreams, PublicOverrides: c.PublicOverrides, DNSMinTTL: c.DNSMinTTL,
 		AttestMaxLifetime: c.AttestMaxLifetime,
 		ImagesDirs:        c.ImagesDirs, MaxFlows: c.MaxFlows, FlowRate: c.FlowRate, MaxAttested: c.MaxAttested,
-		EventsRetention: c.EventsRetention,
+		EventsRetention: c.EventsRetention, PreparedNetns: c.PreparedNetns,
 	}
 }
 
@@ -94,6 +95,7 @@ const (
 	optFlowRate       = "flow-rate"
 	optMaxAttested    = "max-attested"
 	optRetention      = "events-retention"
+	optPreparedNetns  = "prepared-netns"
 )
 
 // fileConfig is the TOML configuration file; its keys are the flag names.
@@ -114,6 +116,7 @@ type fileConfig struct {
 	FlowRate       int64    `toml:"flow-rate"`
 	MaxAttested    int64    `toml:"max-attested"`
 	Retention      string   `toml:"events-retention"`
+	PreparedNetns  int64    `toml:"prepared-netns"`
 }
 
 // rawOption is one option's unvalidated values and where they came from:
@@ -160,6 +163,7 @@ func defineServeFlags(fs *pflag.FlagSet) *serveFlags {
 	f.single[optFlowRate] = fs.String(optFlowRate, "", "per-session new flows per second `N`, burst twice that (default "+strconv.Itoa(defaultFlowRate)+")")
 	f.single[optMaxAttested] = fs.String(optMaxAttested, "", "per-session cap on live DNS-attested addresses `N` (default "+strconv.Itoa(defaultMaxAttest)+")")
 	f.single[optRetention] = fs.String(optRetention, "", "keep a removed session's events for `DURATION` (0: remove them with it; default "+defaultRetention+")")
+	f.single[optPreparedNetns] = fs.String(optPreparedNetns, "", "keep `N` session netns made ahead of demand, off the create path (0: none; default "+strconv.Itoa(nsmgr.DefaultPrepared)+")")
 	return f
 }
 
@@ -237,6 +241,7 @@ func loadConfigFile(path string) (map[string]rawOption, error) {
 	add(optFlowRate, strconv.FormatInt(fc.FlowRate, 10))
 	add(optMaxAttested, strconv.FormatInt(fc.MaxAttested, 10))
 	add(optRetention, fc.Retention)
+	add(optPreparedNetns, strconv.FormatInt(fc.PreparedNetns, 10))
 	return out, nil
 }
 
@@ -325,6 +330,11 @@ func buildServeConfig(o serveOptions, getenv func(string) string, resolvConf str
 		return cfg, fmt.Errorf("%s %q: want a duration from 0 (no refresh) to 24h, such as 1h or 10m", origin, life)
 	}
 	cfg.AttestMaxLifetime = d
+
+	pn, origin := o.single(optPreparedNetns, strconv.Itoa(nsmgr.DefaultPrepared))
+	if cfg.PreparedNetns, err = strconv.Atoi(pn); err != nil || cfg.PreparedNetns < 0 || cfg.PreparedNetns > 1024 {
+		return cfg, fmt.Errorf("%s %q: want a whole number from 0 (none) to 1024", origin, pn)
+	}
 
 	ret, origin := o.single(optRetention, defaultRetention)
 	if cfg.EventsRetention, err = time.ParseDuration(ret); err != nil || cfg.EventsRetention < 0 {
@@ -514,5 +524,6 @@ func (c ServeConfig) LogValue() slog.Value {
 		slog.Int("flow_rate", c.FlowRate),
 		slog.Int("max_attested", c.MaxAttested),
 		slog.Duration("events_retention", c.EventsRetention),
+		slog.Int("prepared_netns", c.PreparedNetns),
 	)
 }

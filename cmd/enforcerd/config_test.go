@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/enforcerd/enforcerd/api"
+	"github.com/enforcerd/enforcerd/nsmgr"
 )
 
 func writeTOML(t *testing.T, text string) string {
@@ -47,7 +48,7 @@ func TestServeDefaults(t *testing.T) {
 		AttestMaxLifetime: time.Hour,
 		LogFormat:         "text",
 		MaxFlows:          defaultMaxFlows, FlowRate: defaultFlowRate, MaxAttested: defaultMaxAttest,
-		EventsRetention: 24 * time.Hour,
+		EventsRetention: 24 * time.Hour, PreparedNetns: nsmgr.DefaultPrepared,
 	}
 	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("got  %+v\nwant %+v", got, want)
@@ -78,6 +79,7 @@ attest-max-lifetime = "10m"
 metrics-listen = "127.0.0.1:9323"
 log-format = "json"
 events-retention = "90m"
+prepared-netns = 0
 `)
 	c := newTestCLI(t)
 	c.env["ENFORCERD_SOCKET"] = "/env/enforcerd.sock"
@@ -97,6 +99,7 @@ events-retention = "90m"
 		LogFormat:         "json",
 		MaxFlows:          defaultMaxFlows, FlowRate: defaultFlowRate, MaxAttested: defaultMaxAttest,
 		EventsRetention: 90 * time.Minute,
+		PreparedNetns:   0, // set in the file: no pool
 		ConfigFile:      file,
 	}
 	if !reflect.DeepEqual(fromFile, want) {

@@ -75,6 +75,9 @@ func figScale(ctx context.Context, cfg *config, rep *Report) error {
 			lv.del.add(d)
 		}
 		lv.steps = e.clock.take()
+		st := e.m.PreparedStats()
+		logf("prepared netns so far: %d creates claimed one, %d found the pool empty, %d preparations failed (%v)",
+			st.Claimed, st.Fresh, st.Failures, st.LastErr)
 		// The sysctl diagnostic, apart from the timed creates (its fresh
 		// netns are torn down by the kernel in the background).
 		for i := 0; i < 30; i++ {

@@ -19,6 +19,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -152,6 +153,16 @@ func mainErr(quick bool, bin, rootfs, only string) error {
 		cfg = quickConfig()
 	}
 	cfg.bin, cfg.rootfs = bin, rootfs
+	// BENCH_SCALE_HIGH: figure 2's high level (16383 is the whole default
+	// pool; its growth budget grows in proportion).
+	if v := os.Getenv("BENCH_SCALE_HIGH"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 20 || n > 16383 {
+			return fmt.Errorf("BENCH_SCALE_HIGH %q: want a number from 20 to 16383", v)
+		}
+		cfg.scaleBudget = cfg.scaleBudget * time.Duration(max(n, cfg.scaleHigh)) / time.Duration(cfg.scaleHigh)
+		cfg.scaleHigh = n
+	}
 	// The CNI plugin: $ENFORCERD_CNI_BIN, else beside the daemon binary
 	// (make build builds both into bin/).
 	if cfg.cniBin = os.Getenv("ENFORCERD_CNI_BIN"); cfg.cniBin == "" && bin != "" {

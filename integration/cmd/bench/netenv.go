@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
+	"strconv"
 	"time"
 
 	"github.com/enforcerd/enforcerd/integration/world"
@@ -46,10 +48,20 @@ func newNetEnv(tag string) (e *netEnv, err error) {
 	if err = nsmgr.EnableForwarding(w.Host); err != nil {
 		return e, err
 	}
-	e.m, err = nsmgr.New(nsmgr.Config{Prefix: e.prefix, Pool: nsmgr.DefaultPool, HostNS: w.Host, Fault: e.clock.mark})
+	// With the daemon's default pool of prepared netns (serve's
+	// --prepared-netns), or BENCH_PREPARED_NETNS of them (0: none).
+	prepared := nsmgr.DefaultPrepared
+	if v := os.Getenv("BENCH_PREPARED_NETNS"); v != "" {
+		if prepared, err = strconv.Atoi(v); err != nil || prepared < 0 {
+			return e, fmt.Errorf("BENCH_PREPARED_NETNS %q: want a number, 0 or more", v)
+		}
+	}
+	e.m, err = nsmgr.New(nsmgr.Config{Prefix: e.prefix, Pool: nsmgr.DefaultPool, HostNS: w.Host, Fault: e.clock.mark,
+		Prepared: prepared})
 	if err != nil {
 		return e, err
 	}
+	e.m.StartPrepared()
 	if e.geo, err = nsmgr.NewIPAM(nsmgr.DefaultPool); err != nil {
 		return e, err
 	}
@@ -191,7 +203,9 @@ func (e *netEnv) Close() {
 				logf("cleanup: delete session %s: %v", name, err)
 			}
 		}
-		e.m.Close()
+		if err := e.m.Close(); err != nil { // removes the prepared netns
+			logf("cleanup: %v", err)
+		}
 	}
 	if err := e.w.Close(); err != nil {
 		logf("cleanup: close world %s: %v", e.w.ID, err)
