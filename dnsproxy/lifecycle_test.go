@@ -205,7 +205,15 @@ func TestNoAttestAfterUnregister(t *testing.T) {
 			})
 		}
 		wg.Go(func() {
-			time.Sleep(time.Duration(i) * time.Millisecond) // some before any answer, some after all
+			// Some before any answer, some after all. The second half waits
+			// for a first attest (bounded) so that a loaded machine, whose
+			// upstream answers slower than 40 ms, still races some.
+			if i >= 20 {
+				for deadline := time.Now().Add(5 * time.Second); ra.attested.Load() == 0 && time.Now().Before(deadline); {
+					time.Sleep(time.Millisecond)
+				}
+			}
+			time.Sleep(time.Duration(i) * time.Millisecond)
 			tp.Unregister(guest)
 			ra.mu.Lock()
 			ra.gone[guest] = true
