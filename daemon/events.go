@@ -222,7 +222,8 @@ func (l *EventLog) Record(ev api.Event) {
 // a hot path (a DNS answer, a flow drop), which must not wait for a
 // write(2). The ring and the followers have the event at once; the file
 // within the writer's latency (see eventstore.go), or never when its queue
-// is full (counted: DroppedWrites).
+// stays full for maxRoomWait, the most RecordAsync waits (counted:
+// DroppedWrites).
 func (l *EventLog) RecordAsync(ev api.Event) { l.record(ev, false) }
 
 // record appends ev to the ring, fans it out and queues its write; it
@@ -231,6 +232,9 @@ func (l *EventLog) RecordAsync(ev api.Event) { l.record(ev, false) }
 func (l *EventLog) record(ev api.Event, wait bool) chan struct{} {
 	if ev.Time.IsZero() {
 		ev.Time = time.Now().UTC()
+	}
+	if l.store != nil && !wait {
+		l.store.waitRoom()
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()

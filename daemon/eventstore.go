@@ -20,10 +20,10 @@ package daemon
 //     loaded. The ring has them at once, so readers see them in order
 //     meanwhile.
 //   - The queue is bounded (maxQueuedEvents). A queued event that finds it
-//     full is not written (the ring and the followers still have it): it
-//     is counted (EventLog.DroppedWrites) and logged, at most once per
-//     dropLogInterval with the count since. The answer is never held for
-//     room.
+//     full waits for room at most maxRoomWait (2 ms: the answer is held
+//     that long at most), and is then not written (the ring and the
+//     followers still have it): it is counted (EventLog.DroppedWrites) and
+//     logged, at most once per dropLogInterval with the count since.
 //
 // A machine that goes down (power, a kernel crash) can lose what the
 // kernel had not yet written back, at most the last few seconds (a file is
@@ -70,10 +70,18 @@ func pruneInterval(retention time.Duration) time.Duration {
 }
 
 // maxQueuedEvents bounds the events queued for the writer that no caller
-// waits for (RecordAsync): about 1 KiB each, a few MiB at most. At a
+// waits for (RecordAsync): about 600 bytes each, some 20 MiB at most. At a
 // writer that keeps up (a batch per wake-up, one write(2) per file) the
-// queue holds what arrived during one batch.
-const maxQueuedEvents = 8192
+// queue holds what arrived during one batch; it fills only when the writer
+// gets too little CPU (8192 did, for a second, at 7000 answers a second on
+// two cores at a load of 9).
+const maxQueuedEvents = 32768
+
+// maxRoomWait bounds how long a queued event waits for room in a full
+// queue (the writer frees it all at once when it takes a batch) before it
+// is dropped: the backpressure that gives the writer CPU when the answers
+// outrun it, and the most a DNS answer is held for it.
+const maxRoomWait = 2 * time.Millisecond
 
 // dropLogInterval spaces the log lines about events not written.
 const dropLogInterval = 10 * time.Second
@@ -110,6 +118,7 @@ type eventStore struct {
 	waiting  int  // ops in pending that a caller waits for
 	stopped  bool // Shutdown queued its last op: nothing is queued after
 	wake     chan struct{}
+	room     chan struct{} // closed (and replaced) when the writer takes a batch
 	exited   chan struct{}
 	dropped  atomic.Uint64
 	lastDrop time.Time // when a drop was last logged
@@ -143,7 +152,7 @@ func openEventStore(dir string, opts EventStoreOptions) (*eventStore, error) {
 	}
 	s := &eventStore{dir: dir, maxBytes: opts.MaxBytes, retention: opts.Retention, log: opts.Log,
 		now: time.Now, files: map[string]*eventFile{}, failing: map[string]bool{},
-		wake: make(chan struct{}, 1), exited: make(chan struct{})}
+		wake: make(chan struct{}, 1), room: make(chan struct{}), exited: make(chan struct{})}
 	go s.writer()
 	return s, nil
 }
@@ -174,6 +183,25 @@ func (s *eventStore) enqueue(op storeOp) bool {
 	default:
 	}
 	return true
+}
+
+// waitRoom waits, at most maxRoomWait, until the queue has room for an
+// event nobody waits for. It is called without EventLog.mu (the order is
+// the enqueue's, under it): a full queue at the enqueue still drops.
+func (s *eventStore) waitRoom() {
+	s.mu.Lock()
+	if s.queued < maxQueuedEvents || s.stopped {
+		s.mu.Unlock()
+		return
+	}
+	room := s.room
+	s.mu.Unlock()
+	t := time.NewTimer(maxRoomWait)
+	defer t.Stop()
+	select {
+	case <-room:
+	case <-t.C:
+	}
 }
 
 // dropLocked counts an event not written and logs the first drop and then
@@ -221,6 +249,8 @@ func (s *eventStore) writer() {
 		s.mu.Lock()
 		ops, stopped := s.pending, s.stopped
 		s.pending, s.queued, s.waiting = nil, 0, 0
+		close(s.room)
+		s.room = make(chan struct{})
 		s.mu.Unlock()
 		s.run(ops)
 		if stopped {

@@ -63,11 +63,12 @@ func TestEventWriterAsync(t *testing.T) {
 }
 
 // TestEventWriterFullQueue: with the writer held up, queued events past
-// maxQueuedEvents are not written but counted (and reach the ring), a
-// waited-for event still is, and Shutdown drains what was queued.
+// maxQueuedEvents wait maxRoomWait each and are then not written but
+// counted (and reach the ring), a waited-for event still is, and Shutdown
+// drains what was queued.
 func TestEventWriterFullQueue(t *testing.T) {
 	dir := t.TempDir()
-	l, err := OpenEventLog(dir, maxQueuedEvents+200, EventStoreOptions{Retention: time.Hour})
+	l, err := OpenEventLog(dir, maxQueuedEvents+200, EventStoreOptions{Retention: time.Hour, MaxBytes: 64 << 20})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -76,8 +77,15 @@ func TestEventWriterFullQueue(t *testing.T) {
 	l.store.enqueue(storeOp{fn: func() { close(held); <-hold }})
 	<-held
 	const extra = 100
-	for i := range maxQueuedEvents + extra {
+	for i := range maxQueuedEvents {
 		l.RecordAsync(api.Event{Session: "f", Kind: api.EventKindDNS, Action: "allowed", Time: time.Unix(int64(i+1), 0).UTC()})
+	}
+	start := time.Now()
+	for i := range extra {
+		l.RecordAsync(api.Event{Session: "f", Kind: api.EventKindDNS, Action: "allowed", Time: time.Unix(int64(maxQueuedEvents+i+1), 0).UTC()})
+	}
+	if took := time.Since(start); took < extra*maxRoomWait || took > extra*maxRoomWait+time.Second {
+		t.Errorf("%d events into a full queue took %s, want about %s each (the bounded wait)", extra, took, maxRoomWait)
 	}
 	if got := l.DroppedWrites(); got != extra {
 		t.Errorf("dropped %d writes, want %d", got, extra)
