@@ -37,9 +37,13 @@ import (
 // them.
 
 // DefaultPrepared is the number of prepared netns the daemon keeps unless
-// configured (a burst of that many creates is served from the pool while
-// the background refills it).
-const DefaultPrepared = 8
+// configured: none. Measured on a 2-core machine with the shared /proc
+// lookup gone (sysctl.go), a pool of 8 gave no better create p50 and a
+// worse create and delete p99 (the refill's netns work competes with the
+// creates and deletes beside it: 12.7 ms against 7.1 ms create p99, 26 ms
+// against 13.7 ms delete p99, figure 1 of docs/benchmarks.md); it is
+// there for hosts where making a netns is slow.
+const DefaultPrepared = 0
 
 // preparedMark separates the prefix from the number in a pool entry's name.
 const preparedMark = "-pool_"

@@ -99,7 +99,7 @@ func (g *grower) to(ctx context.Context, to int, budget time.Duration) (time.Dur
 			return 0, fmt.Errorf("grow to %d live sessions: %w", to, err)
 		}
 		g.made += n
-		if g.made%g.every == 0 {
+		if g.made/g.every != (g.made-n)/g.every { // crossed a multiple of every
 			logf("%d live sessions (%.1f/s)", g.live(), float64(g.made-base)/time.Since(start).Seconds())
 		}
 	}

@@ -55,7 +55,8 @@ func figScale(ctx context.Context, cfg *config, rep *Report) error {
 	type level struct {
 		live        int
 		create, del splits
-		att         Samples
+		att         Samples // the same 4 addresses each time: known, after the first
+		attNew      Samples // a new address each time: always a kernel round trip
 		steps       map[string]Samples // nsmgr.Create's steps
 		sysctl      sysctlProbe
 	}
@@ -95,6 +96,24 @@ func figScale(ctx context.Context, cfg *config, rep *Report) error {
 				return lv, err
 			}
 			lv.att = append(lv.att, time.Since(start))
+		}
+		// Attests the firewall cannot vouch for from what it knows: an
+		// address never attested before (a range of its own per level),
+		// so each waits for the kernel's ack.
+		base := 100000
+		if tag != "a" {
+			base = 200000
+		}
+		fresh := world.PublicAddrs(base + cfg.attests)[base:]
+		for i := 0; i < cfg.attests; i++ {
+			if err := ctx.Err(); err != nil {
+				return lv, err
+			}
+			start := time.Now()
+			if _, err := e.fw.Attest(probe.Guest, fresh[i:i+1], ttl, nil); err != nil {
+				return lv, err
+			}
+			lv.attNew = append(lv.attNew, time.Since(start))
 		}
 		logf("%d live: create p50 %.2f ms (nsmgr %.2f, netpolicy %.2f), delete p50 %.2f ms (nsmgr %.2f, netpolicy %.2f), attest p50 %.3f p99 %.3f ms",
 			lv.live, lv.create.total.Pct(50), lv.create.net.Pct(50), lv.create.fw.Pct(50),
@@ -150,8 +169,10 @@ func figScale(ctx context.Context, cfg *config, rep *Report) error {
 			fmt.Sprintf("sysctl_write_all_p50_ms=%.3f/%.3f", low.sysctl.all.Pct(50), high.sysctl.all.Pct(50)),
 			fmt.Sprintf("new_netns_first_write_default_p50_ms=%.3f/%.3f", low.sysctl.newDflt.Pct(50), high.sysctl.newDflt.Pct(50)),
 			fmt.Sprintf("new_netns_then_all_p50_ms=%.3f/%.3f", low.sysctl.newAll.Pct(50), high.sysctl.newAll.Pct(50)))})
-	rep.Add(Result{Name: name + "-attest-p99", Unit: "ms", Ours: high.att.Pct(99), Peer: low.att.Pct(99),
-		Goal: AtMost, Target: 1.5, Note: note, Extra: extra})
+	rep.Add(Result{Name: name + "-attest-p99", Unit: "ms", Ours: high.attNew.Pct(99), Peer: low.attNew.Pct(99),
+		Goal: AtMost, Target: 1.5, Note: note + "; a new address each time (a kernel round trip)", Extra: extra})
+	rep.Add(Result{Name: name + "-attest-known-p99", Unit: "ms", Ours: high.att.Pct(99), Peer: low.att.Pct(99),
+		Note: note + "; the same 4 addresses each time (known to be in the set: no round trip after the first); no target", Extra: extra})
 	rep.Add(Result{Name: name + "-delete-p50", Unit: "ms", Ours: high.del.total.Pct(50), Peer: low.del.total.Pct(50),
 		Note: note + "; no target", Extra: append(slices.Clone(extra),
 			fmt.Sprintf("high_nsmgr_p50_ms=%.3f", high.del.net.Pct(50)), fmt.Sprintf("high_netpolicy_p50_ms=%.3f", high.del.fw.Pct(50)),

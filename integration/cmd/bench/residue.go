@@ -18,16 +18,20 @@ import (
 
 // residue counts what a daemon with no sessions should not have: session
 // netns, host veths of its prefix, state records, session elements in its
-// nftables table, and sandbox state or layer directories.
+// nftables table, and sandbox state or layer directories. The running
+// daemon's own prepared netns ("<prefix>-pool_<pid>_<n>", made ahead of
+// demand: serve's --prepared-netns) are not residue; they are counted
+// apart.
 type residue struct {
 	netns, links, records, elements, sandboxes int
+	prepared                                   int
 }
 
 func (r residue) total() int { return r.netns + r.links + r.records + r.elements + r.sandboxes }
 
 func (r residue) String() string {
-	return fmt.Sprintf("netns=%d links=%d records=%d nft_session_elements=%d sandbox_dirs=%d",
-		r.netns, r.links, r.records, r.elements, r.sandboxes)
+	return fmt.Sprintf("netns=%d links=%d records=%d nft_session_elements=%d sandbox_dirs=%d prepared_netns=%d",
+		r.netns, r.links, r.records, r.elements, r.sandboxes, r.prepared)
 }
 
 // countResidue counts d's leftovers, observed from outside the daemon (the
@@ -39,8 +43,12 @@ func countResidue(ctx context.Context, w *world.World, d *daemon.Daemon) (residu
 	if err != nil {
 		return r, 0, err
 	}
+	own := fmt.Sprintf("%s-pool_%d_", d.Prefix, d.PID())
 	for _, e := range ents {
-		if strings.HasPrefix(e.Name(), d.Prefix+"-") {
+		switch {
+		case strings.HasPrefix(e.Name(), own):
+			r.prepared++
+		case strings.HasPrefix(e.Name(), d.Prefix+"-"):
 			r.netns++
 		}
 	}
