@@ -84,7 +84,7 @@ func (g *grower) live() int { return g.made + g.others }
 // to grows to `to` live sessions, or until budget (0: none) is used up,
 // and returns how long it took.
 func (g *grower) to(ctx context.Context, to int, budget time.Duration) (time.Duration, error) {
-	start := time.Now()
+	start, from := time.Now(), g.made
 	for g.live() < to {
 		if budget > 0 && time.Since(start) > budget {
 			logf("growth budget %s used up at %d live sessions", budget, g.live())
@@ -100,7 +100,7 @@ func (g *grower) to(ctx context.Context, to int, budget time.Duration) (time.Dur
 		}
 		g.made += n
 		if g.made/g.every != (g.made-n)/g.every { // crossed a multiple of every
-			logf("%d live sessions (%.1f/s)", g.live(), float64(g.made-base)/time.Since(start).Seconds())
+			logf("%d live sessions (%.1f/s)", g.live(), float64(g.made-from)/time.Since(start).Seconds())
 		}
 	}
 	return time.Since(start), nil
