@@ -1,8 +1,6 @@
 package main
 
 import (
-	"bytes"
-	"context"
 	"encoding/json"
 	"fmt"
 	"net/netip"
@@ -10,10 +8,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"time"
 
-	"github.com/enforcerd/enforcerd/integration/world"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 )
@@ -27,13 +23,8 @@ const cniDir = "/usr/lib/cni"
 // The plugin is started from a thread inside the simulated host, so its
 // host-side veth and routes land there, never in the real root netns.
 type ptpPeer struct {
-	host    netns.NsHandle
-	prefix  string // of the peer's netns names, unique per run
+	cniExec
 	ipamDir string
-
-	mu   sync.Mutex
-	prev map[int][]byte // ADD result per session, passed to DEL as prevResult
-	made map[int]bool   // netns made and not yet removed
 }
 
 // peerPool is the peer's address pool: apart from enforcerd's 10.20.0.0/16,
@@ -48,43 +39,7 @@ func newPtpPeer(host netns.NsHandle, prefix, tmp string) (*ptpPeer, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, err
 	}
-	return &ptpPeer{host: host, prefix: prefix, ipamDir: dir, prev: map[int][]byte{}, made: map[int]bool{}}, nil
-}
-
-func (p *ptpPeer) nsName(i int) string { return fmt.Sprintf("%s-p%d", p.prefix, i) }
-
-// NewNetns makes the session's named netns (untimed, as in the peer's own
-// measurement: a runtime makes it before calling the plugin).
-func (p *ptpPeer) NewNetns(ctx context.Context, i int) error {
-	if _, err := run(ctx, 20*time.Second, "ip", "netns", "add", p.nsName(i)); err != nil {
-		return err
-	}
-	p.mu.Lock()
-	p.made[i] = true
-	p.mu.Unlock()
-	return nil
-}
-
-// markNetns records that session i's netns exists (made by the caller),
-// so Close removes it; unmarkNetns that it was removed.
-func (p *ptpPeer) markNetns(i int) {
-	p.mu.Lock()
-	p.made[i] = true
-	p.mu.Unlock()
-}
-
-func (p *ptpPeer) unmarkNetns(i int) {
-	p.mu.Lock()
-	delete(p.made, i)
-	p.mu.Unlock()
-}
-
-// DelNetns removes the session's named netns by exact name.
-func (p *ptpPeer) DelNetns(i int) error {
-	p.mu.Lock()
-	delete(p.made, i)
-	p.mu.Unlock()
-	return removeNetnsFile(filepath.Join(world.NetnsDir, p.nsName(i)))
+	return &ptpPeer{cniExec: newCNIExec("ptp", filepath.Join(cniDir, "ptp"), host, prefix, "p"), ipamDir: dir}, nil
 }
 
 func (p *ptpPeer) conf(i int) []byte {
@@ -97,56 +52,11 @@ func (p *ptpPeer) conf(i int) []byte {
 		p.prefix, p.ipamDir, subnet)
 }
 
-func (p *ptpPeer) plugin(command string, i int, stdin []byte) *exec.Cmd {
-	cmd := exec.Command(filepath.Join(cniDir, "ptp"))
-	cmd.Env = []string{
-		"CNI_COMMAND=" + command,
-		"CNI_CONTAINERID=" + p.nsName(i),
-		"CNI_NETNS=" + filepath.Join(world.NetnsDir, p.nsName(i)),
-		"CNI_IFNAME=eth0",
-		"CNI_PATH=" + cniDir,
-		"PATH=" + os.Getenv("PATH"),
-	}
-	cmd.Stdin = bytes.NewReader(stdin)
-	return cmd
-}
-
 // Add runs ptp ADD for session i and returns how long the plugin took.
-func (p *ptpPeer) Add(i int) (time.Duration, error) {
-	cmd := p.plugin("ADD", i, p.conf(i))
-	var out, errOut bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &errOut
-	took, err := forkIn(p.host, cmd)
-	if err != nil {
-		return 0, fmt.Errorf("ptp ADD %s: %w: %s %s", p.nsName(i), err, out.String(), errOut.String())
-	}
-	p.mu.Lock()
-	p.prev[i] = out.Bytes()
-	p.mu.Unlock()
-	return took, nil
-}
+func (p *ptpPeer) Add(i int) (time.Duration, error) { return p.add(i, p.conf(i)) }
 
-// Del runs ptp DEL for session i (with the ADD result as prevResult, as
-// libcni passes it).
-func (p *ptpPeer) Del(i int) (time.Duration, error) {
-	p.mu.Lock()
-	prev := p.prev[i]
-	delete(p.prev, i)
-	p.mu.Unlock()
-	conf := p.conf(i)
-	if len(prev) > 0 {
-		conf = append(conf[:len(conf)-1], `,"prevResult":`...)
-		conf = append(append(conf, bytes.TrimSpace(prev)...), '}')
-	}
-	cmd := p.plugin("DEL", i, conf)
-	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	took, err := forkIn(p.host, cmd)
-	if err != nil {
-		return 0, fmt.Errorf("ptp DEL %s: %w: %s", p.nsName(i), err, out.String())
-	}
-	return took, nil
-}
+// Del runs ptp DEL for session i.
+func (p *ptpPeer) Del(i int) (time.Duration, error) { return p.del(i, p.conf(i)) }
 
 // Check verifies, after Add(i), that the host side of session i is in the
 // simulated host and not in the machine's root netns, and that the session
@@ -193,17 +103,7 @@ func (p *ptpPeer) Check(i int) error {
 
 // Close removes every netns the peer made and its IPAM state.
 func (p *ptpPeer) Close() {
-	p.mu.Lock()
-	var left []int
-	for i := range p.made {
-		left = append(left, i)
-	}
-	p.mu.Unlock()
-	for _, i := range left {
-		if err := p.DelNetns(i); err != nil {
-			logf("cleanup: remove netns %s: %v", p.nsName(i), err)
-		}
-	}
+	p.removeNetns()
 	os.RemoveAll(p.ipamDir)
 }
 

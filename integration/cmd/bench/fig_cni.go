@@ -1,18 +1,11 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
-	"sync"
 	"time"
-
-	"github.com/enforcerd/enforcerd/integration/world"
-	"github.com/vishvananda/netns"
 )
 
 // enfCNI runs the enforcerd-cni plugin as a runtime does: one exec per
@@ -21,32 +14,8 @@ import (
 // is one create over the socket (attach mode: the veth made in that
 // netns), DEL an inspect and a remove.
 type enfCNI struct {
-	bin, socket string
-	host        netns.NsHandle
-	prefix      string
-
-	mu   sync.Mutex
-	prev map[int][]byte
-	made map[int]bool
-}
-
-func (p *enfCNI) nsName(i int) string { return fmt.Sprintf("%s-e%d", p.prefix, i) }
-
-func (p *enfCNI) NewNetns(ctx context.Context, i int) error {
-	if _, err := run(ctx, 20*time.Second, "ip", "netns", "add", p.nsName(i)); err != nil {
-		return err
-	}
-	p.mu.Lock()
-	p.made[i] = true
-	p.mu.Unlock()
-	return nil
-}
-
-func (p *enfCNI) DelNetns(i int) error {
-	p.mu.Lock()
-	delete(p.made, i)
-	p.mu.Unlock()
-	return removeNetnsFile(filepath.Join(world.NetnsDir, p.nsName(i)))
+	cniExec
+	socket string
 }
 
 // conf is the network config: the same policy createNet gives a session.
@@ -55,67 +24,16 @@ func (p *enfCNI) conf() []byte {
 		`"policy":{"egress":"allowlist","allow":["api.bench.test"]}}`, p.prefix, p.socket)
 }
 
-func (p *enfCNI) plugin(command string, i int, stdin []byte) *exec.Cmd {
-	cmd := exec.Command(p.bin)
-	cmd.Env = []string{
-		"CNI_COMMAND=" + command,
-		"CNI_CONTAINERID=" + p.nsName(i),
-		"CNI_NETNS=" + filepath.Join(world.NetnsDir, p.nsName(i)),
-		"CNI_IFNAME=eth0",
-		"CNI_PATH=" + filepath.Dir(p.bin),
-		"PATH=" + os.Getenv("PATH"),
-	}
-	cmd.Stdin = bytes.NewReader(stdin)
-	return cmd
-}
-
 // Add runs ADD for attachment i and returns how long the exec took.
-func (p *enfCNI) Add(i int) (time.Duration, error) {
-	cmd := p.plugin("ADD", i, p.conf())
-	var out, errOut bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &errOut
-	took, err := forkIn(p.host, cmd)
-	if err != nil {
-		return 0, fmt.Errorf("enforcerd-cni ADD %s: %w: %s %s", p.nsName(i), err, out.String(), errOut.String())
-	}
-	p.mu.Lock()
-	p.prev[i] = out.Bytes()
-	p.mu.Unlock()
-	return took, nil
-}
+func (p *enfCNI) Add(i int) (time.Duration, error) { return p.add(i, p.conf()) }
 
-// Del runs DEL for attachment i with the ADD result as prevResult, as
-// libcni passes it (and as the ptp peer gets it).
-func (p *enfCNI) Del(i int) (time.Duration, error) {
-	p.mu.Lock()
-	prev := p.prev[i]
-	delete(p.prev, i)
-	p.mu.Unlock()
-	conf := p.conf()
-	if len(prev) > 0 {
-		conf = append(conf[:len(conf)-1], `,"prevResult":`...)
-		conf = append(append(conf, bytes.TrimSpace(prev)...), '}')
-	}
-	cmd := p.plugin("DEL", i, conf)
-	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	took, err := forkIn(p.host, cmd)
-	if err != nil {
-		return 0, fmt.Errorf("enforcerd-cni DEL %s: %w: %s", p.nsName(i), err, out.String())
-	}
-	return took, nil
-}
+// Del runs DEL for attachment i, as the ptp peer gets it.
+func (p *enfCNI) Del(i int) (time.Duration, error) { return p.del(i, p.conf()) }
 
 // Version runs VERSION: the plugin's exec with no call to the daemon.
 func (p *enfCNI) Version() (time.Duration, error) {
-	cmd := p.plugin("VERSION", 0, []byte(`{"cniVersion":"1.1.0"}`))
-	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	took, err := forkIn(p.host, cmd)
-	if err != nil {
-		return 0, fmt.Errorf("enforcerd-cni VERSION: %w: %s", err, out.String())
-	}
-	return took, nil
+	_, took, err := p.exec("VERSION", 0, []byte(`{"cniVersion":"1.1.0"}`))
+	return took, err
 }
 
 // daemonCreateTook collects the took= of every "created" line of the
@@ -138,19 +56,8 @@ func daemonCreateTook(log string) Samples {
 	return s
 }
 
-func (p *enfCNI) Close() {
-	p.mu.Lock()
-	var left []int
-	for i := range p.made {
-		left = append(left, i)
-	}
-	p.mu.Unlock()
-	for _, i := range left {
-		if err := p.DelNetns(i); err != nil {
-			logf("cleanup: remove netns %s: %v", p.nsName(i), err)
-		}
-	}
-}
+// Close removes every netns made for the plugin.
+func (p *enfCNI) Close() { p.removeNetns() }
 
 // figCNI is figure 9: the enforcerd-cni plugin's ADD and DEL (one exec
 // each, through the daemon) against the ptp plugin's (host-local IPAM),
@@ -172,8 +79,7 @@ func figCNI(ctx context.Context, cfg *config, rep *Report) error {
 		return err
 	}
 	defer peer.Close()
-	ours := &enfCNI{bin: cfg.cniBin, socket: de.d.Socket, host: de.w.Host, prefix: "ec" + de.w.ID,
-		prev: map[int][]byte{}, made: map[int]bool{}}
+	ours := &enfCNI{cniExec: newCNIExec("enforcerd-cni", cfg.cniBin, de.w.Host, "ec"+de.w.ID, "e"), socket: de.d.Socket}
 	defer ours.Close()
 	if err := figCNIIn(ctx, cfg, rep, de, ours, peer); err != nil {
 		return fmt.Errorf("%w\ndaemon log tail:\n%s", err, de.logTail())

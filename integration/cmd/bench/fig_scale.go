@@ -55,8 +55,8 @@ func figScale(ctx context.Context, cfg *config, rep *Report) error {
 	type level struct {
 		live        int
 		create, del splits
-		att         Samples // the same 4 addresses each time: known, after the first
-		attNew      Samples // a new address each time: always a kernel round trip
+		att         Samples            // the same 4 addresses each time: known, after the first
+		attNew      Samples            // a new address each time: always a kernel round trip
 		steps       map[string]Samples // nsmgr.Create's steps
 		sysctl      sysctlProbe
 	}
