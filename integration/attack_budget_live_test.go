@@ -22,7 +22,7 @@ func atkBudgetEnv(t *testing.T, maxFlows, rate int) *npEnv {
 	}
 	e.cfg.MaxFlows = maxFlows
 	e.cfg.FlowRate = rate
-	e.fw = e.openFirewall(t)
+	e.reopenFirewall(t)
 	return e
 }
 

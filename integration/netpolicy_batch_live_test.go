@@ -187,10 +187,7 @@ func TestNetpolicyRemoveSessionByKey(t *testing.T) {
 	remove("remove an orphan by guest", e.fw, netpolicy.SessionRules{HostIface: rules[3].HostIface, Guest: rules[3].Guest})
 
 	// A restarted daemon: its index is seeded by Ensure.
-	if err := e.fw.Close(); err != nil {
-		t.Fatal(err)
-	}
-	e.fw = e.openFirewall(t)
+	e.reopenFirewall(t)
 	remove("remove after a restart", e.fw, rules[4])
 	remove("remove after a restart, again", e.fw, rules[4])
 }

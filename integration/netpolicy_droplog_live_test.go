@@ -204,7 +204,7 @@ func TestNetpolicyDropLogRateLimit(t *testing.T) {
 	e := newNPEnv(t, time.Second)
 	e.cfg.FlowRate = 5
 	e.cfg.LogRate = 10
-	e.fw = e.openFirewall(t) // the same table, rules with the small budgets
+	e.reopenFirewall(t) // the same table, rules with the small budgets
 	w := e.w
 	s, _ := e.session(t, "a", netpolicy.ModeAllowlist, []netpolicy.Target{staticHost(w.Web[0])})
 	quiet, _ := e.session(t, "b", netpolicy.ModeAllowlist, nil)

@@ -66,10 +66,13 @@ func newNPEnv(t *testing.T, floor time.Duration) *npEnv {
 	}
 	e.cfg = netpolicy.FirewallConfig{NetNS: w.Host, Prefix: e.prefix, Pool: e.pool, DNSAddr: e.dns, Guard: e.guard, AttestFloor: floor,
 		AttestMaxLifetime: time.Hour} // the daemon's default
-	e.fw = e.openFirewall(t)
+	e.fw = e.ensureFirewall(t)
+	// The current e.fw is closed after every session's cleanup (registered
+	// later, so run earlier) has used it; reopenFirewall closes the ones it
+	// replaces.
+	t.Cleanup(func() { e.fw.Close() })
 	t.Cleanup(func() {
-		// A handle of its own: the test may have reopened e.fw, and the
-		// reopened handle's Close (a later cleanup) runs before this one.
+		// A handle of its own: e.fw's Close may have been tested.
 		fw, err := netpolicy.OpenFirewall(e.cfg)
 		if err != nil {
 			t.Errorf("delete table: open firewall: %v", err)
@@ -85,15 +88,35 @@ func newNPEnv(t *testing.T, floor time.Duration) *npEnv {
 	return e
 }
 
-// openFirewall opens a Firewall on the simulated host and ensures the table.
+// openFirewall opens a second Firewall on the simulated host's table (a
+// restarted daemon beside e.fw), closed when the test ends, and ensures it.
 func (e *npEnv) openFirewall(t *testing.T) *netpolicy.Firewall {
+	t.Helper()
+	fw := e.ensureFirewall(t)
+	t.Cleanup(func() { fw.Close() })
+	return fw
+}
+
+// reopenFirewall closes e.fw (if the test has not) and replaces it with a
+// Firewall opened with e.cfg: a restarted daemon, or new budgets.
+func (e *npEnv) reopenFirewall(t *testing.T) {
+	t.Helper()
+	if err := e.fw.Close(); err != nil {
+		t.Fatalf("close firewall: %v", err)
+	}
+	e.fw = e.ensureFirewall(t)
+}
+
+// ensureFirewall opens a Firewall with e.cfg and ensures the table; the
+// caller owns its Close.
+func (e *npEnv) ensureFirewall(t *testing.T) *netpolicy.Firewall {
 	t.Helper()
 	fw, err := netpolicy.OpenFirewall(e.cfg)
 	if err != nil {
 		t.Fatalf("open firewall: %v", err)
 	}
-	t.Cleanup(func() { fw.Close() })
 	if err := fw.Ensure(); err != nil {
+		fw.Close()
 		t.Fatalf("ensure: %v", err)
 	}
 	return fw
@@ -691,14 +714,32 @@ func TestNetpolicyRestartAndIdempotence(t *testing.T) {
 	}
 
 	// The daemon goes away: the kernel keeps enforcing.
-	if err := e.fw.Close(); err != nil {
+	closed := e.fw
+	if err := closed.Close(); err != nil {
 		t.Fatal(err)
 	}
 	expectReach(t, "daemon down", tcpProbe(a.NetnsPath, netip.AddrPortFrom(w.Web[0], 7)))
 	expectBlocked(t, "daemon down", tcpProbe(a.NetnsPath, netip.AddrPortFrom(w.Web[1], 7)))
+	// A closed handle refuses everything, even an attest it could answer
+	// from memory (web2 was attested through it), and closes again quietly.
+	if err := closed.Ensure(); !errors.Is(err, netpolicy.ErrClosed) {
+		t.Errorf("Ensure after Close = %v, want ErrClosed", err)
+	}
+	if _, err := closed.Attest(a.Guest, []netip.Addr{w.Web[2]}, time.Minute, nil); !errors.Is(err, netpolicy.ErrClosed) {
+		t.Errorf("Attest after Close = %v, want ErrClosed", err)
+	}
+	if _, err := closed.Counters(a.Guest); !errors.Is(err, netpolicy.ErrClosed) {
+		t.Errorf("Counters after Close = %v, want ErrClosed", err)
+	}
+	if _, err := closed.OpenDropLog(); !errors.Is(err, netpolicy.ErrClosed) {
+		t.Errorf("OpenDropLog after Close = %v, want ErrClosed", err)
+	}
+	if err := closed.Close(); err != nil {
+		t.Errorf("second Close: %v", err)
+	}
 
-	fw2 := e.openFirewall(t)
-	e.fw = fw2 // the cleanups use the live one
+	e.reopenFirewall(t) // the cleanups use the live one
+	fw2 := e.fw
 	if err := fw2.Ensure(); err != nil {
 		t.Fatalf("second Ensure: %v", err)
 	}

@@ -19,10 +19,13 @@ import (
 )
 
 // nfnlConn is a lazily dialed NETLINK_NETFILTER connection in the netns
-// nsFd, replaced after any error; mu serialises its use.
+// nsFd, replaced after any error; mu serialises its use. Once shut it
+// dials nothing: nsFd belongs to the Firewall, which closes it, and the
+// number may since name another file.
 type nfnlConn struct {
 	mu   sync.Mutex
 	nsFd int
+	shut bool
 	conn *netlink.Conn
 }
 
@@ -30,6 +33,9 @@ type nfnlConn struct {
 func (n *nfnlConn) do(fn func(c *netlink.Conn) error) error {
 	n.mu.Lock()
 	defer n.mu.Unlock()
+	if n.shut {
+		return ErrClosed
+	}
 	if n.conn == nil {
 		c, err := netlink.Dial(unix.NETLINK_NETFILTER, &netlink.Config{NetNS: n.nsFd})
 		if err != nil {
@@ -48,6 +54,7 @@ func (n *nfnlConn) do(fn func(c *netlink.Conn) error) error {
 func (n *nfnlConn) closeConn() {
 	n.mu.Lock()
 	defer n.mu.Unlock()
+	n.shut = true
 	if n.conn != nil {
 		n.conn.Close()
 		n.conn = nil

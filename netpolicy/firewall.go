@@ -249,9 +249,11 @@ func checkConfig(cfg *FirewallConfig) error {
 
 // Close releases the netlink connections and the netns handle. The table and
 // its state stay in the kernel (and keep enforcing). Close must not run
-// concurrently with other methods; nothing may be called after it.
+// concurrently with other methods; a second Close does nothing, and any
+// other method called after it fails with ErrClosed.
 func (f *Firewall) Close() error {
 	f.stopMonitor()
+	f.known.forgetAll(false) // an Attest after Close must not succeed from memory
 	f.admin.close()
 	f.attest.close()
 	f.flows.close()

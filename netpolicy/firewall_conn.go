@@ -26,10 +26,17 @@ const sockBufBytes = 8 << 20
 type connSlot struct {
 	mu   sync.Mutex
 	nsFd int
+	shut bool // closed: nsFd is no longer ours (see nfnlConn)
 	conn *nftables.Conn
 }
 
+// ErrClosed is returned by a Firewall's methods after its Close.
+var ErrClosed = errors.New("firewall is closed")
+
 func (s *connSlot) dialLocked() (*nftables.Conn, error) {
+	if s.shut {
+		return nil, ErrClosed
+	}
 	if s.conn != nil {
 		return s.conn, nil
 	}
@@ -70,6 +77,7 @@ func (s *connSlot) discardLocked() {
 
 func (s *connSlot) close() {
 	s.mu.Lock()
+	s.shut = true
 	s.discardLocked()
 	s.mu.Unlock()
 }

@@ -72,11 +72,21 @@ type DropLog struct {
 // one listener per netns: a second DropLog on the same group fails (EBUSY).
 func (f *Firewall) OpenDropLog() (*DropLog, error) {
 	group := f.cfg.LogGroup
-	conn, err := netlink.Dial(unix.NETLINK_NETFILTER, &netlink.Config{NetNS: f.nsFd})
+	if f.nsFd < 0 {
+		return nil, fmt.Errorf("open drop log: %w", ErrClosed)
+	}
+	// A handle of its own: the log may outlive the Firewall's Close, and
+	// ifaceName dials with it later.
+	nsFd, err := unix.FcntlInt(uintptr(f.nsFd), unix.F_DUPFD_CLOEXEC, 0)
 	if err != nil {
+		return nil, fmt.Errorf("open drop log: duplicate netns handle: %w", err)
+	}
+	conn, err := netlink.Dial(unix.NETLINK_NETFILTER, &netlink.Config{NetNS: nsFd})
+	if err != nil {
+		unix.Close(nsFd)
 		return nil, fmt.Errorf("open drop log: dial nfnetlink: %w", err)
 	}
-	l := &DropLog{prefix: f.cfg.Prefix, group: group, conn: conn, nsFd: f.nsFd}
+	l := &DropLog{prefix: f.cfg.Prefix, group: group, conn: conn, nsFd: nsFd}
 	mode := make([]byte, 6)
 	binary.BigEndian.PutUint32(mode, logSnaplen)
 	mode[4] = nfulnlCopyPacket
@@ -86,6 +96,7 @@ func (f *Firewall) OpenDropLog() (*DropLog, error) {
 	} {
 		if err := l.config(a); err != nil {
 			conn.Close()
+			unix.Close(nsFd)
 			return nil, fmt.Errorf("open drop log: nflog group %d: %w", group, err)
 		}
 	}
@@ -153,6 +164,10 @@ func (l *DropLog) Close() error {
 		l.rt.Close()
 		l.rt = nil
 	}
+	if l.nsFd >= 0 {
+		unix.Close(l.nsFd)
+		l.nsFd = -1
+	}
 	l.mu.Unlock()
 	return l.conn.Close()
 }
@@ -164,6 +179,9 @@ func (l *DropLog) ifaceName(index uint32) string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.rt == nil {
+		if l.nsFd < 0 {
+			return ""
+		}
 		c, err := netlink.Dial(unix.NETLINK_ROUTE, &netlink.Config{NetNS: l.nsFd})
 		if err != nil {
 			return ""
