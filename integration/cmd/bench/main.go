@@ -54,6 +54,7 @@ type config struct {
 	dnsLatQPS   int           // fig 4: the fixed rate
 	dnsReps     int           // fig 4: interleaved repetitions
 	dnsHigh     int           // fig 4: live sessions at the high level
+	dnsPool     int           // fig 4: live sessions at the whole-pool level (0: not measured)
 	runcN       int           // fig 5: create+start samples
 	execN       int           // fig 5: exec samples
 	apiN        int           // fig 6: create/delete samples
@@ -82,7 +83,7 @@ func fullConfig() config {
 		netN: 200, scaleHigh: 4000, scaleProbes: 100, attests: 2000, scaleBudget: 4 * time.Minute,
 		iperfReps: 4, iperfDuration: 5 * time.Second, dpSessions: 4096, natFloor: true,
 		dnsNames: 1000, dnsSat: 10 * time.Second, dnsLat: 10 * time.Second, dnsLatQPS: 2000, dnsReps: 3, dnsHigh: 4000,
-		runcN: 20, execN: 50,
+		dnsPool: 16383, runcN: 20, execN: 50,
 		apiN: 100, apiSandboxN: 15, apiConc: 1000, peerConc: 200, churn: 1000, memSessions: 1000,
 		floodReps: 3, floodDuration: 5 * time.Second, floodLive: 100,
 		updN: 100, updCreates: 50, updHigh: 4000, updBudget: 4 * time.Minute,
@@ -96,7 +97,7 @@ func quickConfig() config {
 		quick: true,
 		netN:  30, scaleHigh: 400, scaleProbes: 20, attests: 300, scaleBudget: 40 * time.Second,
 		iperfReps: 1, iperfDuration: 2 * time.Second, dpSessions: 4096,
-		dnsNames: 1000, dnsSat: 3 * time.Second, dnsLat: 3 * time.Second, dnsLatQPS: 2000, dnsReps: 1, dnsHigh: 4000,
+		dnsNames: 1000, dnsSat: 3 * time.Second, dnsLat: 3 * time.Second, dnsLatQPS: 2000, dnsReps: 1, dnsHigh: 4000, dnsPool: 16383,
 		runcN: 5, execN: 10,
 		apiN: 20, apiSandboxN: 3, apiConc: 40, peerConc: 20, churn: 40, memSessions: 100,
 		floodReps: 1, floodDuration: 2 * time.Second, floodLive: 10,
