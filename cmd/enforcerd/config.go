@@ -50,6 +50,7 @@ type ServeConfig struct {
 	MaxAttested       int           // per-session cap on live DNS-attested elements (> 0)
 	EventsRetention   time.Duration // how long a removed session's events are kept (>= 0)
 	PreparedNetns     int           // session netns kept made ahead of demand (0: none)
+	HeapFloorMiB      int           // the collector's heap floor (daemon.SetHeapFloor; 0: none)
 }
 
 // daemonConfig is the part of the configuration the session lifecycle uses.
@@ -96,6 +97,7 @@ const (
 	optMaxAttested    = "max-attested"
 	optRetention      = "events-retention"
 	optPreparedNetns  = "prepared-netns"
+	optHeapFloor      = "heap-floor-mib"
 )
 
 // fileConfig is the TOML configuration file; its keys are the flag names.
@@ -117,6 +119,7 @@ type fileConfig struct {
 	MaxAttested    int64    `toml:"max-attested"`
 	Retention      string   `toml:"events-retention"`
 	PreparedNetns  int64    `toml:"prepared-netns"`
+	HeapFloorMiB   int64    `toml:"heap-floor-mib"`
 }
 
 // rawOption is one option's unvalidated values and where they came from:
@@ -164,6 +167,7 @@ func defineServeFlags(fs *pflag.FlagSet) *serveFlags {
 	f.single[optMaxAttested] = fs.String(optMaxAttested, "", "per-session cap on live DNS-attested addresses `N` (default "+strconv.Itoa(defaultMaxAttest)+")")
 	f.single[optRetention] = fs.String(optRetention, "", "keep a removed session's events for `DURATION` (0: remove them with it; default "+defaultRetention+")")
 	f.single[optPreparedNetns] = fs.String(optPreparedNetns, "", "keep `N` session netns made ahead of demand, off the create path (0: none; default "+strconv.Itoa(nsmgr.DefaultPrepared)+")")
+	f.single[optHeapFloor] = fs.String(optHeapFloor, "", "let the Go heap reach `MIB` MiB before garbage collection starts: fewer collections under a DNS flood, for up to that much more resident memory (0: none; default "+strconv.Itoa(daemon.DefaultHeapFloor>>20)+")")
 	return f
 }
 
@@ -242,6 +246,7 @@ func loadConfigFile(path string) (map[string]rawOption, error) {
 	add(optMaxAttested, strconv.FormatInt(fc.MaxAttested, 10))
 	add(optRetention, fc.Retention)
 	add(optPreparedNetns, strconv.FormatInt(fc.PreparedNetns, 10))
+	add(optHeapFloor, strconv.FormatInt(fc.HeapFloorMiB, 10))
 	return out, nil
 }
 
@@ -334,6 +339,11 @@ func buildServeConfig(o serveOptions, getenv func(string) string, resolvConf str
 	pn, origin := o.single(optPreparedNetns, strconv.Itoa(nsmgr.DefaultPrepared))
 	if cfg.PreparedNetns, err = strconv.Atoi(pn); err != nil || cfg.PreparedNetns < 0 || cfg.PreparedNetns > 1024 {
 		return cfg, fmt.Errorf("%s %q: want a whole number from 0 (none) to 1024", origin, pn)
+	}
+
+	hf, origin := o.single(optHeapFloor, strconv.Itoa(daemon.DefaultHeapFloor>>20))
+	if cfg.HeapFloorMiB, err = strconv.Atoi(hf); err != nil || cfg.HeapFloorMiB < 0 || cfg.HeapFloorMiB > 4096 {
+		return cfg, fmt.Errorf("%s %q: want a whole number of MiB from 0 (none) to 4096", origin, hf)
 	}
 
 	ret, origin := o.single(optRetention, defaultRetention)
@@ -525,5 +535,6 @@ func (c ServeConfig) LogValue() slog.Value {
 		slog.Int("max_attested", c.MaxAttested),
 		slog.Duration("events_retention", c.EventsRetention),
 		slog.Int("prepared_netns", c.PreparedNetns),
+		slog.Int("heap_floor_mib", c.HeapFloorMiB),
 	)
 }

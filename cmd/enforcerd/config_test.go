@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/enforcerd/enforcerd/api"
+	"github.com/enforcerd/enforcerd/daemon"
 	"github.com/enforcerd/enforcerd/nsmgr"
 )
 
@@ -48,7 +49,7 @@ func TestServeDefaults(t *testing.T) {
 		AttestMaxLifetime: time.Hour,
 		LogFormat:         "text",
 		MaxFlows:          defaultMaxFlows, FlowRate: defaultFlowRate, MaxAttested: defaultMaxAttest,
-		EventsRetention: 24 * time.Hour, PreparedNetns: nsmgr.DefaultPrepared,
+		EventsRetention: 24 * time.Hour, PreparedNetns: nsmgr.DefaultPrepared, HeapFloorMiB: daemon.DefaultHeapFloor >> 20,
 	}
 	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("got  %+v\nwant %+v", got, want)
@@ -80,6 +81,7 @@ metrics-listen = "127.0.0.1:9323"
 log-format = "json"
 events-retention = "90m"
 prepared-netns = 0
+heap-floor-mib = 8
 `)
 	c := newTestCLI(t)
 	c.env["ENFORCERD_SOCKET"] = "/env/enforcerd.sock"
@@ -100,6 +102,7 @@ prepared-netns = 0
 		MaxFlows:          defaultMaxFlows, FlowRate: defaultFlowRate, MaxAttested: defaultMaxAttest,
 		EventsRetention: 90 * time.Minute,
 		PreparedNetns:   0, // set in the file: no pool
+		HeapFloorMiB:    8,
 		ConfigFile:      file,
 	}
 	if !reflect.DeepEqual(fromFile, want) {
@@ -170,6 +173,8 @@ func TestServeConfigErrors(t *testing.T) {
 		{[]string{"--attest-max-lifetime", "25h"}, `--attest-max-lifetime "25h": want a duration from 0 (no refresh) to 24h, such as 1h or 10m`},
 		{[]string{"--attest-max-lifetime", "-1m"}, `--attest-max-lifetime "-1m": want a duration from 0 (no refresh) to 24h, such as 1h or 10m`},
 		{[]string{"--events-retention", "1d"}, `--events-retention "1d": want a non-negative duration such as 24h or 30m`},
+		{[]string{"--heap-floor-mib", "32MiB"}, `--heap-floor-mib "32MiB": want a whole number of MiB from 0 (none) to 4096`},
+		{[]string{"--heap-floor-mib", "5000"}, `--heap-floor-mib "5000": want a whole number of MiB from 0 (none) to 4096`},
 		{[]string{"--metrics-listen", "9323"}, `--metrics-listen "9323": want host:port such as 127.0.0.1:9323 or :9323`},
 		{[]string{"--metrics-listen", "localhost:http"}, `--metrics-listen "localhost:http": want a numeric port 0-65535`},
 		{[]string{"--log-format", "xml"}, `--log-format "xml": want text or json`},

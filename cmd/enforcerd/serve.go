@@ -41,6 +41,7 @@ func runServe(cfg ServeConfig) error {
 	}
 	defer inherited.close()
 
+	daemon.SetHeapFloor(cfg.HeapFloorMiB << 20)
 	metrics := daemon.NewMetrics(version, commit)
 	d, err := daemon.Open(cfg.daemonConfig(), log, metrics)
 	if err != nil {

@@ -97,6 +97,7 @@ func serveDNSHelper(o helperOpts) error {
 		return err
 	}
 	defer fw.DeleteTable()
+	daemon.SetHeapFloor(daemon.DefaultHeapFloor) // as the daemon does by default
 	var events *daemon.EventLog
 	var sink dnsproxy.EventSink
 	if o.events != "" {

@@ -97,7 +97,7 @@ func quickConfig() config {
 		quick: true,
 		netN:  30, scaleHigh: 400, scaleProbes: 20, attests: 300, scaleBudget: 40 * time.Second,
 		iperfReps: 1, iperfDuration: 2 * time.Second, dpSessions: 4096,
-		dnsNames: 1000, dnsSat: 3 * time.Second, dnsLat: 3 * time.Second, dnsLatQPS: 2000, dnsReps: 1, dnsHigh: 4000, dnsPool: 16383,
+		dnsNames: 1000, dnsSat: 3 * time.Second, dnsLat: 3 * time.Second, dnsLatQPS: 2000, dnsReps: 1, dnsHigh: 4000,
 		runcN: 5, execN: 10,
 		apiN: 20, apiSandboxN: 3, apiConc: 40, peerConc: 20, churn: 40, memSessions: 100,
 		floodReps: 1, floodDuration: 2 * time.Second, floodLive: 10,
