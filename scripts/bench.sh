@@ -4,9 +4,9 @@
 # by side in the same run, inside network namespaces the program creates, and prints the
 # ratios: a table plus one `RESULT name=... k=v` line per figure (docs/benchmarks.md).
 #
-#   make bench                 full run (about 10-15 minutes on 2 cores)
+#   make bench                 full run (about 15-16 minutes on 2 cores)
 #   BENCH_QUICK=1 make bench   smoke run (about 2 minutes)
-#   BENCH_ONLY=dns,runc make bench    some figures only (net,datapath,dns,runc,daemon,droplog,cni,update,scale)
+#   BENCH_ONLY=dns,runc make bench    some figures only (net,datapath,dns,runc,daemon,droplog,cni,update,scale,pool)
 #
 # Needs ENFORCERD_BIN (the daemon binary) and ENFORCERD_ROOTFS (a busybox image from
 # scripts/mkrootfs.sh); the Makefile sets both. Results also go to .cache/bench/last.txt.

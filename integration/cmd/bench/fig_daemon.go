@@ -134,35 +134,12 @@ feed:
 // concurrent clients (sessions per second, against ptp ADD with 4
 // concurrent runners), reads the daemon's RSS before and after (memory per
 // 1000 live sessions), and deletes them with 4 clients.
-//
-// The daemon is warmed first by as many creates and deletes: a daemon that
-// has run a while has allocated past its heap floor (serve
-// --heap-floor-mib), so the garbage the floor lets accumulate is resident
-// already. A cold daemon's RSS grows once by up to the floor the first
-// time it allocates that much; the figure is per session, so that one-off
-// is kept out of it and reported beside it (rss_cold_kib).
 func (f *daemonFig) memoryAndRate(ctx context.Context) error {
 	n := f.cfg.memSessions
 	// nsenter execs the daemon, so the PID we started is the daemon's own.
 	if comm, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", f.d.PID())); err != nil || strings.TrimSpace(string(comm)) != "enforcerd" {
 		return fmt.Errorf("pid %d is not the enforcerd daemon (comm %q, %v)", f.d.PID(), comm, err)
 	}
-	cold, err := rssKiB(f.d.PID())
-	if err != nil {
-		return err
-	}
-	for _, op := range []func(int) error{
-		func(i int) error { _, err := f.c.createNet(ctx, fmt.Sprintf("h%d", i)); return err },
-		func(i int) error { _, err := f.c.delete(ctx, fmt.Sprintf("h%d", i)); return err },
-	} {
-		if _, err := parallel(ctx, n, op); err != nil {
-			return fmt.Errorf("warm the daemon's heap: %w", err)
-		}
-	}
-	// The kernel's teardown of those netns must not run beside what is
-	// timed next.
-	waitFor(30*time.Second, func() bool { l, err := countLinks(f.w, f.d.Prefix); return err != nil || l == 0 })
-	time.Sleep(time.Second)
 	before, err := rssKiB(f.d.PID())
 	if err != nil {
 		return err
@@ -180,11 +157,11 @@ func (f *daemonFig) memoryAndRate(ctx context.Context) error {
 		return err
 	}
 	perK := float64(after-before) / 1024 / float64(n) * 1000
-	logf("%d live sessions: daemon RSS %d (cold) -> %d (warmed by %d creates and deletes) -> %d KiB (%.2f MiB per 1000); created in %s (%.1f/s)",
-		n, cold, before, n, after, perK, took.Round(time.Millisecond), float64(n)/took.Seconds())
+	logf("%d live sessions: daemon RSS %d -> %d KiB (%.2f MiB per 1000); created in %s (%.1f/s)",
+		n, before, after, perK, took.Round(time.Millisecond), float64(n)/took.Seconds())
 	f.rep.Add(Result{Name: "api-memory-per-1000", Unit: "MiB", Ours: perK, Peer: nan(), Goal: AtMost, Target: 16, Abs: true,
 		Note:  memNote(n),
-		Extra: []string{fmt.Sprintf("live=%d", n), fmt.Sprintf("rss_cold_kib=%d", cold), fmt.Sprintf("rss_before_kib=%d", before), fmt.Sprintf("rss_after_kib=%d", after)}})
+		Extra: []string{fmt.Sprintf("live=%d", n), fmt.Sprintf("rss_before_kib=%d", before), fmt.Sprintf("rss_after_kib=%d", after)}})
 	createRate := float64(n) / took.Seconds()
 
 	dtook, err := parallel(ctx, n, func(i int) error {
