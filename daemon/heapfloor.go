@@ -9,8 +9,9 @@ import "sync"
 // Without it a daemon with few sessions has a live heap of a few MiB, and
 // the collector's goal (twice the live heap) is met after a few MiB of
 // allocation: under a DNS flood (each answer allocates a few KiB) it ran
-// tens of cycles a second, and the proxy answered 15-25 % fewer queries
-// than with the floor (docs/benchmarks.md, figure 4).
+// tens of cycles a second, and the proxy answered about 15 % fewer
+// queries than with the floor (docs/benchmarks.md, "What moved since the
+// 17:33 run").
 const DefaultHeapFloor = 32 << 20
 
 var (
