@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/netip"
 	"os/exec"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -66,7 +67,9 @@ func TestE2EHealthReflectsKernel(t *testing.T) {
 // TestE2EMetricsListenerBeforeReady: a metrics address
 // that cannot be had fails the start in one line (before: the daemon
 // started and only logged it later); a free one serves /healthz and
-// /readyz beside /metrics (control).
+// /readyz beside /metrics (control). The daemon's heap floor is in force
+// by default (the collector's next goal is at least twice 32 MiB) and
+// gone with --heap-floor-mib 0 (control).
 func TestE2EMetricsListenerBeforeReady(t *testing.T) {
 	e := prepareE2E(t, "")
 	taken, err := world.ListenTCP(e.w.HostPath, netip.MustParseAddrPort("127.0.0.1:0"))
@@ -102,4 +105,47 @@ func TestE2EMetricsListenerBeforeReady(t *testing.T) {
 			}
 		}
 	}
+	// The floor's allocation starts a cycle at once; the goal counts it
+	// when that cycle has ended.
+	var goal float64
+	for deadline := time.Now().Add(3 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		if goal = nextGCBytes(t, e.w.HostPath, addr); goal >= 2*32<<20 || time.Now().After(deadline) {
+			break
+		}
+	}
+	t.Logf("next GC goal with the default heap floor: %.0f bytes", goal)
+	if goal < 2*32<<20 {
+		t.Errorf("next GC goal %.0f bytes with the default heap floor, want at least %d", goal, 2*32<<20)
+	}
+	if err := e.d.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	e.d.Args = append(e.d.Args, "--heap-floor-mib", "0")
+	e.start()
+	goal = nextGCBytes(t, e.w.HostPath, addr)
+	t.Logf("next GC goal with --heap-floor-mib 0: %.0f bytes", goal)
+	if goal >= 32<<20 {
+		t.Errorf("next GC goal %.0f bytes with --heap-floor-mib 0, want under %d: the floor is still there", goal, 32<<20)
+	}
+}
+
+// nextGCBytes scrapes go_memstats_next_gc_bytes from the daemon's metrics
+// listener at addr, from the netns at hostPath.
+func nextGCBytes(t *testing.T, hostPath, addr string) float64 {
+	t.Helper()
+	body, err := world.HTTPGet(hostPath, "http://"+addr+"/metrics", 3*time.Second)
+	if err != nil {
+		t.Fatalf("GET /metrics: %v", err)
+	}
+	for _, line := range strings.Split(body, "\n") {
+		if v, ok := strings.CutPrefix(line, "go_memstats_next_gc_bytes "); ok {
+			f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+			if err != nil {
+				t.Fatalf("go_memstats_next_gc_bytes %q: %v", v, err)
+			}
+			return f
+		}
+	}
+	t.Fatalf("/metrics lacks go_memstats_next_gc_bytes")
+	return 0
 }
