@@ -285,8 +285,9 @@ type writeBatch struct {
 	s     *eventStore
 	order []string
 	lines map[string]*batchFile
-	enc   *json.Encoder
+	enc   *json.Encoder // for what appendEventJSON declines
 	buf   bytes.Buffer
+	line  []byte // appendEventJSON's reused buffer
 }
 
 type batchFile struct {
@@ -308,7 +309,10 @@ func (b *writeBatch) add(ev api.Event, keepOpen bool) {
 		return
 	}
 	b.buf.Reset()
-	if err := b.enc.Encode(ev); err != nil {
+	var ok bool
+	if b.line, ok = appendEventJSON(b.line[:0], &ev); ok {
+		b.buf.Write(b.line)
+	} else if err := b.enc.Encode(ev); err != nil {
 		b.s.failed(name, ev, err)
 		return
 	}

@@ -1,66 +1,68 @@
 package daemon
 
 import (
-	"os"
-	"os/exec"
 	"runtime"
-	"strconv"
-	"strings"
+	"runtime/debug"
 	"testing"
+	"time"
 )
 
-// TestHeapFloorCountedNotResident: the floor raises the heap the collector
-// counts by its size and leaves resident memory (VmRSS) where it was; 0
-// removes it. It runs in a fresh process, as at the daemon's start: memory
-// an earlier test's heap used would have to be zeroed, hence made resident.
-func TestHeapFloorCountedNotResident(t *testing.T) {
-	if os.Getenv("ENFORCERD_HEAPFLOOR_CHILD") == "" {
-		cmd := exec.Command(os.Args[0], "-test.run=^TestHeapFloorCountedNotResident$", "-test.count=1")
-		cmd.Env = append(os.Environ(), "ENFORCERD_HEAPFLOOR_CHILD=1")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			t.Fatalf("in a fresh process: %v\n%s", err, out)
+// TestHeapFloorRaisesTheGoal: with a floor the collector's next goal is
+// at least the floor above the live heap, cycle after cycle (the garbage
+// between them included); without it, about twice the live heap (control).
+func TestHeapFloorRaisesTheGoal(t *testing.T) {
+	const floor = 64 << 20
+	t.Cleanup(func() { SetHeapFloor(0) })
+	goal := func() (next, live uint64) {
+		var m runtime.MemStats
+		runtime.ReadMemStats(&m)
+		return m.NextGC, m.HeapAlloc
+	}
+	SetHeapFloor(floor)
+	for cycle := 0; cycle < 5; cycle++ {
+		var sink [][]byte
+		for i := 0; i < 200; i++ {
+			sink = append(sink, make([]byte, 64<<10))
 		}
-		return
-	}
-	const n = 256 << 20
-	runtime.GC()
-	rss0, heap0 := vmRSSKiB(t), heapAlloc()
-	SetHeapFloor(n)
-	rss1, heap1 := vmRSSKiB(t), heapAlloc()
-	if heap1-heap0 < n-(1<<20) { // less whatever else was freed meanwhile
-		t.Errorf("heap grew by %d bytes with a %d-byte floor: the collector does not count it", heap1-heap0, n)
-	}
-	if grew := rss1 - rss0; grew > 16<<10 {
-		t.Errorf("VmRSS grew by %d KiB with a %d MiB floor: the floor is resident", grew, n>>20)
+		runtime.KeepAlive(sink)
+		runtime.GC()
+		// The percent is re-tuned by a finalizer after the cycle.
+		var next, live uint64
+		for deadline := time.Now().Add(2 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+			if next, live = goal(); next >= live+floor*9/10 || time.Now().After(deadline) {
+				break
+			}
+		}
+		if next < live+floor*9/10 {
+			t.Fatalf("cycle %d: next goal %d bytes with a %d-byte floor and %d live", cycle, next, floor, live)
+		}
 	}
 	SetHeapFloor(0)
 	runtime.GC()
-	if heap2 := heapAlloc(); heap2 > heap1-n/2 {
-		t.Errorf("heap %d bytes after removing the floor (%d with it)", heap2, heap1)
+	if next, live := goal(); next >= live+floor/2 {
+		t.Errorf("next goal %d bytes after removing the floor (%d live)", next, live)
+	}
+	if p := debug.SetGCPercent(100); p != 100 {
+		t.Errorf("GC percent %d after removing the floor, want GOGC's 100", p)
 	}
 }
 
-func heapAlloc() int64 {
-	var m runtime.MemStats
-	runtime.ReadMemStats(&m)
-	return int64(m.HeapAlloc)
-}
-
-func vmRSSKiB(t *testing.T) int64 {
-	t.Helper()
-	b, err := os.ReadFile("/proc/self/status")
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if f := strings.Fields(line); len(f) >= 2 && f[0] == "VmRSS:" {
-			v, err := strconv.ParseInt(f[1], 10, 64)
-			if err != nil {
-				t.Fatal(err)
-			}
-			return v
+// TestFloorPercent: the percent puts the goal near live+floor, is capped
+// for tiny heaps (the runtime's minimum goal scales with it), and never
+// falls below GOGC's.
+func TestFloorPercent(t *testing.T) {
+	const mib = 1 << 20
+	for _, c := range []struct {
+		live, floor float64
+		base, want  int
+	}{
+		{8 * mib, 32 * mib, 100, 400},  // goal 8 + 32
+		{1 * mib, 32 * mib, 100, 825},  // capped: minimum goal 4 MiB * 8.25 = 33 MiB
+		{64 * mib, 32 * mib, 100, 100}, // large heap: GOGC's own
+		{16 * mib, 32 * mib, 300, 300},
+	} {
+		if got := floorPercent(c.live, c.floor, c.base); got != c.want {
+			t.Errorf("floorPercent(%v MiB live, %v MiB floor, base %d) = %d, want %d", c.live/mib, c.floor/mib, c.base, got, c.want)
 		}
 	}
-	t.Fatal("no VmRSS in /proc/self/status")
-	return 0
 }

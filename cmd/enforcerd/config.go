@@ -167,7 +167,7 @@ func defineServeFlags(fs *pflag.FlagSet) *serveFlags {
 	f.single[optMaxAttested] = fs.String(optMaxAttested, "", "per-session cap on live DNS-attested addresses `N` (default "+strconv.Itoa(defaultMaxAttest)+")")
 	f.single[optRetention] = fs.String(optRetention, "", "keep a removed session's events for `DURATION` (0: remove them with it; default "+defaultRetention+")")
 	f.single[optPreparedNetns] = fs.String(optPreparedNetns, "", "keep `N` session netns made ahead of demand, off the create path (0: none; default "+strconv.Itoa(nsmgr.DefaultPrepared)+")")
-	f.single[optHeapFloor] = fs.String(optHeapFloor, "", "let the Go heap reach `MIB` MiB before garbage collection starts: fewer collections under a DNS flood, for up to that much more resident memory (0: none; default "+strconv.Itoa(daemon.DefaultHeapFloor>>20)+")")
+	f.single[optHeapFloor] = fs.String(optHeapFloor, "", "let the Go heap gather `MIB` MiB of garbage before each collection: fewer collections under a DNS flood, for up to that much more resident memory (0: none; default "+strconv.Itoa(daemon.DefaultHeapFloor>>20)+")")
 	return f
 }
 
