@@ -15,7 +15,9 @@ package integration
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -52,7 +54,7 @@ func requireTool(t *testing.T, name, pkg string) string {
 	return ""
 }
 
-func newPodman(t *testing.T, hostNS, pluginDir, conflist string) *podman {
+func newPodman(t *testing.T, hostNS, pluginDir, network, conflist string) *podman {
 	t.Helper()
 	bin := requireTool(t, "podman", "podman")
 	requireTool(t, "nsenter", "util-linux")
@@ -72,6 +74,7 @@ func newPodman(t *testing.T, hostNS, pluginDir, conflist string) *podman {
 default_ulimits = ["nofile=1024:1024", "nproc=1024:1024"]
 
 [engine]
+runtime = "runc"
 cgroup_manager = "cgroupfs"
 events_logger = "file"
 events_logfile_path = %[1]q
@@ -81,12 +84,12 @@ tmp_dir = %[2]q
 network_backend = "cni"
 cni_plugin_dirs = [%[3]q]
 network_config_dir = %[4]q
-default_network = "enftest"
-`, filepath.Join(dir, "events.log"), filepath.Join(dir, "tmp"), pluginDir, filepath.Join(dir, "net")),
+default_network = %[5]q
+`, filepath.Join(dir, "events.log"), filepath.Join(dir, "tmp"), pluginDir, filepath.Join(dir, "net"), network),
 		"storage.conf": fmt.Sprintf("[storage]\ndriver = \"vfs\"\ngraphroot = %q\nrunroot = %q\n",
 			filepath.Join(dir, "root"), filepath.Join(dir, "run")),
-		"registries.conf":      "unqualified-search-registries = []\n",
-		"net/enftest.conflist": conflist,
+		"registries.conf":              "unqualified-search-registries = []\n",
+		"net/" + network + ".conflist": conflist,
 	}
 	for name, text := range files {
 		if err := os.WriteFile(filepath.Join(dir, name), []byte(text), 0o600); err != nil {
@@ -186,14 +189,14 @@ func machineResidue(t *testing.T) string {
 			fmt.Fprintf(&b, "link %s\n", strings.TrimSuffix(f[1], ":"))
 		}
 	}
-	for _, d := range []string{"/etc/cni/net.d", "/etc/containers", "/var/lib/containers", "/var/lib/cni", "/run/containers", "/run/libpod", "/run/netns"} {
+	for _, d := range []string{"/etc/cni/net.d", "/etc/containers", "/var/lib/containers", "/var/lib/cni", "/run/containers", "/run/libpod", "/run/netns", "/etc/netns"} {
 		ents, err := os.ReadDir(d)
 		if err != nil {
 			fmt.Fprintf(&b, "%s absent\n", d)
 			continue
 		}
 		for _, e := range ents {
-			if d == "/run/netns" && !strings.HasPrefix(e.Name(), "netns-") {
+			if (d == "/run/netns" || d == "/etc/netns") && !strings.HasPrefix(e.Name(), "netns-") {
 				continue // (not podman's: the world's and other tests' netns come and go)
 			}
 			fmt.Fprintf(&b, "%s/%s\n", d, e.Name())
@@ -202,21 +205,62 @@ func machineResidue(t *testing.T) string {
 	return b.String()
 }
 
+// readmeCNIExample is the network config the README's CNI section shows
+// (its first json block), as the README has it.
+func readmeCNIExample(t *testing.T) string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join("..", "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, section, ok := strings.Cut(string(b), "\n## Container runtimes: the CNI plugin")
+	if !ok {
+		t.Fatal("README.md has no section \"Container runtimes: the CNI plugin\"")
+	}
+	_, block, ok := strings.Cut(section, "\n```json\n")
+	if !ok {
+		t.Fatal("README.md's CNI section has no json block")
+	}
+	block, _, ok = strings.Cut(block, "\n```")
+	if !ok {
+		t.Fatal("README.md's CNI json block does not end")
+	}
+	return block
+}
+
 func TestE2ECNIPodman(t *testing.T) {
 	pluginDir := e2eCNIPlugin(t)
 	e := newE2E(t)
-	// (podman 4.3's libcni reads results up to CNI 1.0.0; the plugin
-	// answers in the version the network config asks for)
-	conflist := strings.Replace(cniConflist("enftest", e.d.Socket, `{"egress": "allowlist", "allow": ["api.e2e.test"]}`), `"1.1.0"`, `"1.0.0"`, 1)
+	// The README's network config, word for word but for the socket (the
+	// test's daemon listens in the test's directory): its cniVersion is
+	// one podman 4.3's libcni accepts, and its policy is what the
+	// container gets. The test world serves the README's names.
+	example := readmeCNIExample(t)
+	const readmeSocket = `"socket": "` + api.DefaultSocket + `"`
+	if strings.Count(example, readmeSocket) != 1 {
+		t.Fatalf("the README's CNI example does not name the default socket as %s:\n%s", readmeSocket, example)
+	}
+	conflist := strings.Replace(example, readmeSocket, fmt.Sprintf(`"socket": %q`, e.d.Socket), 1)
+	var conf struct {
+		CNIVersion string `json:"cniVersion"`
+		Name       string `json:"name"`
+	}
+	if err := json.Unmarshal([]byte(conflist), &conf); err != nil {
+		t.Fatalf("the README's CNI example: %v\n%s", err, example)
+	}
+	e.w.DNS.AddRR("api.example.com. 300 IN A 198.18.1.10")
+	e.w.DNS.AddRR("img.cdn.example.net. 300 IN A 198.18.2.10")
+	e2eServeTCPEcho(t, e.w.NetPath, netip.MustParseAddrPort("198.18.1.10:443"))
+
 	sharedNetnsDir(t, e.w.ID)
-	p := newPodman(t, e.w.HostPath, pluginDir, conflist)
+	p := newPodman(t, e.w.HostPath, pluginDir, conf.Name, conflist)
 	before := machineResidue(t)
 
 	image := "localhost/enftest-busybox:" + e.w.ID
 	p.importRootfs(e.rootfs, image)
-	id, err := p.run("run", "--detach", "--network", "enftest", "--name", "enftest-"+e.w.ID, image, "sleep", "120")
+	id, err := p.run("run", "--detach", "--network", conf.Name, "--name", "enftest-"+e.w.ID, image, "sleep", "120")
 	if err != nil {
-		t.Fatalf("podman run: %v\n%s", err, id)
+		t.Fatalf("podman run (the README's network config, cniVersion %s): %v\n%s", conf.CNIVersion, err, id)
 	}
 	if i := strings.LastIndexByte(id, '\n'); i >= 0 {
 		id = id[i+1:] // (the id is the last line; warnings come first)
@@ -227,7 +271,7 @@ func TestE2ECNIPodman(t *testing.T) {
 	if !ok {
 		t.Fatalf("no session carries podman's container %s: %v", id, e.list())
 	}
-	if !strings.HasPrefix(info.NetnsPath, "/run/netns/") || info.IfName != "eth0" || info.Labels["enforcerd.io/cni-network"] != "enftest" {
+	if !strings.HasPrefix(info.NetnsPath, "/run/netns/") || info.IfName != "eth0" || info.Labels["enforcerd.io/cni-network"] != conf.Name {
 		t.Errorf("session of the podman container: %+v", info)
 	}
 	if _, err := hostHandle(t, e.w).LinkByName(info.HostVeth); err != nil {
@@ -237,27 +281,53 @@ func TestE2ECNIPodman(t *testing.T) {
 	inside := func(script string) (string, error) {
 		return p.run("exec", "enftest-"+e.w.ID, "sh", "-c", script)
 	}
-	// Inside the container: its address, and podman's resolv.conf naming
-	// the anycast resolver from the CNI result.
-	out, err := inside("ip -4 -o addr show eth0; cat /etc/resolv.conf")
-	if err != nil || !strings.Contains(out, "inet "+info.GuestIP+"/30") || !strings.Contains(out, "nameserver "+e2eAnycastDNS.Addr().String()) {
-		t.Errorf("the container's eth0 and resolv.conf: %v\n%s", err, out)
+	// Inside the container: its address, and a resolv.conf that names the
+	// session's resolver (the anycast address) and nothing else: not the
+	// host's nameservers (which the sandbox cannot reach: every fallback
+	// query would time out), no search domain, no options.
+	out, err := inside("ip -4 -o addr show eth0")
+	if err != nil || !strings.Contains(out, "inet "+info.GuestIP+"/30") {
+		t.Errorf("the container's eth0: %v\n%s", err, out)
 	}
-	// Allowed: the policy's name, resolved through the daemon, and its
-	// address. (Debian's static busybox resolves with its own resolver in
+	resolv, err := inside("cat /etc/resolv.conf")
+	if err != nil {
+		t.Fatalf("the container's resolv.conf: %v\n%s", err, resolv)
+	}
+	var servers, other []string
+	for _, l := range strings.Split(resolv, "\n") {
+		f := strings.Fields(l)
+		switch {
+		case len(f) == 0 || strings.HasPrefix(f[0], "#"):
+		case f[0] == "nameserver" && len(f) == 2:
+			servers = append(servers, f[1])
+		default:
+			other = append(other, l)
+		}
+	}
+	if dns := e2eAnycastDNS.Addr().String(); len(servers) == 0 || slices.ContainsFunc(servers, func(s string) bool { return s != dns }) || len(other) > 0 {
+		t.Errorf("the container's resolv.conf names %v and %q, want only nameserver %s:\n%s", servers, other, dns, resolv)
+	}
+	// Allowed: the policy's names, resolved through the daemon, and their
+	// addresses: api.example.com on 443 only, any port of *.cdn.example.net.
+	// (Debian's static busybox resolves with its own resolver in
 	// nslookup; its wget, and nc given a name, crash in the static libc's
 	// getaddrinfo, so connections go to the address nslookup printed.)
-	out, err = inside("nslookup api.e2e.test")
-	if err != nil || !strings.Contains(out, "198.18.1.10") {
-		t.Errorf("nslookup api.e2e.test in the container: %v\n%s", err, out)
+	for name, addr := range map[string]string{"api.example.com": "198.18.1.10", "img.cdn.example.net": "198.18.2.10"} {
+		out, err = inside("nslookup " + name)
+		if err != nil || !strings.Contains(out, addr) {
+			t.Errorf("nslookup %s in the container: %v\n%s", name, err, out)
+		}
 	}
-	out, err = inside("echo enforcerd | nc -w 3 198.18.1.10 7")
-	if err != nil || out != "enforcerd" {
-		t.Errorf("allowed api.e2e.test (198.18.1.10:7) from the container: %v\n%s", err, out)
+	for _, dst := range []string{"198.18.1.10 443", "198.18.2.10 7"} {
+		out, err = inside("echo enforcerd | nc -w 3 " + dst)
+		if err != nil || out != "enforcerd" {
+			t.Errorf("allowed %s from the container: %v\n%s", dst, err, out)
+		}
 	}
-	// Blocked: another address of the same network, the metadata address,
-	// and a name the policy does not allow (the resolver refuses it).
-	for _, dst := range []string{"198.18.1.11 7", "169.254.169.254 80"} {
+	// Blocked: another port of the allowed address, another address of
+	// the same network, the metadata address, and a name the policy does
+	// not allow (the resolver refuses it).
+	for _, dst := range []string{"198.18.1.10 7", "198.18.1.11 7", "169.254.169.254 80"} {
 		out, err := inside("echo enforcerd | nc -w 2 " + dst)
 		if err == nil || !strings.Contains(out, "nc: timed out") {
 			t.Errorf("blocked %s from the container: %v (want a connect timeout)\n%s", dst, err, out)

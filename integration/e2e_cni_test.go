@@ -168,6 +168,13 @@ func TestE2ECNI(t *testing.T) {
 		t.Errorf("ADD result: eth0's mac %q, the kernel's %s", res.Interfaces[1].Mac, l.Attrs().HardwareAddr)
 	}
 	release()
+	// The netns's own resolv.conf (iproute2's /etc/netns/NAME, which
+	// podman reads instead of the host's) names only the session's
+	// resolver.
+	if b, err := os.ReadFile(netnsResolvConf(nsA)); err != nil || !strings.HasSuffix(string(b), "\nnameserver "+dnsAddr+"\n") ||
+		strings.Count(string(b), "nameserver") != 1 || strings.Contains(string(b), "search") {
+		t.Errorf("%s: %v\n%s", netnsResolvConf(nsA), err, b)
+	}
 
 	// DNS through the anycast address; the allowed name is reachable, an
 	// address it never resolved to and the metadata address are not.
@@ -269,6 +276,9 @@ func TestE2ECNI(t *testing.T) {
 		t.Errorf("a refused ADD left links in the netns: %v", names)
 	}
 	release()
+	if _, err := os.Stat(filepath.Dir(netnsResolvConf(nsBad))); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("a refused ADD left %s: %v", filepath.Dir(netnsResolvConf(nsBad)), err)
+	}
 
 	// GC: a session the runtime's cache does not know (its cache was lost)
 	// and that is not in the valid list goes; the valid one stays.
@@ -283,6 +293,9 @@ func TestE2ECNI(t *testing.T) {
 	}
 	if _, ok := e.sessionOf(rtC.ContainerID); ok {
 		t.Error("GC left the session of container c, which is not in the valid list")
+	}
+	if _, err := os.Stat(filepath.Dir(netnsResolvConf(nsC))); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("GC left %s: %v", filepath.Dir(netnsResolvConf(nsC)), err)
 	}
 	for _, id := range []string{rtA.ContainerID, rtB.ContainerID} {
 		if _, ok := e.sessionOf(id); !ok {
@@ -308,6 +321,9 @@ func TestE2ECNI(t *testing.T) {
 	if !isNetnsFile(nsA) {
 		t.Error("DEL removed the runtime's netns")
 	}
+	if _, err := os.Stat(filepath.Dir(netnsResolvConf(nsA))); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("DEL left %s: %v", filepath.Dir(netnsResolvConf(nsA)), err)
+	}
 	_, h, release = sessionHandle(t, nsA)
 	if names := linkNames(t, h); !slices.Equal(names, []string{"lo"}) {
 		t.Errorf("DEL left links in the container's netns: %v", names)
@@ -324,6 +340,9 @@ func TestE2ECNI(t *testing.T) {
 	if _, ok := e.sessionOf(rtB.ContainerID); ok {
 		t.Error("DEL after the netns is gone left the session")
 	}
+	if _, err := os.Stat(filepath.Dir(netnsResolvConf(nsB))); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("DEL after the netns is gone left %s: %v", filepath.Dir(netnsResolvConf(nsB)), err)
+	}
 
 	// STATUS fails when the daemon does not answer.
 	down := newCNIRuntime(t, pluginDir, cniConflist(network, filepath.Join(t.TempDir(), "none.sock"), `{}`))
@@ -331,6 +350,12 @@ func TestE2ECNI(t *testing.T) {
 	if err := down.status(); !errors.As(err, &ce) || ce.Code != types.ErrPluginNotAvailable {
 		t.Errorf("STATUS with no daemon = %#v, want code %d", err, types.ErrPluginNotAvailable)
 	}
+}
+
+// netnsResolvConf is the resolv.conf iproute2 and podman read for the
+// named netns at path.
+func netnsResolvConf(path string) string {
+	return filepath.Join("/etc/netns", filepath.Base(path), "resolv.conf")
 }
 
 func mustJSON(v any) string {

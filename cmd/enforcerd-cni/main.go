@@ -32,7 +32,7 @@ const callTimeout = 60 * time.Second
 func main() {
 	skel.PluginMainFuncs(skel.CNIFuncs{
 		Add: cmdAdd, Del: cmdDel, Check: cmdCheck, GC: cmdGC, Status: cmdStatus,
-	}, version.PluginSupports("0.4.0", "1.0.0", "1.1.0"), "enforcerd-cni "+pluginVersion)
+	}, supportedVersions, "enforcerd-cni "+pluginVersion)
 }
 
 func setup(args *skel.CmdArgs) (*netConf, *api.Client, context.Context, context.CancelFunc, error) {
@@ -62,7 +62,13 @@ func cmdAdd(args *skel.CmdArgs) error {
 	if err == nil && ci.MAC == nil {
 		err = fmt.Errorf("%s in netns %s has no ethernet address", args.IfName, args.Netns)
 	}
+	if err == nil {
+		err = writeNetnsResolvConf(etcNetns, args.Netns, info.Name, info.DNS)
+	}
 	if err != nil {
+		if rerr := removeNetnsResolvConf(etcNetns, args.Netns, info.Name); rerr != nil {
+			err = errors.Join(err, rerr)
+		}
 		// (the daemon made it a moment ago: undo, so a failed ADD leaves nothing)
 		if rerr := c.Remove(ctx, info.Name); rerr != nil && !errors.Is(rerr, api.ErrNotFound) {
 			err = errors.Join(err, rerr)
@@ -75,6 +81,13 @@ func cmdAdd(args *skel.CmdArgs) error {
 	}
 	return types.PrintResult(res, conf.CNIVersion)
 }
+
+// supportedVersions are the spec versions the plugin answers in: every
+// version the CNI library converts a 1.1.0 result to (version.All). CHECK
+// exists from 0.4.0, GC and STATUS from 1.1.0; the library refuses them
+// for older versions itself. Debian 12's podman 4.3 reads results up to
+// 1.0.0, containerd 2 up to 1.1.0.
+var supportedVersions = version.All
 
 // result is the CNI result of a session: the host veth and the container's
 // interface with its MAC (read in the netns: runtimes such as podman
@@ -123,6 +136,11 @@ func cmdDel(args *skel.CmdArgs) error {
 	name := sessionName(conf.Name, args.ContainerID, args.IfName)
 	info, err := c.Inspect(ctx, name)
 	if errors.Is(err, api.ErrNotFound) {
+		// (a DEL that the runtime repeats after the session went: the
+		// netns's resolv.conf may still be there)
+		if err := removeNetnsResolvConf(etcNetns, args.Netns, name); err != nil {
+			return types.NewError(types.ErrInternal, "del: "+err.Error(), "")
+		}
 		return nil
 	}
 	if err != nil {
@@ -133,6 +151,9 @@ func cmdDel(args *skel.CmdArgs) error {
 	}
 	if err := c.Remove(ctx, name); err != nil && !errors.Is(err, api.ErrNotFound) {
 		return daemonError(conf, "del", err)
+	}
+	if err := removeNetnsResolvConf(etcNetns, args.Netns, name); err != nil {
+		return types.NewError(types.ErrInternal, "del: "+err.Error(), "")
 	}
 	return nil
 }
@@ -233,17 +254,22 @@ func cmdGC(args *skel.CmdArgs) error {
 	if err != nil {
 		return daemonError(conf, "gc", err)
 	}
-	var errs []error
+	var errs, fileErrs []error
 	for _, s := range sessions {
 		if s.NetnsPath == "" || valid[types.GCAttachment{ContainerID: s.ContainerID, IfName: s.IfName}] {
 			continue
 		}
 		if err := c.Remove(ctx, s.Name); err != nil && !errors.Is(err, api.ErrNotFound) {
 			errs = append(errs, err)
+			continue
 		}
+		fileErrs = append(fileErrs, removeNetnsResolvConf(etcNetns, s.NetnsPath, s.Name))
 	}
 	if err := errors.Join(errs...); err != nil {
 		return daemonError(conf, "gc", err)
+	}
+	if err := errors.Join(fileErrs...); err != nil {
+		return types.NewError(types.ErrInternal, "gc: "+err.Error(), "")
 	}
 	return nil
 }
