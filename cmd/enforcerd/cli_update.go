@@ -80,9 +80,21 @@ with --locked refuses every update.`,
 		if asJSON {
 			return writeJSON(c.stdout, info)
 		}
-		fmt.Fprintf(c.stdout, "updated %s: policy generation %d, egress %s, allow %s\n",
-			info.Name, info.Policy.Generation, info.Egress, orDash(strings.Join(info.Policy.Allow, ",")))
+		fmt.Fprintln(c.stdout, updateSummary(info))
 		return nil
 	}
 	return cmd
+}
+
+// updateSummary is update's one line: the policy as it now is, every part
+// an update can change (lab peers only on a session that has them).
+func updateSummary(info api.SessionInfo) string {
+	p := info.Policy
+	s := fmt.Sprintf("updated %s: policy generation %d, egress %s, allow %s, deny %s, on-deny %s",
+		info.Name, p.Generation, info.Egress, orDash(strings.Join(p.Allow, ",")),
+		orDash(strings.Join(p.Deny, ",")), orDash(p.OnDeny))
+	if len(p.LabPeers) > 0 {
+		s += ", lab-peers " + strings.Join(p.LabPeers, ",")
+	}
+	return s
 }
