@@ -40,7 +40,7 @@ func TestE2EBadInputCLI(t *testing.T) {
 		{[]string{"session", "create", "x"}, 2, "enforcerd session create: missing --rootfs DIR or --network-only"},
 		{[]string{"session", "create", "x", "y", "--network-only"}, 2, `enforcerd session create: unexpected argument "y" after NAME "x"`},
 		{[]string{"session", "create", "x", "--network-only", "--rootfs", "/r"}, 2, `enforcerd session create: --rootfs "/r" and --network-only exclude each other`},
-		{[]string{"session", "create", "x", "--network-only", "--bogus"}, 2, "enforcerd session create: flag provided but not defined: --bogus"},
+		{[]string{"session", "create", "x", "--network-only", "--bogus"}, 2, "enforcerd session create: unknown flag: --bogus"},
 		{[]string{"session", "create", "x", "--network-only", "--allow"}, 2, "enforcerd session create: flag needs an argument: --allow"},
 		{[]string{"session", "create", "x", "--network-only", "--egress", "open"}, 2, `enforcerd session create: invalid value "open" for flag --egress: want none, allowlist, public`},
 		{[]string{"session", "create", "x", "--network-only", "--memory", "lots"}, 2, `enforcerd session create: invalid value "lots" for flag --memory: want a positive size such as 512M, 2G or 1048576`},

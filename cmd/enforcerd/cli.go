@@ -194,8 +194,9 @@ func unknownCommand(cmd *cobra.Command, name, what, typed, hint string) error {
 }
 
 // flagError turns pflag's parse errors into the contract's one-line usage
-// errors: "flag provided but not defined: --x", "flag needs an argument:
-// --x", `invalid value "v" for flag --x: what is accepted`.
+// errors: "unknown flag: --x (did you mean --y?)", "flag needs an
+// argument: --x", `invalid value "v" for flag --x: what is accepted`. It
+// is the root's, and cobra hands every command's flag errors to it.
 func flagError(cmd *cobra.Command, err error) error {
 	name := cmd.CommandPath()
 	var (
@@ -204,16 +205,23 @@ func flagError(cmd *cobra.Command, err error) error {
 	)
 	switch {
 	case errors.As(err, &notExist) && notExist.GetSpecifiedShortnames() != "":
-		msg := "flag provided but not defined: -" + notExist.GetSpecifiedName()
-		if len(notExist.GetSpecifiedShortnames()) > 1 {
-			msg += " (long options take two dashes, as in --json)"
+		typed := notExist.GetSpecifiedShortnames()
+		if len(typed) == 1 {
+			return usageErr(name, "unknown flag: -%s", typed)
 		}
-		return usageErr(name, "%s", msg)
+		if s := suggestFlag(cmd.Flags(), typed); s != "" {
+			return usageErr(name, "unknown flag: -%s (long options take two dashes: did you mean --%s?)", typed, s)
+		}
+		return usageErr(name, "unknown flag: -%s (long options take two dashes, as in --json)", typed)
 	case errors.As(err, &notExist):
+		typed := notExist.GetSpecifiedName()
 		if cmd.HasSubCommands() && cmd.HasParent() {
-			return usageErr(name, "flag --%s before the subcommand (flags go after it)", notExist.GetSpecifiedName())
+			return usageErr(name, "flag --%s before the subcommand (flags go after it)", typed)
 		}
-		return usageErr(name, "flag provided but not defined: --%s", notExist.GetSpecifiedName())
+		if s := suggestFlag(cmd.Flags(), typed); s != "" {
+			return usageErr(name, "unknown flag: --%s (did you mean --%s?)", typed, s)
+		}
+		return usageErr(name, "unknown flag: --%s", typed)
 	case errors.As(err, &invalid):
 		cause := errors.Unwrap(invalid)
 		var num *strconv.NumError
@@ -226,6 +234,50 @@ func flagError(cmd *cobra.Command, err error) error {
 		return usageErr(name, "invalid value %q for flag --%s: %v", invalid.GetValue(), invalid.GetFlag().Name, cause)
 	}
 	return usageErr(name, "%v", err)
+}
+
+// suggestFlag is the visible long flag of fs nearest to typed: at most two
+// edits away (case ignored), or one that typed begins or that begins with
+// typed (three letters at least); "" when none is. Ties go to the
+// alphabetically first name, so the hint never changes between runs.
+func suggestFlag(fs *pflag.FlagSet, typed string) string {
+	typed = strings.ToLower(typed)
+	best, bestDist := "", 3
+	fs.VisitAll(func(f *pflag.Flag) {
+		if f.Hidden || f.Deprecated != "" {
+			return
+		}
+		d := editDistance(typed, strings.ToLower(f.Name))
+		if d > 2 && len(typed) >= 3 && (strings.HasPrefix(f.Name, typed) || strings.HasPrefix(typed, f.Name)) {
+			d = 2
+		}
+		if d < bestDist || d == bestDist && best != "" && f.Name < best {
+			best, bestDist = f.Name, d
+		}
+	})
+	return best
+}
+
+// editDistance is the Levenshtein distance of a and b (bytes: flag names
+// are ASCII).
+func editDistance(a, b string) int {
+	prev := make([]int, len(b)+1)
+	cur := make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			sub := prev[j-1]
+			if a[i-1] != b[j-1] {
+				sub++
+			}
+			cur[j] = min(sub, prev[j]+1, cur[j-1]+1)
+		}
+		prev, cur = cur, prev
+	}
+	return prev[len(b)]
 }
 
 // noArgs is the check of a command that takes options only.

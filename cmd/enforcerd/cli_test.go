@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -15,6 +16,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 )
 
 // testCLI is a cli with buffers, an environment map and fake daemon entry
@@ -69,10 +71,10 @@ func TestCLIUsageErrors(t *testing.T) {
 	}{
 		{nil, "enforcerd: missing command (run 'enforcerd help')"},
 		{[]string{"bogus"}, `enforcerd: unknown command "bogus" (run 'enforcerd help')`},
-		{[]string{"--bogus"}, "enforcerd: flag provided but not defined: --bogus"},
+		{[]string{"--bogus"}, "enforcerd: unknown flag: --bogus"},
 		{[]string{"init"}, "enforcerd: init is internal to the sandbox runtime and must be the first argument"},
 		{[]string{"version", "x"}, `enforcerd version: unexpected argument "x"`},
-		{[]string{"serve", "--bogus"}, "enforcerd serve: flag provided but not defined: --bogus"},
+		{[]string{"serve", "--bogus"}, "enforcerd serve: unknown flag: --bogus"},
 		{[]string{"serve", "now"}, `enforcerd serve: unexpected argument "now" (serve takes options only)`},
 		{[]string{"serve", "--pool"}, "enforcerd serve: flag needs an argument: --pool"},
 		{[]string{"reap", "--name-prefix", "Enf"}, `enforcerd reap: --name-prefix: invalid prefix "Enf": character 'E' not allowed; want 1 to 6 characters of a-z and 0-9, starting with a letter`},
@@ -87,7 +89,7 @@ func TestCLIUsageErrors(t *testing.T) {
 		{[]string{"session", "create", "s1", "s2", "--network-only"}, `enforcerd session create: unexpected argument "s2" after NAME "s1"`},
 		{[]string{"session", "create", "s1", "--rootfs", "/r", "--network-only"}, `enforcerd session create: --rootfs "/r" and --network-only exclude each other`},
 		{[]string{"session", "create", "s1", "--rootfs="}, `enforcerd session create: invalid value "" for flag --rootfs: want a directory`},
-		{[]string{"session", "create", "s1", "--network-only", "--bogus"}, "enforcerd session create: flag provided but not defined: --bogus"},
+		{[]string{"session", "create", "s1", "--network-only", "--bogus"}, "enforcerd session create: unknown flag: --bogus"},
 		{[]string{"session", "create", "s1", "--network-only", "--allow"}, "enforcerd session create: flag needs an argument: --allow"},
 		{[]string{"session", "create", "s1", "--network-only", "--label", "novalue"}, `enforcerd session create: invalid value "novalue" for flag --label: want KEY=VALUE with a non-empty KEY`},
 		{[]string{"session", "create", "s1", "--network-only", "--label", "=v"}, `enforcerd session create: invalid value "=v" for flag --label: want KEY=VALUE with a non-empty KEY`},
@@ -109,7 +111,7 @@ func TestCLIUsageErrors(t *testing.T) {
 		{[]string{"session", "ls", "--label", "a=1", "--label", "b=2"}, `enforcerd session ls: invalid value "b=2" for flag --label: given twice; only one KEY=VALUE filter is accepted`},
 		{[]string{"session", "inspect"}, "enforcerd session inspect: missing session NAME"},
 		{[]string{"session", "inspect", "a", "b"}, `enforcerd session inspect: unexpected argument "b" after NAME "a"`},
-		{[]string{"session", "inspect", "a", "--bogus"}, "enforcerd session inspect: flag provided but not defined: --bogus"},
+		{[]string{"session", "inspect", "a", "--bogus"}, "enforcerd session inspect: unknown flag: --bogus"},
 		{[]string{"session", "rm"}, "enforcerd session rm: missing session NAME or --label KEY=VALUE"},
 		{[]string{"session", "rm", "a", "--label", "k=v"}, `enforcerd session rm: NAME "a" and --label exclude each other`},
 		{[]string{"session", "rm", "--label", "k"}, `enforcerd session rm: invalid value "k" for flag --label: want KEY=VALUE with a non-empty KEY`},
@@ -121,10 +123,17 @@ func TestCLIUsageErrors(t *testing.T) {
 		{[]string{"session", "craete", "s1"}, `enforcerd session: unknown subcommand "craete"; did you mean "create"?`},
 		{[]string{"help", "sesion"}, `enforcerd help: unknown command "sesion"; did you mean "session"?`},
 		{[]string{"help", "session", "bogus"}, `enforcerd help: unknown subcommand of enforcerd session "bogus"; did you mean "logs"?`},
+		// A mistyped flag gets the nearest one suggested.
+		{[]string{"session", "update", "s1", "--alow", "a.test"}, "enforcerd session update: unknown flag: --alow (did you mean --allow?)"},
+		{[]string{"session", "create", "s1", "--network-only", "--alow=a.test"}, "enforcerd session create: unknown flag: --alow (did you mean --allow?)"},
+		{[]string{"session", "ls", "--lable", "a=1"}, "enforcerd session ls: unknown flag: --lable (did you mean --label?)"},
+		{[]string{"--sockt", "/x", "session", "ls"}, "enforcerd session ls: unknown flag: --sockt (did you mean --socket?)"},
+		{[]string{"session", "ls", "--sock", "/x"}, "enforcerd session ls: unknown flag: --sock (did you mean --socket?)"},
 		// Long options take two dashes; a single dash is a shorthand.
-		{[]string{"session", "ls", "-json"}, "enforcerd session ls: flag provided but not defined: -j (long options take two dashes, as in --json)"},
-		{[]string{"session", "exec", "s1", "-x", "--", "ls"}, "enforcerd session exec: flag provided but not defined: -x"},
-		{[]string{"session", "exec", "s1", "--bogus", "--", "ls"}, "enforcerd session exec: flag provided but not defined: --bogus"},
+		{[]string{"session", "ls", "-json"}, "enforcerd session ls: unknown flag: -json (long options take two dashes: did you mean --json?)"},
+		{[]string{"session", "ls", "-qqqq"}, "enforcerd session ls: unknown flag: -qqqq (long options take two dashes, as in --json)"},
+		{[]string{"session", "exec", "s1", "-x", "--", "ls"}, "enforcerd session exec: unknown flag: -x"},
+		{[]string{"session", "exec", "s1", "--bogus", "--", "ls"}, "enforcerd session exec: unknown flag: --bogus"},
 		{[]string{"version", "--json=no"}, `enforcerd version: invalid value "no" for flag --json: want true or false`},
 		{[]string{"completion"}, "enforcerd completion: missing shell (bash, zsh or fish)"},
 		{[]string{"completion", "tcsh"}, `enforcerd completion: unknown shell "tcsh" (bash, zsh or fish)`},
@@ -149,6 +158,40 @@ func TestCLIUsageErrors(t *testing.T) {
 				t.Errorf("daemon entry point called")
 			}
 		})
+	}
+}
+
+// TestCLIFlagSuggestions: on every command, every visible flag mistyped
+// (its second letter dropped) is a usage error, exit 2, whose one line
+// names what was typed and suggests the flag.
+func TestCLIFlagSuggestions(t *testing.T) {
+	root := newTestCLI(t).rootCommand()
+	n := 0
+	for _, cmd := range allCommands(root) {
+		if cmd.HasSubCommands() && cmd.HasParent() {
+			continue // (flags go after the subcommand; see TestCLIUsageErrors)
+		}
+		path := strings.Fields(cmd.CommandPath())[1:]
+		cmd.Flags().VisitAll(func(f *pflag.Flag) {
+			if f.Hidden || len(f.Name) < 3 {
+				return
+			}
+			typo := f.Name[:1] + f.Name[2:]
+			if cmd.Flags().Lookup(typo) != nil {
+				return
+			}
+			c := newTestCLI(t)
+			c.env["ENFORCERD_SOCKET"] = filepath.Join(t.TempDir(), "nobody.sock")
+			args := append(append([]string{}, path...), "--"+typo+"=x")
+			want := fmt.Sprintf("%s: unknown flag: --%s (did you mean --%s?)\n", cmd.CommandPath(), typo, f.Name)
+			if code := c.run(args...); code != exitUsage || c.errOut.String() != want {
+				t.Errorf("enforcerd %s: exit %d, stderr %q; want 2 and %q", strings.Join(args, " "), code, c.errOut.String(), want)
+			}
+			n++
+		})
+	}
+	if n < 50 {
+		t.Errorf("only %d flags tried", n)
 	}
 }
 
