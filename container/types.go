@@ -7,6 +7,7 @@ import (
 	"math"
 	"net/netip"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"time"
@@ -193,7 +194,8 @@ func cpuQuota(cpus float64) (int64, error) {
 	}
 	q := math.Round(cpus * CPUPeriod)
 	if math.IsNaN(cpus) || math.IsInf(cpus, 0) || q < minCPUQuota || q > math.MaxInt32 {
-		return 0, fmt.Errorf("cpu limit %v: give at least 0.01 CPUs (or 0 for the default %v)", cpus, DefaultCPUs)
+		// (validateSpec refused it already, with CheckResources' text)
+		return 0, fmt.Errorf("cpus %v: %s", cpus, CPUsWant(runtime.NumCPU()))
 	}
 	return int64(q), nil
 }

@@ -52,9 +52,9 @@ func TestValidateRequestSandboxResources(t *testing.T) {
 		req  api.CreateRequest
 		want string
 	}{
-		{api.CreateRequest{MemoryBytes: 1 << 20}, "memory 1048576 bytes: want at least 4 MiB (4194304 bytes), or 0 for the default 512 MiB"},
-		{api.CreateRequest{Pids: 2}, "pids 2: want at least 4, or 0 for the default 1024"},
-		{api.CreateRequest{CPUs: 1e6}, fmt.Sprintf("cpus 1e+06: want 0.01 to %d (the CPUs of this machine), or 0 for the default 1", runtime.NumCPU())},
+		{api.CreateRequest{MemoryBytes: 1 << 20}, "memory 1048576 bytes: want at least 4 MiB (4194304 bytes); leave it out for the default 512 MiB"},
+		{api.CreateRequest{Pids: 2}, "pids 2: want at least 4; leave it out for the default 1024"},
+		{api.CreateRequest{CPUs: 1e6}, fmt.Sprintf("cpus 1e+06: want 0.01 to %d (the CPUs of this machine); leave it out for the default 1", runtime.NumCPU())},
 	} {
 		req := tc.req
 		req.Name, req.Rootfs = "s1", img

@@ -43,7 +43,7 @@ func TestE2EBadInputCLI(t *testing.T) {
 		{[]string{"session", "create", "x", "--network-only", "--bogus"}, 2, "enforcerd session create: unknown flag: --bogus"},
 		{[]string{"session", "create", "x", "--network-only", "--allow"}, 2, "enforcerd session create: flag needs an argument: --allow"},
 		{[]string{"session", "create", "x", "--network-only", "--egress", "open"}, 2, `enforcerd session create: invalid value "open" for flag --egress: want none, allowlist, public`},
-		{[]string{"session", "create", "x", "--network-only", "--memory", "lots"}, 2, `enforcerd session create: invalid value "lots" for flag --memory: want a positive size such as 512M, 2G or 1048576`},
+		{[]string{"session", "create", "x", "--network-only", "--memory", "lots"}, 2, `enforcerd session create: invalid value "lots" for flag --memory: want a size such as 512M, 2G or 1048576`},
 		{[]string{"session", "create", "x", "--network-only", "--pids", "0"}, 2, `enforcerd session create: invalid value "0" for flag --pids: want a positive number`},
 		{[]string{"session", "create", "x", "--network-only", "--label", "novalue"}, 2, `enforcerd session create: invalid value "novalue" for flag --label: want KEY=VALUE with a non-empty KEY`},
 		{[]string{"session", "create", "x", "--network-only", "--label", "k=1", "--label", "k=2"}, 2, `enforcerd session create: invalid value "k=2" for flag --label: key "k" given twice`},
@@ -140,8 +140,8 @@ func TestE2EBadInputAPI(t *testing.T) {
 		{"POST", "/v1/sessions", `{"name": "x", "network_only": true, "egress": "public"}`, 503, ""},
 		// A limit the container layer refuses is a 400 before any network
 		// is built (the pool is full: building one first would give 503).
-		{"POST", "/v1/sessions", `{"name": "x", "rootfs": "` + e.rootfs + `", "memory_bytes": 1048576}`, 400, "memory 1048576 bytes: want at least 4 MiB (4194304 bytes), or 0 for the default 512 MiB"},
-		{"POST", "/v1/sessions", `{"name": "x", "rootfs": "` + e.rootfs + `", "pids": 2}`, 400, "pids 2: want at least 4, or 0 for the default 1024"},
+		{"POST", "/v1/sessions", `{"name": "x", "rootfs": "` + e.rootfs + `", "memory_bytes": 1048576}`, 400, "memory 1048576 bytes: want at least 4 MiB (4194304 bytes); leave it out for the default 512 MiB"},
+		{"POST", "/v1/sessions", `{"name": "x", "rootfs": "` + e.rootfs + `", "pids": 2}`, 400, "pids 2: want at least 4; leave it out for the default 1024"},
 		{"GET", "/v1/sessions/nosuch", ``, 404, `session "nosuch": unknown session`},
 		{"DELETE", "/v1/sessions/nosuch", ``, 404, `session "nosuch": unknown session`},
 		{"GET", "/v1/sessions/nosuch/events", ``, 404, `session "nosuch": unknown session`},

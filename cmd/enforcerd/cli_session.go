@@ -8,6 +8,7 @@ import (
 	"io"
 	"math"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -18,6 +19,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/enforcerd/enforcerd/api"
+	"github.com/enforcerd/enforcerd/container"
 )
 
 // sessionSubcommands names the subcommands in the errors of "enforcerd session".
@@ -153,8 +155,9 @@ func (d *durationFlag) Set(v string) error {
 	return nil
 }
 
-// cpusFlag is a positive, finite number of CPUs such as 0.5 or 2 (the
-// daemon checks it against its machine's CPU count).
+// cpusFlag is a number of CPUs such as 0.5 or 2: container's rule and
+// text (CPUsWant). The upper bound is the daemon's machine's CPU count, so
+// the daemon judges it; the text names this machine's, where the CLI runs.
 type cpusFlag float64
 
 func (c *cpusFlag) Type() string { return "N" }
@@ -168,14 +171,14 @@ func (c *cpusFlag) String() string {
 
 func (c *cpusFlag) Set(v string) error {
 	f, err := strconv.ParseFloat(v, 64)
-	if err != nil || math.IsNaN(f) || math.IsInf(f, 0) || f <= 0 {
-		return errors.New("want a positive number of CPUs such as 0.5 or 2")
+	if err != nil || !container.CPUsInRange(f, math.MaxInt32) {
+		return errors.New(container.CPUsWant(runtime.NumCPU()))
 	}
 	*c = cpusFlag(f)
 	return nil
 }
 
-// positiveFlag is a whole number of at least 1 (--pids).
+// positiveFlag is a whole number of at least 1 (--generation).
 type positiveFlag int64
 
 func (p *positiveFlag) Type() string { return "N" }
@@ -196,7 +199,30 @@ func (p *positiveFlag) Set(v string) error {
 	return nil
 }
 
-// sizeFlag is a byte size such as 512M or 2G (binary multiples).
+// pidsFlag is a process limit: container's rule and text (PidsWant).
+type pidsFlag int64
+
+func (p *pidsFlag) Type() string { return "N" }
+
+func (p *pidsFlag) String() string {
+	if p == nil || *p == 0 {
+		return ""
+	}
+	return strconv.FormatInt(int64(*p), 10)
+}
+
+func (p *pidsFlag) Set(v string) error {
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err != nil || n < container.MinPidsMax {
+		return errors.New(container.PidsWant())
+	}
+	*p = pidsFlag(n)
+	return nil
+}
+
+// sizeFlag is --memory: a byte size such as 512M or 2G (binary
+// multiples), at least container.MinMemoryBytes, with container's text
+// (MemoryWant).
 type sizeFlag struct{ bytes int64 }
 
 func (s *sizeFlag) Type() string { return "SIZE" }
@@ -213,22 +239,25 @@ func (s *sizeFlag) Set(v string) error {
 	if err != nil {
 		return err
 	}
+	if n < container.MinMemoryBytes {
+		return errors.New(container.MemoryWant())
+	}
 	s.bytes = n
 	return nil
 }
 
-// parseSize parses a positive whole byte count with an optional k, m, g, t
+// parseSize parses a whole byte count with an optional k, m, g, t
 // or p suffix in binary multiples, as docker's --memory does ("512M",
 // "512MiB", "512mb" and "524288k" are the same size). Fractions are refused:
 // a size is a whole number of its unit.
 func parseSize(v string) (int64, error) {
-	bad := errors.New("want a positive size such as 512M, 2G or 1048576")
+	bad := errors.New("want a size such as 512M, 2G or 1048576")
 	if strings.Contains(v, ".") {
 		return 0, bad
 	}
 	n, err := units.RAMInBytes(strings.TrimSpace(v))
 	// Beyond 2^62 bytes the float inside RAMInBytes has overflowed.
-	if err != nil || n <= 0 || n > 1<<62 {
+	if err != nil || n < 0 || n > 1<<62 {
 		return 0, bad
 	}
 	return n, nil
@@ -244,7 +273,7 @@ func (c *cli) sessionCreate(glob *globalOpts) *cobra.Command {
 		labels       kvFlag
 		memory       sizeFlag
 		cpus         cpusFlag
-		pids         positiveFlag
+		pids         pidsFlag
 		asJSON       bool
 		egress       = enumFlag{allowed: []string{"none", "allowlist", "public"}}
 	)
@@ -653,6 +682,7 @@ var (
 	_ pflag.Value = (*durationFlag)(nil)
 	_ pflag.Value = (*cpusFlag)(nil)
 	_ pflag.Value = (*positiveFlag)(nil)
+	_ pflag.Value = (*pidsFlag)(nil)
 	_ pflag.Value = (*sizeFlag)(nil)
 )
 

@@ -17,6 +17,8 @@ import (
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
+
+	"github.com/enforcerd/enforcerd/container"
 )
 
 // testCLI is a cli with buffers, an environment map and fake daemon entry
@@ -94,10 +96,15 @@ func TestCLIUsageErrors(t *testing.T) {
 		{[]string{"session", "create", "s1", "--network-only", "--label", "novalue"}, `enforcerd session create: invalid value "novalue" for flag --label: want KEY=VALUE with a non-empty KEY`},
 		{[]string{"session", "create", "s1", "--network-only", "--label", "=v"}, `enforcerd session create: invalid value "=v" for flag --label: want KEY=VALUE with a non-empty KEY`},
 		{[]string{"session", "create", "s1", "--network-only", "--label", "a=1", "--label", "a=2"}, `enforcerd session create: invalid value "a=2" for flag --label: key "a" given twice`},
-		{[]string{"session", "create", "s1", "--network-only", "--memory", "12X"}, `enforcerd session create: invalid value "12X" for flag --memory: want a positive size such as 512M, 2G or 1048576`},
-		{[]string{"session", "create", "s1", "--network-only", "--memory", "0"}, `enforcerd session create: invalid value "0" for flag --memory: want a positive size such as 512M, 2G or 1048576`},
-		{[]string{"session", "create", "s1", "--network-only", "--pids", "many"}, `enforcerd session create: invalid value "many" for flag --pids: want a positive number`},
-		{[]string{"session", "create", "s1", "--network-only", "--pids", "0"}, `enforcerd session create: invalid value "0" for flag --pids: want a positive number`},
+		{[]string{"session", "create", "s1", "--network-only", "--memory", "12X"}, `enforcerd session create: invalid value "12X" for flag --memory: want a size such as 512M, 2G or 1048576`},
+		{[]string{"session", "create", "s1", "--network-only", "--memory", "0"}, `enforcerd session create: invalid value "0" for flag --memory: want at least 4 MiB (4194304 bytes); leave it out for the default 512 MiB`},
+		{[]string{"session", "create", "s1", "--network-only", "--pids", "many"}, `enforcerd session create: invalid value "many" for flag --pids: want at least 4; leave it out for the default 1024`},
+		{[]string{"session", "create", "s1", "--network-only", "--pids", "0"}, `enforcerd session create: invalid value "0" for flag --pids: want at least 4; leave it out for the default 1024`},
+		{[]string{"session", "create", "s1", "--rootfs", "/r", "--cpus", "0"}, `enforcerd session create: invalid value "0" for flag --cpus: ` + cpusWant},
+		{[]string{"session", "create", "s1", "--rootfs", "/r", "--cpus", "0.001"}, `enforcerd session create: invalid value "0.001" for flag --cpus: ` + cpusWant},
+		{[]string{"session", "create", "s1", "--rootfs", "/r", "--cpus", "-1"}, `enforcerd session create: invalid value "-1" for flag --cpus: ` + cpusWant},
+		{[]string{"session", "create", "s1", "--rootfs", "/r", "--cpus", "half"}, `enforcerd session create: invalid value "half" for flag --cpus: ` + cpusWant},
+		{[]string{"session", "create", "s1", "--rootfs", "/r", "--cpus", "NaN"}, `enforcerd session create: invalid value "NaN" for flag --cpus: ` + cpusWant},
 		{[]string{"session", "create", "s1", "--network-only", "--egress", "open"}, `enforcerd session create: invalid value "open" for flag --egress: want none, allowlist, public`},
 		{[]string{"session", "create", "s1", "--network-only", "--json=maybe"}, `enforcerd session create: invalid value "maybe" for flag --json: want true or false`},
 		{[]string{"session", "exec"}, "enforcerd session exec: missing session NAME"},
@@ -158,6 +165,34 @@ func TestCLIUsageErrors(t *testing.T) {
 				t.Errorf("daemon entry point called")
 			}
 		})
+	}
+}
+
+// cpusWant is what --cpus accepts, in container's words (the daemon says
+// the same for the API's cpus field).
+var cpusWant = fmt.Sprintf("want 0.01 to %d (the CPUs of this machine); leave it out for the default 1", runtime.NumCPU())
+
+// TestCLILimitsSayWhatTheDaemonSays: a limit the command line refuses is
+// refused with the daemon's own text for that limit (container's one
+// rule), after the CLI's own prefix: no layer says 0 is the default while
+// another says it must be positive.
+func TestCLILimitsSayWhatTheDaemonSays(t *testing.T) {
+	for _, c := range []struct {
+		flag, value string
+		daemon      error // the daemon's refusal of the same value
+	}{
+		{"--cpus", "0.001", container.CheckResources(0, 0, 0.001)},
+		{"--pids", "2", container.CheckResources(0, 2, 0)},
+		{"--memory", "1M", container.CheckResources(1<<20, 0, 0)},
+	} {
+		tc := newTestCLI(t)
+		tc.env["ENFORCERD_SOCKET"] = filepath.Join(t.TempDir(), "nobody.sock")
+		code := tc.run("session", "create", "s1", "--rootfs", "/r", c.flag, c.value)
+		_, want, _ := strings.Cut(c.daemon.Error(), ": ")
+		got := tc.errOut.String()
+		if code != exitUsage || !strings.HasSuffix(got, "for flag "+c.flag+": "+want+"\n") {
+			t.Errorf("%s %s: exit %d, stderr %q; want 2 and the daemon's text %q", c.flag, c.value, code, got, want)
+		}
 	}
 }
 
@@ -387,6 +422,7 @@ func TestParseSize(t *testing.T) {
 	ok := map[string]int64{
 		"1": 1, "512M": 512 << 20, "512m": 512 << 20, "512MiB": 512 << 20, "512MB": 512 << 20,
 		"2G": 2 << 30, "2g": 2 << 30, "64k": 64 << 10, "1T": 1 << 40, "1048576": 1 << 20, "100b": 100,
+		"0": 0, // (--memory refuses it with the limit's own text)
 	}
 	for in, want := range ok {
 		got, err := parseSize(in)
@@ -394,7 +430,7 @@ func TestParseSize(t *testing.T) {
 			t.Errorf("parseSize(%q) = %d, %v; want %d", in, got, err, want)
 		}
 	}
-	for _, in := range []string{"", "M", "0", "-1", "1.5G", "12X", "99999999999T"} {
+	for _, in := range []string{"", "M", "-1", "1.5G", "12X", "99999999999T"} {
 		if _, err := parseSize(in); err == nil {
 			t.Errorf("parseSize(%q): no error", in)
 		}
