@@ -194,6 +194,19 @@ func TestE2ECNI(t *testing.T) {
 		t.Errorf("docs.e2e.test resolved for container a: %v", m)
 	}
 
+	// session ls: the table leaves out the attachment labels (a 64
+	// character container ID, the netns path), which inspect and --json
+	// show; the session's line stays short.
+	out, errOut, code := e.run("session", "ls")
+	if code != 0 {
+		t.Fatalf("session ls: exit %d: %s", code, errOut)
+	}
+	for _, l := range strings.Split(strings.TrimSpace(out), "\n") {
+		if strings.HasPrefix(l, info.Name+" ") && (!strings.Contains(l, " enforcerd.io/cni-network="+network+" ") || len(l) > 120) {
+			t.Errorf("session ls line of the CNI session (%d characters):\n%s", len(l), l)
+		}
+	}
+
 	// CHECK: the session is as ADD returned it, and so is the container's
 	// netns: an interface taken down fails CHECK (and loses its route), one
 	// brought back with its route passes again.

@@ -8,11 +8,13 @@ import (
 	"io"
 	"math"
 	"path/filepath"
+	"sort"
 	"runtime"
 	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode/utf8"
 
 	units "github.com/docker/go-units"
 	"github.com/spf13/cobra"
@@ -526,12 +528,67 @@ func (c *cli) sessionList(glob *globalOpts) *cobra.Command {
 		fmt.Fprintln(tw, "NAME\tEGRESS\tGUEST IP\tSANDBOX\tATTESTED\tDROPPED\tLABELS\tAGE")
 		for _, s := range list {
 			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\n", s.Name, s.Egress, orDash(s.GuestIP),
-				yesNo(s.Sandbox), len(s.Attested), s.Counters.DroppedPackets, orDash(sortedKV(s.Labels)),
+				yesNo(s.Sandbox), len(s.Attested), s.Counters.DroppedPackets, orDash(labelsCell(s.Labels)),
 				age(c.now(), s.Created))
 		}
 		return tw.Flush()
 	}
 	return cmd
+}
+
+// labelsCellWidth bounds the LABELS column of session ls, in characters.
+const labelsCellWidth = 40
+
+// attachmentLabels are the labels the daemon puts on an attached (CNI)
+// session: they repeat its container_id, netns_path and ifname, and a
+// container ID alone is 64 characters. The table leaves them out; --json
+// and inspect show every label.
+var attachmentLabels = map[string]bool{api.LabelContainerID: true, api.LabelNetns: true, api.LabelIfName: true}
+
+// labelsCell is a session's labels as the ls table shows them: KEY=VALUE
+// in key order without the attachment labels, as many as fit in
+// labelsCellWidth characters, then ",+N" for the N left out; a first
+// label too long to fit alone is cut with an ellipsis.
+func labelsCell(labels map[string]string) string {
+	keys := make([]string, 0, len(labels))
+	for k := range labels {
+		if !attachmentLabels[k] {
+			keys = append(keys, k)
+		}
+	}
+	sort.Strings(keys)
+	var b strings.Builder
+	for i, k := range keys {
+		pair := k + "=" + labels[k]
+		more := ""
+		if rest := len(keys) - i - 1; rest > 0 {
+			more = fmt.Sprintf(",+%d", rest) // (what must still fit if this is the last shown)
+		}
+		sep := ""
+		if b.Len() > 0 {
+			sep = ","
+		}
+		switch {
+		case utf8.RuneCountInString(b.String()+sep+pair+more) <= labelsCellWidth:
+			b.WriteString(sep + pair)
+		case b.Len() == 0:
+			// (not even the first fits: cut it, leaving room for the count)
+			room := labelsCellWidth - len(fmt.Sprintf(",+%d", len(keys)-1)) - 1
+			if len(keys) == 1 {
+				room = labelsCellWidth - 1
+			}
+			r := []rune(pair)
+			b.WriteString(string(r[:min(len(r), room)]) + "…")
+			if len(keys) > 1 {
+				fmt.Fprintf(&b, ",+%d", len(keys)-1)
+			}
+			return b.String()
+		default:
+			fmt.Fprintf(&b, ",+%d", len(keys)-i)
+			return b.String()
+		}
+	}
+	return b.String()
 }
 
 // ---- inspect --------------------------------------------------------------

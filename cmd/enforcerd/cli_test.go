@@ -500,3 +500,39 @@ func TestCLINetworkOnlyRefusesSandboxFlags(t *testing.T) {
 		t.Errorf("--net-raw=false --writable=false refused: %q", c.errOut.String())
 	}
 }
+
+// TestLabelsCell: the ls table's LABELS stays within its width whatever
+// the labels: the attachment labels a CNI session carries are left out,
+// what does not fit is counted, and a single long label is cut.
+func TestLabelsCell(t *testing.T) {
+	cni := map[string]string{
+		"enforcerd.io/cni-network":  "enftest",
+		"enforcerd.io/container-id": strings.Repeat("9fd7df28", 8),
+		"enforcerd.io/netns":        "/run/netns/netns-57e05fa9-1a54-50da-03a0-692089827914",
+		"enforcerd.io/ifname":       "eth0",
+	}
+	withPod := map[string]string{"k8s.pod": "web-1", "team": "payments", "a": "1", "b": "2", "c": "3", "d": "4", "e": "5"}
+	for k, v := range cni {
+		withPod[k] = v
+	}
+	for _, c := range []struct {
+		labels map[string]string
+		want   string
+	}{
+		{nil, ""},
+		{map[string]string{"owner": "me", "run": "7"}, "owner=me,run=7"},
+		{cni, "enforcerd.io/cni-network=enftest"},
+		{withPod, "a=1,b=2,c=3,d=4,e=5,+3"},
+		{map[string]string{"k8s.pod": "web-1", "note": strings.Repeat("x", 60)}, "k8s.pod=web-1,+1"},
+		{map[string]string{"note": strings.Repeat("x", 60)}, "note=" + strings.Repeat("x", 34) + "…"},
+		{map[string]string{"note": strings.Repeat("x", 60), "z": "1"}, "note=" + strings.Repeat("x", 31) + "…,+1"},
+	} {
+		got := labelsCell(c.labels)
+		if got != c.want {
+			t.Errorf("labelsCell(%v) = %q, want %q", c.labels, got, c.want)
+		}
+		if n := len([]rune(got)); n > labelsCellWidth {
+			t.Errorf("labelsCell(%v) is %d characters, more than %d", c.labels, n, labelsCellWidth)
+		}
+	}
+}
