@@ -43,20 +43,25 @@ func (c *cli) attachExec(glob *globalOpts, name, session, id string) error {
 const execStatusLong = `Print an exec of the session as JSON: its ID, args, state (running or
 exited), exit status and error line once exited, start and end times, and
 how much output it recorded. Without ID: every exec of the session, oldest
-first, as a JSON array. Execs are kept until their session is removed.`
+first, as a JSON array. Execs are kept until their session is removed. The
+output is always JSON; --json is accepted as on the other commands.`
 
 func (c *cli) sessionExecStatus(glob *globalOpts) *cobra.Command {
 	cmd := &cobra.Command{
-		Use:               "exec-status NAME [ID]",
+		Use:               "exec-status NAME [ID] [--json]",
 		Short:             "show a session's execs as JSON",
 		Long:              execStatusLong,
 		Args:              cobra.ArbitraryArgs,
 		ValidArgsFunction: c.completeSessions(glob, 1),
 	}
+	cmd.Flags().Bool("json", false, "print JSON (the only format of exec-status; accepted for symmetry)")
 	cmd.RunE = func(_ *cobra.Command, args []string) error {
 		const name = "enforcerd session exec-status"
-		if len(args) == 0 || len(args) > 2 {
-			return usageErr(name, "want NAME and at most one exec ID, got %d arguments", len(args))
+		switch {
+		case len(args) == 0:
+			return usageErr(name, "missing session NAME")
+		case len(args) > 2:
+			return usageErr(name, "unexpected argument %q after exec ID %q", args[2], args[1])
 		}
 		ctx, cancel := signalContext()
 		defer cancel()
@@ -98,8 +103,13 @@ func (c *cli) sessionLogs(glob *globalOpts) *cobra.Command {
 	cmd.Flags().BoolVarP(&follow, "follow", "f", false, "follow the output until the exec ends; exit with its status")
 	cmd.RunE = func(_ *cobra.Command, args []string) error {
 		const name = "enforcerd session logs"
-		if len(args) != 2 {
-			return usageErr(name, "want NAME and an exec ID, got %d arguments", len(args))
+		switch {
+		case len(args) == 0:
+			return usageErr(name, "missing session NAME")
+		case len(args) == 1:
+			return usageErr(name, "missing exec ID after NAME %q (session exec-status %s lists them)", args[0], args[0])
+		case len(args) > 2:
+			return usageErr(name, "unexpected argument %q after exec ID %q", args[2], args[1])
 		}
 		if follow {
 			return c.attachExec(glob, name, args[0], args[1])

@@ -392,7 +392,8 @@ are those of an uninterrupted run. Interrupting this program (Ctrl-C) kills
 the command. --detach prints the exec's ID and returns at once; --attach ID
 follows an exec's output from its start and exits with its status
 (interrupting it leaves the command running); see also "session logs" and
-"session exec-status". --stdin is sent when the command starts only.`
+"session exec-status". --stdin is sent when the command starts only.
+--detach --json prints the exec as "session exec-status" does.`
 
 // maxExecStdin bounds --stdin: the request body is limited to 1 MiB.
 const maxExecStdin = 512 << 10
@@ -404,6 +405,7 @@ func (c *cli) sessionExec(glob *globalOpts) *cobra.Command {
 		timeout   durationFlag
 		withStdin bool
 		detach    bool
+		asJSON    bool
 		attach    string
 	)
 	cmd := &cobra.Command{
@@ -421,6 +423,7 @@ func (c *cli) sessionExec(glob *globalOpts) *cobra.Command {
 	fs.BoolVar(&withStdin, "stdin", false, "send this program's standard input (at most 512 KiB) to the command")
 	fs.BoolVar(&detach, "detach", false, "start the command, print its exec ID and return")
 	fs.StringVar(&attach, "attach", "", "follow the output of the exec `ID` and exit with its status")
+	fs.BoolVar(&asJSON, "json", false, "with --detach: print the exec (ID, args, state, start) as JSON")
 	// Parsing stops at NAME; RunE parses the options after it up to the
 	// command, so that the command's own options stay its own.
 	fs.SetInterspersed(false)
@@ -441,6 +444,9 @@ func (c *cli) sessionExec(glob *globalOpts) *cobra.Command {
 			return errHelpShown
 		}
 		command := fs.Args()
+		if asJSON && !detach {
+			return usageErr(name, "--json prints the exec that --detach started; without --detach the output is the command's own")
+		}
 		if attach != "" {
 			if len(command) > 0 || detach {
 				return usageErr(name, "--attach %s: give no command and no --detach (it follows an exec already started)", attach)
@@ -473,6 +479,9 @@ func (c *cli) sessionExec(glob *globalOpts) *cobra.Command {
 			info, err := client.ExecDetach(ctx, sessionName, req)
 			if err != nil {
 				return &exitError{code: api.ExitEnforcerd, msg: name + ": " + err.Error()}
+			}
+			if asJSON {
+				return writeJSON(c.stdout, info)
 			}
 			fmt.Fprintln(c.stdout, info.ID)
 			return nil

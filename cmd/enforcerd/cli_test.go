@@ -113,6 +113,12 @@ func TestCLIUsageErrors(t *testing.T) {
 		{[]string{"session", "exec", "s1", "--timeout", "soon", "--", "ls"}, `enforcerd session exec: invalid value "soon" for flag --timeout: want a positive duration such as 30s`},
 		{[]string{"session", "exec", "s1", "--timeout", "-1s", "--", "ls"}, `enforcerd session exec: invalid value "-1s" for flag --timeout: want a positive duration such as 30s`},
 		{[]string{"session", "exec", "s1", "--env", "X", "--", "ls"}, `enforcerd session exec: invalid value "X" for flag --env: want KEY=VALUE with a non-empty KEY`},
+		{[]string{"session", "exec", "s1", "--json", "--", "ls"}, "enforcerd session exec: --json prints the exec that --detach started; without --detach the output is the command's own"},
+		{[]string{"session", "exec-status"}, "enforcerd session exec-status: missing session NAME"},
+		{[]string{"session", "exec-status", "s1", "e1", "e2"}, `enforcerd session exec-status: unexpected argument "e2" after exec ID "e1"`},
+		{[]string{"session", "logs"}, "enforcerd session logs: missing session NAME"},
+		{[]string{"session", "logs", "s1"}, `enforcerd session logs: missing exec ID after NAME "s1" (session exec-status s1 lists them)`},
+		{[]string{"session", "logs", "s1", "e1", "e2"}, `enforcerd session logs: unexpected argument "e2" after exec ID "e1"`},
 		{[]string{"session", "ls", "x"}, `enforcerd session ls: unexpected argument "x" (filter with --label KEY=VALUE)`},
 		{[]string{"session", "ls", "--label", "a"}, `enforcerd session ls: invalid value "a" for flag --label: want KEY=VALUE with a non-empty KEY`},
 		{[]string{"session", "ls", "--label", "a=1", "--label", "b=2"}, `enforcerd session ls: invalid value "b=2" for flag --label: given twice; only one KEY=VALUE filter is accepted`},
@@ -533,6 +539,39 @@ func TestLabelsCell(t *testing.T) {
 		}
 		if n := len([]rune(got)); n > labelsCellWidth {
 			t.Errorf("labelsCell(%v) is %d characters, more than %d", c.labels, n, labelsCellWidth)
+		}
+	}
+}
+
+// noJSON are the commands without --json, each for a reason: what they
+// print is not the program's own data, or they print nothing.
+var noJSON = map[string]string{
+	"enforcerd":              "a group: its commands have it",
+	"enforcerd session":      "a group: its commands have it",
+	"enforcerd serve":        "the daemon: it prints nothing but its log (--log-format json)",
+	"enforcerd reap":         "prints nothing; its outcome is the exit status",
+	"enforcerd completion":   "prints a shell script",
+	"enforcerd man":          "writes files (hidden)",
+	"enforcerd session logs": "prints the exec's own output, byte for byte",
+}
+
+// TestCLIEveryCommandHelpAndJSON: every command answers --help with its
+// usage line on stdout (exit 0), and every command that prints data has
+// --json, but those named in noJSON with their reason.
+func TestCLIEveryCommandHelpAndJSON(t *testing.T) {
+	root := newTestCLI(t).rootCommand()
+	for _, cmd := range allCommands(root) {
+		path := cmd.CommandPath()
+		if _, ok := noJSON[path]; !ok && cmd.Flags().Lookup("json") == nil {
+			t.Errorf("%s has no --json", path)
+		}
+		if cmd.Hidden {
+			continue
+		}
+		c := newTestCLI(t)
+		args := append(strings.Fields(path)[1:], "--help")
+		if code := c.run(args...); code != 0 || !strings.HasPrefix(c.out.String(), "usage: "+path) || c.errOut.Len() != 0 {
+			t.Errorf("%s --help: exit %d, stdout %q, stderr %q", path, code, c.out.String(), c.errOut.String())
 		}
 	}
 }

@@ -193,6 +193,27 @@ func TestEndToEndUpdateSummary(t *testing.T) {
 	}
 }
 
+// session exec --detach --json prints the exec as exec-status does, and
+// exec-status accepts --json (its only format).
+func TestEndToEndExecJSON(t *testing.T) {
+	f, c, _ := startAPI(t)
+	c.expect(t, 0, "session", "create", "box", "--rootfs", "/r")
+	f.ExecFn = func(context.Context, string, api.ExecRequest, io.Writer, io.Writer) (int, error) { return 0, nil }
+	out, _ := c.expect(t, 0, "session", "exec", "box", "--detach", "--json", "--", "true")
+	var started api.ExecInfo
+	if err := json.Unmarshal([]byte(out), &started); err != nil || started.ID == "" || started.Session != "box" || !reflect.DeepEqual(started.Args, []string{"true"}) {
+		t.Fatalf("exec --detach --json: %v\n%s", err, out)
+	}
+	out, _ = c.expect(t, 0, "session", "exec-status", "box", started.ID, "--json")
+	var status api.ExecInfo
+	if err := json.Unmarshal([]byte(out), &status); err != nil || status.ID != started.ID {
+		t.Fatalf("exec-status --json: %v\n%s", err, out)
+	}
+	if plain, _ := c.expect(t, 0, "session", "exec-status", "box", started.ID); !json.Valid([]byte(plain)) {
+		t.Fatalf("exec-status: %q", plain)
+	}
+}
+
 func TestEndToEndExec(t *testing.T) {
 	f, c, _ := startAPI(t)
 	c.expect(t, 0, "session", "create", "box", "--rootfs", "/r")
