@@ -62,8 +62,15 @@ with --locked refuses every update.`,
 		u.Egress = egress.value
 		u.OnDeny = onDeny.value
 		u.Generation = uint64(gen)
-		if replace && (len(u.Revoke) > 0 || len(revokeLP) > 0 || len(u.RevokeDeny) > 0) {
-			return usageErr(name, "--revoke, --revoke-lab-peer and --revoke-deny have no meaning with --replace: give the whole new policy")
+		if replace {
+			for _, r := range []struct {
+				flag   string
+				values []string
+			}{{"revoke", u.Revoke}, {"revoke-lab-peer", revokeLP}, {"revoke-deny", u.RevokeDeny}} {
+				if len(r.values) > 0 {
+					return usageErr(name, "--%s %q has no meaning with --replace: give the whole new policy", r.flag, r.values[0])
+				}
+			}
 		}
 		ctx, cancel := signalContext()
 		defer cancel()

@@ -28,8 +28,13 @@ func (c *cli) sessionWhy(glob *globalOpts) *cobra.Command {
 	asJSON := cmd.Flags().Bool("json", false, "print the answer as JSON")
 	cmd.RunE = func(_ *cobra.Command, args []string) error {
 		const name = "enforcerd session why"
-		if len(args) != 2 {
-			return usageErr(name, "want NAME and DEST, e.g. enforcerd session why agent api.example.com:443")
+		switch {
+		case len(args) == 0:
+			return usageErr(name, "missing session NAME and DEST, e.g. enforcerd session why agent api.example.com:443")
+		case len(args) == 1:
+			return usageErr(name, "missing DEST after NAME %q, e.g. enforcerd session why %s api.example.com:443", args[0], args[0])
+		case len(args) > 2:
+			return usageErr(name, "unexpected argument %q after DEST %q", args[2], args[1])
 		}
 		ctx, cancel := signalContext()
 		defer cancel()
