@@ -8,7 +8,9 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -44,7 +46,8 @@ func TestE2EBadInputCLI(t *testing.T) {
 		{[]string{"session", "create", "x", "--network-only", "--allow"}, 2, "enforcerd session create: flag needs an argument: --allow"},
 		{[]string{"session", "create", "x", "--network-only", "--egress", "open"}, 2, `enforcerd session create: invalid value "open" for flag --egress: want none, allowlist, public`},
 		{[]string{"session", "create", "x", "--network-only", "--memory", "lots"}, 2, `enforcerd session create: invalid value "lots" for flag --memory: want a size such as 512M, 2G or 1048576`},
-		{[]string{"session", "create", "x", "--network-only", "--pids", "0"}, 2, `enforcerd session create: invalid value "0" for flag --pids: want a positive number`},
+		{[]string{"session", "create", "x", "--network-only", "--pids", "0"}, 2, `enforcerd session create: invalid value "0" for flag --pids: want at least 4; leave it out for the default 1024`},
+		{[]string{"session", "create", "x", "--rootfs", "/r", "--cpus", "0"}, 2, fmt.Sprintf(`enforcerd session create: invalid value "0" for flag --cpus: want 0.01 to %d (the CPUs of this machine); leave it out for the default 1`, runtime.NumCPU())},
 		{[]string{"session", "create", "x", "--network-only", "--label", "novalue"}, 2, `enforcerd session create: invalid value "novalue" for flag --label: want KEY=VALUE with a non-empty KEY`},
 		{[]string{"session", "create", "x", "--network-only", "--label", "k=1", "--label", "k=2"}, 2, `enforcerd session create: invalid value "k=2" for flag --label: key "k" given twice`},
 		{[]string{"session", "rm"}, 2, "enforcerd session rm: missing session NAME or --label KEY=VALUE"},
@@ -142,6 +145,7 @@ func TestE2EBadInputAPI(t *testing.T) {
 		// is built (the pool is full: building one first would give 503).
 		{"POST", "/v1/sessions", `{"name": "x", "rootfs": "` + e.rootfs + `", "memory_bytes": 1048576}`, 400, "memory 1048576 bytes: want at least 4 MiB (4194304 bytes); leave it out for the default 512 MiB"},
 		{"POST", "/v1/sessions", `{"name": "x", "rootfs": "` + e.rootfs + `", "pids": 2}`, 400, "pids 2: want at least 4; leave it out for the default 1024"},
+		{"POST", "/v1/sessions", `{"name": "x", "rootfs": "` + e.rootfs + `", "cpus": 0.001}`, 400, fmt.Sprintf("cpus 0.001: want 0.01 to %d (the CPUs of this machine); leave it out for the default 1", runtime.NumCPU())},
 		{"GET", "/v1/sessions/nosuch", ``, 404, `session "nosuch": unknown session`},
 		{"DELETE", "/v1/sessions/nosuch", ``, 404, `session "nosuch": unknown session`},
 		{"GET", "/v1/sessions/nosuch/events", ``, 404, `session "nosuch": unknown session`},
