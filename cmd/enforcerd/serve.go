@@ -140,7 +140,7 @@ func newServeLogger(format string) *slog.Logger {
 		h = slog.NewJSONHandler(os.Stderr, opts)
 	}
 	// Under systemd, stderr is a journal stream: give each line its priority.
-	if os.Getenv("JOURNAL_STREAM") != "" {
+	if onJournalStream(os.Getenv, os.Stderr) {
 		h = newJournalHandler(os.Stderr, h)
 	}
 	return slog.New(h)
