@@ -173,7 +173,7 @@ func (c *cli) rootCommand() *cobra.Command {
 		c.sessionCommand(glob),
 		c.eventsCommand(glob),
 		c.reapCommand(),
-		c.doctorCommand(),
+		c.doctorCommand(glob),
 		c.versionCommand(),
 		c.completionCommand(root),
 		c.manCommand(root),
