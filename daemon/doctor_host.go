@@ -114,7 +114,11 @@ func checkCgroup(e *doctorEnv) (string, string) {
 			return StatusFail, err.Error() + ": sandboxes cannot be made"
 		}
 	}
-	return StatusOK, fmt.Sprintf("%s; the sandboxes' cgroup parent %s writable (this process's cgroup; the service's is its unit's, Delegate=yes)", detail, strings.Join(dirs, ", "))
+	where := dirs[0]
+	if len(dirs) > 1 {
+		where = fmt.Sprintf("%s and %d more", dirs[0], len(dirs)-1)
+	}
+	return StatusOK, fmt.Sprintf("%s; the sandboxes' cgroups can be made in %s (judged from this process's cgroup; the service's is its unit's, Delegate=yes)", detail, where)
 }
 
 // cgroupWritable checks that dir, or the nearest of its parents that

@@ -14,13 +14,18 @@ import (
 
 const doctorLong = `Check this host for what the daemon needs, before and after installing:
 root, the kernel's features (network namespaces, veth, nf_tables with the
-set types of the daemon's table, overlay, seccomp, cgroup v1 or v2),
-/run/netns mount propagation, another firewall dropping forwarded traffic
-(an nftables forward chain that drops, iptables-nft's FORWARD policy, a
-legacy iptables filter table), the pool overlapping an address or a route
-of the host, links named with the prefix that are not the daemon's, and
-the upstream resolvers answering. It takes serve's options (and --config),
-so it checks the configuration serve would run with.
+set types of the daemon's table, a writable /proc/sys/net, overlay,
+seccomp, cgroup v1 or v2 with writable cgroup directories), /run/netns
+mount propagation, another firewall dropping forwarded traffic (an
+nftables forward chain that drops, iptables-nft's FORWARD policy, a legacy
+iptables filter table), the pool overlapping an address or a route of the
+host, links named with the prefix that are not the daemon's, the upstream
+resolvers answering (REFUSED or SERVFAIL fails), the installed
+enforcerd.socket against the configuration (API socket path, group and
+mode; the pool's DNS address), and a daemon already running on the socket
+(its health; another version than this binary's warns). It takes serve's
+options (and --config), so it checks the configuration serve would run
+with.
 
 The kernel features are proven in a throwaway network namespace: nothing of
 the host changes. With --datapath it also creates two throwaway sessions
