@@ -396,7 +396,8 @@ func cgroupMounts(t *testing.T) []string {
 // without the remount passes.
 func TestE2EDoctorReadOnlyKernelFiles(t *testing.T) {
 	e := prepareE2E(t, "")
-	world.RequireTool(t, "unshare")
+	world.RequireTool(t, "unshare") // util-linux (PKGS)
+	world.RequireTool(t, "mount")   // Debian's mount, priority required
 	e.doctorIn("true", 0).expectPass(t, "own mount namespace, nothing remounted", doctorChecks)
 
 	var remount []string
