@@ -120,3 +120,20 @@ func uniquePaths(paths map[string]string) []string {
 	slices.Sort(out)
 	return slices.Compact(out)
 }
+
+// CgroupParents returns the directories the cgroups of prefix's sandboxes are made in, one per
+// controller hierarchy (cgroup v1) or one (v2): "<prefix>" below this process's own cgroup (v1)
+// or its parent (v2), as cgroupPaths places them. They need not exist yet.
+func CgroupParents(prefix string) ([]string, error) {
+	paths, err := cgroupPaths(prefix, prefix+"-x")
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, p := range uniquePaths(paths) {
+		if d := filepath.Dir(p); !slices.Contains(out, d) {
+			out = append(out, d)
+		}
+	}
+	return out, nil
+}

@@ -29,6 +29,7 @@ const (
 	CheckRoot         = "root"
 	CheckNetnsVeth    = "netns-veth"
 	CheckNftables     = "nftables"
+	CheckProcSysNet   = "proc-sys-net"
 	CheckOverlay      = "overlay"
 	CheckSeccomp      = "seccomp"
 	CheckCgroup       = "cgroup"
@@ -38,6 +39,8 @@ const (
 	CheckForwardDrop  = "forward-firewall"
 	CheckLegacyTables = "iptables-legacy"
 	CheckUpstreams    = "upstreams"
+	CheckUnits        = "units"
+	CheckRunning      = "daemon"
 	CheckDatapath     = "datapath"
 )
 
@@ -86,8 +89,19 @@ type DoctorOptions struct {
 	// DefaultDatapathPool). It must not overlap Config.Pool nor anything
 	// of the host.
 	DatapathPool netip.Prefix
-	// UpstreamTimeout bounds each upstream's answer (zero: 2 s).
+	// UpstreamTimeout bounds each upstream's answer, and the running
+	// daemon's (zero: 2 s).
 	UpstreamTimeout time.Duration
+	// Socket, SocketGroup and ConfigFile are serve's API socket, its group
+	// ("" = root only) and its --config file ("" = none): the units check
+	// compares the socket unit with them, and the daemon check asks the
+	// daemon on Socket (zero: api.DefaultSocket).
+	Socket, SocketGroup, ConfigFile string
+	// UnitDirs are where the units check looks for enforcerd.socket,
+	// highest precedence first (nil: DefaultUnitDirs).
+	UnitDirs []string
+	// Version is this binary's version, compared with the daemon's.
+	Version string
 }
 
 // DefaultDatapathPool is the pool of the datapath check's throwaway
@@ -115,7 +129,9 @@ type doctorEnv struct {
 }
 
 // doctorChecks lists every check in order. Fatal ones: without root,
-// nf_tables, netns or veth, serve cannot enforce anything; a foreign link
+// nf_tables, netns or veth, or a writable /proc/sys/net (the sysctls of
+// forwarding and of every session's interfaces), serve cannot enforce
+// anything; a foreign link
 // with the prefix would be judged (and cut off) as a session veth; a pool
 // overlapping the host's addresses or routes makes sessions' traffic and
 // the host's collide. Another firewall's forward drop is a failure but not
@@ -127,6 +143,7 @@ func doctorChecks() []check {
 		{CheckRoot, true, false, checkRoot},
 		{CheckNetnsVeth, true, true, func(e *doctorEnv) (string, string) { return e.kernel().netnsVeth() }},
 		{CheckNftables, true, true, func(e *doctorEnv) (string, string) { return e.kernel().nftables() }},
+		{CheckProcSysNet, true, true, func(e *doctorEnv) (string, string) { return e.kernel().procSysNet() }},
 		{CheckOverlay, false, false, checkOverlay},
 		{CheckSeccomp, false, false, checkSeccomp},
 		{CheckCgroup, false, false, checkCgroup},
@@ -136,6 +153,8 @@ func doctorChecks() []check {
 		{CheckForwardDrop, false, true, checkForwardDrop},
 		{CheckLegacyTables, false, false, checkLegacyIptables},
 		{CheckUpstreams, false, false, checkUpstreams},
+		{CheckUnits, false, false, checkUnits},
+		{CheckRunning, false, false, checkRunning},
 		{CheckDatapath, false, true, checkDatapath},
 	}
 }

@@ -11,8 +11,11 @@ import (
 )
 
 // checkUpstreams sends one query ("." NS) to each upstream, in parallel,
-// each bounded by the upstream timeout. Any answer, whatever its rcode,
-// proves the upstream answers; only silence or a refused socket fails.
+// each bounded by the upstream timeout. An answer (NOERROR, or NXDOMAIN
+// from a resolver that does not know the root) passes; silence, a refused
+// socket, or an rcode that says the upstream will not resolve for this
+// host (REFUSED: an access list; SERVFAIL: it cannot resolve) fails: every
+// query the sessions make would get the same.
 func checkUpstreams(e *doctorEnv) (string, string) {
 	ups := e.cfg.Upstreams
 	if len(ups) == 0 {
@@ -54,5 +57,9 @@ func queryUpstream(up netip.AddrPort, opts DoctorOptions) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("upstream %s did not answer within %s: %w", up, opts.UpstreamTimeout, err)
 	}
-	return dns.RcodeToString[resp.Rcode], nil
+	rcode := dns.RcodeToString[resp.Rcode]
+	if resp.Rcode != dns.RcodeSuccess && resp.Rcode != dns.RcodeNameError {
+		return "", fmt.Errorf("upstream %s answered %s to \". NS\": it does not resolve for this host", up, rcode)
+	}
+	return rcode, nil
 }

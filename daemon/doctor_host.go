@@ -12,6 +12,7 @@ import (
 	"github.com/opencontainers/runc/libcontainer/seccomp"
 	"golang.org/x/sys/unix"
 
+	"github.com/enforcerd/enforcerd/container"
 	"github.com/enforcerd/enforcerd/nsmgr"
 )
 
@@ -93,8 +94,59 @@ func checkSeccomp(*doctorEnv) (string, string) {
 	return StatusOK, fmt.Sprintf("kernel seccomp filters; libseccomp %d.%d.%d", maj, min, micro)
 }
 
-// checkCgroup: a cgroup v2 (unified) or v1 hierarchy at /sys/fs/cgroup.
-func checkCgroup(*doctorEnv) (string, string) {
+// checkCgroup: a cgroup v2 (unified) or v1 hierarchy at /sys/fs/cgroup,
+// and (as root) the directories the sandboxes' cgroups are made in
+// writable.
+func checkCgroup(e *doctorEnv) (string, string) {
+	status, detail := cgroupHierarchy()
+	if status != StatusOK {
+		return status, detail
+	}
+	if os.Geteuid() != 0 {
+		return status, detail + "; writability not checked: needs root"
+	}
+	dirs, err := container.CgroupParents(e.cfg.NamePrefix)
+	if err != nil {
+		return StatusFail, err.Error()
+	}
+	for _, d := range dirs {
+		if err := cgroupWritable(d); err != nil {
+			return StatusFail, err.Error() + ": sandboxes cannot be made"
+		}
+	}
+	where := dirs[0]
+	if len(dirs) > 1 {
+		where = fmt.Sprintf("%s and %d more", dirs[0], len(dirs)-1)
+	}
+	return StatusOK, fmt.Sprintf("%s; the sandboxes' cgroups can be made in %s (judged from this process's cgroup; the service's is its unit's, Delegate=yes)", detail, where)
+}
+
+// cgroupWritable checks that dir, or the nearest of its parents that
+// exists, accepts a new directory: access(2) reports a read-only mount
+// (EROFS) and missing write permission.
+func cgroupWritable(dir string) error {
+	at := dir
+	for {
+		_, err := os.Stat(at)
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, fs.ErrNotExist) || at == "/" {
+			return fmt.Errorf("stat cgroup dir %s: %w", at, err)
+		}
+		at = filepath.Dir(at)
+	}
+	if err := unix.Access(at, unix.W_OK); err != nil {
+		if errors.Is(err, unix.EROFS) {
+			return fmt.Errorf("cgroup dir %s is on a read-only mount", at)
+		}
+		return fmt.Errorf("cgroup dir %s is not writable: %w", at, err)
+	}
+	return nil
+}
+
+// cgroupHierarchy: a cgroup v2 (unified) or v1 hierarchy at /sys/fs/cgroup.
+func cgroupHierarchy() (string, string) {
 	var st unix.Statfs_t
 	if err := unix.Statfs("/sys/fs/cgroup", &st); err != nil {
 		return StatusFail, fmt.Sprintf("statfs /sys/fs/cgroup: %v: sandboxes cannot be limited", err)

@@ -1,9 +1,11 @@
 package daemon
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
 	"sort"
 	"strings"
 	"time"
@@ -12,6 +14,7 @@ import (
 	"github.com/google/nftables/expr"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 
 	"github.com/enforcerd/enforcerd/netpolicy"
 	"github.com/enforcerd/enforcerd/nsmgr"
@@ -22,8 +25,8 @@ import (
 // it, and the daemon's whole nftables table with a session of each egress
 // mode that has rules, holding an element of every set type.
 type kernelProbe struct {
-	netnsErr, vethErr, nftErr error
-	took                      time.Duration
+	netnsErr, vethErr, nftErr, sysctlErr error
+	took                                 time.Duration
 }
 
 // probePrefix names the probe's table and veths inside the throwaway netns
@@ -55,7 +58,55 @@ func runKernelProbe(cfg Config) *kernelProbe {
 	defer ns.Close()
 	p.vethErr = probeVeth(ns)
 	p.nftErr = probeNftables(ns, cfg)
+	p.sysctlErr = probeSysctl(host, ns)
 	return p
+}
+
+// probeSysctl writes net.ipv4.ip_forward=1 through /proc/sys in the
+// throwaway netns (as serve does in its own; nothing of the host changes)
+// and checks that the daemon netns's /proc/sys/net is writable: the
+// daemon writes there at start (forwarding) and at every create (the
+// host side's disable_ipv6). A /proc/sys mounted read-only, as some
+// container runtimes do, refuses both.
+func probeSysctl(host, ns netns.NsHandle) error {
+	const fwd = "/proc/sys/net/ipv4/ip_forward"
+	err := nsmgr.Do(ns, func() error {
+		f, err := os.OpenFile(fwd, os.O_WRONLY, 0)
+		if err != nil {
+			return err
+		}
+		_, err = f.WriteString("1")
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("write %s in a throwaway netns: %w%s", fwd, err, roHint(err))
+	}
+	err = nsmgr.Do(host, func() error { return unix.Access(fwd, unix.W_OK) })
+	if err != nil {
+		return fmt.Errorf("%s of this netns is not writable: %w%s", fwd, err, roHint(err))
+	}
+	return nil
+}
+
+// roHint explains EROFS in a check's detail.
+func roHint(err error) string {
+	if errors.Is(err, unix.EROFS) {
+		return " (mounted read-only, as in a container: the daemon needs a writable /proc/sys/net)"
+	}
+	return ""
+}
+
+func (p *kernelProbe) procSysNet() (string, string) {
+	switch {
+	case p.netnsErr != nil:
+		return StatusFail, "not checked: no throwaway network namespace"
+	case p.sysctlErr != nil:
+		return StatusFail, p.sysctlErr.Error()
+	}
+	return StatusOK, "wrote net.ipv4.ip_forward through /proc/sys in a throwaway netns; writable in this one"
 }
 
 func (p *kernelProbe) netnsVeth() (string, string) {

@@ -197,7 +197,7 @@ func TestFatalChecks(t *testing.T) {
 			fatal = append(fatal, c.name)
 		}
 	}
-	want := []string{CheckRoot, CheckNetnsVeth, CheckNftables, CheckForeignLinks, CheckPoolOverlap}
+	want := []string{CheckRoot, CheckNetnsVeth, CheckNftables, CheckProcSysNet, CheckForeignLinks, CheckPoolOverlap}
 	if !slices.Equal(fatal, want) {
 		t.Errorf("fatal checks %v, want %v", fatal, want)
 	}

@@ -14,9 +14,11 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"os/user"
 	"path/filepath"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -309,5 +311,77 @@ func TestE2ESocketActivationDNSSurvivesRestart(t *testing.T) {
 	t.Logf("control, no socket unit: %d lookups, %d failed (first: %v)", len(rs), failed, firstErr)
 	if failed == 0 {
 		t.Errorf("control: no lookup failed while a daemon without held sockets restarted; the test cannot see a loss")
+	}
+}
+
+// expectActivatedRefusal starts the daemon with the held sockets and checks
+// that it refuses to start in one line holding want, before any kernel
+// change.
+func expectActivatedRefusal(t *testing.T, e *e2eEnv, held *heldSockets, what, want string) {
+	t.Helper()
+	if err := e.d.StartActivated(held.files, held.names); err == nil {
+		e.d.Stop()
+		t.Fatalf("%s: serve started on sockets that do not match its config", what)
+	}
+	log := e.d.Log()
+	e2eOneLine(t, what, log)
+	if !strings.Contains(log, want) {
+		t.Errorf("%s: serve's refusal\n %q\nwant it to hold\n %q", what, log, want)
+	}
+	if left := e.objects(); !left.empty() {
+		t.Errorf("%s: the refused serve changed the kernel: %s", what, left)
+	}
+	e.d.LogPath += ".next" // the next start logs afresh
+}
+
+// TestE2ESocketActivationRefusesMismatch: sockets handed over that do not
+// match the config (a socket-group the unit's root-only socket would never
+// grant; a pool changed only in the config) make serve refuse to start,
+// naming both values; the same sockets made to match start it.
+func TestE2ESocketActivationRefusesMismatch(t *testing.T) {
+	e := prepareE2E(t, "")
+	held := bindSocketUnit(t, e, readSocketUnit(t))
+	const gid = 65534 // nogroup on Debian: any group that is not root's
+	group := strconv.Itoa(gid)
+	groupShown := "gid 65534"
+	if g, err := user.LookupGroupId(group); err == nil {
+		groupShown = g.Name + " (gid 65534)"
+	}
+
+	// socket-group in the config, the unit's socket root-only (0600).
+	e.d.Args = []string{"--socket-group", group}
+	expectActivatedRefusal(t, e, held, "socket-group against a root-only socket",
+		fmt.Sprintf("enforcerd serve: socket activation: the API socket %s has group root (gid 0), mode 0600, but the config's socket-group is %q (want group %s, mode 0660); set SocketGroup=%s and SocketMode=0660 in enforcerd.socket",
+			e.d.Socket, group, groupShown, group))
+
+	// A pool changed only in the config: the unit still binds the old
+	// pool's DNS address.
+	e.d.Args = []string{"--pool", "10.21.0.0/16"}
+	expectActivatedRefusal(t, e, held, "pool changed in the config only",
+		"enforcerd serve: socket activation: a DNS socket is bound to "+held.dns.String()+", but the pool 10.21.0.0/16 resolves through 10.21.255.254:53; make enforcerd.socket listen on 10.21.255.254:53")
+
+	// A group on the socket the config does not name.
+	if err := os.Chown(e.d.Socket, -1, gid); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(e.d.Socket, 0o660); err != nil {
+		t.Fatal(err)
+	}
+	e.d.Args = nil
+	expectActivatedRefusal(t, e, held, "a group socket, no socket-group",
+		fmt.Sprintf("enforcerd serve: socket activation: the API socket %s has group %s, mode 0660, but the config has no socket-group (root only: mode 0600)", e.d.Socket, groupShown))
+
+	// Control: the socket as SocketGroup=65534 SocketMode=0660 makes it and
+	// the config saying so: serve starts on it and keeps its group and mode.
+	e.d.Args = []string{"--socket-group", group}
+	if err := e.d.StartActivated(held.files, held.names); err != nil {
+		t.Fatalf("matching socket-group: %v", err)
+	}
+	fi, err := os.Stat(e.d.Socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st := fi.Sys().(*syscall.Stat_t); st.Gid != gid || fi.Mode().Perm() != 0o660 || !strings.Contains(e.d.Log(), "socket_activated=true") {
+		t.Errorf("matched start: socket gid %d mode %04o, want %d 0660, activated:\n%s", st.Gid, fi.Mode().Perm(), gid, e2eTail(e.d.Log(), 5))
 	}
 }

@@ -12,25 +12,35 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net"
+	"net/netip"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/nftables"
+	"github.com/miekg/dns"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
+	"github.com/enforcerd/enforcerd/api"
+	"github.com/enforcerd/enforcerd/api/apitest"
 	"github.com/enforcerd/enforcerd/daemon"
+	"github.com/enforcerd/enforcerd/integration/world"
 )
 
 // doctorChecks are the checks doctor runs without --datapath, in order.
 var doctorChecks = []string{
-	daemon.CheckRoot, daemon.CheckNetnsVeth, daemon.CheckNftables, daemon.CheckOverlay, daemon.CheckSeccomp,
+	daemon.CheckRoot, daemon.CheckNetnsVeth, daemon.CheckNftables, daemon.CheckProcSysNet, daemon.CheckOverlay, daemon.CheckSeccomp,
 	daemon.CheckCgroup, daemon.CheckPropagation, daemon.CheckForeignLinks, daemon.CheckPoolOverlap,
-	daemon.CheckForwardDrop, daemon.CheckLegacyTables, daemon.CheckUpstreams,
+	daemon.CheckForwardDrop, daemon.CheckLegacyTables, daemon.CheckUpstreams, daemon.CheckUnits, daemon.CheckRunning,
 }
 
 // doctorRun is one run of enforcerd doctor.
@@ -40,9 +50,19 @@ type doctorRun struct {
 	rows        map[string]string // check -> status, from the table
 }
 
-// doctor runs `enforcerd doctor` with the daemon's options in the world's
-// host netns; uid, when not 0, runs it as that user.
+// doctor runs `enforcerd doctor` with the daemon's options (its socket
+// among them) in the world's host netns; uid, when not 0, runs it as that
+// user. Unless args name --units-dir, it looks for units in an empty
+// directory (not the machine's).
 func (e *e2eEnv) doctor(uid int, args ...string) doctorRun {
+	e.t.Helper()
+	return e.doctorIn("", uid, args...)
+}
+
+// doctorIn is doctor run in a mount namespace of its own (unshare -m, all
+// mounts private: nothing reaches the machine's), after the shell commands
+// of prelude; "" runs it in the test's mount namespace.
+func (e *e2eEnv) doctorIn(prelude string, uid int, args ...string) doctorRun {
 	e.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), e2eCommandTimeout)
 	defer cancel()
@@ -51,9 +71,16 @@ func (e *e2eEnv) doctor(uid int, args ...string) doctorRun {
 		argv = append(argv, "--setuid="+strconv.Itoa(uid), "--setgid="+strconv.Itoa(uid))
 	}
 	argv = append(argv, e.bin, "doctor",
-		"--name-prefix", e.d.Prefix, "--state-dir", e.d.StateDir,
+		"--name-prefix", e.d.Prefix, "--state-dir", e.d.StateDir, "--socket", e.d.Socket,
 		"--upstream", e.w.DNS.Addr().String(), "--public-override", e.w.PublicOverride.String())
-	cmd := exec.CommandContext(ctx, "nsenter", append(argv, args...)...)
+	if !slices.Contains(args, "--units-dir") {
+		argv = append(argv, "--units-dir", e.emptyDir())
+	}
+	argv = append(argv, args...)
+	cmd := exec.CommandContext(ctx, "nsenter", argv...)
+	if prelude != "" {
+		cmd = exec.CommandContext(ctx, "unshare", append([]string{"-m", "--propagation", "private", "sh", "-c", prelude + ` && exec nsenter "$@"`, "sh"}, argv...)...)
+	}
 	var out, errOut bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errOut
 	err := cmd.Run()
@@ -71,6 +98,18 @@ func (e *e2eEnv) doctor(uid int, args ...string) doctorRun {
 		}
 	}
 	return r
+}
+
+// emptyDir is a directory anyone may read, with nothing in it.
+func (e *e2eEnv) emptyDir() string {
+	e.t.Helper()
+	dir, err := os.MkdirTemp("", "enforcerd-units-")
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	os.Chmod(dir, 0o755)
+	e.t.Cleanup(func() { os.RemoveAll(dir) })
+	return dir
 }
 
 // expectPass checks that doctor exited 0 with no failed row.
@@ -210,7 +249,8 @@ func TestE2EDoctorPasses(t *testing.T) {
 		t.Errorf("table has %d rows, want %d under a CHECK STATUS DETAIL header:\n%s", len(r.rows), len(doctorChecks), r.out)
 	}
 	// The world's host is fresh: every check is ok there, none only warns.
-	for _, c := range []string{daemon.CheckForwardDrop, daemon.CheckLegacyTables, daemon.CheckPropagation, daemon.CheckPoolOverlap, daemon.CheckUpstreams} {
+	for _, c := range []string{daemon.CheckForwardDrop, daemon.CheckLegacyTables, daemon.CheckPropagation, daemon.CheckPoolOverlap, daemon.CheckUpstreams,
+		daemon.CheckProcSysNet, daemon.CheckCgroup, daemon.CheckUnits, daemon.CheckRunning} {
 		if r.rows[c] != daemon.StatusOK {
 			t.Errorf("check %s is %q in a fresh world host, want ok\n%s", c, r.rows[c], r.out)
 		}
@@ -315,4 +355,231 @@ func TestE2EDoctorDatapath(t *testing.T) {
 			t.Errorf("doctor --datapath left objects of %s: %s", m[1], left)
 		}
 	}
+}
+
+// detail is the DETAIL column of check's row in a table run.
+func (r doctorRun) detail(check string) string {
+	for _, line := range strings.Split(r.out, "\n") {
+		if f := strings.Fields(line); len(f) >= 3 && f[0] == check {
+			return strings.Join(f[2:], " ")
+		}
+	}
+	return ""
+}
+
+// cgroupMounts lists the cgroup (v1) and cgroup2 mount points of this
+// mount namespace.
+func cgroupMounts(t *testing.T) []string {
+	t.Helper()
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, line := range strings.Split(string(b), "\n") {
+		pre, post, ok := strings.Cut(line, " - ")
+		f, g := strings.Fields(pre), strings.Fields(post)
+		if ok && len(f) >= 5 && len(g) >= 1 && (g[0] == "cgroup" || g[0] == "cgroup2") {
+			out = append(out, f[4])
+		}
+	}
+	if len(out) == 0 {
+		t.Fatal("no cgroup mount in /proc/self/mountinfo")
+	}
+	return out
+}
+
+// TestE2EDoctorReadOnlyKernelFiles: doctor in a mount namespace where the
+// cgroup hierarchies are remounted read-only fails cgroup, and where
+// /proc/sys is (as some container runtimes mount it) fails proc-sys-net,
+// on which serve also refuses to start. Control: the same mount namespace
+// without the remount passes.
+func TestE2EDoctorReadOnlyKernelFiles(t *testing.T) {
+	e := prepareE2E(t, "")
+	world.RequireTool(t, "unshare") // util-linux (PKGS)
+	world.RequireTool(t, "mount")   // Debian's mount, priority required
+	e.doctorIn("true", 0).expectPass(t, "own mount namespace, nothing remounted", doctorChecks)
+
+	var remount []string
+	for _, m := range cgroupMounts(t) {
+		remount = append(remount, "mount -o remount,ro,bind "+m)
+	}
+	r := e.doctorIn(strings.Join(remount, " && "), 0)
+	r.expectFail(t, "cgroups read-only", daemon.CheckCgroup)
+	if d := r.detail(daemon.CheckCgroup); !strings.Contains(d, "is on a read-only mount: sandboxes cannot be made") {
+		t.Errorf("cgroups read-only: detail %q, want it to say the cgroup dir is on a read-only mount", d)
+	}
+
+	const roProcSys = "mount --bind /proc/sys /proc/sys && mount -o remount,ro,bind /proc/sys"
+	r = e.doctorIn(roProcSys, 0)
+	r.expectFail(t, "/proc/sys read-only", daemon.CheckProcSysNet)
+	if d := r.detail(daemon.CheckProcSysNet); !strings.Contains(d, "write /proc/sys/net/ipv4/ip_forward in a throwaway netns: ") || !strings.Contains(d, "read-only") {
+		t.Errorf("/proc/sys read-only: detail %q, want the refused write named", d)
+	}
+	// serve refuses on it too, before any kernel change.
+	ctx, cancel := context.WithTimeout(context.Background(), e2eCommandTimeout)
+	defer cancel()
+	serve := exec.CommandContext(ctx, "unshare", append([]string{"-m", "--propagation", "private", "sh", "-c", roProcSys + ` && exec nsenter "$@"`, "sh",
+		"--net=" + e.w.HostPath, e.bin}, e.d.ServeArgs()...)...)
+	out, err := serve.CombinedOutput()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 1 || !strings.HasPrefix(string(out), "enforcerd serve: preflight check proc-sys-net failed: ") {
+		t.Errorf("serve under a read-only /proc/sys: %v, output %q; want exit 1 naming the check", err, out)
+	}
+	e2eOneLine(t, "serve under a read-only /proc/sys", string(out))
+	if left := e.objects(); !left.empty() {
+		t.Errorf("the refused serve left objects of %s: %s", e.d.Prefix, left)
+	}
+}
+
+// serveDNSRcode serves, in the world's internet, a DNS server at addr that
+// answers every query with rcode.
+func serveDNSRcode(t *testing.T, w *world.World, addr netip.AddrPort, rcode int) {
+	t.Helper()
+	pc, err := world.ListenUDP(w.NetPath, addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &dns.Server{PacketConn: pc, Handler: dns.HandlerFunc(func(rw dns.ResponseWriter, req *dns.Msg) {
+		m := new(dns.Msg)
+		m.SetRcode(req, rcode)
+		rw.WriteMsg(m)
+	})}
+	started := make(chan struct{})
+	srv.NotifyStartedFunc = func() { close(started) }
+	go srv.ActivateAndServe()
+	<-started
+	t.Cleanup(func() { srv.Shutdown() })
+}
+
+// TestE2EDoctorUpstreamRcodes: an upstream that answers REFUSED or
+// SERVFAIL fails upstreams, naming it and the rcode; the world's resolver
+// (which answers NXDOMAIN for the root, having no zone for it) passes.
+func TestE2EDoctorUpstreamRcodes(t *testing.T) {
+	e := prepareE2E(t, "")
+	resolver := e.w.DNS.Addr().Addr()
+	e.doctor(0).expectPass(t, "the world's resolver", doctorChecks)
+	for i, rc := range []int{dns.RcodeRefused, dns.RcodeServerFailure} {
+		at := netip.AddrPortFrom(resolver, uint16(5400+i))
+		serveDNSRcode(t, e.w, at, rc)
+		r := e.doctor(0, "--upstream", at.String())
+		r.expectFail(t, "upstream answering "+dns.RcodeToString[rc], daemon.CheckUpstreams)
+		if want := fmt.Sprintf("upstream %s answered %s", at, dns.RcodeToString[rc]); !strings.Contains(r.detail(daemon.CheckUpstreams), want) {
+			t.Errorf("%s: detail %q, want %q", dns.RcodeToString[rc], r.detail(daemon.CheckUpstreams), want)
+		}
+	}
+}
+
+// TestE2EDoctorUnits: a socket unit in the directory --units-dir names is
+// compared with the config: the shipped unit pointed at the daemon's socket
+// matches; a socket-group the unit does not grant, and a pool whose DNS
+// address the unit does not bind, fail naming both values; a drop-in that
+// grants the group makes it match again.
+func TestE2EDoctorUnits(t *testing.T) {
+	e := prepareE2E(t, "")
+	dir := e.emptyDir()
+	shipped, err := os.ReadFile(filepath.Join("..", "scripts", "enforcerd.socket"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	unit := strings.Replace(string(shipped), "ListenStream=/run/enforcerd/enforcerd.sock", "ListenStream="+e.d.Socket, 1)
+	if err := os.WriteFile(filepath.Join(dir, daemon.SocketUnitName), []byte(unit), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r := e.doctor(0, "--units-dir", dir)
+	r.expectPass(t, "the shipped unit", doctorChecks)
+	if d := r.detail(daemon.CheckUnits); !strings.Contains(d, "matches the config") {
+		t.Errorf("the shipped unit: units %q, want it to match", d)
+	}
+
+	r = e.doctor(0, "--units-dir", dir, "--socket-group", "65534")
+	r.expectFail(t, "socket-group only in the config", daemon.CheckUnits)
+	for _, want := range []string{`SocketGroup=unset (root only), but the config's socket-group is "65534"`, `SocketMode=0600, but the config wants 0660 (socket-group "65534")`} {
+		if !strings.Contains(r.detail(daemon.CheckUnits), want) {
+			t.Errorf("socket-group: detail %q, want %q", r.detail(daemon.CheckUnits), want)
+		}
+	}
+	r = e.doctor(0, "--units-dir", dir, "--pool", "10.21.0.0/16")
+	r.expectFail(t, "pool only in the config", daemon.CheckUnits)
+	if want := "ListenDatagram=10.20.255.254:53, but the pool 10.21.0.0/16 resolves through 10.21.255.254:53"; !strings.Contains(r.detail(daemon.CheckUnits), want) {
+		t.Errorf("pool: detail %q, want %q", r.detail(daemon.CheckUnits), want)
+	}
+
+	if err := os.MkdirAll(filepath.Join(dir, daemon.SocketUnitName+".d"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, daemon.SocketUnitName+".d", "group.conf"), []byte("[Socket]\nSocketGroup=65534\nSocketMode=0660\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	e.doctor(0, "--units-dir", dir, "--socket-group", "65534").expectPass(t, "the group granted by a drop-in", doctorChecks)
+}
+
+// serveFakeDaemon serves the API of an in-memory engine that says it runs
+// version on a socket of its own, and returns the socket.
+func serveFakeDaemon(t *testing.T, version string, unhealthy error) string {
+	t.Helper()
+	eng := apitest.New()
+	eng.Unhealthy = unhealthy
+	sock := filepath.Join(t.TempDir(), "fake.sock")
+	ctx, cancel := context.WithCancel(context.Background())
+	ready, done := make(chan struct{}), make(chan error, 1)
+	go func() {
+		done <- api.ListenAndServe(ctx, api.ListenConfig{Socket: sock}, api.NewHandler(eng, api.HandlerOptions{Version: version}), func() { close(ready) })
+	}()
+	select {
+	case <-ready:
+	case err := <-done:
+		t.Fatalf("serve a fake daemon: %v", err)
+	}
+	t.Cleanup(func() { cancel(); <-done })
+	return sock
+}
+
+// TestE2EDoctorRunningDaemon: with no daemon, daemon is ok (nothing runs);
+// with the test daemon it is ok, healthy and of this binary's version;
+// a daemon whose table was removed behind its back fails as unhealthy; a
+// daemon of another version warns (exit 0), naming both versions.
+func TestE2EDoctorRunningDaemon(t *testing.T) {
+	e := prepareE2E(t, "")
+	r := e.doctor(0)
+	r.expectPass(t, "no daemon", doctorChecks)
+	if d := r.detail(daemon.CheckRunning); !strings.HasPrefix(d, "no daemon running") {
+		t.Errorf("no daemon: detail %q", d)
+	}
+	e.start()
+	r = e.doctor(0)
+	r.expectPass(t, "the test daemon", doctorChecks)
+	if d := r.detail(daemon.CheckRunning); !strings.Contains(d, "is healthy and runs version ") || r.rows[daemon.CheckRunning] != daemon.StatusOK {
+		t.Errorf("the test daemon: %s %q, want ok and healthy", r.rows[daemon.CheckRunning], d)
+	}
+
+	// Another version, healthy: a warning, exit 0.
+	old := serveFakeDaemon(t, "0.0.9-old", nil)
+	r = e.doctor(0, "--socket", old)
+	r.expectPass(t, "a daemon of another version", doctorChecks)
+	if d := r.detail(daemon.CheckRunning); r.rows[daemon.CheckRunning] != daemon.StatusWarn || !strings.Contains(d, "runs version 0.0.9-old, this binary is ") {
+		t.Errorf("version skew: %s %q, want warn naming both versions", r.rows[daemon.CheckRunning], d)
+	}
+
+	// The test daemon made unhealthy: its table removed behind its back.
+	c, err := nftables.New(nftables.WithNetNSFd(int(e.w.Host)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.DelTable(&nftables.Table{Name: e.d.Prefix, Family: nftables.TableFamilyINet})
+	if err := c.Flush(); err != nil {
+		t.Fatalf("remove the daemon's table: %v", err)
+	}
+	r = e.doctor(0)
+	r.expectFail(t, "the daemon's table removed", daemon.CheckRunning)
+	if d := r.detail(daemon.CheckRunning); !strings.Contains(d, "is unhealthy: ") {
+		t.Errorf("unhealthy daemon: detail %q", d)
+	}
+	// Stopped here: the cleanup's check of a running daemon's objects
+	// expects its table.
+	start := time.Now()
+	if err := e.d.Stop(); err != nil {
+		t.Fatalf("stop the unhealthy daemon: %v", err)
+	}
+	t.Logf("the unhealthy daemon stopped in %s", time.Since(start).Round(time.Millisecond))
 }

@@ -11,9 +11,14 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"os/user"
+	"strconv"
+	"syscall"
 
 	"github.com/coreos/go-systemd/v22/activation"
 	"golang.org/x/sys/unix"
+
+	"github.com/enforcerd/enforcerd/daemon"
 )
 
 // inheritedSockets are the sockets passed by the service manager, sorted
@@ -77,20 +82,72 @@ func (s *inheritedSockets) add(f *os.File) error {
 	return fmt.Errorf("unexpected socket family: want the API's unix socket and DNS's IPv4 UDP and TCP sockets")
 }
 
-// checkDNS verifies that the DNS sockets were bound where the sessions'
-// resolver is: the pool's anycast address, port 53. Both or neither must
-// be given.
-func (s *inheritedSockets) checkDNS(anycast netip.Addr) error {
-	want := netip.AddrPortFrom(anycast, 53)
+// checkConfig refuses sockets that do not match the configuration, before
+// any kernel change: a socket unit and a config that disagree would leave
+// a setting silently ignored (a socket-group the unit's root-only socket
+// never grants) or fail later (the sessions' resolver bound elsewhere).
+// The error names both values.
+func (s *inheritedSockets) checkConfig(cfg ServeConfig) error {
+	if s.api != nil {
+		if err := checkAPISocket(s.api.Addr().String(), cfg.Socket, cfg.SocketGroup); err != nil {
+			return err
+		}
+	}
+	want, err := daemon.DNSAddrOf(cfg.Pool)
+	if err != nil {
+		return err
+	}
 	if (s.dnsUDP == nil) != (s.dnsTCP == nil) {
 		return fmt.Errorf("socket activation: pass both DNS sockets (UDP and TCP on %s) or neither", want)
 	}
 	for _, got := range []netip.AddrPort{s.dnsUDPAddr, s.dnsTCPAddr} {
 		if s.dnsUDP != nil && got != want {
-			return fmt.Errorf("socket activation: a DNS socket is bound to %s, but the pool's anycast address is %s; make enforcerd.socket listen on %s", got, want, want)
+			return fmt.Errorf("socket activation: a DNS socket is bound to %s, but the pool %s resolves through %s; make enforcerd.socket listen on %s", got, cfg.Pool, want, want)
 		}
 	}
 	return nil
+}
+
+// checkAPISocket compares the passed API socket (bound at path) with the
+// configured socket and the group and mode serve would give it: 0600
+// without a socket-group, 0660 and the group with one.
+func checkAPISocket(path, wantPath, group string) error {
+	if path != wantPath {
+		return fmt.Errorf("socket activation: the API socket passed is %s, but the socket is configured at %s; make them the same", path, wantPath)
+	}
+	fi, err := os.Stat(path)
+	if err != nil {
+		return fmt.Errorf("socket activation: the API socket passed: %w", err)
+	}
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	if !ok {
+		return fmt.Errorf("socket activation: stat %s: no owner", path)
+	}
+	mode, wantMode := fi.Mode().Perm(), daemon.SocketModeFor(group)
+	have := fmt.Sprintf("group %s, mode %04o", groupName(st.Gid), mode)
+	if group == "" {
+		if mode != wantMode {
+			return fmt.Errorf("socket activation: the API socket %s has %s, but the config has no socket-group (root only: mode %04o); remove SocketGroup= and set SocketMode=%04o in enforcerd.socket, or set socket-group", path, have, wantMode, wantMode)
+		}
+		return nil
+	}
+	gid, err := daemon.GroupID(group)
+	if err != nil {
+		return err
+	}
+	if st.Gid != gid || mode != wantMode {
+		return fmt.Errorf("socket activation: the API socket %s has %s, but the config's socket-group is %q (want group %s, mode %04o); set SocketGroup=%s and SocketMode=%04o in enforcerd.socket", path, have, group, groupName(gid), wantMode, group, wantMode)
+	}
+	return nil
+}
+
+// groupName shows a gid as "name (gid N)", or "gid N" when it has no name.
+func groupName(gid uint32) string {
+	g, err := user.LookupGroupId(strconv.FormatUint(uint64(gid), 10))
+	if err != nil {
+		return fmt.Sprintf("gid %d", gid)
+	}
+	return fmt.Sprintf("%s (gid %d)", g.Name, gid)
 }
 
 func (s *inheritedSockets) close() {

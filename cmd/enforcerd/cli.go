@@ -35,6 +35,9 @@ const (
 type exitError struct {
 	code int
 	msg  string
+	// jsonLog prints msg as a JSON log record (serve's start error when
+	// the daemon logs JSON).
+	jsonLog bool
 }
 
 func (e *exitError) Error() string { return e.msg }
@@ -92,12 +95,20 @@ func (c *cli) run(args []string) int {
 	var ee *exitError
 	if errors.As(err, &ee) {
 		if ee.msg != "" {
-			fmt.Fprintln(c.stderr, api.OneLine(ee.msg))
+			c.printError(api.OneLine(ee.msg), ee.jsonLog)
 		}
 		return ee.code
 	}
-	fmt.Fprintln(c.stderr, "enforcerd: "+api.OneLine(err.Error()))
+	c.printError("enforcerd: "+api.OneLine(err.Error()), false)
 	return exitRefused
+}
+
+// printError writes the one error line on stderr, at err priority when
+// stderr is the journal stream (under systemd the last line of a failed
+// start is its reason: journalctl -p err must show it).
+func (c *cli) printError(line string, asJSON bool) {
+	f, _ := c.stderr.(*os.File)
+	io.WriteString(c.stderr, errorLine(line, asJSON, onJournalStream(c.getenv, f), c.now))
 }
 
 // globalOpts are the options every command accepts, before or after its name.
@@ -162,7 +173,7 @@ func (c *cli) rootCommand() *cobra.Command {
 		c.sessionCommand(glob),
 		c.eventsCommand(glob),
 		c.reapCommand(),
-		c.doctorCommand(),
+		c.doctorCommand(glob),
 		c.versionCommand(),
 		c.completionCommand(root),
 		c.manCommand(root),
@@ -532,7 +543,7 @@ func (c *cli) serveCommand(glob *globalOpts) *cobra.Command {
 				return usageErr(name, "%v", err)
 			}
 			if err := c.serve(cfg); err != nil {
-				return refusedErr(name, err)
+				return &exitError{code: exitRefused, msg: name + ": " + err.Error(), jsonLog: cfg.LogFormat == "json"}
 			}
 			return nil
 		},

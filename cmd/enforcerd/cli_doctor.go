@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"io"
+	"path/filepath"
 	"strings"
 	"text/tabwriter"
 
@@ -13,13 +14,18 @@ import (
 
 const doctorLong = `Check this host for what the daemon needs, before and after installing:
 root, the kernel's features (network namespaces, veth, nf_tables with the
-set types of the daemon's table, overlay, seccomp, cgroup v1 or v2),
-/run/netns mount propagation, another firewall dropping forwarded traffic
-(an nftables forward chain that drops, iptables-nft's FORWARD policy, a
-legacy iptables filter table), the pool overlapping an address or a route
-of the host, links named with the prefix that are not the daemon's, and
-the upstream resolvers answering. It takes serve's options (and --config),
-so it checks the configuration serve would run with.
+set types of the daemon's table, a writable /proc/sys/net, overlay,
+seccomp, cgroup v1 or v2 with writable cgroup directories), /run/netns
+mount propagation, another firewall dropping forwarded traffic (an
+nftables forward chain that drops, iptables-nft's FORWARD policy, a legacy
+iptables filter table), the pool overlapping an address or a route of the
+host, links named with the prefix that are not the daemon's, the upstream
+resolvers answering (REFUSED or SERVFAIL fails), the installed
+enforcerd.socket against the configuration (API socket path, group and
+mode; the pool's DNS address), and a daemon already running on the socket
+(its health; another version than this binary's warns). It takes serve's
+options (and --config), so it checks the configuration serve would run
+with.
 
 The kernel features are proven in a throwaway network namespace: nothing of
 the host changes. With --datapath it also creates two throwaway sessions
@@ -31,12 +37,13 @@ removes everything again.
 It exits 1 when a check failed (a warning alone exits 0). serve runs the
 checks marked fatal at start and refuses to start when one fails.`
 
-func (c *cli) doctorCommand() *cobra.Command {
+func (c *cli) doctorCommand(glob *globalOpts) *cobra.Command {
 	var (
 		flags        *serveFlags
 		asJSON       bool
 		datapath     bool
 		datapathPool string
+		unitsDirs    []string
 	)
 	cmd := &cobra.Command{
 		Use:   "doctor [--datapath] [--json] [serve's options]",
@@ -48,6 +55,7 @@ func (c *cli) doctorCommand() *cobra.Command {
 			if err := noArgs(name, "doctor takes options only", args); err != nil {
 				return err
 			}
+			flags.single[optSocket] = &glob.socket // the global option, as serve takes it
 			src, err := collectServeOptions(cmd.Flags(), flags)
 			if err != nil {
 				return usageErr(name, "%v", err)
@@ -56,7 +64,13 @@ func (c *cli) doctorCommand() *cobra.Command {
 			if err != nil {
 				return usageErr(name, "%v", err)
 			}
-			opts := daemon.DoctorOptions{Datapath: datapath}
+			for _, d := range unitsDirs {
+				if !filepath.IsAbs(d) {
+					return usageErr(name, "--units-dir %q: want an absolute directory", d)
+				}
+			}
+			opts := daemon.DoctorOptions{Datapath: datapath, Socket: cfg.Socket, SocketGroup: cfg.SocketGroup,
+				ConfigFile: cfg.ConfigFile, UnitDirs: unitsDirs, Version: version}
 			if datapathPool != "" {
 				if opts.DatapathPool, err = parsePool("--datapath-pool", datapathPool); err != nil {
 					return usageErr(name, "%v", err)
@@ -68,6 +82,7 @@ func (c *cli) doctorCommand() *cobra.Command {
 	flags = defineServeFlags(cmd.Flags())
 	cmd.Flags().BoolVar(&datapath, "datapath", false, "also prove enforcement with two throwaway sessions (one packet accepted, one dropped, nothing sent beyond the host)")
 	cmd.Flags().StringVar(&datapathPool, "datapath-pool", "", "throwaway pool `CIDR` of --datapath (default "+daemon.DefaultDatapathPool.String()+")")
+	cmd.Flags().StringArrayVar(&unitsDirs, "units-dir", nil, "look for "+daemon.SocketUnitName+" and its drop-ins only in `DIR`, repeatable, highest precedence first (default: systemd's "+strings.Join(daemon.DefaultUnitDirs, ", ")+")")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the checks as JSON")
 	return cmd
 }

@@ -100,26 +100,103 @@ const (
 	optHeapFloor      = "heap-floor-mib"
 )
 
-// fileConfig is the TOML configuration file; its keys are the flag names.
-type fileConfig struct {
-	Socket         string   `toml:"socket"`
-	SocketGroup    string   `toml:"socket-group"`
-	StateDir       string   `toml:"state-dir"`
-	NamePrefix     string   `toml:"name-prefix"`
-	Pool           string   `toml:"pool"`
-	Upstream       []string `toml:"upstream"`
-	PublicOverride []string `toml:"public-override"`
-	DNSMinTTL      string   `toml:"dns-min-ttl"`
-	AttestLife     string   `toml:"attest-max-lifetime"`
-	MetricsListen  string   `toml:"metrics-listen"`
-	LogFormat      string   `toml:"log-format"`
-	ImagesDir      []string `toml:"images-dir"`
-	MaxFlows       int64    `toml:"max-flows"`
-	FlowRate       int64    `toml:"flow-rate"`
-	MaxAttested    int64    `toml:"max-attested"`
-	Retention      string   `toml:"events-retention"`
-	PreparedNetns  int64    `toml:"prepared-netns"`
-	HeapFloorMiB   int64    `toml:"heap-floor-mib"`
+// fileKinds are the keys of the TOML configuration file (the flag names)
+// and the kind of value each takes. A value of another TOML type is an
+// error naming the key, what it wants and what it got.
+var fileKinds = map[string]valueKind{
+	optSocket:         kindPath,
+	optSocketGroup:    kindGroup,
+	optStateDir:       kindPath,
+	optNamePrefix:     kindName,
+	optPool:           kindCIDR,
+	optUpstream:       kindAddrList,
+	optPublicOverride: kindCIDRList,
+	optDNSMinTTL:      kindDuration,
+	optAttestLife:     kindDuration,
+	optMetricsListen:  kindHostPort,
+	optLogFormat:      kindLogFormat,
+	optImagesDir:      kindPathList,
+	optMaxFlows:       kindInt,
+	optFlowRate:       kindInt,
+	optMaxAttested:    kindInt,
+	optRetention:      kindDuration,
+	optPreparedNetns:  kindInt,
+	optHeapFloor:      kindInt,
+}
+
+// valueKind is what a configuration key takes: its TOML type and the
+// "want" of its type error.
+type valueKind struct {
+	list bool   // an array of strings (a single string is taken as one)
+	num  bool   // an integer
+	gid  bool   // a string, or an integer taken as a gid
+	want string // "want ..." of a value of another type
+}
+
+var (
+	kindPath      = valueKind{want: `a path string such as "/var/lib/enforcerd"`}
+	kindGroup     = valueKind{gid: true, want: `a group name such as "enforcerd" or a numeric gid`}
+	kindName      = valueKind{want: `a string such as "enf"`}
+	kindCIDR      = valueKind{want: `a CIDR string such as "10.20.0.0/16"`}
+	kindAddrList  = valueKind{list: true, want: `a list of addresses such as ["192.0.2.53", "192.0.2.54:5353"]`}
+	kindCIDRList  = valueKind{list: true, want: `a list of CIDRs such as ["198.18.0.0/15"]`}
+	kindDuration  = valueKind{want: `a duration such as "60s"`}
+	kindHostPort  = valueKind{want: `a host:port string such as "127.0.0.1:9323"`}
+	kindLogFormat = valueKind{want: `"text" or "json"`}
+	kindPathList  = valueKind{list: true, want: `a list of directories such as ["/var/lib/enforcerd/images"]`}
+	kindInt       = valueKind{num: true, want: "a whole number such as 8192"}
+)
+
+// values converts a decoded TOML value of the key's kind to the option's
+// strings; ok is false for a value of another type.
+func (k valueKind) values(v any) ([]string, bool) {
+	switch v := v.(type) {
+	case string:
+		return []string{v}, !k.num
+	case int64:
+		return []string{strconv.FormatInt(v, 10)}, k.num || k.gid
+	case []any:
+		if !k.list {
+			return nil, false
+		}
+		out := make([]string, 0, len(v))
+		for _, e := range v {
+			s, ok := e.(string)
+			if !ok {
+				return nil, false
+			}
+			out = append(out, s)
+		}
+		return out, true
+	}
+	return nil, false
+}
+
+// describeTOML names a decoded TOML value's type and shows it, for "got
+// ..." in a type error: integer 5, string "5", boolean true, an array [1 2].
+func describeTOML(v any) string {
+	switch v := v.(type) {
+	case string:
+		return "string " + strconv.Quote(v)
+	case int64:
+		return fmt.Sprintf("integer %d", v)
+	case float64:
+		return fmt.Sprintf("float %v", v)
+	case bool:
+		return fmt.Sprintf("boolean %v", v)
+	case time.Time:
+		return "datetime " + v.Format(time.RFC3339)
+	case []any:
+		for _, e := range v {
+			if _, ok := e.(string); !ok {
+				return fmt.Sprintf("an array holding %s", describeTOML(e))
+			}
+		}
+		return "an array"
+	case map[string]any:
+		return "a table"
+	}
+	return fmt.Sprintf("%T", v)
 }
 
 // rawOption is one option's unvalidated values and where they came from:
@@ -205,48 +282,40 @@ func collectServeOptions(fs *pflag.FlagSet, f *serveFlags) (serveOptions, error)
 	return o, nil
 }
 
-// loadConfigFile reads a TOML config; unknown keys are an error naming them.
+// loadConfigFile reads a TOML config; an unknown key, or a value of
+// another type than its key takes, is an error naming it.
 func loadConfigFile(path string) (map[string]rawOption, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("read config: %w", err)
 	}
-	var fc fileConfig
-	md, err := toml.Decode(string(data), &fc)
+	var file map[string]any
+	md, err := toml.Decode(string(data), &file)
 	if err != nil {
 		return nil, fmt.Errorf("config %s: %v", path, err)
 	}
-	if und := md.Undecoded(); len(und) > 0 {
-		keys := make([]string, len(und))
-		for i, k := range und {
-			keys[i] = strconv.Quote(k.String())
+	var unknown []string
+	for _, k := range md.Keys() {
+		if _, ok := fileKinds[k[0]]; !ok { // a table under a known key is that key's type error
+			unknown = append(unknown, strconv.Quote(k.String()))
 		}
-		return nil, fmt.Errorf("config %s: unknown key %s (keys are the serve option names, e.g. state-dir)", path, strings.Join(keys, ", "))
+	}
+	if len(unknown) > 0 {
+		return nil, fmt.Errorf("config %s: unknown key %s (keys are the serve option names, e.g. state-dir)", path, strings.Join(unknown, ", "))
 	}
 	out := map[string]rawOption{}
-	add := func(key string, vals ...string) {
-		if md.IsDefined(key) {
-			out[key] = rawOption{values: vals, origin: path + ": " + key}
+	for _, k := range md.Keys() { // in the file's order: the first bad key is named
+		if len(k) > 1 {
+			continue
 		}
+		key := k[0]
+		kind := fileKinds[key]
+		vals, ok := kind.values(file[key])
+		if !ok {
+			return nil, fmt.Errorf("config %s: %s: want %s, got %s", path, key, kind.want, describeTOML(file[key]))
+		}
+		out[key] = rawOption{values: vals, origin: path + ": " + key}
 	}
-	add(optSocket, fc.Socket)
-	add(optSocketGroup, fc.SocketGroup)
-	add(optStateDir, fc.StateDir)
-	add(optNamePrefix, fc.NamePrefix)
-	add(optPool, fc.Pool)
-	add(optUpstream, fc.Upstream...)
-	add(optPublicOverride, fc.PublicOverride...)
-	add(optDNSMinTTL, fc.DNSMinTTL)
-	add(optAttestLife, fc.AttestLife)
-	add(optMetricsListen, fc.MetricsListen)
-	add(optLogFormat, fc.LogFormat)
-	add(optImagesDir, fc.ImagesDir...)
-	add(optMaxFlows, strconv.FormatInt(fc.MaxFlows, 10))
-	add(optFlowRate, strconv.FormatInt(fc.FlowRate, 10))
-	add(optMaxAttested, strconv.FormatInt(fc.MaxAttested, 10))
-	add(optRetention, fc.Retention)
-	add(optPreparedNetns, strconv.FormatInt(fc.PreparedNetns, 10))
-	add(optHeapFloor, strconv.FormatInt(fc.HeapFloorMiB, 10))
 	return out, nil
 }
 

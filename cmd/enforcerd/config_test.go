@@ -148,6 +148,12 @@ heap-floor-mib = 8
 func TestServeConfigErrors(t *testing.T) {
 	unknown := writeTOML(t, "pool = \"10.20.0.0/16\"\nbogus = 1\n[extra]\nx = 2\n")
 	badType := writeTOML(t, "pool = 5\n")
+	ttlInt := writeTOML(t, "dns-min-ttl = 5\n")
+	flowsString := writeTOML(t, "max-flows = \"8192\"\n")
+	upstreamInts := writeTOML(t, "upstream = [1, 2]\n")
+	formatBool := writeTOML(t, "log-format = true\n")
+	dirTable := writeTOML(t, "state-dir = { path = \"/x\" }\n")
+	retentionFloat := writeTOML(t, "events-retention = 1.5\n")
 	badSyntax := writeTOML(t, "pool = \n")
 	badValue := writeTOML(t, "pool = \"10.20.0.1/16\"\n")
 	noNS := writeTOML(t, "")
@@ -182,7 +188,13 @@ func TestServeConfigErrors(t *testing.T) {
 		{[]string{"--socket", ""}, ""}, // empty flag value: falls back (not an error)
 		{[]string{"--config", "/nonexistent/enforcerd.toml"}, "read config: open /nonexistent/enforcerd.toml: no such file or directory"},
 		{[]string{"--config", unknown}, "config " + unknown + `: unknown key "bogus", "extra", "extra.x" (keys are the serve option names, e.g. state-dir)`},
-		{[]string{"--config", badType}, "config " + badType + `: toml: line 1 (last key "pool"): incompatible types: TOML value has type int64; destination has type string`},
+		{[]string{"--config", badType}, "config " + badType + `: pool: want a CIDR string such as "10.20.0.0/16", got integer 5`},
+		{[]string{"--config", ttlInt}, "config " + ttlInt + `: dns-min-ttl: want a duration such as "60s", got integer 5`},
+		{[]string{"--config", flowsString}, "config " + flowsString + `: max-flows: want a whole number such as 8192, got string "8192"`},
+		{[]string{"--config", upstreamInts}, "config " + upstreamInts + `: upstream: want a list of addresses such as ["192.0.2.53", "192.0.2.54:5353"], got an array holding integer 1`},
+		{[]string{"--config", formatBool}, "config " + formatBool + `: log-format: want "text" or "json", got boolean true`},
+		{[]string{"--config", dirTable}, "config " + dirTable + `: state-dir: want a path string such as "/var/lib/enforcerd", got a table`},
+		{[]string{"--config", retentionFloat}, "config " + retentionFloat + `: events-retention: want a duration such as "60s", got float 1.5`},
 		{[]string{"--config", badSyntax}, "config " + badSyntax + `: toml: line 1 (last key "pool"): expected value but found '\n' instead`},
 		{[]string{"--config", badValue}, badValue + `: pool: invalid pool 10.20.0.1/16: host bits set (did you mean 10.20.0.0/16?); want an IPv4 prefix between /8 and /28`},
 		{[]string{"--config", noNS}, ""},
@@ -204,6 +216,16 @@ func TestServeConfigErrors(t *testing.T) {
 				t.Errorf("stderr\n got %q\nwant %q", got, want)
 			}
 		})
+	}
+}
+
+// TestConfigLenientTypes: a numeric socket-group is a gid, and one upstream
+// may be given as a string instead of a list of one.
+func TestConfigLenientTypes(t *testing.T) {
+	c := newTestCLI(t)
+	got := serveConfigOf(t, c, "--config", writeTOML(t, "socket-group = 1001\nupstream = \"192.0.2.1\"\n"))
+	if got.SocketGroup != "1001" || len(got.Upstreams) != 1 || got.Upstreams[0].String() != "192.0.2.1:53" {
+		t.Fatalf("socket group %q, upstreams %v", got.SocketGroup, got.Upstreams)
 	}
 }
 

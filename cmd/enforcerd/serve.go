@@ -27,6 +27,16 @@ func runServe(cfg ServeConfig) error {
 		return err
 	}
 	defer inst.release()
+	// Sockets the service manager passed that do not match the config are
+	// refused before anything else, naming both values.
+	inherited, err := takeInheritedSockets()
+	if err != nil {
+		return err
+	}
+	defer inherited.close()
+	if err := inherited.checkConfig(cfg); err != nil {
+		return err
+	}
 	// Before any kernel change: a host on which enforcement cannot work (no
 	// nf_tables, a foreign link with the prefix, the pool on a host address)
 	// is refused here, in one line naming the check, not served half-enforced.
@@ -35,11 +45,6 @@ func runServe(cfg ServeConfig) error {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	inherited, err := takeInheritedSockets()
-	if err != nil {
-		return err
-	}
-	defer inherited.close()
 
 	daemon.SetHeapFloor(cfg.HeapFloorMiB << 20)
 	metrics := daemon.NewMetrics(version, commit)
@@ -54,8 +59,8 @@ func runServe(cfg ServeConfig) error {
 	}
 	metrics.SetSessionSource(d)
 
-	if err := inherited.checkDNS(d.DNSAddr()); err != nil {
-		return err
+	if want, _ := daemon.DNSAddrOf(cfg.Pool); inherited.dnsUDP != nil && want.Addr() != d.DNSAddr() {
+		return fmt.Errorf("socket activation: the daemon's DNS address %s is not the pool's %s", d.DNSAddr(), want) // checkConfig's arithmetic disagrees with nsmgr's
 	}
 	serveDNS, err := d.ListenDNS(inherited.dnsUDP, inherited.dnsTCP)
 	if err != nil {
@@ -140,7 +145,7 @@ func newServeLogger(format string) *slog.Logger {
 		h = slog.NewJSONHandler(os.Stderr, opts)
 	}
 	// Under systemd, stderr is a journal stream: give each line its priority.
-	if os.Getenv("JOURNAL_STREAM") != "" {
+	if onJournalStream(os.Getenv, os.Stderr) {
 		h = newJournalHandler(os.Stderr, h)
 	}
 	return slog.New(h)
