@@ -670,3 +670,22 @@ func validateNDJSON(t *testing.T, schema *openapi3.Schema, body []byte) {
 		t.Error(err)
 	}
 }
+
+// TestOpenAPIErrorCodes: the Error schema's code enum is the codes of
+// errors.go's table, in its order, each once.
+func TestOpenAPIErrorCodes(t *testing.T) {
+	doc, _ := loadOpenAPI(t)
+	code := doc.Components.Schemas["Error"].Value.Properties["code"].Value
+	var got []string
+	for _, v := range code.Enum {
+		got = append(got, fmt.Sprint(v))
+	}
+	if want := api.Codes(); !slices.Equal(got, want) {
+		t.Errorf("Error.code enum %v, want api.Codes() %v", got, want)
+	}
+	for _, c := range api.Codes() {
+		if !strings.Contains(code.Description, c+" (") {
+			t.Errorf("Error.code's description does not explain %s", c)
+		}
+	}
+}

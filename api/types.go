@@ -253,7 +253,10 @@ type Status struct {
 	Status string `json:"status"`
 }
 
-// ErrorBody is the body of every refusal: one line naming the bad value.
+// ErrorBody is the body of every refusal: one line naming the bad value,
+// and the code a program branches on (one of Codes; a daemon older than
+// the codes sends none).
 type ErrorBody struct {
 	Error string `json:"error"`
+	Code  string `json:"code"`
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -32,12 +33,15 @@ const (
 
 // exitError is an error with the exit status the process ends with. Its
 // message is printed as one line on stderr; an empty message prints nothing.
+// err, when set, is the cause (a daemon's *api.Error carries its code).
 type exitError struct {
 	code int
 	msg  string
+	err  error
 }
 
 func (e *exitError) Error() string { return e.msg }
+func (e *exitError) Unwrap() error { return e.err }
 
 // errHelpShown ends a command after its usage was printed on request.
 var errHelpShown = errors.New("help shown")
@@ -49,7 +53,7 @@ func usageErr(cmd, format string, a ...any) error {
 
 // refusedErr is a refusal (or failure) reported by or about the daemon: exit 1.
 func refusedErr(cmd string, err error) error {
-	return &exitError{code: exitRefused, msg: cmd + ": " + err.Error()}
+	return &exitError{code: exitRefused, msg: cmd + ": " + err.Error(), err: err}
 }
 
 // cli is the command-line program. Its fields are the test seams: the
@@ -84,7 +88,7 @@ func newCLI() *cli {
 func (c *cli) run(args []string) int {
 	root := c.rootCommand()
 	root.SetArgs(args)
-	err := root.Execute()
+	cmd, err := root.ExecuteC()
 	switch {
 	case err == nil, errors.Is(err, errHelpShown):
 		return exitOK
@@ -93,11 +97,28 @@ func (c *cli) run(args []string) int {
 	if errors.As(err, &ee) {
 		if ee.msg != "" {
 			fmt.Fprintln(c.stderr, api.OneLine(ee.msg))
+			c.writeErrorJSON(cmd, ee)
 		}
 		return ee.code
 	}
 	fmt.Fprintln(c.stderr, "enforcerd: "+api.OneLine(err.Error()))
 	return exitRefused
+}
+
+// writeErrorJSON writes, for a command run with --json whose refusal came
+// from the daemon, {"error": LINE, "code": CODE} on stdout: the line
+// printed on stderr and the API's code (api.Codes), for a program to
+// branch on.
+func (c *cli) writeErrorJSON(cmd *cobra.Command, ee *exitError) {
+	var ae *api.Error
+	if cmd == nil || !errors.As(ee, &ae) || ae.Code == "" {
+		return
+	}
+	if f := cmd.Flags().Lookup("json"); f == nil || f.Value.String() != "true" {
+		return
+	}
+	b, _ := json.Marshal(api.ErrorBody{Error: api.OneLine(ee.msg), Code: ae.Code})
+	fmt.Fprintln(c.stdout, string(b))
 }
 
 // globalOpts are the options every command accepts, before or after its name.
