@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net/http"
 	"reflect"
+	"runtime"
 	"strings"
 	"sync"
 	"time"
@@ -23,6 +24,7 @@ const maxRequestBody = 1 << 20
 type HandlerOptions struct {
 	Log     *slog.Logger // nil: discard
 	Version string       // the daemon's version, for GET /v1/version
+	Commit  string       // the commit it was built from ("": unknown)
 	// CreateRefused, when set, hears of every create refused before it
 	// reached the Engine (a body that does not decode), so the daemon's
 	// metrics count every failed create.
@@ -252,7 +254,7 @@ func (a *server) readyz(w http.ResponseWriter, r *http.Request) {
 }
 
 func (a *server) version(w http.ResponseWriter, r *http.Request) {
-	writeJSONStatus(w, http.StatusOK, VersionInfo{Version: a.opts.Version, API: strings.TrimPrefix(Prefix, "/")})
+	writeJSONStatus(w, http.StatusOK, VersionInfo{Version: a.opts.Version, Commit: a.opts.Commit, Go: runtime.Version(), API: strings.TrimPrefix(Prefix, "/")})
 }
 
 func (a *server) create(w http.ResponseWriter, r *http.Request) {

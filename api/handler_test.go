@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"reflect"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -83,7 +84,7 @@ func TestAPIStatusCodes(t *testing.T) {
 		{"GET", "/v2/sessions", "", 404, errorJSON("no_route", `no route GET /v2/sessions`)},
 		{"GET", "/v1/sessions/taken/bogus", "", 404, errorJSON("no_route", `no route GET /v1/sessions/taken/bogus`)},
 		{"GET", "/v1/healthz", "", 200, `{"status":"ok"}` + "\n"},
-		{"GET", "/v1/version", "", 200, `{"version":"9.9.9","api":"v1"}` + "\n"},
+		{"GET", "/v1/version", "", 200, `{"version":"9.9.9","go":"` + runtime.Version() + `","api":"v1"}` + "\n"},
 		{"GET", "/v1/sessions/taken", "", 200, ""},
 		{"HEAD", "/v1/sessions/taken", "", 200, ""},
 	}

@@ -13,6 +13,7 @@ import (
 	"os"
 	"reflect"
 	"regexp"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -455,7 +456,7 @@ func TestOpenAPIExchanges(t *testing.T) {
 		fmt.Fprintf(stdout, "ran %s, stdin %q\n", strings.Join(req.Args, " "), req.Stdin)
 		return 0, nil
 	}
-	h := api.NewHandler(f, api.HandlerOptions{Version: "1.2.3"})
+	h := api.NewHandler(f, api.HandlerOptions{Version: "1.2.3", Commit: "0123456789ab"})
 	sick := apitest.New()
 	sick.Unhealthy = errors.New("table inet enforcerd is missing")
 	hSick := api.NewHandler(sick, api.HandlerOptions{})
@@ -465,7 +466,7 @@ func TestOpenAPIExchanges(t *testing.T) {
 		{method: "GET", path: "/v1/healthz", status: 200, check: wantBody(`{"status":"ok"}` + "\n")},
 		{method: "GET", path: "/v1/healthz", status: 503, unhealthy: true},
 		{method: "GET", path: "/v1/readyz", status: 200},
-		{method: "GET", path: "/v1/version", status: 200, check: wantBody(`{"version":"1.2.3","api":"v1"}` + "\n")},
+		{method: "GET", path: "/v1/version", status: 200, check: wantBody(`{"version":"1.2.3","commit":"0123456789ab","go":"` + runtime.Version() + `","api":"v1"}` + "\n")},
 		{method: "GET", path: "/v1/openapi.json", status: 200},
 		{method: "GET", path: "/v1/sessions", status: 200, check: wantBody("[]\n")},
 

@@ -245,6 +245,8 @@ type DeleteResponse struct {
 // VersionInfo is the body of GET /v1/version.
 type VersionInfo struct {
 	Version string `json:"version"`
+	Commit  string `json:"commit,omitempty"` // the git commit it was built from, when known
+	Go      string `json:"go,omitempty"`     // the Go version it was built with
 	API     string `json:"api"`
 }
 

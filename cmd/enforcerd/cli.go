@@ -9,7 +9,6 @@ import (
 	"net/netip"
 	"os"
 	"os/signal"
-	"runtime"
 	"sort"
 	"strconv"
 	"strings"
@@ -184,7 +183,7 @@ func (c *cli) rootCommand() *cobra.Command {
 		c.eventsCommand(glob),
 		c.reapCommand(),
 		c.doctorCommand(),
-		c.versionCommand(),
+		c.versionCommand(glob),
 		c.completionCommand(root),
 		c.manCommand(root),
 	)
@@ -287,37 +286,6 @@ func (c *cli) helpCommand(root *cobra.Command) *cobra.Command {
 			return errHelpShown
 		},
 	}
-}
-
-// buildInfo is what `enforcerd version` prints.
-type buildInfo struct {
-	Version string `json:"version"`
-	Commit  string `json:"commit"`
-	Go      string `json:"go"`
-	API     string `json:"api"` // the API version this client speaks
-}
-
-func (c *cli) versionCommand() *cobra.Command {
-	var asJSON bool
-	cmd := &cobra.Command{
-		Use:   "version [--json]",
-		Short: "print the version",
-		Long:  "Print the version of this binary, the git commit it was built from and its Go version.",
-		Args:  cobra.ArbitraryArgs,
-		RunE: func(_ *cobra.Command, args []string) error {
-			if err := noArgs("enforcerd version", "", args); err != nil {
-				return err
-			}
-			bi := buildInfo{Version: version, Commit: commit, Go: runtime.Version(), API: strings.TrimPrefix(api.Prefix, "/")}
-			if asJSON {
-				return writeJSON(c.stdout, bi)
-			}
-			fmt.Fprintf(c.stdout, "enforcerd %s (commit %s, %s)\n", bi.Version, orUnknown(bi.Commit), bi.Go)
-			return nil
-		},
-	}
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print the version, commit, Go and API version as JSON")
-	return cmd
 }
 
 func orUnknown(s string) string {
