@@ -183,6 +183,7 @@ func (c *cli) rootCommand() *cobra.Command {
 		c.eventsCommand(glob),
 		c.reapCommand(),
 		c.doctorCommand(),
+		c.bugreportCommand(glob),
 		c.versionCommand(glob),
 		c.completionCommand(root),
 		c.manCommand(root),
