@@ -137,8 +137,10 @@ func (c *cli) gatherBugreport(cmd *cobra.Command, flags *serveFlags, now time.Ti
 	switch {
 	case herr == nil:
 		rep.AddJSON("health", "health.json", api.Status{Status: "ok"}, nil)
-	case isRefusal(herr):
+	case errors.Is(herr, api.ErrUnavailable):
 		rep.AddJSON("health", "health.json", map[string]string{"status": "unhealthy", "error": api.OneLine(herr.Error())}, nil)
+	case isRefusal(herr):
+		rep.AddJSON("health", "health.json", nil, fmt.Errorf("the daemon refused: %v", herr))
 	default:
 		rep.AddJSON("health", "health.json", nil, fmt.Errorf("the daemon did not answer: %v", herr))
 	}
