@@ -43,18 +43,21 @@ func NewClient(socket string) *Client {
 	return &Client{socket: socket, http: &http.Client{Transport: tr}}
 }
 
-// Error is a refusal reported by the daemon: its HTTP status and its
-// one-line {"error": "..."} message. errors.Is finds the sentinel the
-// status stands for (ErrNotFound for 404, and so on).
+// Error is a refusal reported by the daemon: its HTTP status, its
+// one-line message and its code ({"error": "...", "code": "..."}).
+// errors.Is finds the sentinel the code stands for (ErrStaleGeneration
+// for "stale_generation", and so on); a daemon older than the codes sends
+// none, and then the sentinel is that of the status (409: ErrNameTaken).
 type Error struct {
 	Status  int
 	Message string
+	Code    string // one of Codes, or "" from an older daemon
 }
 
 func (e *Error) Error() string { return e.Message }
 
-// Unwrap is the sentinel of the status, if any.
-func (e *Error) Unwrap() error { return sentinelOf(e.Status) }
+// Unwrap is the sentinel of the code, else of the status, if any.
+func (e *Error) Unwrap() error { return sentinelOf(e.Code, e.Status) }
 
 // ExecError is an error frame ending an exec stream: the command did not
 // end by itself (Exit is ExitTimeout) or enforcerd failed (ExitEnforcerd),
@@ -116,11 +119,9 @@ func unwrapURLError(err error) error {
 
 func decodeAPIError(resp *http.Response) error {
 	data, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
-	var e struct {
-		Error string `json:"error"`
-	}
+	var e ErrorBody
 	if json.Unmarshal(data, &e) == nil && e.Error != "" {
-		return &Error{Status: resp.StatusCode, Message: e.Error}
+		return &Error{Status: resp.StatusCode, Message: e.Error, Code: e.Code}
 	}
 	msg := strings.TrimSpace(string(data))
 	if msg == "" {

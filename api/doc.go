@@ -3,8 +3,8 @@
 // other Go programs call it.
 //
 // It owns the request and response types, the exec-frame and event
-// schema, the error sentinels and the one table mapping them to HTTP
-// statuses (errors.go), the HTTP handler over an Engine the consumer
+// schema, the error sentinels and the one table mapping them to their
+// machine-readable codes and HTTP statuses (errors.go), the HTTP handler over an Engine the consumer
 // implements (handler.go), the unix-socket listener with its
 // peer-credential check (listen.go), the exported Client (client.go) and
 // the OpenAPI document that describes all of it (openapi.json).

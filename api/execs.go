@@ -48,7 +48,7 @@ func (a *server) execOutput(w http.ResponseWriter, r *http.Request) {
 	if v := q.Get("offset"); v != "" {
 		n, err := strconv.ParseInt(v, 10, 64)
 		if err != nil || n < 0 {
-			writeError(w, http.StatusBadRequest, fmt.Sprintf("offset %q: want the offset of a frame, a number from 0", v))
+			writeError(w, http.StatusBadRequest, CodeBadRequest, fmt.Sprintf("offset %q: want the offset of a frame, a number from 0", v))
 			return
 		}
 		offset = n
@@ -59,7 +59,7 @@ func (a *server) execOutput(w http.ResponseWriter, r *http.Request) {
 	case "1", "true":
 		follow = true
 	default:
-		writeError(w, http.StatusBadRequest, fmt.Sprintf("follow %q: want 1 or 0", v))
+		writeError(w, http.StatusBadRequest, CodeBadRequest, fmt.Sprintf("follow %q: want 1 or 0", v))
 		return
 	}
 	// Refusals (unknown session or exec, a bad offset) before the header.

@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net/http"
 	"reflect"
+	"runtime"
 	"strings"
 	"sync"
 	"time"
@@ -23,6 +24,7 @@ const maxRequestBody = 1 << 20
 type HandlerOptions struct {
 	Log     *slog.Logger // nil: discard
 	Version string       // the daemon's version, for GET /v1/version
+	Commit  string       // the commit it was built from ("": unknown)
 	// CreateRefused, when set, hears of every create refused before it
 	// reached the Engine (a body that does not decode), so the daemon's
 	// metrics count every failed create.
@@ -64,7 +66,7 @@ func NewHandler(e Engine, opts HandlerOptions) http.Handler {
 	mux.HandleFunc(Prefix+"/sessions/{name}/why", a.methods(map[string]http.HandlerFunc{"GET": a.why}))
 	mux.HandleFunc(Prefix+"/events", a.methods(map[string]http.HandlerFunc{"GET": a.allEvents}))
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		writeError(w, http.StatusNotFound, fmt.Sprintf("no route %s %s", r.Method, r.URL.Path))
+		writeError(w, http.StatusNotFound, CodeNoRoute, fmt.Sprintf("no route %s %s", r.Method, r.URL.Path))
 	})
 	return &handler{Handler: mux, log: opts.Log}
 }
@@ -98,7 +100,7 @@ func (a *server) methods(h map[string]http.HandlerFunc) http.HandlerFunc {
 			return
 		}
 		w.Header().Set("Allow", allow)
-		writeError(w, http.StatusMethodNotAllowed, fmt.Sprintf("method %s not allowed on %s (allowed: %s)", r.Method, r.URL.Path, allow))
+		writeError(w, http.StatusMethodNotAllowed, CodeNoRoute, fmt.Sprintf("method %s not allowed on %s (allowed: %s)", r.Method, r.URL.Path, allow))
 	}
 }
 
@@ -111,7 +113,7 @@ func writeJSONStatus(w http.ResponseWriter, status int, v any) {
 	if err := enc.Encode(v); err != nil {
 		status = http.StatusInternalServerError
 		buf.Reset()
-		buf.WriteString(`{"error":"encode response failed"}` + "\n")
+		buf.WriteString(`{"error":"encode response failed","code":"internal"}` + "\n")
 	}
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Content-Length", fmt.Sprint(buf.Len()))
@@ -119,21 +121,40 @@ func writeJSONStatus(w http.ResponseWriter, status int, v any) {
 	_, _ = w.Write(buf.Bytes())
 }
 
-func writeError(w http.ResponseWriter, status int, msg string) {
-	writeJSONStatus(w, status, ErrorBody{Error: OneLine(msg)})
+// writeError writes a refusal: its status, its code (one of Codes) and
+// its one-line message.
+func writeError(w http.ResponseWriter, status int, code, msg string) {
+	writeJSONStatus(w, status, ErrorBody{Error: OneLine(msg), Code: code})
+}
+
+// writeRefusal writes a refusal of the handler's own (a body that does
+// not decode) with the status and code of the sentinel err wraps.
+func writeRefusal(w http.ResponseWriter, err error) {
+	status, code := statusCodeOf(err)
+	writeError(w, status, code, err.Error())
 }
 
 func (a *server) fail(w http.ResponseWriter, r *http.Request, err error) {
-	status := StatusOf(err)
+	status, code := statusCodeOf(err)
 	if status >= 500 && status != StatusClientClosed {
 		a.log.Error("api request failed", "method", r.Method, "path", r.URL.Path, "err", err)
 	}
-	writeError(w, status, err.Error())
+	writeError(w, status, code, err.Error())
 }
 
 // decodeBody decodes a JSON body strictly: one object, no unknown fields,
-// at most maxRequestBody bytes. The error is the response to send.
-func decodeBody(w http.ResponseWriter, r *http.Request, v any) (int, error) {
+// at most maxRequestBody bytes. The error is the response to send: it
+// wraps ErrTooLarge or ErrBadRequest (writeRefusal sends it).
+func decodeBody(w http.ResponseWriter, r *http.Request, v any) error {
+	err := decodeBodyErr(w, r, v)
+	switch {
+	case err == nil, errors.Is(err, ErrTooLarge):
+		return err
+	}
+	return Classify(err, ErrBadRequest)
+}
+
+func decodeBodyErr(w http.ResponseWriter, r *http.Request, v any) error {
 	body := http.MaxBytesReader(w, r.Body, maxRequestBody)
 	dec := json.NewDecoder(body)
 	dec.DisallowUnknownFields()
@@ -149,7 +170,7 @@ func decodeBody(w http.ResponseWriter, r *http.Request, v any) (int, error) {
 		}
 	}
 	if err == nil {
-		return 0, nil
+		return nil
 	}
 	var (
 		mbe *http.MaxBytesError
@@ -159,24 +180,24 @@ func decodeBody(w http.ResponseWriter, r *http.Request, v any) (int, error) {
 	)
 	switch {
 	case errors.As(err, &mbe):
-		return http.StatusRequestEntityTooLarge, fmt.Errorf("request body larger than %d bytes", mbe.Limit)
+		return Classify(fmt.Errorf("request body larger than %d bytes", mbe.Limit), ErrTooLarge)
 	case errors.Is(err, io.EOF):
-		return http.StatusBadRequest, errors.New("empty request body: want a JSON object")
+		return errors.New("empty request body: want a JSON object")
 	case errors.As(err, &se), errors.Is(err, io.ErrUnexpectedEOF):
-		return http.StatusBadRequest, fmt.Errorf("malformed JSON: %v", err)
+		return fmt.Errorf("malformed JSON: %v", err)
 	case errors.As(err, &te):
 		if te.Field == "" {
-			return http.StatusBadRequest, fmt.Errorf("request body: want a JSON object, got JSON %s", te.Value)
+			return fmt.Errorf("request body: want a JSON object, got JSON %s", te.Value)
 		}
-		return http.StatusBadRequest, fmt.Errorf("field %q: want %s, got JSON %s", te.Field, jsonKind(te.Type), te.Value)
+		return fmt.Errorf("field %q: want %s, got JSON %s", te.Field, jsonKind(te.Type), te.Value)
 	case errors.As(err, &ce):
 		// encoding/json reports bad base64 without the field; stdin_b64 is
 		// the API's only bytes field.
-		return http.StatusBadRequest, fmt.Errorf("field \"stdin_b64\": want standard padded base64, got %v", err)
+		return fmt.Errorf("field \"stdin_b64\": want standard padded base64, got %v", err)
 	case strings.HasPrefix(err.Error(), "json: unknown field "):
-		return http.StatusBadRequest, fmt.Errorf("unknown field %s", strings.TrimPrefix(err.Error(), "json: unknown field "))
+		return fmt.Errorf("unknown field %s", strings.TrimPrefix(err.Error(), "json: unknown field "))
 	}
-	return http.StatusBadRequest, fmt.Errorf("malformed JSON: %v", err)
+	return fmt.Errorf("malformed JSON: %v", err)
 }
 
 // jsonKind names a Go type as the JSON a client should send.
@@ -222,7 +243,7 @@ func labelFilter(r *http.Request) (key, value string, ok bool, err error) {
 
 func (a *server) healthz(w http.ResponseWriter, r *http.Request) {
 	if err := a.e.Healthy(); err != nil {
-		writeError(w, http.StatusServiceUnavailable, "unhealthy: "+err.Error())
+		writeError(w, http.StatusServiceUnavailable, CodeUnavailable, "unhealthy: "+err.Error())
 		return
 	}
 	writeJSONStatus(w, http.StatusOK, Status{Status: "ok"})
@@ -233,16 +254,16 @@ func (a *server) readyz(w http.ResponseWriter, r *http.Request) {
 }
 
 func (a *server) version(w http.ResponseWriter, r *http.Request) {
-	writeJSONStatus(w, http.StatusOK, VersionInfo{Version: a.opts.Version, API: strings.TrimPrefix(Prefix, "/")})
+	writeJSONStatus(w, http.StatusOK, VersionInfo{Version: a.opts.Version, Commit: a.opts.Commit, Go: runtime.Version(), API: strings.TrimPrefix(Prefix, "/")})
 }
 
 func (a *server) create(w http.ResponseWriter, r *http.Request) {
 	var req CreateRequest
-	if status, err := decodeBody(w, r, &req); err != nil {
+	if err := decodeBody(w, r, &req); err != nil {
 		if a.opts.CreateRefused != nil {
 			a.opts.CreateRefused(fmt.Errorf("%w: %v", ErrBadRequest, err))
 		}
-		writeError(w, status, err.Error())
+		writeRefusal(w, err)
 		return
 	}
 	info, err := a.e.Create(r.Context(), req) // the engine records its metrics
@@ -257,7 +278,7 @@ func (a *server) create(w http.ResponseWriter, r *http.Request) {
 func (a *server) list(w http.ResponseWriter, r *http.Request) {
 	key, value, _, err := labelFilter(r)
 	if err != nil {
-		writeError(w, http.StatusBadRequest, err.Error())
+		writeError(w, http.StatusBadRequest, CodeBadRequest, err.Error())
 		return
 	}
 	list := a.e.List(key, value)
@@ -291,7 +312,7 @@ func (a *server) deleteByLabel(w http.ResponseWriter, r *http.Request) {
 		err = errors.New("label: deleting sessions in bulk needs ?label=KEY=VALUE")
 	}
 	if err != nil {
-		writeError(w, http.StatusBadRequest, err.Error())
+		writeError(w, http.StatusBadRequest, CodeBadRequest, err.Error())
 		return
 	}
 	names, err := a.e.DeleteByLabel(r.Context(), key, value)
@@ -341,7 +362,7 @@ func eventQuery(r *http.Request) (follow bool, since time.Time, err error) {
 func (a *server) events(w http.ResponseWriter, r *http.Request) {
 	follow, since, err := eventQuery(r)
 	if err != nil {
-		writeError(w, http.StatusBadRequest, err.Error())
+		writeError(w, http.StatusBadRequest, CodeBadRequest, err.Error())
 		return
 	}
 	name := r.PathValue("name")
@@ -360,7 +381,7 @@ func (a *server) allEvents(w http.ResponseWriter, r *http.Request) {
 		key, value, _, err = labelFilter(r)
 	}
 	if err != nil {
-		writeError(w, http.StatusBadRequest, err.Error())
+		writeError(w, http.StatusBadRequest, CodeBadRequest, err.Error())
 		return
 	}
 	recorded, ch, err := a.e.AllEvents(r.Context(), key, value, follow)
@@ -466,17 +487,17 @@ func (f *frameWriter) hasStarted() bool {
 
 func (a *server) exec(w http.ResponseWriter, r *http.Request) {
 	var req ExecRequest
-	if status, err := decodeBody(w, r, &req); err != nil {
-		writeError(w, status, err.Error())
+	if err := decodeBody(w, r, &req); err != nil {
+		writeRefusal(w, err)
 		return
 	}
 	if len(req.Args) == 0 || req.Args[0] == "" {
-		writeError(w, http.StatusBadRequest, "args: want the command and its arguments, e.g. [\"sh\", \"-c\", \"id\"]")
+		writeError(w, http.StatusBadRequest, CodeBadRequest, "args: want the command and its arguments, e.g. [\"sh\", \"-c\", \"id\"]")
 		return
 	}
 	if req.Timeout != "" {
 		if d, err := time.ParseDuration(req.Timeout); err != nil || d <= 0 {
-			writeError(w, http.StatusBadRequest, fmt.Sprintf("timeout %q: want a positive duration such as 30s", req.Timeout))
+			writeError(w, http.StatusBadRequest, CodeBadRequest, fmt.Sprintf("timeout %q: want a positive duration such as 30s", req.Timeout))
 			return
 		}
 	}

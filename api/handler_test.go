@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"reflect"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -33,8 +34,8 @@ func apiDo(t *testing.T, h http.Handler, method, path, body string) (int, string
 	return rr.Code, rr.Body.String(), rr.Header()
 }
 
-func errorJSON(msg string) string {
-	b, _ := json.Marshal(api.ErrorBody{Error: msg})
+func errorJSON(code, msg string) string {
+	b, _ := json.Marshal(api.ErrorBody{Error: msg, Code: code})
 	return string(b) + "\n"
 }
 
@@ -51,39 +52,39 @@ func TestAPIStatusCodes(t *testing.T) {
 		status             int
 		want               string // whole body; "" = only the status is checked
 	}{
-		{"POST", "/v1/sessions", `{"name":"bad-1","network_only":true}`, 400, errorJSON(`allow entry "x y": not a name, wildcard or CIDR: bad request`)},
-		{"POST", "/v1/sessions", `{"name":"taken","network_only":true}`, 409, errorJSON(`session "taken" already exists: session name taken`)},
-		{"POST", "/v1/sessions", `{"name":"full-1","network_only":true}`, 503, errorJSON(`address pool exhausted: no free /30 in 10.20.0.0/16`)},
-		{"POST", "/v1/sessions", `{"name":"boom-1","network_only":true}`, 500, errorJSON(`add veth enfboomh: file exists`)},
-		{"POST", "/v1/sessions", `{"name":"x",`, 400, errorJSON(`malformed JSON: unexpected EOF`)},
-		{"POST", "/v1/sessions", `{"name":"x"}}`, 400, errorJSON(`malformed JSON: trailing data after the JSON object`)},
-		{"POST", "/v1/sessions", `{"name":"x"} {"name":"y"}`, 400, errorJSON(`malformed JSON: trailing data after the JSON object`)},
-		{"POST", "/v1/sessions", `not json`, 400, errorJSON(`malformed JSON: invalid character 'o' in literal null (expecting 'u')`)},
-		{"POST", "/v1/sessions", ``, 400, errorJSON(`empty request body: want a JSON object`)},
-		{"POST", "/v1/sessions", `[1]`, 400, errorJSON(`request body: want a JSON object, got JSON array`)},
-		{"POST", "/v1/sessions", `{"name":"x","bogus":1}`, 400, errorJSON(`unknown field "bogus"`)},
-		{"POST", "/v1/sessions", `{"name":"x","pids":"many"}`, 400, errorJSON(`field "pids": want an integer, got JSON string`)},
-		{"POST", "/v1/sessions", big, 413, errorJSON(`request body larger than 1048576 bytes`)},
-		{"GET", "/v1/sessions/nope", "", 404, errorJSON(`session "nope": unknown session`)},
-		{"DELETE", "/v1/sessions/nope", "", 404, errorJSON(`session "nope": unknown session`)},
-		{"GET", "/v1/sessions/nope/events", "", 404, errorJSON(`session "nope": unknown session`)},
-		{"GET", "/v1/sessions/taken/events?follow=maybe", "", 400, errorJSON(`follow "maybe": want 1 or 0`)},
-		{"POST", "/v1/sessions/nope/exec", `{"args":["id"]}`, 404, errorJSON(`session "nope": unknown session`)},
-		{"POST", "/v1/sessions/noboxes/exec", `{"args":["id"]}`, 409, errorJSON(`session "noboxes" was created with --network-only: session has no sandbox`)},
-		{"POST", "/v1/sessions/taken/exec", `{"args":[]}`, 400, errorJSON(`args: want the command and its arguments, e.g. ["sh", "-c", "id"]`)},
-		{"POST", "/v1/sessions/taken/exec", `{"args":["id"],"timeout":"soon"}`, 400, errorJSON(`timeout "soon": want a positive duration such as 30s`)},
-		{"POST", "/v1/sessions/taken/exec", `{"args":["id"],"tty":true}`, 400, errorJSON(`unknown field "tty"`)},
-		{"GET", "/v1/sessions?label=novalue", "", 400, errorJSON(`label "novalue": want KEY=VALUE with a non-empty KEY`)},
-		{"GET", "/v1/sessions?label=a=1&label=b=2", "", 400, errorJSON(`label: give one KEY=VALUE filter`)},
-		{"DELETE", "/v1/sessions", "", 400, errorJSON(`label: deleting sessions in bulk needs ?label=KEY=VALUE`)},
-		{"PUT", "/v1/sessions", "", 405, errorJSON(`method PUT not allowed on /v1/sessions (allowed: GET, POST, DELETE)`)},
-		{"POST", "/v1/sessions/taken", "", 405, errorJSON(`method POST not allowed on /v1/sessions/taken (allowed: GET, DELETE)`)},
-		{"GET", "/v1/sessions/taken/exec", "", 405, errorJSON(`method GET not allowed on /v1/sessions/taken/exec (allowed: POST)`)},
+		{"POST", "/v1/sessions", `{"name":"bad-1","network_only":true}`, 400, errorJSON("bad_request", `allow entry "x y": not a name, wildcard or CIDR: bad request`)},
+		{"POST", "/v1/sessions", `{"name":"taken","network_only":true}`, 409, errorJSON("name_taken", `session "taken" already exists: session name taken`)},
+		{"POST", "/v1/sessions", `{"name":"full-1","network_only":true}`, 503, errorJSON("pool_exhausted", `address pool exhausted: no free /30 in 10.20.0.0/16`)},
+		{"POST", "/v1/sessions", `{"name":"boom-1","network_only":true}`, 500, errorJSON("internal", `add veth enfboomh: file exists`)},
+		{"POST", "/v1/sessions", `{"name":"x",`, 400, errorJSON("bad_request", `malformed JSON: unexpected EOF`)},
+		{"POST", "/v1/sessions", `{"name":"x"}}`, 400, errorJSON("bad_request", `malformed JSON: trailing data after the JSON object`)},
+		{"POST", "/v1/sessions", `{"name":"x"} {"name":"y"}`, 400, errorJSON("bad_request", `malformed JSON: trailing data after the JSON object`)},
+		{"POST", "/v1/sessions", `not json`, 400, errorJSON("bad_request", `malformed JSON: invalid character 'o' in literal null (expecting 'u')`)},
+		{"POST", "/v1/sessions", ``, 400, errorJSON("bad_request", `empty request body: want a JSON object`)},
+		{"POST", "/v1/sessions", `[1]`, 400, errorJSON("bad_request", `request body: want a JSON object, got JSON array`)},
+		{"POST", "/v1/sessions", `{"name":"x","bogus":1}`, 400, errorJSON("bad_request", `unknown field "bogus"`)},
+		{"POST", "/v1/sessions", `{"name":"x","pids":"many"}`, 400, errorJSON("bad_request", `field "pids": want an integer, got JSON string`)},
+		{"POST", "/v1/sessions", big, 413, errorJSON("too_large", `request body larger than 1048576 bytes`)},
+		{"GET", "/v1/sessions/nope", "", 404, errorJSON("not_found", `session "nope": unknown session`)},
+		{"DELETE", "/v1/sessions/nope", "", 404, errorJSON("not_found", `session "nope": unknown session`)},
+		{"GET", "/v1/sessions/nope/events", "", 404, errorJSON("not_found", `session "nope": unknown session`)},
+		{"GET", "/v1/sessions/taken/events?follow=maybe", "", 400, errorJSON("bad_request", `follow "maybe": want 1 or 0`)},
+		{"POST", "/v1/sessions/nope/exec", `{"args":["id"]}`, 404, errorJSON("not_found", `session "nope": unknown session`)},
+		{"POST", "/v1/sessions/noboxes/exec", `{"args":["id"]}`, 409, errorJSON("no_sandbox", `session "noboxes" was created with --network-only: session has no sandbox`)},
+		{"POST", "/v1/sessions/taken/exec", `{"args":[]}`, 400, errorJSON("bad_request", `args: want the command and its arguments, e.g. ["sh", "-c", "id"]`)},
+		{"POST", "/v1/sessions/taken/exec", `{"args":["id"],"timeout":"soon"}`, 400, errorJSON("bad_request", `timeout "soon": want a positive duration such as 30s`)},
+		{"POST", "/v1/sessions/taken/exec", `{"args":["id"],"tty":true}`, 400, errorJSON("bad_request", `unknown field "tty"`)},
+		{"GET", "/v1/sessions?label=novalue", "", 400, errorJSON("bad_request", `label "novalue": want KEY=VALUE with a non-empty KEY`)},
+		{"GET", "/v1/sessions?label=a=1&label=b=2", "", 400, errorJSON("bad_request", `label: give one KEY=VALUE filter`)},
+		{"DELETE", "/v1/sessions", "", 400, errorJSON("bad_request", `label: deleting sessions in bulk needs ?label=KEY=VALUE`)},
+		{"PUT", "/v1/sessions", "", 405, errorJSON("no_route", `method PUT not allowed on /v1/sessions (allowed: GET, POST, DELETE)`)},
+		{"POST", "/v1/sessions/taken", "", 405, errorJSON("no_route", `method POST not allowed on /v1/sessions/taken (allowed: GET, DELETE)`)},
+		{"GET", "/v1/sessions/taken/exec", "", 405, errorJSON("no_route", `method GET not allowed on /v1/sessions/taken/exec (allowed: POST)`)},
 		{"POST", "/v1/healthz", "", 405, ""},
-		{"GET", "/v2/sessions", "", 404, errorJSON(`no route GET /v2/sessions`)},
-		{"GET", "/v1/sessions/taken/bogus", "", 404, errorJSON(`no route GET /v1/sessions/taken/bogus`)},
+		{"GET", "/v2/sessions", "", 404, errorJSON("no_route", `no route GET /v2/sessions`)},
+		{"GET", "/v1/sessions/taken/bogus", "", 404, errorJSON("no_route", `no route GET /v1/sessions/taken/bogus`)},
 		{"GET", "/v1/healthz", "", 200, `{"status":"ok"}` + "\n"},
-		{"GET", "/v1/version", "", 200, `{"version":"9.9.9","api":"v1"}` + "\n"},
+		{"GET", "/v1/version", "", 200, `{"version":"9.9.9","go":"` + runtime.Version() + `","api":"v1"}` + "\n"},
 		{"GET", "/v1/sessions/taken", "", 200, ""},
 		{"HEAD", "/v1/sessions/taken", "", 200, ""},
 	}
@@ -105,7 +106,7 @@ func TestAPIStatusCodes(t *testing.T) {
 		})
 	}
 	f.Unhealthy = errors.New("nftables table missing")
-	if code, body, _ := apiDo(t, h, "GET", "/v1/healthz", ""); code != 503 || body != errorJSON("unhealthy: nftables table missing") {
+	if code, body, _ := apiDo(t, h, "GET", "/v1/healthz", ""); code != 503 || body != errorJSON("unavailable", "unhealthy: nftables table missing") {
 		t.Fatalf("unhealthy: %d %s", code, body)
 	}
 }
@@ -281,6 +282,7 @@ func TestAPIExecStdinContract(t *testing.T) {
 		{`{"args":["cat"],"stdin_b64":"not base64!"}`, `{"error":"field \"stdin_b64\": want standard padded base64, got illegal base64 data at input byte 3"}`},
 		{`{"args":["cat"],"stdin_b64":7}`, `{"error":"field \"stdin_b64\": want a base64 string, got JSON number"}`},
 	} {
+		tc.want = strings.TrimSuffix(tc.want, "}") + `,"code":"bad_request"}`
 		code, out, _ := apiDo(t, h, "POST", "/v1/sessions/s1/exec", tc.body)
 		if code != 400 || out != tc.want+"\n" {
 			t.Errorf("%s: %d %s, want 400 %s", tc.body, code, out, tc.want)
@@ -434,6 +436,9 @@ func TestStatusOf(t *testing.T) {
 		fmt.Errorf("x: %w", api.ErrNameTaken):           409,
 		fmt.Errorf("x: %w", api.ErrNoSandbox):           409,
 		fmt.Errorf("x: %w", api.ErrPoolExhausted):       503,
+		fmt.Errorf("x: %w", api.ErrStaleGeneration):     409,
+		fmt.Errorf("x: %w", api.ErrLocked):              409,
+		fmt.Errorf("x: %w", api.ErrBusy):                409,
 		errors.Join(errors.New("a"), api.ErrBadRequest): 400,
 		errors.New("other"):                             500,
 	}
@@ -445,3 +450,29 @@ func TestStatusOf(t *testing.T) {
 }
 
 func discardLogger() *slog.Logger { return slog.New(slog.DiscardHandler) }
+
+// TestAPIErrorCodes: an engine error wrapping each sentinel is answered
+// with the sentinel's status and code and the error's own one line;
+// an error without a sentinel is 500 "internal".
+func TestAPIErrorCodes(t *testing.T) {
+	errs := map[string]error{"plain": errors.New("add veth enfxh: file exists")}
+	for _, c := range codeCases {
+		errs[strings.ReplaceAll(c.code, "_", "-")] = fmt.Errorf("session %s: %w", c.code, c.sentinel)
+	}
+	h := api.NewHandler(failingEngine{apitest.New(), errs}, api.HandlerOptions{})
+	for _, c := range codeCases {
+		code, body, _ := apiDo(t, h, "GET", "/v1/sessions/"+strings.ReplaceAll(c.code, "_", "-"), "")
+		if want := errorJSON(c.code, fmt.Sprintf("session %s: %v", c.code, c.sentinel)); code != c.status || body != want {
+			t.Errorf("%s: %d %s, want %d %s", c.code, code, body, c.status, want)
+		}
+		if got := api.CodeOf(errs[strings.ReplaceAll(c.code, "_", "-")]); got != c.code {
+			t.Errorf("api.CodeOf(%v) = %q, want %q", c.sentinel, got, c.code)
+		}
+	}
+	if code, body, _ := apiDo(t, h, "GET", "/v1/sessions/plain", ""); code != 500 || body != errorJSON("internal", "add veth enfxh: file exists") {
+		t.Errorf("an error without a sentinel: %d %s", code, body)
+	}
+	if api.CodeOf(nil) != "" {
+		t.Errorf("api.CodeOf(nil) = %q, want \"\"", api.CodeOf(nil))
+	}
+}

@@ -193,7 +193,7 @@ func (p AccessPolicy) authorize(next http.Handler, log *slog.Logger, groupsOf fu
 			if ok {
 				msg += ": " + cr.err.Error()
 			}
-			writeError(w, http.StatusForbidden, msg)
+			writeError(w, http.StatusForbidden, CodeForbidden, msg)
 			return
 		}
 		c := cr.cred
@@ -204,7 +204,7 @@ func (p AccessPolicy) authorize(next http.Handler, log *slog.Logger, groupsOf fu
 		}
 		if !p.allows(c) {
 			log.Warn("api caller refused", "uid", c.UID, "gid", c.GID, "pid", c.PID, "method", r.Method, "path", r.URL.Path)
-			writeError(w, http.StatusForbidden, p.denial(c))
+			writeError(w, http.StatusForbidden, CodeForbidden, p.denial(c))
 			return
 		}
 		next.ServeHTTP(w, r)
@@ -275,7 +275,7 @@ func Listen(cfg ListenConfig) (*Listener, error) {
 		}
 		if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
 			c.Close()
-			return nil, fmt.Errorf("listen %s: another daemon is serving on it", path)
+			return nil, Classify(fmt.Errorf("listen %s: another daemon is serving on it", path), ErrOtherDaemon)
 		}
 	}
 	tmp := filepath.Join(dir, fmt.Sprintf(".enforcerd-%d.sock", os.Getpid()))

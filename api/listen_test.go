@@ -3,6 +3,7 @@ package api
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"log/slog"
 	"net"
 	"net/http"
@@ -190,8 +191,8 @@ func TestListenAPI(t *testing.T) {
 			c.Close()
 		}
 	}()
-	if _, err := Listen(cfg); err == nil || err.Error() != "listen "+sock+": another daemon is serving on it" {
-		t.Fatalf("second listen: %v", err)
+	if _, err := Listen(cfg); err == nil || err.Error() != "listen "+sock+": another daemon is serving on it" || !errors.Is(err, ErrOtherDaemon) || CodeOf(err) != CodeOtherDaemon {
+		t.Fatalf("second listen: %v, want ErrOtherDaemon", err)
 	}
 	ln.Close()
 	if _, err := os.Lstat(sock); !os.IsNotExist(err) {
@@ -226,6 +227,6 @@ func TestListenAPI(t *testing.T) {
 }
 
 func errorLine(msg string) string {
-	b, _ := json.Marshal(ErrorBody{Error: msg})
+	b, _ := json.Marshal(ErrorBody{Error: msg, Code: CodeForbidden})
 	return string(b) + "\n"
 }

@@ -13,6 +13,7 @@ import (
 	"os"
 	"reflect"
 	"regexp"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -455,7 +456,7 @@ func TestOpenAPIExchanges(t *testing.T) {
 		fmt.Fprintf(stdout, "ran %s, stdin %q\n", strings.Join(req.Args, " "), req.Stdin)
 		return 0, nil
 	}
-	h := api.NewHandler(f, api.HandlerOptions{Version: "1.2.3"})
+	h := api.NewHandler(f, api.HandlerOptions{Version: "1.2.3", Commit: "0123456789ab"})
 	sick := apitest.New()
 	sick.Unhealthy = errors.New("table inet enforcerd is missing")
 	hSick := api.NewHandler(sick, api.HandlerOptions{})
@@ -465,7 +466,7 @@ func TestOpenAPIExchanges(t *testing.T) {
 		{method: "GET", path: "/v1/healthz", status: 200, check: wantBody(`{"status":"ok"}` + "\n")},
 		{method: "GET", path: "/v1/healthz", status: 503, unhealthy: true},
 		{method: "GET", path: "/v1/readyz", status: 200},
-		{method: "GET", path: "/v1/version", status: 200, check: wantBody(`{"version":"1.2.3","api":"v1"}` + "\n")},
+		{method: "GET", path: "/v1/version", status: 200, check: wantBody(`{"version":"1.2.3","commit":"0123456789ab","go":"` + runtime.Version() + `","api":"v1"}` + "\n")},
 		{method: "GET", path: "/v1/openapi.json", status: 200},
 		{method: "GET", path: "/v1/sessions", status: 200, check: wantBody("[]\n")},
 
@@ -668,5 +669,24 @@ func validateNDJSON(t *testing.T, schema *openapi3.Schema, body []byte) {
 	}
 	if err := sc.Err(); err != nil {
 		t.Error(err)
+	}
+}
+
+// TestOpenAPIErrorCodes: the Error schema's code enum is the codes of
+// errors.go's table, in its order, each once.
+func TestOpenAPIErrorCodes(t *testing.T) {
+	doc, _ := loadOpenAPI(t)
+	code := doc.Components.Schemas["Error"].Value.Properties["code"].Value
+	var got []string
+	for _, v := range code.Enum {
+		got = append(got, fmt.Sprint(v))
+	}
+	if want := api.Codes(); !slices.Equal(got, want) {
+		t.Errorf("Error.code enum %v, want api.Codes() %v", got, want)
+	}
+	for _, c := range api.Codes() {
+		if !strings.Contains(code.Description, c+" (") {
+			t.Errorf("Error.code's description does not explain %s", c)
+		}
 	}
 }

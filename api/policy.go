@@ -56,8 +56,8 @@ func (a *server) policyPatch(w http.ResponseWriter, r *http.Request) { a.policyU
 
 func (a *server) policyUpdate(w http.ResponseWriter, r *http.Request, replace bool) {
 	var u PolicyUpdate
-	if status, err := decodeBody(w, r, &u); err != nil {
-		writeError(w, status, err.Error())
+	if err := decodeBody(w, r, &u); err != nil {
+		writeRefusal(w, err)
 		return
 	}
 	info, err := a.e.UpdatePolicy(r.Context(), r.PathValue("name"), u, replace)

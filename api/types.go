@@ -245,6 +245,8 @@ type DeleteResponse struct {
 // VersionInfo is the body of GET /v1/version.
 type VersionInfo struct {
 	Version string `json:"version"`
+	Commit  string `json:"commit,omitempty"` // the git commit it was built from, when known
+	Go      string `json:"go,omitempty"`     // the Go version it was built with
 	API     string `json:"api"`
 }
 
@@ -253,7 +255,10 @@ type Status struct {
 	Status string `json:"status"`
 }
 
-// ErrorBody is the body of every refusal: one line naming the bad value.
+// ErrorBody is the body of every refusal: one line naming the bad value,
+// and the code a program branches on (one of Codes; a daemon older than
+// the codes sends none).
 type ErrorBody struct {
 	Error string `json:"error"`
+	Code  string `json:"code"`
 }

@@ -49,7 +49,7 @@ const (
 func (a *server) why(w http.ResponseWriter, r *http.Request) {
 	dest := r.URL.Query().Get("dest")
 	if dest == "" {
-		writeError(w, http.StatusBadRequest, "dest: want ?dest=NAME|IP[:PORT][/tcp|udp]")
+		writeError(w, http.StatusBadRequest, CodeBadRequest, "dest: want ?dest=NAME|IP[:PORT][/tcp|udp]")
 		return
 	}
 	ans, err := a.e.Why(r.Context(), r.PathValue("name"), dest)

@@ -36,7 +36,7 @@ func (e *Daemon) reserve(name string, mustExist bool) (*liveSession, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.pending[name] {
-		return nil, fmt.Errorf("session %q: another operation on it is in progress: %w", name, api.ErrNameTaken)
+		return nil, api.Classify(fmt.Errorf("session %q: another operation on it is in progress", name), api.ErrBusy)
 	}
 	s, exists := e.sessions[name]
 	if mustExist && !exists {

@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -142,4 +143,28 @@ func TestSummaryShowsWhatTheSessionHolds(t *testing.T) {
 	check("no NIC", render(SessionRecord{Name: "c", Slot: -1, Sandbox: true}), map[string]any{"pids": float64(1024)}, "dns")
 	check("network-only", render(SessionRecord{Name: "d", Slot: 2, Guest: guest, Request: api.CreateRequest{NetworkOnly: true}}),
 		map[string]any{"dns": "10.20.255.254"}, "memory_bytes", "pids", "cpus", "net_raw", "writable")
+}
+
+// TestBusyIsNotNameTaken: an operation on a session while another on it is
+// in flight is refused with api.ErrBusy (code busy), which a client can
+// retry, not api.ErrNameTaken; the create metric counts it as busy.
+func TestBusyIsNotNameTaken(t *testing.T) {
+	w := newWorld(t)
+	if _, err := w.d.reserve("b1", false); err != nil {
+		t.Fatal(err)
+	}
+	_, err := w.d.Create(context.Background(), api.CreateRequest{Name: "b1", NetworkOnly: true})
+	if !errors.Is(err, api.ErrBusy) || errors.Is(err, api.ErrNameTaken) || api.CodeOf(err) != api.CodeBusy {
+		t.Errorf("create during another operation on the name: %v (code %s), want api.ErrBusy only", err, api.CodeOf(err))
+	}
+	if got := failureReason(err); got != "busy" {
+		t.Errorf("failureReason = %q, want busy", got)
+	}
+	w.d.release("b1")
+	if _, err := w.d.Create(context.Background(), api.CreateRequest{Name: "b1", NetworkOnly: true}); err != nil {
+		t.Errorf("create once the name is released: %v", err)
+	}
+	if _, err := w.d.Create(context.Background(), api.CreateRequest{Name: "b1", NetworkOnly: true}); !errors.Is(err, api.ErrNameTaken) || errors.Is(err, api.ErrBusy) {
+		t.Errorf("create of an existing name: %v, want api.ErrNameTaken only", err)
+	}
 }

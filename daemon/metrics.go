@@ -140,6 +140,8 @@ func failureReason(err error) string {
 		return "bad_request"
 	case errors.Is(err, api.ErrNameTaken):
 		return "name_taken"
+	case errors.Is(err, api.ErrBusy):
+		return "busy"
 	case errors.Is(err, api.ErrPoolExhausted):
 		return "pool_exhausted"
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):

@@ -164,6 +164,16 @@ func TestE2EBadInputAPI(t *testing.T) {
 		status, header, body := rawRequest(t, e.d.Socket, tc.method, tc.path, tc.body)
 		var eb struct {
 			Error string `json:"error"`
+			Code  string `json:"code"`
+		}
+		// The code a program branches on: one per status here, but for
+		// 404 (a session, or no route) and 409 (a taken name, no sandbox).
+		code := map[int]string{400: api.CodeBadRequest, 404: api.CodeNotFound, 405: api.CodeNoRoute, 409: api.CodeNameTaken, 413: api.CodeTooLarge, 503: api.CodePoolExhausted}[tc.status]
+		switch {
+		case strings.HasPrefix(tc.path, "/v2/"):
+			code = api.CodeNoRoute
+		case strings.HasSuffix(tc.path, "/exec") && tc.status == 409:
+			code = api.CodeNoSandbox
 		}
 		dec := json.NewDecoder(bytes.NewReader(body))
 		dec.DisallowUnknownFields()
@@ -173,7 +183,9 @@ func TestE2EBadInputAPI(t *testing.T) {
 		case header.Get("Content-Type") != "application/json":
 			t.Errorf("%s: content type %q", what, header.Get("Content-Type"))
 		case dec.Decode(&eb) != nil || eb.Error == "" || strings.Contains(eb.Error, "\n") || bytes.Count(body, []byte("\n")) != 1:
-			t.Errorf("%s: body %q is not one line of {\"error\": \"...\"}", what, body)
+			t.Errorf("%s: body %q is not one line of {\"error\": \"...\", \"code\": \"...\"}", what, body)
+		case eb.Code != code:
+			t.Errorf("%s: code %q, want %q", what, eb.Code, code)
 		case tc.msg != "" && eb.Error != tc.msg:
 			t.Errorf("%s:\n got  %q\n want %q", what, eb.Error, tc.msg)
 		case strings.Contains(eb.Error, "main.") || strings.Contains(eb.Error, "json: "):

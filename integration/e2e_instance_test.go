@@ -1,11 +1,13 @@
 package integration
 
 import (
+	"errors"
 	"fmt"
 	"os/exec"
 	"strings"
 	"testing"
 
+	"github.com/enforcerd/enforcerd/api"
 	"github.com/enforcerd/enforcerd/integration/daemon"
 )
 
@@ -69,6 +71,18 @@ func TestE2ESecondInstanceRefused(t *testing.T) {
 	}
 	if names := e2eNames(e.list()); len(names) != 1 || names[0] != "a" {
 		t.Errorf("the live daemon lists %v, want [a]", names)
+	}
+
+	// A Go program binding the live daemon's socket is told which conflict
+	// it is: errors.Is(err, api.ErrOtherDaemon), code other_daemon.
+	if ln, err := api.Listen(api.ListenConfig{Socket: e.d.Socket}); err == nil {
+		ln.Close()
+		t.Errorf("api.Listen on the live daemon's socket %s succeeded", e.d.Socket)
+	} else if !errors.Is(err, api.ErrOtherDaemon) || api.CodeOf(err) != api.CodeOtherDaemon || errors.Is(err, api.ErrNameTaken) {
+		t.Errorf("api.Listen on the live daemon's socket: %v (code %s), want api.ErrOtherDaemon", err, api.CodeOf(err))
+	}
+	if names := e2eNames(e.list()); len(names) != 1 {
+		t.Errorf("after the refused listen the daemon lists %v", names)
 	}
 
 	// reap refuses while the daemon serves.

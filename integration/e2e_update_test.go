@@ -6,6 +6,7 @@ package integration
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -214,9 +215,8 @@ func TestE2EUpdateLockedAndStale(t *testing.T) {
 	}
 	e.expectFail(1, "session", "update", "locked", "--replace", "--allow", "docs.e2e.test")
 	_, err := e.d.Client().UpdatePolicy(t.Context(), "locked", api.PolicyUpdate{Allow: []string{"docs.e2e.test"}})
-	if ae, ok := err.(*api.Error); !ok || ae.Status != 409 {
-		t.Errorf("PATCH of a locked session: %v, want a 409", err)
-	}
+	e2eCoded(t, "PATCH of a locked session", err, 409, api.CodeLocked, api.ErrLocked)
+	e2eCodedCLI(e, api.CodeLocked, "session", "update", "locked", "--allow", "docs.e2e.test", "--json")
 	e2eSamePolicy(t, "locked, after the refused updates", before, e.inspect("locked"))
 	e2eLookupWant(t, ns, "locked, after", "docs.e2e.test", dns.RcodeNameError)
 	e2eExpect(t, e2eTCP(ns, "198.18.1.11:7", e2eDropped), e2eTCP(ns, "198.18.1.10:7", e2eReach))
@@ -230,9 +230,16 @@ func TestE2EUpdateLockedAndStale(t *testing.T) {
 		t.Errorf("stale update: %q", msg)
 	}
 	_, err = e.d.Client().UpdatePolicy(t.Context(), "agent", api.PolicyUpdate{Generation: 1, Allow: []string{"cdn.e2e.test"}})
-	if ae, ok := err.(*api.Error); !ok || ae.Status != 409 {
-		t.Errorf("PATCH naming a stale generation: %v, want a 409", err)
-	}
+	e2eCoded(t, "PATCH naming a stale generation", err, 409, api.CodeStaleGeneration, api.ErrStaleGeneration)
+	e2eCodedCLI(e, api.CodeStaleGeneration, "session", "update", "agent", "--generation", "1", "--allow", "cdn.e2e.test", "--json")
+	// The other codes a program branches on, from the same daemon: a taken
+	// name, an unknown session, a bad value.
+	_, err = e.d.Client().Create(t.Context(), api.CreateRequest{Name: "agent", NetworkOnly: true})
+	e2eCoded(t, "create of a taken name", err, 409, api.CodeNameTaken, api.ErrNameTaken)
+	_, err = e.d.Client().UpdatePolicy(t.Context(), "nope", api.PolicyUpdate{Allow: []string{"cdn.e2e.test"}})
+	e2eCoded(t, "PATCH of an unknown session", err, 404, api.CodeNotFound, api.ErrNotFound)
+	_, err = e.d.Client().UpdatePolicy(t.Context(), "agent", api.PolicyUpdate{Allow: []string{"10.0.0.0/8"}})
+	e2eCoded(t, "PATCH with a private CIDR", err, 400, api.CodeBadRequest, api.ErrBadRequest)
 	e2eSamePolicy(t, "after the stale updates", before, e.inspect("agent"))
 	e2eLookupWant(t, ns, "after the stale updates", "cdn.e2e.test", dns.RcodeNameError)
 	e2eLookupWant(t, ns, "after the stale updates", "docs.e2e.test", dns.RcodeSuccess, "198.18.1.11")
@@ -243,6 +250,34 @@ func TestE2EUpdateLockedAndStale(t *testing.T) {
 		t.Errorf("invalid update: %q", msg)
 	}
 	e2eSamePolicy(t, "after an invalid update", before, e.inspect("agent"))
+}
+
+// e2eCoded checks that err is the daemon's refusal of that status and
+// code, and that errors.Is finds its sentinel and none of the other 409s.
+func e2eCoded(t *testing.T, what string, err error, status int, code string, sentinel error) {
+	t.Helper()
+	var ae *api.Error
+	if !errors.As(err, &ae) || ae.Status != status || ae.Code != code || !errors.Is(err, sentinel) {
+		t.Errorf("%s: %#v, want status %d, code %s and errors.Is %v", what, err, status, code, sentinel)
+		return
+	}
+	for _, other := range []error{api.ErrNameTaken, api.ErrStaleGeneration, api.ErrLocked, api.ErrBusy, api.ErrNoSandbox, api.ErrNotFound, api.ErrBadRequest} {
+		if other != sentinel && errors.Is(err, other) {
+			t.Errorf("%s: errors.Is(err, %v) holds too", what, other)
+		}
+	}
+}
+
+// e2eCodedCLI runs a command line the daemon refuses, with --json: the
+// one line on stderr, and {"error": that line, "code": code} on stdout.
+func e2eCodedCLI(e *e2eEnv, code string, args ...string) {
+	e.t.Helper()
+	out, errOut, status := e.run(args...)
+	var body api.ErrorBody
+	if status != 1 || json.Unmarshal([]byte(out), &body) != nil || body.Code != code || body.Error+"\n" != errOut {
+		e.t.Errorf("enforcerd %s: exit %d, stdout %q, stderr %q; want exit 1 and code %s", strings.Join(args, " "), status, out, errOut, code)
+	}
+	e2eOneLine(e.t, "enforcerd "+strings.Join(args, " "), errOut)
 }
 
 // e2eSamePolicy checks that two inspects show the same policy.

@@ -13,12 +13,18 @@ import (
 // returns the socket's path.
 func Serve(tb testing.TB, e api.Engine) string {
 	tb.Helper()
+	return ServeWith(tb, e, api.HandlerOptions{})
+}
+
+// ServeWith is Serve with the handler's options (a version, a logger).
+func ServeWith(tb testing.TB, e api.Engine, opts api.HandlerOptions) string {
+	tb.Helper()
 	sock := filepath.Join(tb.TempDir(), "enforcerd.sock")
 	ctx, cancel := context.WithCancel(context.Background())
 	ready := make(chan struct{})
 	done := make(chan error, 1)
 	go func() {
-		done <- api.ListenAndServe(ctx, api.ListenConfig{Socket: sock}, api.NewHandler(e, api.HandlerOptions{}), func() { close(ready) })
+		done <- api.ListenAndServe(ctx, api.ListenConfig{Socket: sock}, api.NewHandler(e, opts), func() { close(ready) })
 	}()
 	select {
 	case <-ready:

@@ -2,13 +2,13 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net/netip"
 	"os"
 	"os/signal"
-	"runtime"
 	"sort"
 	"strconv"
 	"strings"
@@ -32,15 +32,18 @@ const (
 
 // exitError is an error with the exit status the process ends with. Its
 // message is printed as one line on stderr; an empty message prints nothing.
+// err, when set, is the cause (a daemon's *api.Error carries its code).
 type exitError struct {
 	code int
 	msg  string
+	err  error
 	// jsonLog prints msg as a JSON log record (serve's start error when
 	// the daemon logs JSON).
 	jsonLog bool
 }
 
 func (e *exitError) Error() string { return e.msg }
+func (e *exitError) Unwrap() error { return e.err }
 
 // errHelpShown ends a command after its usage was printed on request.
 var errHelpShown = errors.New("help shown")
@@ -52,7 +55,7 @@ func usageErr(cmd, format string, a ...any) error {
 
 // refusedErr is a refusal (or failure) reported by or about the daemon: exit 1.
 func refusedErr(cmd string, err error) error {
-	return &exitError{code: exitRefused, msg: cmd + ": " + err.Error()}
+	return &exitError{code: exitRefused, msg: cmd + ": " + err.Error(), err: err}
 }
 
 // cli is the command-line program. Its fields are the test seams: the
@@ -87,7 +90,7 @@ func newCLI() *cli {
 func (c *cli) run(args []string) int {
 	root := c.rootCommand()
 	root.SetArgs(args)
-	err := root.Execute()
+	cmd, err := root.ExecuteC()
 	switch {
 	case err == nil, errors.Is(err, errHelpShown):
 		return exitOK
@@ -96,6 +99,7 @@ func (c *cli) run(args []string) int {
 	if errors.As(err, &ee) {
 		if ee.msg != "" {
 			c.printError(api.OneLine(ee.msg), ee.jsonLog)
+			c.writeErrorJSON(cmd, ee)
 		}
 		return ee.code
 	}
@@ -109,6 +113,22 @@ func (c *cli) run(args []string) int {
 func (c *cli) printError(line string, asJSON bool) {
 	f, _ := c.stderr.(*os.File)
 	io.WriteString(c.stderr, errorLine(line, asJSON, onJournalStream(c.getenv, f), c.now))
+}
+
+// writeErrorJSON writes, for a command run with --json whose refusal came
+// from the daemon, {"error": LINE, "code": CODE} on stdout: the line
+// printed on stderr and the API's code (api.Codes), for a program to
+// branch on.
+func (c *cli) writeErrorJSON(cmd *cobra.Command, ee *exitError) {
+	var ae *api.Error
+	if cmd == nil || !errors.As(ee, &ae) || ae.Code == "" {
+		return
+	}
+	if f := cmd.Flags().Lookup("json"); f == nil || f.Value.String() != "true" {
+		return
+	}
+	b, _ := json.Marshal(api.ErrorBody{Error: api.OneLine(ee.msg), Code: ae.Code})
+	fmt.Fprintln(c.stdout, string(b))
 }
 
 // globalOpts are the options every command accepts, before or after its name.
@@ -174,7 +194,8 @@ func (c *cli) rootCommand() *cobra.Command {
 		c.eventsCommand(glob),
 		c.reapCommand(),
 		c.doctorCommand(glob),
-		c.versionCommand(),
+		c.bugreportCommand(glob),
+		c.versionCommand(glob),
 		c.completionCommand(root),
 		c.manCommand(root),
 	)
@@ -329,37 +350,6 @@ func (c *cli) helpCommand(root *cobra.Command) *cobra.Command {
 			return errHelpShown
 		},
 	}
-}
-
-// buildInfo is what `enforcerd version` prints.
-type buildInfo struct {
-	Version string `json:"version"`
-	Commit  string `json:"commit"`
-	Go      string `json:"go"`
-	API     string `json:"api"` // the API version this client speaks
-}
-
-func (c *cli) versionCommand() *cobra.Command {
-	var asJSON bool
-	cmd := &cobra.Command{
-		Use:   "version [--json]",
-		Short: "print the version",
-		Long:  "Print the version of this binary, the git commit it was built from and its Go version.",
-		Args:  cobra.ArbitraryArgs,
-		RunE: func(_ *cobra.Command, args []string) error {
-			if err := noArgs("enforcerd version", "", args); err != nil {
-				return err
-			}
-			bi := buildInfo{Version: version, Commit: commit, Go: runtime.Version(), API: strings.TrimPrefix(api.Prefix, "/")}
-			if asJSON {
-				return writeJSON(c.stdout, bi)
-			}
-			fmt.Fprintf(c.stdout, "enforcerd %s (commit %s, %s)\n", bi.Version, orUnknown(bi.Commit), bi.Go)
-			return nil
-		},
-	}
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print the version, commit, Go and API version as JSON")
-	return cmd
 }
 
 func orUnknown(s string) string {

@@ -18,6 +18,8 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
+	"github.com/enforcerd/enforcerd/api"
+	"github.com/enforcerd/enforcerd/api/apitest"
 	"github.com/enforcerd/enforcerd/container"
 )
 
@@ -285,23 +287,68 @@ func TestCLIHelp(t *testing.T) {
 	}
 }
 
-// TestCLIVersion: the version, the commit and the Go version, as one line
-// or as JSON; no daemon is asked.
+// TestCLIVersion: the client's version, commit, Go and API version, then
+// the daemon's (asked through the socket): the same, another (version
+// skew, said on a third line), or none (unreachable, said why); exit 0 in
+// every case. --json carries both, the daemon's error and the skew.
 func TestCLIVersion(t *testing.T) {
-	c := newTestCLI(t)
-	want := "enforcerd " + version + " (commit " + orUnknown(commit) + ", " + runtime.Version() + ")\n"
-	if code := c.run("version"); code != 0 || c.out.String() != want {
-		t.Fatalf("exit %d, stdout %q, want %q", code, c.out.String(), want)
-	}
-	if code := c.run("version", "--json"); code != 0 {
-		t.Fatalf("version --json: exit %d: %s", code, c.errOut.String())
-	}
-	var got buildInfo
-	if err := json.Unmarshal(c.out.Bytes(), &got); err != nil {
-		t.Fatalf("version --json: %v: %q", err, c.out.String())
-	}
-	if wantBI := (buildInfo{Version: version, Commit: commit, Go: runtime.Version(), API: "v1"}); got != wantBI {
-		t.Fatalf("version --json: %+v, want %+v", got, wantBI)
+	client := buildInfo{Version: version, Commit: commit, Go: runtime.Version(), API: "v1"}
+	clientLine := "client: " + client.String() + "\n"
+	for _, tc := range []struct {
+		name        string
+		daemon      *api.HandlerOptions // nil: no daemon on the socket
+		wantLines   []string
+		wantSkew    bool
+		wantDaemon  *buildInfo
+		wantErrPart string
+	}{
+		{name: "same", daemon: &api.HandlerOptions{Version: version, Commit: commit},
+			wantDaemon: &buildInfo{Version: version, Commit: commit, Go: runtime.Version(), API: "v1"}},
+		{name: "skew", daemon: &api.HandlerOptions{Version: "0.0.9", Commit: "feedfacecafe"}, wantSkew: true,
+			wantDaemon: &buildInfo{Version: "0.0.9", Commit: "feedfacecafe", Go: runtime.Version(), API: "v1"}},
+		{name: "unreachable", wantErrPart: "not reachable: cannot reach enforcerd at "},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := newTestCLI(t)
+			sock := filepath.Join(t.TempDir(), "none.sock")
+			if tc.daemon != nil {
+				sock = apitest.ServeWith(t, apitest.New(), *tc.daemon)
+			}
+			c.env["ENFORCERD_SOCKET"] = sock
+			if code := c.run("version"); code != 0 || c.errOut.String() != "" {
+				t.Fatalf("exit %d, stderr %q", code, c.errOut.String())
+			}
+			lines := strings.SplitAfter(c.out.String(), "\n")
+			if lines[0] != clientLine {
+				t.Errorf("first line %q, want %q", lines[0], clientLine)
+			}
+			switch {
+			case tc.wantDaemon != nil:
+				if want := "daemon: " + tc.wantDaemon.String() + " at " + sock + "\n"; lines[1] != want {
+					t.Errorf("second line %q, want %q", lines[1], want)
+				}
+			default:
+				if !strings.HasPrefix(lines[1], "daemon: "+tc.wantErrPart) || !strings.Contains(lines[1], sock) {
+					t.Errorf("second line %q, want it to say the daemon is %s", lines[1], tc.wantErrPart)
+				}
+			}
+			skewLine := tc.wantSkew && strings.HasPrefix(lines[2], "version skew: the daemon runs 0.0.9 (commit feedfacecafe, api v1), this binary is "+version)
+			if tc.wantSkew != skewLine || (!tc.wantSkew && lines[2] != "") {
+				t.Errorf("output %q: want a version skew line: %v", c.out.String(), tc.wantSkew)
+			}
+
+			if code := c.run("version", "--json"); code != 0 {
+				t.Fatalf("version --json: exit %d: %s", code, c.errOut.String())
+			}
+			var got versionReport
+			if err := json.Unmarshal(c.out.Bytes(), &got); err != nil {
+				t.Fatalf("version --json: %v: %q", err, c.out.String())
+			}
+			if got.buildInfo != client || got.Socket != sock || got.Skew != tc.wantSkew ||
+				!reflect.DeepEqual(got.Daemon, tc.wantDaemon) || !strings.HasPrefix(got.DaemonError, tc.wantErrPart) || (tc.wantErrPart == "") != (got.DaemonError == "") {
+				t.Errorf("version --json: %+v (daemon %+v)", got, got.Daemon)
+			}
+		})
 	}
 }
 

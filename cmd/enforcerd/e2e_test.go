@@ -343,3 +343,37 @@ func TestEndToEndNoDaemon(t *testing.T) {
 		t.Fatalf("rm: %q", errOut)
 	}
 }
+
+// TestEndToEndErrorCodes: a refusal prints its one line on stderr as
+// always; with --json stdout also gets {"error": LINE, "code": CODE}, the
+// API's code, so a script can tell a stale generation from a locked
+// session or a taken name. Without --json stdout stays empty.
+func TestEndToEndErrorCodes(t *testing.T) {
+	f, c, _ := startAPI(t)
+	f.Create(context.Background(), api.CreateRequest{Name: "s1", NetworkOnly: true})
+	f.Create(context.Background(), api.CreateRequest{Name: "locked-1", NetworkOnly: true})
+	for _, tc := range []struct {
+		code string
+		args []string
+	}{
+		{api.CodeStaleGeneration, []string{"session", "update", "s1", "--generation", "7", "--allow", "a.test"}},
+		{api.CodeLocked, []string{"session", "update", "locked-1", "--allow", "a.test"}},
+		{api.CodeNameTaken, []string{"session", "create", "s1", "--network-only"}},
+		{api.CodeNotFound, []string{"session", "inspect", "nope"}},
+		{api.CodeBadRequest, []string{"session", "create", "bad-1", "--network-only"}},
+	} {
+		out, errOut := c.expect(t, 1, tc.args...)
+		if out != "" || !strings.HasPrefix(errOut, "enforcerd session ") {
+			t.Errorf("%v: stdout %q stderr %q, want one line on stderr only", tc.args, out, errOut)
+		}
+		out, errOut2 := c.expect(t, 1, append(tc.args, "--json")...)
+		var body api.ErrorBody
+		if err := json.Unmarshal([]byte(out), &body); err != nil || strings.Count(out, "\n") != 1 {
+			t.Errorf("%v --json: stdout %q: %v", tc.args, out, err)
+			continue
+		}
+		if body.Code != tc.code || body.Error+"\n" != errOut2 || errOut2 != errOut {
+			t.Errorf("%v --json: %+v (stderr %q), want code %s and the line of stderr", tc.args, body, errOut2, tc.code)
+		}
+	}
+}

@@ -11,6 +11,8 @@ import (
 	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/enforcerd/enforcerd/api"
 )
 
 // instanceDir holds one record per running daemon, each locked (flock) by
@@ -79,7 +81,7 @@ func lockStateDir(dir string) (*os.File, error) {
 	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
 		f.Close()
 		if errors.Is(err, unix.EWOULDBLOCK) {
-			return nil, fmt.Errorf("state dir %s is in use by enforcerd pid %s; stop it first (one daemon per state dir)", dir, readPID(path))
+			return nil, api.Classify(fmt.Errorf("state dir %s is in use by enforcerd pid %s; stop it first (one daemon per state dir)", dir, readPID(path)), api.ErrOtherDaemon)
 		}
 		return nil, fmt.Errorf("lock state dir %s: %w", dir, err)
 	}
@@ -141,7 +143,7 @@ func (i *instance) register(cfg ServeConfig, dir string) error {
 	}
 	for _, o := range others {
 		if why := conflict(me, o); why != "" {
-			return fmt.Errorf("another enforcerd (pid %d, state dir %s) runs in this network namespace: %s; stop it or choose another --name-prefix and --pool", o.PID, o.StateDir, why)
+			return api.Classify(fmt.Errorf("another enforcerd (pid %d, state dir %s) runs in this network namespace: %s; stop it or choose another --name-prefix and --pool", o.PID, o.StateDir, why), api.ErrOtherDaemon)
 		}
 	}
 	path := filepath.Join(dir, strings.NewReplacer(":", "-", "[", "", "]", "").Replace(ns)+"-"+me.Prefix+".json")

@@ -1,11 +1,14 @@
 package main
 
 import (
+	"errors"
 	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/enforcerd/enforcerd/api"
 )
 
 func TestInstanceConflict(t *testing.T) {
@@ -50,7 +53,7 @@ func TestInstanceRegistry(t *testing.T) {
 	second := &instance{}
 	cfg2 := cfg
 	cfg2.Socket, cfg2.StateDir = "/run/b.sock", filepath.Join(dir, "state2")
-	if err := second.register(cfg2, dir); err == nil || !strings.Contains(err.Error(), "name prefix") {
+	if err := second.register(cfg2, dir); err == nil || !strings.Contains(err.Error(), "name prefix") || !errors.Is(err, api.ErrOtherDaemon) {
 		t.Fatalf("second register beside a live one: %v, want a refusal naming the prefix", err)
 	}
 	first.release()
@@ -77,7 +80,7 @@ func TestStateDirLock(t *testing.T) {
 	if err != nil {
 		t.Fatalf("lock: %v", err)
 	}
-	if _, err := lockStateDir(dir); err == nil || !strings.Contains(err.Error(), "in use by enforcerd pid") {
+	if _, err := lockStateDir(dir); err == nil || !strings.Contains(err.Error(), "in use by enforcerd pid") || !errors.Is(err, api.ErrOtherDaemon) {
 		t.Errorf("second lock: %v, want a refusal naming the pid", err)
 	}
 	if pid := stateDirHeld(dir); pid == "" {

@@ -91,7 +91,7 @@ func runServe(cfg ServeConfig) error {
 	ready := func() {
 		sdNotify(fmt.Sprintf("READY=1\nSTATUS=serving %d sessions on %s, DNS on %s", d.SessionCount(), cfg.Socket, dnsAt))
 	}
-	h := api.NewHandler(d, api.HandlerOptions{Log: log, Version: version, CreateRefused: metrics.CreateRefused})
+	h := api.NewHandler(d, api.HandlerOptions{Log: log, Version: version, Commit: commit, CreateRefused: metrics.CreateRefused})
 	lcfg := api.ListenConfig{Socket: cfg.Socket, Group: cfg.SocketGroup}
 	var ln *api.Listener
 	if inherited.api != nil {
