@@ -102,6 +102,10 @@ type DoctorOptions struct {
 	UnitDirs []string
 	// Version is this binary's version, compared with the daemon's.
 	Version string
+	// Commit is the git commit this binary was built from ("": unknown),
+	// compared with the daemon's when both are known (two builds of one
+	// version string differ by it).
+	Commit string
 }
 
 // DefaultDatapathPool is the pool of the datapath check's throwaway

@@ -71,6 +71,8 @@ func checkRunning(e *doctorEnv) (string, string) {
 		return StatusWarn, fmt.Sprintf("the daemon on %s is healthy but speaks API %s, this binary %s: restart it to run this binary (systemctl restart enforcerd)", sock, v.API, wantAPI)
 	case mine != "" && v.Version != mine:
 		return StatusWarn, fmt.Sprintf("the daemon on %s is healthy but runs version %s, this binary is %s: restart it to run this binary (systemctl restart enforcerd)", sock, v.Version, mine)
+	case e.opts.Commit != "" && v.Commit != "" && v.Commit != e.opts.Commit:
+		return StatusWarn, fmt.Sprintf("the daemon on %s is healthy but was built from commit %s, this binary from %s (both version %s): restart it to run this binary (systemctl restart enforcerd)", sock, v.Commit, e.opts.Commit, mine)
 	}
 	return StatusOK, fmt.Sprintf("the daemon on %s is healthy and runs version %s, as this binary", sock, v.Version)
 }

@@ -516,7 +516,7 @@ func TestE2EDoctorUnits(t *testing.T) {
 
 // serveFakeDaemon serves the API of an in-memory engine that says it runs
 // version on a socket of its own, and returns the socket.
-func serveFakeDaemon(t *testing.T, version string, unhealthy error) string {
+func serveFakeDaemon(t *testing.T, build api.HandlerOptions, unhealthy error) string {
 	t.Helper()
 	eng := apitest.New()
 	eng.Unhealthy = unhealthy
@@ -524,7 +524,7 @@ func serveFakeDaemon(t *testing.T, version string, unhealthy error) string {
 	ctx, cancel := context.WithCancel(context.Background())
 	ready, done := make(chan struct{}), make(chan error, 1)
 	go func() {
-		done <- api.ListenAndServe(ctx, api.ListenConfig{Socket: sock}, api.NewHandler(eng, api.HandlerOptions{Version: version}), func() { close(ready) })
+		done <- api.ListenAndServe(ctx, api.ListenConfig{Socket: sock}, api.NewHandler(eng, build), func() { close(ready) })
 	}()
 	select {
 	case <-ready:
@@ -554,11 +554,32 @@ func TestE2EDoctorRunningDaemon(t *testing.T) {
 	}
 
 	// Another version, healthy: a warning, exit 0.
-	old := serveFakeDaemon(t, "0.0.9-old", nil)
+	old := serveFakeDaemon(t, api.HandlerOptions{Version: "0.0.9-old"}, nil)
 	r = e.doctor(0, "--socket", old)
 	r.expectPass(t, "a daemon of another version", doctorChecks)
 	if d := r.detail(daemon.CheckRunning); r.rows[daemon.CheckRunning] != daemon.StatusWarn || !strings.Contains(d, "runs version 0.0.9-old, this binary is ") {
 		t.Errorf("version skew: %s %q, want warn naming both versions", r.rows[daemon.CheckRunning], d)
+	}
+
+	// The same version string built from another commit (two dev builds):
+	// a warning naming both commits.
+	out, err := exec.Command(e.bin, "version", "--json", "--socket", filepath.Join(t.TempDir(), "none.sock")).Output()
+	if err != nil {
+		t.Fatalf("version --json: %v", err)
+	}
+	var mine struct{ Version, Commit string }
+	if err := json.Unmarshal(out, &mine); err != nil || mine.Commit == "" {
+		t.Fatalf("version --json: %q (%v), want this binary's version and commit", out, err)
+	}
+	otherCommit := serveFakeDaemon(t, api.HandlerOptions{Version: mine.Version, Commit: "feedfacecafe"}, nil)
+	r = e.doctor(0, "--socket", otherCommit)
+	if d := r.detail(daemon.CheckRunning); r.rows[daemon.CheckRunning] != daemon.StatusWarn || !strings.Contains(d, "built from commit feedfacecafe, this binary from "+mine.Commit) {
+		t.Errorf("commit skew: %s %q, want warn naming both commits", r.rows[daemon.CheckRunning], d)
+	}
+	sameBuild := serveFakeDaemon(t, api.HandlerOptions{Version: mine.Version, Commit: mine.Commit}, nil)
+	r = e.doctor(0, "--socket", sameBuild)
+	if r.rows[daemon.CheckRunning] != daemon.StatusOK {
+		t.Errorf("the same build: %s %q, want ok (control)", r.rows[daemon.CheckRunning], r.detail(daemon.CheckRunning))
 	}
 
 	// The test daemon made unhealthy: its table removed behind its back.

@@ -70,7 +70,7 @@ func (c *cli) doctorCommand(glob *globalOpts) *cobra.Command {
 				}
 			}
 			opts := daemon.DoctorOptions{Datapath: datapath, Socket: cfg.Socket, SocketGroup: cfg.SocketGroup,
-				ConfigFile: cfg.ConfigFile, UnitDirs: unitsDirs, Version: version}
+				ConfigFile: cfg.ConfigFile, UnitDirs: unitsDirs, Version: version, Commit: commit}
 			if datapathPool != "" {
 				if opts.DatapathPool, err = parsePool("--datapath-pool", datapathPool); err != nil {
 					return usageErr(name, "%v", err)
