@@ -40,10 +40,12 @@ var statusTable = []struct {
 	{ErrBadRequest, http.StatusBadRequest},
 	{ErrNotFound, http.StatusNotFound},
 	{ErrUnknownExec, http.StatusNotFound},
+	{ErrUnknownImage, http.StatusNotFound},
 	{ErrNameTaken, http.StatusConflict},
 	{ErrStaleGeneration, http.StatusConflict},
 	{ErrLocked, http.StatusConflict},
 	{ErrNoSandbox, http.StatusConflict},
+	{ErrImageInUse, http.StatusConflict},
 	{ErrPoolExhausted, http.StatusServiceUnavailable},
 	{ErrExecTimeout, http.StatusGatewayTimeout},
 }

@@ -131,7 +131,7 @@ func TestE2EBadInputAPI(t *testing.T) {
 		{"POST", "/v1/sessions", `{"name": "x", "network_only": true} {"name": "y"}`, 400, "malformed JSON: trailing data after the JSON object"},
 		{"POST", "/v1/sessions", huge, 413, "request body larger than 1048576 bytes"},
 		{"POST", "/v1/sessions", `{"name": "-x", "network_only": true}`, 400, `invalid session name "-x": starts with '-'; want 1 to 32 characters of a-z, 0-9 and '-', starting with a letter or digit`},
-		{"POST", "/v1/sessions", `{"name": "x"}`, 400, "give exactly one of --rootfs DIR or --network-only"},
+		{"POST", "/v1/sessions", `{"name": "x"}`, 400, "give exactly one of --rootfs DIR, --image NAME or --network-only"},
 		{"POST", "/v1/sessions", `{"name": "x", "rootfs": "relative/dir"}`, 400, `rootfs "relative/dir": give an absolute directory`},
 		{"POST", "/v1/sessions", `{"name": "x", "network_only": true, "allow": ["api.e2e.test"], "egress": "open"}`, 400, ""},
 		{"POST", "/v1/sessions", `{"name": "x", "network_only": true, "labels": {"a=b": "c"}}`, 400, `label key "a=b": must be non-empty without '=' or ','`},
