@@ -160,6 +160,7 @@ func (c *cli) rootCommand() *cobra.Command {
 	root.AddCommand(
 		c.serveCommand(glob),
 		c.sessionCommand(glob),
+		c.imageCommand(glob),
 		c.eventsCommand(glob),
 		c.reapCommand(),
 		c.doctorCommand(),
