@@ -256,7 +256,7 @@ func (c *cli) sessionCreate(glob *globalOpts) *cobra.Command {
 		Args:  cobra.ArbitraryArgs,
 	}
 	fs := cmd.Flags()
-	fs.StringVar(&req.Rootfs, "rootfs", "", "run a sandbox from the root filesystem `DIR` (shared, never changed; must be inside the daemon's --images-dir)")
+	fs.StringVar(&req.Rootfs, "rootfs", "", "run a sandbox from the root filesystem `DIR` (shared, never changed; must be inside the daemon's image store or an --images-dir)")
 	fs.StringVar(&req.Image, "image", "", "run a sandbox from the daemon's image `IMAGE` (see \"enforcerd image ls\")")
 	fs.BoolVar(&req.NetworkOnly, "network-only", false, "no sandbox: bring your own runtime and join the netns")
 	fs.BoolVar(&req.Writable, "writable", false, "give the sandbox a writable overlay instead of a read-only root with a tmpfs /tmp")
