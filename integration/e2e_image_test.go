@@ -220,9 +220,23 @@ func TestE2EImageImportRunRemove(t *testing.T) {
 		t.Errorf("busybox echo in the OCI image's sandbox: %q", out)
 	}
 
-	// Removal is refused while a session uses the image, naming it.
+	// A second import under a taken name is refused before the archive is
+	// read; the CLI still gets the daemon's one line.
+	if msg := e.expectFail(1, "image", "import", "bb", archive); msg != `enforcerd image import: image "bb": image name taken; remove it first (enforcerd image rm bb) or choose another name` {
+		t.Errorf("import under a taken name: %q", msg)
+	}
+
+	// Removal is refused while a session uses the image, naming it, and
+	// still after a restart (the daemon knows from the session's record).
 	if msg := e.expectFail(1, "image", "rm", "bb"); msg != `enforcerd image rm: image "bb": used by session box; remove the session first: image in use` {
 		t.Errorf("image rm while used: %q", msg)
+	}
+	if err := e.d.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	e.start()
+	if msg := e.expectFail(1, "image", "rm", "bb"); msg != `enforcerd image rm: image "bb": used by session box; remove the session first: image in use` {
+		t.Errorf("image rm while used, after a restart: %q", msg)
 	}
 	if list := e.images(); len(list[0].UsedBy) != 1 || list[0].UsedBy[0] != "box" {
 		t.Errorf("image ls: bb used by %v; want [box]", list[0].UsedBy)
