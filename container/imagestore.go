@@ -11,7 +11,6 @@ import (
 	"os"
 	"path"
 	"path/filepath"
-	"regexp"
 	"runtime"
 	"sort"
 	"strings"
@@ -83,12 +82,19 @@ const (
 	imageRootfs   = "rootfs"
 )
 
-var imageNameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,62}$`)
-
 // ValidateImageName is the rule for an image's name: 1 to 63 of lower-case letters, digits,
 // '.', '_' and '-', starting with a letter or digit (it is a directory name in the store).
+//
+// Hand-written rather than a regexp: every enforcerd process (each CLI call, each sandbox's
+// init) would compile a package-level regexp at start.
 func ValidateImageName(name string) error {
-	if !imageNameRE.MatchString(name) {
+	ok := len(name) >= 1 && len(name) <= 63
+	for i := 0; ok && i < len(name); i++ {
+		c := name[i]
+		alnum := c >= 'a' && c <= 'z' || c >= '0' && c <= '9'
+		ok = alnum || i > 0 && (c == '.' || c == '_' || c == '-')
+	}
+	if !ok {
 		return fmt.Errorf("image name %q: want 1 to 63 of a-z, 0-9, '.', '_' and '-', starting with a letter or digit (e.g. python-3.12-slim)", name)
 	}
 	return nil
@@ -344,7 +350,25 @@ func tarNames(file string) (map[string]bool, error) {
 	}
 }
 
-var layoutBlobRE = regexp.MustCompile(`^blobs/[a-z0-9]+/[a-f0-9]{32,128}$`)
+// isLayoutBlob reports whether name is blobs/ALG/HEX, a layout's blob path (ALG of a-z0-9, HEX
+// 32 to 128 lower-case hex digits).
+func isLayoutBlob(name string) bool {
+	parts := strings.Split(name, "/")
+	if len(parts) != 3 || parts[0] != "blobs" || parts[1] == "" || len(parts[2]) < 32 || len(parts[2]) > 128 {
+		return false
+	}
+	for _, c := range parts[1] {
+		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9') {
+			return false
+		}
+	}
+	for _, c := range parts[2] {
+		if !(c >= 'a' && c <= 'f' || c >= '0' && c <= '9') {
+			return false
+		}
+	}
+	return true
+}
 
 // extractLayout unpacks an OCI layout's own files (oci-layout, index.json and
 // blobs/ALG/HEX, regular files only) from the archive at path into dir; it skips anything
@@ -368,7 +392,7 @@ func extractLayout(file, dir string) error {
 		if hdr.Typeflag != tar.TypeReg && hdr.Typeflag != tar.TypeRegA {
 			continue
 		}
-		if name != "oci-layout" && name != "index.json" && !layoutBlobRE.MatchString(name) {
+		if name != "oci-layout" && name != "index.json" && !isLayoutBlob(name) {
 			continue
 		}
 		dst := filepath.Join(dir, filepath.FromSlash(name))
