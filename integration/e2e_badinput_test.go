@@ -64,7 +64,7 @@ func TestE2EBadInputCLI(t *testing.T) {
 		{[]string{"session", "create", long, "--network-only"}, 1, `enforcerd session create: invalid session name "` + long + `": 33 characters; ` + nameWant},
 		{[]string{"session", "create", "taken", "--network-only"}, 1, `enforcerd session create: session "taken" already exists: session name taken`},
 		{[]string{"session", "create", "taken", "--rootfs", e.rootfs}, 1, `enforcerd session create: session "taken" already exists: session name taken`},
-		{[]string{"session", "create", "x", "--rootfs", "/nonexistent"}, 1, `enforcerd session create: rootfs "/nonexistent": not inside an image directory (` + strings.Join(e.d.ImagesDirs, ", ") + `); only images under --images-dir are accepted`},
+		{[]string{"session", "create", "x", "--rootfs", "/nonexistent"}, 1, `enforcerd session create: rootfs "/nonexistent": not inside an image directory (` + strings.Join(append([]string{filepath.Join(e.d.StateDir, "images")}, e.d.ImagesDirs...), ", ") + `); import an image (enforcerd image import) or give a directory under serve's --images-dir`},
 		{[]string{"session", "create", "x", "--rootfs", filepath.Dir(e.rootfs)}, 1, `enforcerd session create: rootfs "` + filepath.Dir(e.rootfs) + `": is the image directory ` + filepath.Dir(e.rootfs) + ` itself; give an image inside it`},
 		{[]string{"session", "create", "x", "--network-only", "--allow", "exa mple.com"}, 1, `enforcerd session create: allow entry "exa mple.com": bad character ' ' in label "exa mple"; labels use a-z, 0-9 and '-'`},
 		{[]string{"session", "create", "x", "--network-only", "--allow", "https://api.e2e.test/"}, 1, `enforcerd session create: allow entry "https://api.e2e.test/": a URL is not an allow entry; give its host, or list the URL as a scope`},
