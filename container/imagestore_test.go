@@ -42,12 +42,16 @@ type entry struct {
 	size       int64 // for a regular file without body: that many zero bytes
 }
 
-func file(name, body string) entry { return entry{name: name, typ: tar.TypeReg, mode: 0o644, body: body} }
-func dir(name string) entry        { return entry{name: name, typ: tar.TypeDir, mode: 0o755} }
+func file(name, body string) entry {
+	return entry{name: name, typ: tar.TypeReg, mode: 0o644, body: body}
+}
+func dir(name string) entry { return entry{name: name, typ: tar.TypeDir, mode: 0o755} }
 func symlink(name, to string) entry {
 	return entry{name: name, typ: tar.TypeSymlink, mode: 0o777, link: to}
 }
-func hardlink(name, to string) entry { return entry{name: name, typ: tar.TypeLink, mode: 0o644, link: to} }
+func hardlink(name, to string) entry {
+	return entry{name: name, typ: tar.TypeLink, mode: 0o644, link: to}
+}
 
 func layerTar(t *testing.T, entries ...entry) []byte {
 	t.Helper()

@@ -192,7 +192,7 @@ func New(cfg Config, p Parts) *Daemon {
 		metrics: p.Metrics, dnsAddr: p.DNSAddr, pin: p.Pin, closeFn: p.Close,
 		sessions: map[string]*liveSession{}, pending: map[string]bool{}, creating: map[string]string{},
 		images: p.Images,
-		names: attestNames{max: cfg.MaxAttested},
+		names:  attestNames{max: cfg.MaxAttested},
 	}
 }
 
