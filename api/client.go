@@ -95,6 +95,12 @@ func (c *Client) request(ctx context.Context, method, path string, body any) (*h
 	if body != nil {
 		req.Header.Set("Content-Type", "application/json")
 	}
+	return c.do(ctx, req)
+}
+
+// do sends a built request; a non-2xx response becomes an *Error. The
+// caller closes the returned body.
+func (c *Client) do(ctx context.Context, req *http.Request) (*http.Response, error) {
 	resp, err := c.http.Do(req)
 	if err != nil {
 		if ctx.Err() != nil {
@@ -137,12 +143,17 @@ func (c *Client) call(ctx context.Context, method, path string, body, out any) e
 		return err
 	}
 	defer resp.Body.Close()
+	return decodeJSON(resp, out)
+}
+
+// decodeJSON decodes a response's JSON body into out (if non-nil).
+func decodeJSON(resp *http.Response, out any) error {
 	if out == nil {
 		_, _ = io.Copy(io.Discard, resp.Body)
 		return nil
 	}
 	if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
-		return fmt.Errorf("decode response of %s %s: %w", method, path, err)
+		return fmt.Errorf("decode response of %s %s: %w", resp.Request.Method, resp.Request.URL.Path, err)
 	}
 	return nil
 }

@@ -14,6 +14,7 @@ type Engine interface {
 	List(labelKey, labelValue string) []SessionInfo
 	Inspect(name string) (SessionInfo, error)
 	PolicyEngine
+	ImageEngine
 	// Exec starts a command in the session's sandbox and returns at once;
 	// the command runs on, whatever becomes of ctx or of the daemon.
 	Exec(ctx context.Context, name string, req ExecRequest) (ExecInfo, error)

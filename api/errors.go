@@ -56,12 +56,14 @@ const (
 	CodeForbidden       = "forbidden"
 	CodeNotFound        = "not_found"
 	CodeUnknownExec     = "unknown_exec"
+	CodeUnknownImage    = "unknown_image"
 	CodeNoRoute         = "no_route"
 	CodeNameTaken       = "name_taken"
 	CodeBusy            = "busy"
 	CodeStaleGeneration = "stale_generation"
 	CodeLocked          = "locked"
 	CodeNoSandbox       = "no_sandbox"
+	CodeImageInUse      = "image_in_use"
 	CodeOtherDaemon     = "other_daemon"
 	CodePoolExhausted   = "pool_exhausted"
 	CodeUnavailable     = "unavailable"
@@ -82,6 +84,7 @@ var errorTable = []struct {
 	{ErrForbidden, CodeForbidden, http.StatusForbidden},
 	{ErrNotFound, CodeNotFound, http.StatusNotFound},
 	{ErrUnknownExec, CodeUnknownExec, http.StatusNotFound},
+	{ErrUnknownImage, CodeUnknownImage, http.StatusNotFound},
 	{ErrNoRoute, CodeNoRoute, http.StatusNotFound},
 	{ErrNoRoute, CodeNoRoute, http.StatusMethodNotAllowed},
 	{ErrNameTaken, CodeNameTaken, http.StatusConflict},
@@ -89,6 +92,7 @@ var errorTable = []struct {
 	{ErrStaleGeneration, CodeStaleGeneration, http.StatusConflict},
 	{ErrLocked, CodeLocked, http.StatusConflict},
 	{ErrNoSandbox, CodeNoSandbox, http.StatusConflict},
+	{ErrImageInUse, CodeImageInUse, http.StatusConflict},
 	{ErrOtherDaemon, CodeOtherDaemon, http.StatusConflict},
 	{ErrTooLarge, CodeTooLarge, http.StatusRequestEntityTooLarge},
 	{ErrInternal, CodeInternal, http.StatusInternalServerError},

@@ -65,6 +65,8 @@ func NewHandler(e Engine, opts HandlerOptions) http.Handler {
 	mux.HandleFunc(Prefix+"/sessions/{name}/events", a.methods(map[string]http.HandlerFunc{"GET": a.events}))
 	mux.HandleFunc(Prefix+"/sessions/{name}/why", a.methods(map[string]http.HandlerFunc{"GET": a.why}))
 	mux.HandleFunc(Prefix+"/events", a.methods(map[string]http.HandlerFunc{"GET": a.allEvents}))
+	mux.HandleFunc(Prefix+"/images", a.methods(map[string]http.HandlerFunc{"GET": a.imageList}))
+	mux.HandleFunc(Prefix+"/images/{name}", a.methods(map[string]http.HandlerFunc{"POST": a.imageImport, "DELETE": a.imageRemove}))
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, CodeNoRoute, fmt.Sprintf("no route %s %s", r.Method, r.URL.Path))
 	})

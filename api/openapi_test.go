@@ -3,6 +3,7 @@ package api_test
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -56,6 +57,9 @@ var routes = []string{
 	"GET /v1/sessions/{name}/events",
 	"GET /v1/events",
 	"GET /v1/sessions/{name}/why",
+	"GET /v1/images",
+	"POST /v1/images/{name}",
+	"DELETE /v1/images/{name}",
 }
 
 func loadOpenAPI(t *testing.T) (*openapi3.T, routers.Router) {
@@ -218,6 +222,7 @@ var schemaTypes = map[string]reflect.Type{
 	"Caller":         reflect.TypeFor[api.Caller](),
 	"WhyAnswer":      reflect.TypeFor[api.WhyAnswer](),
 	"WhyAddr":        reflect.TypeFor[api.WhyAddr](),
+	"ImageInfo":      reflect.TypeFor[api.ImageInfo](),
 }
 
 // jsonField is one field as encoding/json writes it.
@@ -389,6 +394,8 @@ type exchange struct {
 	unhealthy bool
 	// check looks further at the body (NDJSON: its lines, decoded).
 	check func(t *testing.T, body []byte)
+	// contentType of the body when not JSON (an image archive).
+	contentType string
 }
 
 // execFrames decodes an exec stream, without the exec_id line a POST's
@@ -548,9 +555,23 @@ func TestOpenAPIExchanges(t *testing.T) {
 		{method: "GET", path: "/v1/sessions/nope/why?dest=api.example.com", status: 404},
 		{method: "GET", path: "/v1/sessions/box/why", status: 400, invalid: true},
 
+		{method: "GET", path: "/v1/images", status: 200, check: wantBody("[]\n")},
+		{method: "POST", path: "/v1/images/img1?source=img1.tar", status: 201, body: "archive bytes", contentType: "application/octet-stream"},
+		{method: "POST", path: "/v1/images/img1", status: 409, body: "archive bytes", contentType: "application/octet-stream"},
+		{method: "POST", path: "/v1/images/img2", status: 400, body: "bad archive", contentType: "application/octet-stream"},
+		{method: "POST", path: "/v1/sessions", status: 201, body: `{"name":"imgbox","image":"img1","allow":[],"labels":{"run":"1"}}`},
+		{method: "GET", path: "/v1/images", status: 200, check: func(t *testing.T, body []byte) {
+			if !bytes.Contains(body, []byte(`"used_by":["imgbox"]`)) {
+				t.Errorf("img1 not used by imgbox: %s", body)
+			}
+		}},
+		{method: "DELETE", path: "/v1/images/img1", status: 409},
+		{method: "DELETE", path: "/v1/images/nope", status: 404},
+
 		{method: "DELETE", path: "/v1/sessions", status: 400, invalid: true},
 		{method: "DELETE", path: "/v1/sessions?label=novalue", status: 400},
-		{method: "DELETE", path: "/v1/sessions?label=run=1", status: 200, check: wantBody(`{"deleted":["box","net"]}` + "\n")},
+		{method: "DELETE", path: "/v1/sessions?label=run=1", status: 200, check: wantBody(`{"deleted":["box","imgbox","net"]}` + "\n")},
+		{method: "DELETE", path: "/v1/images/img1", status: 200, check: wantBody(`{"deleted":["img1"]}` + "\n")},
 		{method: "DELETE", path: "/v1/sessions?label=run=1", status: 200, check: wantBody(`{"deleted":[]}` + "\n")},
 		{method: "DELETE", path: "/v1/sessions/plain", status: 200, check: wantBody(`{"deleted":["plain"]}` + "\n")},
 		{method: "DELETE", path: "/v1/sessions/plain", status: 404},
@@ -595,7 +616,7 @@ func runExchange(t *testing.T, doc *openapi3.T, router routers.Router, h http.Ha
 		// As Serve would: the caller from the connection's credentials.
 		r = r.WithContext(api.WithCaller(r.Context(), api.Caller{UID: 1000, GID: 1001, PID: 42}))
 		if tc.method == "POST" || tc.body != "" {
-			r.Header.Set("Content-Type", "application/json")
+			r.Header.Set("Content-Type", cmp.Or(tc.contentType, "application/json"))
 		}
 		return r
 	}

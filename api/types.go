@@ -7,8 +7,11 @@ const Prefix = "/v1"
 
 // CreateRequest is the body of POST /v1/sessions.
 type CreateRequest struct {
-	Name        string            `json:"name"`
-	Rootfs      string            `json:"rootfs,omitempty"`       // empty with NetworkOnly
+	Name   string `json:"name"`
+	Rootfs string `json:"rootfs,omitempty"` // empty with NetworkOnly
+	// Image names an image of the daemon's image store (GET /v1/images):
+	// the sandbox runs from its rootfs. Exclusive with Rootfs.
+	Image       string            `json:"image,omitempty"`
 	NetworkOnly bool              `json:"network_only,omitempty"` // no sandbox: bring your own runtime
 	Writable    bool              `json:"writable,omitempty"`     // overlay upper dir instead of read-only + tmpfs /tmp
 	Egress      string            `json:"egress,omitempty"`       // none|allowlist|public; "" = derived
@@ -116,6 +119,7 @@ type SessionInfo struct {
 	Policy    PolicyView `json:"policy"`
 	Sandbox   bool       `json:"sandbox"`
 	Rootfs    string     `json:"rootfs,omitempty"`
+	Image     string     `json:"image,omitempty"` // the image store's image the sandbox runs from, if one
 	// Attached sessions only (see CreateRequest.NetnsPath); Netns is then
 	// the netns path too.
 	NetnsPath   string `json:"netns_path,omitempty"`

@@ -30,10 +30,18 @@
 //     0700 (the layer root and a user-namespaced sandbox's layer dir 0710, group UserNSHostID),
 //     re-applied at New and at every Create, and the overlay is mounted nosuid,nodev.
 //
+// It also owns the image store (imagestore.go, imageunpack.go): root filesystems unpacked from
+// image archives (docker save, OCI layout) with go-containerregistry's readers, every entry
+// written beneath the image's root through openat2(RESOLVE_BENEATH) so no entry can reach
+// outside it, renamed into place only whole. The store knows nothing of sessions; its caller
+// (the daemon) decides whether an image is in use before it detaches one.
+//
 // Limits, stated: a writable session's upper layer lives on the filesystem under LayerDir with
 // no quota (a read-only session's /tmp is a tmpfs charged to its memory limit); the user
 // namespace maps every sandbox to the same host range; the built-in keeper exists for amd64
-// only (New fails elsewhere).
+// only (New fails elsewhere); an image import skips device nodes, does not apply extended
+// attributes (file capabilities), and refuses an entry written through an absolute symlink even
+// when the symlink points inside the image.
 //
 // The process model: libcontainer re-executes the current binary (/proc/self/exe) with the
 // argument "init" to set a container up; a binary that uses this package must call MaybeInit

@@ -58,7 +58,7 @@ func resolveImage(rootfs string, imagesDirs []string, trusted func(uid uint32) b
 		return "", fmt.Errorf("rootfs %q: the host's root directory is never an image", rootfs)
 	}
 	if !lexicallyInside(filepath.Clean(rootfs), imagesDirs) {
-		return "", fmt.Errorf("rootfs %q: not inside an image directory (%s); only images under --images-dir are accepted", rootfs, strings.Join(imagesDirs, ", "))
+		return "", fmt.Errorf("rootfs %q: not inside an image directory (%s); import an image (enforcerd image import) or give a directory under serve's --images-dir", rootfs, strings.Join(imagesDirs, ", "))
 	}
 	real, err := filepath.EvalSymlinks(rootfs)
 	if err != nil {
@@ -86,7 +86,7 @@ func resolveImage(rootfs string, imagesDirs []string, trusted func(uid uint32) b
 		}
 		return real, nil
 	}
-	return "", fmt.Errorf("rootfs %q: not inside an image directory (%s); only images under --images-dir are accepted", rootfs, strings.Join(imagesDirs, ", "))
+	return "", fmt.Errorf("rootfs %q: not inside an image directory (%s); import an image (enforcerd image import) or give a directory under serve's --images-dir", rootfs, strings.Join(imagesDirs, ", "))
 }
 
 // checkImageChain checks the directories from / down to real (root is an ancestor of real, both

@@ -59,7 +59,7 @@ func TestResolveImage(t *testing.T) {
 		{images + "/good/../../images/good", realImages + "/good", ""}, // and back in
 		{"/", "", "the host's root directory is never an image"},
 		{images + "/toroot", "", "the host's root directory is never an image"},
-		{images + "/good/../..", "", "not inside an image directory (" + images + "); only images under --images-dir are accepted"},
+		{images + "/good/../..", "", "not inside an image directory (" + images + "); import an image (enforcerd image import) or give a directory under serve's --images-dir"},
 		{images + "/up", "", "not inside an image directory"},
 		{images + "/out", "", "not inside an image directory"},
 		{"/etc", "", "not inside an image directory"},

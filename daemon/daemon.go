@@ -125,6 +125,8 @@ type Parts struct {
 	Events    *EventLog    // nil: in memory only
 	// Close, when set, releases what Open opened (called by Daemon.Close).
 	Close func()
+	// Images is the image store (nil: image calls fail, --image is refused).
+	Images *container.ImageStore
 }
 
 // Daemon composes the four packages into the session lifecycle the API
@@ -154,9 +156,14 @@ type Daemon struct {
 	closeFn func()
 	proxy   *dnsproxy.Proxy // set by Open only: what ListenDNS serves
 
-	mu       sync.Mutex // protects sessions and pending
+	mu       sync.Mutex // protects sessions, pending and creating
 	sessions map[string]*liveSession
 	pending  map[string]bool // names whose create or delete is in flight
+	// creating is the rootfs of each create in flight with a sandbox: an
+	// image it names is in use before its session exists (images.go).
+	creating map[string]string
+
+	images *container.ImageStore
 
 	held heldWatch // the execs whose end this daemon watches (execs.go)
 	// finishMu serialises finishExec (an exec's end is recorded once) and
@@ -183,8 +190,9 @@ func New(cfg Config, p Parts) *Daemon {
 		cfg: cfg, log: log, nets: p.Network, guard: p.Guard, fw: p.Firewall,
 		dns: p.Resolver, boxes: p.Sandboxes, state: p.Store, events: events,
 		metrics: p.Metrics, dnsAddr: p.DNSAddr, pin: p.Pin, closeFn: p.Close,
-		sessions: map[string]*liveSession{}, pending: map[string]bool{},
-		names: attestNames{max: cfg.MaxAttested},
+		sessions: map[string]*liveSession{}, pending: map[string]bool{}, creating: map[string]string{},
+		images: p.Images,
+		names:  attestNames{max: cfg.MaxAttested},
 	}
 }
 

@@ -52,6 +52,7 @@ func (e *Daemon) reserve(name string, mustExist bool) (*liveSession, error) {
 func (e *Daemon) release(name string) {
 	e.mu.Lock()
 	delete(e.pending, name)
+	delete(e.creating, name)
 	e.mu.Unlock()
 }
 
@@ -150,8 +151,18 @@ func (e *Daemon) validateRequest(req *api.CreateRequest) error {
 			return badRequest(err)
 		}
 	}
+	if req.Image != "" {
+		if req.Rootfs != "" || req.NetworkOnly {
+			return badRequest(fmt.Errorf("image %q: give exactly one of --rootfs DIR, --image NAME or --network-only", req.Image))
+		}
+		rootfs, err := e.imageRootfs(req.Image)
+		if err != nil {
+			return err
+		}
+		req.Rootfs = rootfs
+	}
 	if req.NetworkOnly == (req.Rootfs != "") {
-		return badRequest(errors.New("give exactly one of --rootfs DIR or --network-only"))
+		return badRequest(errors.New("give exactly one of --rootfs DIR, --image NAME or --network-only"))
 	}
 	if req.Rootfs != "" {
 		real, err := e.grantImage(req.Rootfs)
@@ -183,8 +194,8 @@ func validateAttach(req *api.CreateRequest) error {
 	if req.NetnsPath == "" {
 		return errors.New("ifname and container_id need netns_path: they name an interface in a netns the caller made")
 	}
-	if req.Rootfs != "" {
-		return fmt.Errorf("netns_path %q: a session attached to a netns has no sandbox; leave out rootfs", req.NetnsPath)
+	if req.Rootfs != "" || req.Image != "" {
+		return fmt.Errorf("netns_path %q: a session attached to a netns has no sandbox; leave out rootfs and image", req.NetnsPath)
 	}
 	req.NetworkOnly = true
 	if req.IfName == "" {
@@ -340,6 +351,11 @@ func (e *Daemon) Create(ctx context.Context, req api.CreateRequest) (info api.Se
 		return info, err
 	}
 	defer e.release(req.Name)
+	if req.Rootfs != "" {
+		if err := e.claimRootfs(req.Name, req.Rootfs); err != nil {
+			return info, err
+		}
+	}
 
 	peers, err := e.resolvePeers(policy.LabPeers)
 	if err != nil {
@@ -658,6 +674,7 @@ func (e *Daemon) summary(s *liveSession) api.SessionInfo {
 		},
 		Sandbox:     s.rec.Sandbox,
 		Rootfs:      s.rec.Request.Rootfs,
+		Image:       s.rec.Request.Image,
 		NetnsPath:   s.rec.Request.NetnsPath,
 		IfName:      s.rec.Request.IfName,
 		ContainerID: s.rec.Request.ContainerID,
@@ -805,6 +822,9 @@ func createEssentials(req api.CreateRequest) map[string]any {
 	}
 	if req.Rootfs != "" {
 		d["rootfs"] = req.Rootfs
+	}
+	if req.Image != "" {
+		d["image"] = req.Image
 	}
 	if len(req.Allow) > 0 {
 		d["allow"] = req.Allow

@@ -115,6 +115,13 @@ func Open(cfg Config, log *slog.Logger, metrics *Metrics) (_ *Daemon, err error)
 	if err != nil {
 		return nil, err
 	}
+	// The image store is made here (root's, 0700) and is always one of
+	// the image directories a rootfs may come from.
+	images, err := container.OpenImageStore(filepath.Join(cfg.StateDir, ImageStoreDir), container.UnpackLimits{})
+	if err != nil {
+		return nil, err
+	}
+	cfg.ImagesDirs = append([]string{images.Dir}, cfg.ImagesDirs...)
 	events, err := OpenEventLog(filepath.Join(cfg.StateDir, "events"), 0,
 		EventStoreOptions{Retention: cfg.EventsRetention, Log: log})
 	if err != nil {
@@ -123,7 +130,7 @@ func Open(cfg Config, log *slog.Logger, metrics *Metrics) (_ *Daemon, err error)
 	d := New(cfg, Parts{
 		Network: nets, Firewall: fw, Sandboxes: boxes, Guard: guard,
 		Pin: upstreamResolver(cfg.Upstreams, upstreamTimeout), DNSAddr: dnsAddr,
-		Store: store, Events: events, Log: log, Metrics: metrics, Close: closeAll,
+		Store: store, Events: events, Log: log, Metrics: metrics, Close: closeAll, Images: images,
 	})
 	proxy, err := dnsproxy.New(dnsproxy.Config{
 		Upstreams: cfg.Upstreams,

@@ -12,8 +12,8 @@
 #
 # Any other root filesystem directory works the same way (session create --rootfs DIR), e.g.
 #   a Debian rootfs:      debootstrap --variant=minbase bookworm /srv/images/debian
-#   an OCI image export:  docker export "$(docker create kalilinux/kali-rolling)" | tar -C /srv/images/kali -xf -
-#                         (or: skopeo copy docker://IMAGE oci:img && umoci unpack --image img bundle; use bundle/rootfs)
+#   an OCI or Docker image: enforcerd image import NAME ARCHIVE (a docker save archive or an
+#                         OCI layout), then session create --image NAME (README, Images)
 # It needs no enforcerd file: the sandbox's pid 1 is built into enforcerd, and /etc/resolv.conf,
 # /etc/hosts and /etc/hostname are mounted over per session.
 set -euo pipefail

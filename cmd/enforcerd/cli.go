@@ -191,6 +191,7 @@ func (c *cli) rootCommand() *cobra.Command {
 	root.AddCommand(
 		c.serveCommand(glob),
 		c.sessionCommand(glob),
+		c.imageCommand(glob),
 		c.eventsCommand(glob),
 		c.reapCommand(),
 		c.doctorCommand(glob),
@@ -506,10 +507,10 @@ in a TOML file given with --config (keys are the option names, e.g.
 state-dir = "/var/lib/enforcerd", upstream = ["192.0.2.53"]); flags win.
 
 API access is powerful: whoever may use the socket (root, and the members of
---socket-group) can run any program as root in a sandbox, from any image under
+--socket-group) can run any program as root in a sandbox, from any image of
+the image store (<state-dir>/images, which it may import into) or under
 --images-dir, and choose its network policy, public egress included. Grant
-the group only to those you would let run containers as root. Without
---images-dir no sandbox can be created (--network-only sessions still can).`
+the group only to those you would let run containers as root.`
 
 func (c *cli) serveCommand(glob *globalOpts) *cobra.Command {
 	var flags *serveFlags

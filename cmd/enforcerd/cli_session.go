@@ -110,11 +110,12 @@ func oneName(cmd string, pos []string) (string, error) {
 // ---- create ---------------------------------------------------------------
 
 const createLong = `Create a session: its own network namespace, address and egress policy, and
-(with --rootfs) a sandbox running in it. NAME is 1 to 32 of [a-z0-9-],
+(with --image or --rootfs) a sandbox running in it. NAME is 1 to 32 of [a-z0-9-],
 starting with a letter or digit. The policy can be changed later with "session update", unless --locked.
 
-The sandbox's root user is root over its image: the daemon accepts a
---rootfs only inside a directory the operator gave serve with --images-dir
+The sandbox's root user is root over its image: --image names an image of
+the daemon's store ("enforcerd image import"); the daemon accepts a --rootfs
+only inside its store or a directory the operator gave serve with --images-dir
 (root-owned, writable by root only), never / itself. A sandbox gets 512 MiB
 of memory, 1024 processes and one CPU unless told otherwise.`
 
@@ -280,13 +281,14 @@ func (c *cli) sessionCreate(glob *globalOpts) *cobra.Command {
 		egress       = enumFlag{allowed: []string{"none", "allowlist", "public"}}
 	)
 	cmd := &cobra.Command{
-		Use:   "create NAME (--rootfs DIR | --network-only) [options]",
+		Use:   "create NAME (--image IMAGE | --rootfs DIR | --network-only) [options]",
 		Short: "create a session",
 		Long:  createLong,
 		Args:  cobra.ArbitraryArgs,
 	}
 	fs := cmd.Flags()
-	fs.StringVar(&req.Rootfs, "rootfs", "", "run a sandbox from the root filesystem `DIR` (shared, never changed; must be inside the daemon's --images-dir)")
+	fs.StringVar(&req.Rootfs, "rootfs", "", "run a sandbox from the root filesystem `DIR` (shared, never changed; must be inside the daemon's image store or an --images-dir)")
+	fs.StringVar(&req.Image, "image", "", "run a sandbox from the daemon's image `IMAGE` (see \"enforcerd image ls\")")
 	fs.BoolVar(&req.NetworkOnly, "network-only", false, "no sandbox: bring your own runtime and join the netns")
 	fs.BoolVar(&req.Writable, "writable", false, "give the sandbox a writable overlay instead of a read-only root with a tmpfs /tmp")
 	fs.StringArrayVar(&allow, "allow", nil, "allow egress to `ENTRY` (name, *.wildcard, CIDR, optionally :PORT), repeatable")
@@ -316,6 +318,14 @@ func (c *cli) sessionCreate(glob *globalOpts) *cobra.Command {
 			return err
 		}
 		rootf := fs.Changed("rootfs")
+		if fs.Changed("image") {
+			switch {
+			case req.Image == "":
+				return usageErr(name, "invalid value \"\" for flag --image: want an image name (enforcerd image ls)")
+			case rootf || req.NetworkOnly:
+				return usageErr(name, "--image %q, --rootfs and --network-only exclude each other", req.Image)
+			}
+		}
 		// The first flag given that configures the sandbox, in the daemon's
 		// order (a false --net-raw or --writable asks for nothing).
 		var sandboxOnly string
@@ -333,8 +343,8 @@ func (c *cli) sessionCreate(glob *globalOpts) *cobra.Command {
 		switch {
 		case rootf && req.NetworkOnly:
 			return usageErr(name, "--rootfs %q and --network-only exclude each other", req.Rootfs)
-		case !rootf && !req.NetworkOnly:
-			return usageErr(name, "missing --rootfs DIR or --network-only")
+		case !rootf && !req.NetworkOnly && !fs.Changed("image"):
+			return usageErr(name, "missing --image IMAGE, --rootfs DIR or --network-only")
 		case rootf && req.Rootfs == "":
 			return usageErr(name, "invalid value \"\" for flag --rootfs: want a directory")
 		case req.NetworkOnly && sandboxOnly != "":

@@ -238,7 +238,7 @@ func defineServeFlags(fs *pflag.FlagSet) *serveFlags {
 	f.single[optAttestLife] = fs.String(optAttestLife, "", "longest `DURATION` new connections keep an attested address allowed after its DNS answer; 0 = no refresh (default "+defaultAttestLife+")")
 	f.single[optMetricsListen] = fs.String(optMetricsListen, "", "serve Prometheus metrics on `ADDR` (host:port; default off)")
 	f.single[optLogFormat] = fs.String(optLogFormat, "", "log `FORMAT`: text or json (default json under systemd, else text)")
-	f.lists[optImagesDir] = fs.StringArray(optImagesDir, nil, "a root-owned `DIR` sandbox rootfs directories may come from, repeatable (default: none, so every --rootfs is refused)")
+	f.lists[optImagesDir] = fs.StringArray(optImagesDir, nil, "a further root-owned `DIR` sandbox rootfs directories may come from, besides the image store <state-dir>/images, repeatable (default: none)")
 	f.single[optMaxFlows] = fs.String(optMaxFlows, "", "per-session cap on concurrent tracked flows `N` (default "+strconv.Itoa(defaultMaxFlows)+")")
 	f.single[optFlowRate] = fs.String(optFlowRate, "", "per-session new flows per second `N`, burst twice that (default "+strconv.Itoa(defaultFlowRate)+")")
 	f.single[optMaxAttested] = fs.String(optMaxAttested, "", "per-session cap on live DNS-attested addresses `N` (default "+strconv.Itoa(defaultMaxAttest)+")")
