@@ -1,0 +1,163 @@
+package integration
+
+// The daemon's processes as an operator sees them (ps, systemctl status, the journal): the
+// roles named on their command lines, and one log format.
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/enforcerd/enforcerd/api"
+)
+
+// initPid is the pid of session name's sandbox init, found by its command line
+// ("enforcerd init NAME") and checked to be pid 1 of its pid namespace.
+func (e *e2eEnv) initPid(name string) int {
+	e.t.Helper()
+	want := "enforcerd init " + name
+	var found []int
+	deadline := time.Now().Add(2 * time.Second)
+	for {
+		found = found[:0]
+		ents, _ := os.ReadDir("/proc")
+		for _, ent := range ents {
+			pid, err := strconv.Atoi(ent.Name())
+			if err == nil && procCmdline(pid) == want {
+				found = append(found, pid)
+			}
+		}
+		if len(found) > 0 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if len(found) != 1 {
+		e.t.Fatalf("processes whose command line is %q: %v, want one", want, found)
+	}
+	if !nsPidOne(strconv.Itoa(found[0])) {
+		e.t.Fatalf("%q (pid %d) is not pid 1 of its pid namespace", want, found[0])
+	}
+	return found[0]
+}
+
+func TestE2EProcessTitles(t *testing.T) {
+	e := newE2E(t)
+	e.create("box")
+	pid := e.initPid("box")
+	if got := procComm(pid); got != "enforcerd-init" {
+		t.Errorf("init comm %q, want enforcerd-init", got)
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), e2eCommandTimeout)
+	defer cancel()
+	info, err := e.d.Client().ExecDetach(ctx, "box", api.ExecRequest{Args: []string{"sleep", "4246"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pidFile := filepath.Join(e.d.StateDir, "execs", "box", info.ID, "holder.pid")
+	b, err := os.ReadFile(pidFile)
+	if err != nil {
+		t.Fatalf("holder pid: %v", err)
+	}
+	holder, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+	if got, want := procCmdline(holder), "enforcerd exec-holder box "+info.ID; got != want {
+		t.Errorf("holder %d: command line %q, want %q", holder, got, want)
+	}
+	if got := procComm(holder); got != "enforcerd-exec" {
+		t.Errorf("holder %d: comm %q, want enforcerd-exec", holder, got)
+	}
+	// The daemon still finds the holder by it: the exec is listed as running, and killed.
+	if got, err := e.d.Client().InspectExec(ctx, "box", info.ID); err != nil || got.State != api.ExecRunning {
+		t.Errorf("inspect exec: %+v %v", got, err)
+	}
+	if got, err := e.d.Client().KillExec(ctx, "box", info.ID); err != nil || got.State != api.ExecExited {
+		t.Errorf("kill exec: %+v %v", got, err)
+	}
+	if processAlive(holder) {
+		t.Errorf("holder %d runs after its exec was killed", holder)
+	}
+}
+
+// A sandbox's init ends its sandbox at a SIGTERM from the host (systemd's at shutdown), and
+// the daemon notices: the session's sandbox is gone, its other objects stay until deleted.
+func TestE2ESandboxEndsAtSIGTERM(t *testing.T) {
+	e := newE2E(t)
+	e.create("box")
+	e.create("other")
+	pid := e.initPid("box")
+	e.mustSh("box", "setsid sleep 4247 </dev/null >/dev/null 2>&1 &")
+	if out, _, code := e.sh("box", "kill -TERM 1; sleep 0.3; echo still-here"); code != 0 || out != "still-here\n" {
+		t.Fatalf("a SIGTERM from inside ended the sandbox: exit %d %q", code, out)
+	}
+	start := time.Now()
+	if err := syscall.Kill(pid, syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	for processAlive(pid) || len(e2eProcesses("sleep", "4247")) > 0 {
+		if time.Since(start) > 2*time.Second {
+			t.Fatalf("sandbox init %d still runs 2s after SIGTERM (sleep 4247: %v)", pid, e2eProcesses("sleep", "4247"))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Logf("sandbox gone %v after SIGTERM", time.Since(start))
+	if out := e.mustSh("other", "echo ok"); out != "ok\n" {
+		t.Errorf("the other session's sandbox: %q", out)
+	}
+	// Deleting the session removes what is left of it (e.cleanup checks nothing remains).
+	e.cli("session", "rm", "box")
+}
+
+// With --log-format json every line on the daemon's stderr is a JSON object, libcontainer's
+// own log lines (logrus) included. At debug level (ENFORCERD_DEBUG) libcontainer logs, and
+// has its init process forward, lines of its own at every sandbox start: they must be there,
+// as JSON records marked source=libcontainer (before, logrus wrote its lines as text).
+func TestE2EJSONLogOnly(t *testing.T) {
+	t.Setenv("ENFORCERD_DEBUG", "1")
+	e := newE2E(t, "--log-format", "json")
+	e.create("box")
+	e.mustSh("box", "echo hi")
+	// A sandbox whose init is gone: libcontainer logs its state as it cleans up.
+	e.create("gone")
+	if err := syscall.Kill(e.initPid("gone"), syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	e.cli("session", "rm", "gone")
+	e.cli("session", "rm", "box")
+	if err := e.d.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	e.start()
+	e.create("again")
+	e.cli("session", "rm", "again")
+
+	log := e.d.Log()
+	lines, libcontainer := 0, 0
+	s := bufio.NewScanner(strings.NewReader(log))
+	s.Buffer(make([]byte, 1<<20), 1<<20)
+	for s.Scan() {
+		lines++
+		var rec map[string]any
+		if err := json.Unmarshal(s.Bytes(), &rec); err != nil {
+			t.Errorf("log line %d is not JSON: %q", lines, s.Text())
+			continue
+		}
+		if rec["level"] == nil || rec["msg"] == nil || rec["time"] == nil {
+			t.Errorf("log line %d lacks level, msg or time: %q", lines, s.Text())
+		}
+		if rec["source"] == "libcontainer" {
+			libcontainer++
+		}
+	}
+	if lines < 4 || libcontainer == 0 {
+		t.Fatalf("the daemon logged %d lines, %d of them libcontainer's:\n%s", lines, libcontainer, log)
+	}
+	t.Logf("%d JSON lines, %d of them libcontainer's", lines, libcontainer)
+}
