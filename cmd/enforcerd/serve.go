@@ -130,7 +130,12 @@ func runReap(prefix, stateDir string, pool netip.Prefix, force bool) error {
 	}
 	log := newServeLogger("text")
 	routeLogrus(log)
-	return daemon.Reap(prefix, stateDir, pool, log)
+	err := daemon.Reap(prefix, stateDir, pool, log)
+	removed, rerr := releaseRegistry(instanceDir, prefix)
+	for _, p := range removed {
+		log.Info("removed", "path", p)
+	}
+	return errors.Join(err, rerr)
 }
 
 func newServeLogger(format string) *slog.Logger {
