@@ -367,10 +367,13 @@ func RunHolderCommand(args []string) int {
 // RunHolder runs the spec in dir, records its output and writes its status, and returns the
 // holder's exit status. SIGTERM kills the command (HeldKilled).
 func RunHolder(dir string) int {
+	// First: a SIGTERM from the daemon right after the start must find the handler.
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
 	signal.Ignore(syscall.SIGHUP, syscall.SIGPIPE)
 	// /proc/self/comm is the thread group leader's, whichever thread writes it.
 	_ = os.WriteFile("/proc/self/comm", []byte(holderComm), 0)
-	st := runHeld(dir)
+	st := runHeld(ctx, dir)
 	st.Ended = time.Now().UTC()
 	data, _ := json.Marshal(st)
 	if err := writeFileAtomic(filepath.Join(dir, heldStatusFile), data); err != nil {
@@ -380,7 +383,7 @@ func RunHolder(dir string) int {
 	return 0
 }
 
-func runHeld(dir string) HeldStatus {
+func runHeld(ctx context.Context, dir string) HeldStatus {
 	failed := func(err error) HeldStatus { return HeldStatus{Exit: 125, Reason: HeldFailed, Error: err.Error()} }
 	data, err := os.ReadFile(filepath.Join(dir, heldSpecFile))
 	if err != nil {
@@ -390,8 +393,6 @@ func runHeld(dir string) HeldStatus {
 	if err := json.Unmarshal(data, &hf); err != nil {
 		return failed(fmt.Errorf("exec holder: spec: %w", err))
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
-	defer stop()
 	m, err := New(hf.Config)
 	if err != nil {
 		return failed(err)

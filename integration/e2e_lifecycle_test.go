@@ -71,6 +71,10 @@ func TestE2EProcessTitles(t *testing.T) {
 	if got, want := procCmdline(holder), "enforcerd exec-holder box "+info.ID; got != want {
 		t.Errorf("holder %d: command line %q, want %q", holder, got, want)
 	}
+	// The holder names its comm itself, first thing.
+	for deadline := time.Now().Add(2 * time.Second); procComm(holder) != "enforcerd-exec" && time.Now().Before(deadline); {
+		time.Sleep(5 * time.Millisecond)
+	}
 	if got := procComm(holder); got != "enforcerd-exec" {
 		t.Errorf("holder %d: comm %q, want enforcerd-exec", holder, got)
 	}
