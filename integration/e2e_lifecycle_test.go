@@ -7,7 +7,9 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -164,4 +166,74 @@ func TestE2EJSONLogOnly(t *testing.T) {
 		t.Fatalf("the daemon logged %d lines, %d of them libcontainer's:\n%s", lines, libcontainer, log)
 	}
 	t.Logf("%d JSON lines, %d of them libcontainer's", lines, libcontainer)
+}
+
+// What a reboot does to sessions, played in the simulated host: the daemon is stopped, the
+// shutdown's SIGTERM ends every sandbox and holder, and the kernel state is gone (the netns
+// bind mounts in /run's tmpfs, the interfaces, the table), while the state dir on disk keeps
+// the records. The next start reaps every session, records and exec records included.
+func TestE2ESessionsEndAtReboot(t *testing.T) {
+	e := newE2E(t)
+	e.create("box")
+	e.createNetOnly("net")
+	ctx, cancel := context.WithTimeout(context.Background(), e2eCommandTimeout)
+	defer cancel()
+	if _, err := e.d.Client().ExecDetach(ctx, "box", api.ExecRequest{Args: []string{"sleep", "4250"}}); err != nil {
+		t.Fatal(err)
+	}
+	initPid := e.initPid("box")
+	holders := holderPids(e.d.StateDir)
+	if len(holders) != 1 {
+		t.Fatalf("holders: %v", holders)
+	}
+	if err := e.d.Stop(); err != nil {
+		t.Fatal(err)
+	}
+
+	// The shutdown: SIGTERM to what is left (systemd-shutdown sends it to every process).
+	for _, pid := range append(holders, initPid) {
+		if err := syscall.Kill(pid, syscall.SIGTERM); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for deadline := time.Now().Add(2 * time.Second); processAlive(initPid) || processAlive(holders[0]); {
+		if time.Now().After(deadline) {
+			t.Fatalf("2s after SIGTERM: init %d alive %v, holder %d alive %v", initPid, processAlive(initPid), holders[0], processAlive(holders[0]))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	// The boot: /run is empty, the kernel has none of the daemon's objects.
+	netns := e.objects().Netns
+	if len(netns) != 2 {
+		t.Fatalf("netns before the reboot: %v", netns)
+	}
+	for _, n := range netns {
+		if out, err := exec.Command("ip", "netns", "del", e.d.Prefix+"-"+n).CombinedOutput(); err != nil {
+			t.Fatalf("ip netns del: %v %s", err, out)
+		}
+	}
+	if out, err := exec.Command("ip", "-n", e.w.HostName, "link", "del", e.dnsIface()).CombinedOutput(); err != nil {
+		t.Fatalf("ip link del %s: %v %s", e.dnsIface(), err, out)
+	}
+	if out, err := exec.Command("nsenter", "--net="+e.w.HostPath, "nft", "delete", "table", "inet", e.d.Prefix).CombinedOutput(); err != nil {
+		t.Fatalf("nft delete table: %v %s", err, out)
+	}
+	if recs := e.objects().Records; len(recs) != 2 {
+		t.Fatalf("records on disk before the start: %v", recs)
+	}
+
+	e.start()
+	if got := e.list(); len(got) != 0 {
+		t.Errorf("sessions after the reboot: %v", e2eNames(got))
+	}
+	log := e.d.Log()
+	for _, name := range []string{"box", "net"} {
+		if !strings.Contains(log, `msg="reaping partial session" session=`+name) {
+			t.Errorf("no log line reaping %s:\n%s", name, e2eTail(log, 30))
+		}
+	}
+	e.expectObjects(t, "after the start that follows the reboot", e2eObjects{Links: []string{e.dnsIface()}, Table: true})
+	if _, err := os.Stat(filepath.Join(e.d.StateDir, "execs", "box")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("exec records of box after the reboot: %v", err)
+	}
 }
