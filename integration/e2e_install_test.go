@@ -10,7 +10,6 @@ package integration
 // took the daemon's own entry out of it.
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -76,6 +75,151 @@ func readmeBlock(t *testing.T, readme, heading string) []string {
 	return lines
 }
 
+// installEnv is a staging install of the scripts: DESTDIR, the stand-in systemctl and the
+// directories standing for /run/enforcerd, a CNI plugin dir and /run/systemd/system, and the
+// operator's /etc/enforcerd.toml naming the test daemon's socket, state dir and prefix.
+type installEnv struct {
+	t                                      *testing.T
+	e                                      *e2eEnv
+	repo, dest, conf, toml, calls, pidFile string
+	runDir, cniDir, installed              string
+	env                                    []string
+}
+
+func newInstallEnv(t *testing.T, e *e2eEnv, repo string) *installEnv {
+	t.Helper()
+	root := t.TempDir()
+	ie := &installEnv{t: t, e: e, repo: repo,
+		dest:    filepath.Join(root, "dest"),
+		calls:   filepath.Join(root, "systemctl.calls"),
+		pidFile: filepath.Join(root, "enforcerd.pid"),
+		runDir:  filepath.Join(root, "run-enforcerd"),
+		cniDir:  filepath.Join(root, "cni-bin"),
+	}
+	fakeBin := filepath.Join(root, "fakebin")
+	sysd := filepath.Join(root, "run-systemd-system")
+	for _, d := range []string{fakeBin, ie.runDir, ie.cniDir, sysd, filepath.Join(ie.dest, "etc")} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(fakeBin, "systemctl"), []byte(fakeSystemctl), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	// What /run/enforcerd would hold besides the registry: the socket unit's socket.
+	if err := os.WriteFile(filepath.Join(ie.runDir, "enforcerd.sock"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// The operator's configuration, written before install.sh (which keeps an existing one):
+	// uninstall.sh and reap take the prefix, state dir and socket from it.
+	ie.conf = filepath.Join(ie.dest, "etc", "enforcerd.toml")
+	ie.toml = fmt.Sprintf("socket = %q\nstate-dir = %q\nname-prefix = %q\n", e.d.Socket, e.d.StateDir, e.d.Prefix)
+	if err := os.WriteFile(ie.conf, []byte(ie.toml), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ie.env = append(os.Environ(),
+		"PATH="+fakeBin+":"+os.Getenv("PATH"),
+		"DESTDIR="+ie.dest,
+		"RUNDIR="+ie.runDir,
+		"SYSTEMD_RUN_DIR="+sysd,
+		"CNI_PLUGIN_DIRS="+ie.cniDir,
+		"FAKE_SYSTEMCTL_LOG="+ie.calls,
+		"FAKE_ENFORCERD_PID="+ie.pidFile,
+	)
+	ie.installed = filepath.Join(ie.dest, "usr", "local", "bin", "enforcerd")
+	return ie
+}
+
+// sh runs one command line as the README gives it, in the simulated host (reap must see the
+// daemon's objects there), from the repository's root.
+func (ie *installEnv) sh(line string) (string, string, int) {
+	ie.t.Helper()
+	cmd := exec.Command("nsenter", "--net="+ie.e.w.HostPath, "bash", "-c", line)
+	cmd.Dir, cmd.Env = ie.repo, ie.env
+	var out, errOut strings.Builder
+	cmd.Stdout, cmd.Stderr = &out, &errOut
+	err := cmd.Run()
+	var ee *exec.ExitError
+	switch {
+	case errors.As(err, &ee):
+		return out.String(), errOut.String(), ee.ExitCode()
+	case err != nil:
+		ie.t.Fatalf("%s: %v", line, err)
+	}
+	return out.String(), errOut.String(), 0
+}
+
+func (ie *installEnv) mustSh(line string) string {
+	ie.t.Helper()
+	out, errOut, code := ie.sh(line)
+	if code != 0 {
+		ie.t.Fatalf("%s: exit %d\n%s%s", line, code, out, errOut)
+	}
+	return out
+}
+
+// startAsSystemd is systemd's part: start the installed daemon and note its pid for the
+// stand-in systemctl.
+func (ie *installEnv) startAsSystemd() {
+	ie.t.Helper()
+	ie.e.d.Bin = ie.installed
+	ie.e.start()
+	if err := os.WriteFile(ie.pidFile, []byte(strconv.Itoa(ie.e.d.PID())), 0o644); err != nil {
+		ie.t.Fatal(err)
+	}
+}
+
+// systemctlCalls are the stand-in's calls so far, one line each.
+func (ie *installEnv) systemctlCalls() []string {
+	b, _ := os.ReadFile(ie.calls)
+	return strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+}
+
+// Without sessions, uninstall.sh (no --purge) stops the units, reaps what the daemon left in the
+// kernel (its table and DNS interface) and removes the installed files, and keeps
+// /etc/enforcerd.toml and the state dir.
+func TestE2EUninstallKeepsConfigAndState(t *testing.T) {
+	e := prepareE2E(t, "")
+	repo, err := filepath.Abs("..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ie := newInstallEnv(t, e, repo)
+	testBin := e.d.Bin
+	defer func() { e.d.Bin = testBin }()
+	ie.mustSh("scripts/install.sh")
+	ie.startAsSystemd()
+	e.create("gone")
+	e.cli("session", "rm", "gone")
+	if o := e.objects(); !o.Table || len(o.Links) != 1 {
+		t.Fatalf("objects with no session: %s", o)
+	}
+	out := ie.mustSh("scripts/uninstall.sh")
+	if !strings.Contains(out, "uninstalled;") {
+		t.Errorf("uninstall.sh said %q", out)
+	}
+	if done, _ := e.d.Exited(); !done {
+		t.Error("the daemon runs after uninstall.sh")
+	}
+	e.expectObjects(t, "after uninstall.sh", e2eObjects{})
+	if got, _ := os.ReadFile(ie.conf); string(got) != ie.toml {
+		t.Errorf("%s after uninstall.sh: %q", ie.conf, got)
+	}
+	if _, err := os.Stat(filepath.Join(e.d.StateDir, "lock")); err != nil {
+		t.Errorf("state dir after uninstall.sh: %v", err)
+	}
+	_ = filepath.WalkDir(ie.dest, func(p string, d fs.DirEntry, err error) error {
+		if err == nil && !d.IsDir() && p != ie.conf {
+			t.Errorf("left by uninstall.sh: %s", p)
+		}
+		return nil
+	})
+	want := []string{"daemon-reload", "stop enforcerd.socket enforcerd", "disable enforcerd.socket enforcerd", "daemon-reload"}
+	if got := ie.systemctlCalls(); strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Errorf("systemctl calls %q, want %q", got, want)
+	}
+}
+
 func TestE2EInstallUninstall(t *testing.T) {
 	e := prepareE2E(t, "")
 	repo, err := filepath.Abs("..")
@@ -95,79 +239,9 @@ func TestE2EInstallUninstall(t *testing.T) {
 		t.Fatalf("README's Uninstall block is %q; this test runs it and checks what it leaves: update both", uninstall)
 	}
 
-	root := t.TempDir()
-	dest := filepath.Join(root, "dest")
-	fakeBin := filepath.Join(root, "fakebin")
-	calls := filepath.Join(root, "systemctl.calls")
-	pidFile := filepath.Join(root, "enforcerd.pid")
-	runDir := filepath.Join(root, "run-enforcerd")
-	cniDir := filepath.Join(root, "cni-bin")
-	sysd := filepath.Join(root, "run-systemd-system")
-	for _, d := range []string{fakeBin, runDir, cniDir, sysd, filepath.Join(dest, "etc")} {
-		if err := os.MkdirAll(d, 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := os.WriteFile(filepath.Join(fakeBin, "systemctl"), []byte(fakeSystemctl), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	// What /run/enforcerd would hold besides the registry: the socket unit's socket.
-	if err := os.WriteFile(filepath.Join(runDir, "enforcerd.sock"), nil, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	// The operator's configuration, written before install.sh (which keeps an existing one):
-	// uninstall.sh and reap take the prefix, state dir and socket from it.
-	conf := filepath.Join(dest, "etc", "enforcerd.toml")
-	toml := fmt.Sprintf("socket = %q\nstate-dir = %q\nname-prefix = %q\n", e.d.Socket, e.d.StateDir, e.d.Prefix)
-	if err := os.WriteFile(conf, []byte(toml), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	env := append(os.Environ(),
-		"PATH="+fakeBin+":"+os.Getenv("PATH"),
-		"DESTDIR="+dest,
-		"RUNDIR="+runDir,
-		"SYSTEMD_RUN_DIR="+sysd,
-		"CNI_PLUGIN_DIRS="+cniDir,
-		"FAKE_SYSTEMCTL_LOG="+calls,
-		"FAKE_ENFORCERD_PID="+pidFile,
-	)
-	// sh runs one command line as the README gives it, in the simulated host (reap must see
-	// the daemon's objects there), from the repository's root.
-	sh := func(line string) (string, string, int) {
-		t.Helper()
-		cmd := exec.Command("nsenter", "--net="+e.w.HostPath, "bash", "-c", line)
-		cmd.Dir, cmd.Env = repo, env
-		var out, errOut strings.Builder
-		cmd.Stdout, cmd.Stderr = &out, &errOut
-		err := cmd.Run()
-		var ee *exec.ExitError
-		switch {
-		case errors.As(err, &ee):
-			return out.String(), errOut.String(), ee.ExitCode()
-		case err != nil:
-			t.Fatalf("%s: %v", line, err)
-		}
-		return out.String(), errOut.String(), 0
-	}
-	mustSh := func(line string) string {
-		t.Helper()
-		out, errOut, code := sh(line)
-		if code != 0 {
-			t.Fatalf("%s: exit %d\n%s%s", line, code, out, errOut)
-		}
-		return out
-	}
-	// systemd's part: start the installed daemon and note its pid for the stand-in.
-	installed := filepath.Join(dest, "usr", "local", "bin", "enforcerd")
-	testBin := e.d.Bin
-	startAsSystemd := func() {
-		t.Helper()
-		e.d.Bin = installed
-		e.start()
-		if err := os.WriteFile(pidFile, []byte(strconv.Itoa(e.d.PID())), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
+	ie := newInstallEnv(t, e, repo)
+	dest, conf, toml, cniDir, runDir := ie.dest, ie.conf, ie.toml, ie.cniDir, ie.runDir
+	sh, mustSh, installed, testBin, startAsSystemd := ie.sh, ie.mustSh, ie.installed, e.d.Bin, ie.startAsSystemd
 
 	var installOut string
 	for _, line := range install {
@@ -255,15 +329,7 @@ func TestE2EInstallUninstall(t *testing.T) {
 		}
 		return nil
 	})
-	f, err := os.Open(calls)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	var got []string
-	for s := bufio.NewScanner(f); s.Scan(); {
-		got = append(got, s.Text())
-	}
+	got := ie.systemctlCalls()
 	want := []string{
 		"daemon-reload", // install.sh
 		"enable --now enforcerd.socket enforcerd",
