@@ -46,9 +46,11 @@
 // The process model: libcontainer re-executes the current binary (/proc/self/exe) with the
 // argument "init" to set a container up; a binary that uses this package must call MaybeInit
 // first thing in main (before flag parsing). The sandbox's long-lived pid 1 (the keeper) is a
-// 76-byte static program this package builds in memory (keeper.go) and hands to the init as a
-// sealed memfd: it reaps orphans and ignores every signal from inside, so the sandbox stays up
-// until Destroy kills it from outside, whatever image it runs (even one without a shell). Init
+// 249-byte static program this package builds in memory (keeper.go) and hands to the init as a
+// sealed memfd, shown as "enforcerd init SESSION": it reaps orphans and ignores every signal
+// from inside, so the sandbox stays up until Destroy kills it from outside or a SIGTERM from
+// outside (systemd's at host shutdown) ends it, whatever image it runs (even one without a
+// shell). Init
 // and exec'd processes are children of the daemon (nsexec uses CLONE_PARENT); the Manager waits
 // on every one of them so no zombie remains.
 package container

@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -23,8 +24,9 @@ import (
 // that it outlives the daemon, as a container runtime's shim does (containerd's runc shim
 // keeps the process, owns its stdio and reports its exit while containerd restarts).
 //
-// The holder is this binary re-executed as "enforcerd exec-holder DIR" (HolderArg), in a
-// session and process group of its own (setsid), with /dev/null as its stdio: a daemon that
+// The holder is this binary re-executed (/proc/self/exe) with the command line
+// "enforcerd exec-holder SESSION ID" (HolderArg; what ps and systemctl status show) and DIR in
+// its environment (HolderDirEnv), in a session and process group of its own (setsid), with /dev/null as its stdio: a daemon that
 // stops (systemd's KillMode=process signals only the main process) or is killed takes
 // nothing of it along. The holder runs the command through Manager.Exec, so the command is its
 // child (libcontainer's CLONE_PARENT makes it the caller's), and it owns the pipes.
@@ -51,8 +53,15 @@ func (e invalidExec) Error() string        { return e.err.Error() }
 func (e invalidExec) Is(target error) bool { return target == ErrInvalidExec }
 func (e invalidExec) Unwrap() error        { return e.err }
 
-// HolderArg is the hidden subcommand that runs a holder (see RunHolder).
+// HolderArg is the hidden subcommand that runs a holder (see RunHolderCommand).
 const HolderArg = "exec-holder"
+
+// HolderDirEnv carries a holder's DIR (<exec root>/SESSION/ID): its command line shows only
+// SESSION and ID.
+const HolderDirEnv = "ENFORCERD_EXEC_DIR"
+
+// holderComm is a holder's comm (ps -e, top), instead of "exe".
+const holderComm = "enforcerd-exec"
 
 // MaxHeldOutput bounds the output file of one held exec.
 const MaxHeldOutput = 64 << 20
@@ -136,7 +145,9 @@ func (m *Manager) StartHeld(dir string, spec HeldSpec) (*os.Process, error) {
 	}
 	_ = out.Close()
 	// /proc/self/exe: the binary this daemon runs, even when an upgrade replaced the file.
-	cmd := exec.Command("/proc/self/exe", HolderArg, dir)
+	cmd := exec.Command("/proc/self/exe")
+	cmd.Args = holderArgs(dir)
+	cmd.Env = append(os.Environ(), HolderDirEnv+"="+dir)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start exec holder: %w", err)
@@ -184,8 +195,16 @@ func ReadHeldSpec(dir string) (HeldSpec, time.Time, error) {
 	return hf.Spec, started, nil
 }
 
+// holderArgs is the command line of dir's holder: "enforcerd exec-holder SESSION ID", the
+// last two elements of dir.
+func holderArgs(dir string) []string {
+	return []string{"enforcerd", HolderArg, filepath.Base(filepath.Dir(dir)), filepath.Base(dir)}
+}
+
 // HolderPid is the pid of dir's holder while it runs, else 0. A pid is taken as the holder's
-// only when its command line is "… exec-holder DIR" (a reused pid is not).
+// only when its command line is holderArgs(dir) and its environment names dir, or (a holder
+// started before an upgrade to this version) its command line is "… exec-holder DIR": a reused
+// pid is not.
 func HolderPid(dir string) int {
 	data, err := os.ReadFile(filepath.Join(dir, heldPidFile))
 	if err != nil {
@@ -200,8 +219,15 @@ func HolderPid(dir string) int {
 		return 0
 	}
 	args := strings.Split(strings.TrimRight(string(cmdline), "\x00"), "\x00")
-	if len(args) != 3 || args[1] != HolderArg || args[2] != dir {
+	if len(args) == 3 && args[1] == HolderArg && args[2] == dir {
+		return pid // started by a version that named DIR on the command line
+	}
+	if !slices.Equal(args, holderArgs(dir)) {
 		return 0 // gone, a zombie (empty cmdline) or another process
+	}
+	environ, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "environ"))
+	if err != nil || !slices.Contains(strings.Split(string(environ), "\x00"), HolderDirEnv+"="+dir) {
+		return 0
 	}
 	return pid
 }
@@ -326,12 +352,28 @@ type heldStream struct {
 
 func (s heldStream) Write(p []byte) (int, error) { return s.l.write(s.stream, p) }
 
-// RunHolder is the holder's main (enforcerd exec-holder DIR): it runs the spec in DIR,
-// records its output and writes its status, and returns the holder's exit status. SIGTERM
-// kills the command (HeldKilled).
+// RunHolderCommand is the holder's main: args are what follows "enforcerd exec-holder"
+// (SESSION ID), and DIR comes from HolderDirEnv, whose last two elements must be SESSION and
+// ID. It returns the holder's exit status (see RunHolder).
+func RunHolderCommand(args []string) int {
+	dir := os.Getenv(HolderDirEnv)
+	if len(args) != 2 || dir == "" || !slices.Equal(holderArgs(dir), append([]string{"enforcerd", HolderArg}, args...)) {
+		fmt.Fprintf(os.Stderr, "enforcerd exec-holder: %s=%q does not name the exec %q; the daemon starts holders, not you\n", HolderDirEnv, dir, strings.Join(args, " "))
+		return 125
+	}
+	return RunHolder(dir)
+}
+
+// RunHolder runs the spec in dir, records its output and writes its status, and returns the
+// holder's exit status. SIGTERM kills the command (HeldKilled).
 func RunHolder(dir string) int {
+	// First: a SIGTERM from the daemon right after the start must find the handler.
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
 	signal.Ignore(syscall.SIGHUP, syscall.SIGPIPE)
-	st := runHeld(dir)
+	// /proc/self/comm is the thread group leader's, whichever thread writes it.
+	_ = os.WriteFile("/proc/self/comm", []byte(holderComm), 0)
+	st := runHeld(ctx, dir)
 	st.Ended = time.Now().UTC()
 	data, _ := json.Marshal(st)
 	if err := writeFileAtomic(filepath.Join(dir, heldStatusFile), data); err != nil {
@@ -341,7 +383,7 @@ func RunHolder(dir string) int {
 	return 0
 }
 
-func runHeld(dir string) HeldStatus {
+func runHeld(ctx context.Context, dir string) HeldStatus {
 	failed := func(err error) HeldStatus { return HeldStatus{Exit: 125, Reason: HeldFailed, Error: err.Error()} }
 	data, err := os.ReadFile(filepath.Join(dir, heldSpecFile))
 	if err != nil {
@@ -351,8 +393,6 @@ func runHeld(dir string) HeldStatus {
 	if err := json.Unmarshal(data, &hf); err != nil {
 		return failed(fmt.Errorf("exec holder: spec: %w", err))
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
-	defer stop()
 	m, err := New(hf.Config)
 	if err != nil {
 		return failed(err)

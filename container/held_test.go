@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -58,5 +59,38 @@ func TestHeldRecords(t *testing.T) {
 	recs, off, err := ReadHeldRecords(f, fi.Size(), 1<<20)
 	if err != nil || len(recs) != 0 || off != fi.Size() {
 		t.Fatalf("partial record: %+v %d %v", recs, off, err)
+	}
+}
+
+// A holder's command line names its role, session and exec; its DIR comes from the
+// environment and must end in that session and exec, or the holder refuses to run.
+func TestHolderCommandLine(t *testing.T) {
+	dir := "/var/lib/enforcerd/execs/box/0123456789abcdef"
+	if got := strings.Join(holderArgs(dir), " "); got != "enforcerd exec-holder box 0123456789abcdef" {
+		t.Errorf("holderArgs = %q", got)
+	}
+	for _, tc := range []struct {
+		env  string
+		args []string
+	}{
+		{"", []string{"box", "0123456789abcdef"}},
+		{dir, []string{"other", "0123456789abcdef"}},
+		{dir, []string{"box"}},
+	} {
+		t.Setenv(HolderDirEnv, tc.env)
+		if code := RunHolderCommand(tc.args); code != 125 {
+			t.Errorf("%s=%q, args %q: exit %d, want 125", HolderDirEnv, tc.env, tc.args, code)
+		}
+	}
+	if pid := HolderPid(t.TempDir()); pid != 0 {
+		t.Errorf("HolderPid of a dir without holder.pid: %d", pid)
+	}
+	// A pid that is not a holder (here the test itself) is not taken for one.
+	other := t.TempDir()
+	if err := os.WriteFile(filepath.Join(other, heldPidFile), []byte(strconv.Itoa(os.Getpid())+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if pid := HolderPid(other); pid != 0 {
+		t.Errorf("HolderPid took the test process %d for a holder", pid)
 	}
 }

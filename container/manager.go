@@ -166,7 +166,7 @@ func (m *Manager) start(box *sandbox, cfg *configs.Config) error {
 	}
 	box.c = c
 	init := &libcontainer.Process{
-		Args:       []string{keeperPath},
+		Args:       keeperArgs(box.name),
 		Env:        []string{},
 		ExtraFiles: []*os.File{m.keeper}, // fd 3 (keeperFD) in the init
 		Init:       true,

@@ -5,9 +5,11 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
+	"os"
 	"path/filepath"
 
 	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 
 	"github.com/enforcerd/enforcerd/container"
 	"github.com/enforcerd/enforcerd/netpolicy"
@@ -16,8 +18,8 @@ import (
 
 // Reap is `enforcerd reap` once the program made sure no daemon serves the
 // prefix: it removes every object of the prefix (sandboxes, netns, veths,
-// the DNS interface, the nftables table, the pool's conntrack entries) and
-// the state records, logging each.
+// the DNS interface, the nftables table, the pool's conntrack entries),
+// the exec records and the state records, logging each.
 func Reap(prefix, stateDir string, pool netip.Prefix, log *slog.Logger) error {
 	host, err := netns.Get()
 	if err != nil {
@@ -67,6 +69,9 @@ func Reap(prefix, stateDir string, pool netip.Prefix, log *slog.Logger) error {
 		}
 		fw.Close()
 	}
+	// The sandboxes are gone, so every holder's command is: each holder
+	// writes its status and exits (StopHolder ends one that does not).
+	errs = append(errs, reapExecs(filepath.Join(stateDir, "execs"), log))
 	if st, err := NewStateStore(stateDir); err == nil {
 		recs, _ := st.LoadAll()
 		for _, r := range recs {
@@ -74,6 +79,51 @@ func Reap(prefix, stateDir string, pool netip.Prefix, log *slog.Logger) error {
 		}
 		errs = append(errs, st.RemoveAll())
 	} else {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// reapExecs stops the holders of every exec under root (<state-dir>/execs/
+// SESSION/ID) and removes their records, then the session directories and
+// root itself. It removes exactly what has those names: anything else under
+// root is left, and so are root and that session's directory.
+func reapExecs(root string, log *slog.Logger) error {
+	sessions, err := os.ReadDir(root)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("list exec records in %s: %w", root, err)
+	}
+	var errs []error
+	for _, s := range sessions {
+		if !s.IsDir() || !sessionNameValid(s.Name()) {
+			continue
+		}
+		sdir := filepath.Join(root, s.Name())
+		ids, err := os.ReadDir(sdir)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("list exec records in %s: %w", sdir, err))
+			continue
+		}
+		for _, id := range ids {
+			if !id.IsDir() || !execIDPattern.MatchString(id.Name()) {
+				continue
+			}
+			dir := filepath.Join(sdir, id.Name())
+			container.StopHolder(dir, holderStopGrace)
+			if err := os.RemoveAll(dir); err != nil {
+				errs = append(errs, fmt.Errorf("remove exec record %s: %w", dir, err))
+				continue
+			}
+			log.Info("removed exec record", "session", s.Name(), "exec", id.Name())
+		}
+		if err := os.Remove(sdir); err != nil && !errors.Is(err, os.ErrNotExist) && !errors.Is(err, unix.ENOTEMPTY) {
+			errs = append(errs, err)
+		}
+	}
+	if err := os.Remove(root); err != nil && !errors.Is(err, os.ErrNotExist) && !errors.Is(err, unix.ENOTEMPTY) {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)

@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -40,7 +41,8 @@ func (l *lockedBuffer) String() string {
 	return l.b.String()
 }
 
-// holderPids are the exec holders of this daemon's state dir.
+// holderPids are the exec holders of this daemon's state dir: processes whose command line is
+// "enforcerd exec-holder SESSION ID" and whose environment names an exec dir under stateDir.
 func holderPids(stateDir string) []int {
 	ents, _ := os.ReadDir("/proc")
 	var pids []int
@@ -50,7 +52,12 @@ func holderPids(stateDir string) []int {
 			continue
 		}
 		args := strings.Split(strings.TrimRight(string(b), "\x00"), "\x00")
-		if len(args) == 3 && args[1] == "exec-holder" && strings.HasPrefix(args[2], stateDir+"/") {
+		if len(args) != 4 || args[0] != "enforcerd" || args[1] != "exec-holder" {
+			continue
+		}
+		env, _ := os.ReadFile(filepath.Join("/proc", ent.Name(), "environ"))
+		want := "ENFORCERD_EXEC_DIR=" + filepath.Join(stateDir, "execs", args[2], args[3])
+		if slices.Contains(strings.Split(string(env), "\x00"), want) {
 			if pid, err := strconv.Atoi(ent.Name()); err == nil {
 				pids = append(pids, pid)
 			}

@@ -5,7 +5,11 @@ package integration
 // daemon, running in the same simulated host with its own prefix and pool).
 
 import (
+	"context"
+	"errors"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"reflect"
 	"slices"
 	"strings"
@@ -44,6 +48,21 @@ func TestE2EReap(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+	// An exec that runs through the reap: its holder and its record must go too.
+	ctx, cancel := context.WithTimeout(context.Background(), e2eCommandTimeout)
+	defer cancel()
+	held, err := e.d.Client().ExecDetach(ctx, "box", api.ExecRequest{Args: []string{"sleep", "4248"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	execs := filepath.Join(e.d.StateDir, "execs")
+	if _, err := os.Stat(filepath.Join(execs, "box", held.ID, "holder.pid")); err != nil {
+		t.Fatalf("exec record: %v", err)
+	}
+	holders := holderPids(e.d.StateDir)
+	if len(holders) != 1 {
+		t.Fatalf("holders of %s: %v, want one", e.d.StateDir, holders)
+	}
 	keep := other.create("keep", "--allow", "api.e2e.test")
 	otherDNS := netip.MustParseAddrPort("10.21.255.254:53")
 	lookupOther := func(when string) {
@@ -76,6 +95,23 @@ func TestE2EReap(t *testing.T) {
 	e.expectObjects(t, "after enforcerd reap", e2eObjects{})
 	if left := e2eProcesses("sleep", "4244"); len(left) > 0 {
 		t.Errorf("processes of a reaped sandbox still run: %v", left)
+	}
+	if _, err := os.Stat(execs); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("exec records after the reap: %v", err)
+	}
+	if processAlive(holders[0]) || len(holderPids(e.d.StateDir)) > 0 {
+		t.Errorf("exec holder %d runs after the reap", holders[0])
+	}
+	if !strings.Contains(out, "removed exec record") {
+		t.Errorf("enforcerd reap did not log the exec record's removal:\n%s", out)
+	}
+	// The instance registry (/run/enforcerd/instances) keeps no record of the prefix; the other
+	// daemon's stays (so does the directory, which it uses).
+	if recs, _ := filepath.Glob("/run/enforcerd/instances/*-" + e.d.Prefix + ".json"); len(recs) > 0 {
+		t.Errorf("instance records of %s after the reap: %v", e.d.Prefix, recs)
+	}
+	if recs, _ := filepath.Glob("/run/enforcerd/instances/*-" + other.d.Prefix + ".json"); len(recs) != 1 {
+		t.Errorf("instance records of the other daemon %s after the reap: %v, want one", other.d.Prefix, recs)
 	}
 
 	// The other prefix: untouched, and its session still works.

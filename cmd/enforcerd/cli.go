@@ -547,9 +547,11 @@ func (c *cli) serveCommand(glob *globalOpts) *cobra.Command {
 }
 
 const reapLong = `Offline, with the daemon stopped: remove every kernel object of the name
-prefix (network namespaces, interfaces, the nftables table, sandboxes) and
-the state records. It refuses while a daemon serves the prefix or the state
-dir (--force removes them anyway, from under it).`
+prefix (network namespaces, interfaces, the nftables table, sandboxes), the
+exec records (their holders stopped), the state records and the prefix's
+entry in /run/enforcerd (the directory too once no daemon is registered).
+It refuses while a daemon serves the prefix or the state dir (--force
+removes them anyway, from under it).`
 
 func (c *cli) reapCommand() *cobra.Command {
 	var flags *serveFlags

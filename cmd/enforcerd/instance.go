@@ -4,11 +4,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -167,21 +169,118 @@ func (i *instance) register(cfg ServeConfig, dir string) error {
 	return nil
 }
 
+// registryLockName is the registry's own lock file in its directory.
+const registryLockName = ".lock"
+
 // lockRegistry takes the registry's own lock (creating dir), under which
 // records are checked, added and removed; closing the file releases it.
+// releaseRegistry removes the registry under this lock, unlinking the lock
+// file first: a lock taken on a file no longer linked at dir/.lock is
+// dropped and taken again on the new one, so no two processes ever both
+// hold "the" lock, and a record is never written into a removed directory.
 func lockRegistry(dir string) (*os.File, error) {
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return nil, fmt.Errorf("instance registry %s: %w", dir, err)
+	path := filepath.Join(dir, registryLockName)
+	for {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return nil, fmt.Errorf("instance registry %s: %w", dir, err)
+		}
+		reg, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
+		if err != nil {
+			return nil, fmt.Errorf("instance registry: %w", err)
+		}
+		if err := unix.Flock(int(reg.Fd()), unix.LOCK_EX); err != nil {
+			reg.Close()
+			return nil, fmt.Errorf("lock instance registry: %w", err)
+		}
+		held, err1 := reg.Stat()
+		linked, err2 := os.Stat(path)
+		if err1 == nil && err2 == nil && os.SameFile(held, linked) {
+			return reg, nil
+		}
+		reg.Close() // removed while we waited: start over
 	}
-	reg, err := os.OpenFile(filepath.Join(dir, ".lock"), os.O_RDWR|os.O_CREATE, 0o644)
+}
+
+// releaseRegistry is `enforcerd reap`'s share of the run directory (dir is
+// the registry, instanceDir; its parent /run/enforcerd). Under the
+// registry's lock it drops every stale record (liveInstances does), removes
+// the API socket named by a stale record of prefix in this network
+// namespace when nothing listens on it (a daemon killed by SIGKILL leaves
+// it; systemd's socket, which listens, stays), and when no daemon is
+// registered any more, removes the registry (its lock file first, see
+// lockRegistry) and the run directory if nothing else is in it. It returns
+// the paths it removed.
+func releaseRegistry(dir, prefix string) ([]string, error) {
+	ns, err := ownNetNS()
 	if err != nil {
-		return nil, fmt.Errorf("instance registry: %w", err)
+		return nil, err
 	}
-	if err := unix.Flock(int(reg.Fd()), unix.LOCK_EX); err != nil {
-		reg.Close()
-		return nil, fmt.Errorf("lock instance registry: %w", err)
+	reg, err := lockRegistry(dir)
+	if err != nil {
+		return nil, err
 	}
-	return reg, nil
+	defer reg.Close()
+	var removed, sockets []string
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, fmt.Errorf("list instance registry %s: %w", dir, err)
+	}
+	for _, e := range entries {
+		if !strings.HasSuffix(e.Name(), ".json") {
+			continue
+		}
+		f, err := os.Open(filepath.Join(dir, e.Name()))
+		if err != nil {
+			continue
+		}
+		var r instanceRecord
+		if unix.Flock(int(f.Fd()), unix.LOCK_SH|unix.LOCK_NB) == nil && json.NewDecoder(f).Decode(&r) == nil &&
+			r.NetNS == ns && r.Prefix == prefix {
+			sockets = append(sockets, r.Socket)
+			removed = append(removed, f.Name())
+		}
+		f.Close()
+	}
+	live, err := liveInstances(dir) // removes the stale records
+	if err != nil {
+		return nil, err
+	}
+	for _, s := range sockets {
+		if staleSocket(s) && os.Remove(s) == nil {
+			removed = append(removed, s)
+		}
+	}
+	if len(live) > 0 {
+		return removed, nil
+	}
+	var errs []error
+	for _, p := range []string{filepath.Join(dir, registryLockName), dir, filepath.Dir(dir)} {
+		err := os.Remove(p)
+		switch {
+		case err == nil:
+			removed = append(removed, p)
+		case errors.Is(err, os.ErrNotExist):
+		case errors.Is(err, unix.ENOTEMPTY) || errors.Is(err, unix.EEXIST):
+			return removed, nil // something not ours is in it: it stays
+		default:
+			errs = append(errs, err)
+		}
+	}
+	return removed, errors.Join(errs...)
+}
+
+// staleSocket reports whether path is a unix socket nothing listens on.
+func staleSocket(path string) bool {
+	fi, err := os.Lstat(path)
+	if err != nil || fi.Mode().Type() != os.ModeSocket {
+		return false
+	}
+	c, err := net.DialTimeout("unix", path, time.Second)
+	if err == nil {
+		c.Close()
+		return false
+	}
+	return errors.Is(err, unix.ECONNREFUSED)
 }
 
 // liveInstances returns the records of dir whose daemon still holds them;

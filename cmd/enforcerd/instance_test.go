@@ -2,11 +2,13 @@ package main
 
 import (
 	"errors"
+	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/enforcerd/enforcerd/api"
 )
@@ -89,5 +91,83 @@ func TestStateDirLock(t *testing.T) {
 	f.Close()
 	if pid := stateDirHeld(dir); pid != "" {
 		t.Errorf("stateDirHeld after release: %q", pid)
+	}
+}
+
+// TestReleaseRegistry: reap drops its prefix's stale record and the stale socket it names,
+// keeps the registry while another daemon is registered, and removes the registry and the run
+// directory once none is; a daemon that waited on the removed registry's lock registers anew.
+func TestReleaseRegistry(t *testing.T) {
+	run := filepath.Join(t.TempDir(), "enforcerd")
+	dir := filepath.Join(run, "instances")
+	sock := filepath.Join(t.TempDir(), "enforcerd.sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln.(*net.UnixListener).SetUnlinkOnClose(false) // a daemon killed by SIGKILL leaves its socket
+	ln.Close()
+	cfg := ServeConfig{NamePrefix: "enf", Pool: netip.MustParsePrefix("10.20.0.0/16"), Socket: sock, StateDir: filepath.Join(run, "s1")}
+	mine := &instance{}
+	if err := mine.register(cfg, dir); err != nil {
+		t.Fatal(err)
+	}
+	other := &instance{}
+	cfg2 := ServeConfig{NamePrefix: "web", Pool: netip.MustParsePrefix("10.30.0.0/16"), Socket: filepath.Join(run, "b.sock"), StateDir: filepath.Join(run, "s2")}
+	if err := other.register(cfg2, dir); err != nil {
+		t.Fatal(err)
+	}
+	mine.release() // the daemon of "enf" is gone
+
+	removed, err := releaseRegistry(dir, "enf")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(removed) != 2 || !strings.HasSuffix(removed[0], "-enf.json") || removed[1] != sock {
+		t.Errorf("removed %v, want enf's record and %s", removed, sock)
+	}
+	if recs, _ := filepath.Glob(filepath.Join(dir, "*.json")); len(recs) != 1 || !strings.HasSuffix(recs[0], "-web.json") {
+		t.Errorf("records left %v, want web's only", recs)
+	}
+
+	// A daemon waiting for the registry's lock while it is removed.
+	reg, err := lockRegistry(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waited := make(chan error, 1)
+	go func() {
+		third := &instance{}
+		cfg3 := cfg
+		cfg3.StateDir = filepath.Join(run, "s3")
+		err := third.register(cfg3, dir)
+		third.release()
+		waited <- err
+	}()
+	time.Sleep(50 * time.Millisecond)
+	if err := os.Remove(filepath.Join(dir, registryLockName)); err != nil { // as releaseRegistry does
+		t.Fatal(err)
+	}
+	reg.Close()
+	if err := <-waited; err != nil {
+		t.Fatalf("register: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, registryLockName)); err != nil {
+		t.Errorf("the waiter did not take the lock anew: %v", err)
+	}
+
+	other.release()
+	removed, err = releaseRegistry(dir, "web")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(run); !os.IsNotExist(err) {
+		t.Errorf("run dir after the last release: %v (removed %v)", err, removed)
+	}
+	if _, err := releaseRegistry(dir, "web"); err != nil {
+		t.Errorf("second release: %v", err)
+	}
+	if _, err := os.Stat(run); !os.IsNotExist(err) {
+		t.Errorf("a second release left the run dir: %v", err)
 	}
 }

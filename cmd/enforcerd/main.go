@@ -26,10 +26,10 @@ func main() {
 		fmt.Fprintln(os.Stderr, "enforcerd init: the sandbox init returned")
 		os.Exit(api.ExitEnforcerd)
 	}
-	// The daemon re-executes this binary as "enforcerd exec-holder DIR" to
-	// run one exec in a process of its own that outlives the daemon.
-	if len(os.Args) == 3 && os.Args[1] == container.HolderArg {
-		os.Exit(container.RunHolder(os.Args[2]))
+	// The daemon re-executes this binary as "enforcerd exec-holder SESSION
+	// ID" to run one exec in a process of its own that outlives the daemon.
+	if len(os.Args) == 4 && os.Args[1] == container.HolderArg {
+		os.Exit(container.RunHolderCommand(os.Args[2:]))
 	}
 	if commit == "" {
 		commit = vcsRevision()

@@ -20,6 +20,7 @@ import (
 // kernel, and the next start re-adopts them.
 func runServe(cfg ServeConfig) error {
 	log := newServeLogger(cfg.LogFormat)
+	routeLogrus(log)
 	// First of all, before any kernel object is touched: a second daemon
 	// started by mistake must change nothing of the first one's.
 	inst, err := claimInstance(cfg)
@@ -132,7 +133,14 @@ func runReap(prefix, stateDir string, pool netip.Prefix, force bool) error {
 			return fmt.Errorf("enforcerd pid %d serves the name prefix %q (state dir %s); stop it first (or pass --force)", o.PID, prefix, o.StateDir)
 		}
 	}
-	return daemon.Reap(prefix, stateDir, pool, newServeLogger("text"))
+	log := newServeLogger("text")
+	routeLogrus(log)
+	err := daemon.Reap(prefix, stateDir, pool, log)
+	removed, rerr := releaseRegistry(instanceDir, prefix)
+	for _, p := range removed {
+		log.Info("removed", "path", p)
+	}
+	return errors.Join(err, rerr)
 }
 
 func newServeLogger(format string) *slog.Logger {
