@@ -36,14 +36,15 @@ type EventLog struct {
 	mu       sync.Mutex
 	capacity int
 	buffer   int
-	// lineRate and lineBurst are each session's sample budget
-	// (guestLineRate, guestLineBurst; a test may raise them).
-	lineRate, lineBurst float64
 	sessions map[string]*eventRing
 	all      map[*subscriber]struct{} // followers of every session
 	store    *eventStore              // nil: in memory only
 	stop     chan struct{}            // ends the prune loop; nil without a store
 	stopOnce sync.Once
+
+	// lineRate and lineBurst are each session's sample budget
+	// (guestLineRate, guestLineBurst; a test may raise them).
+	lineRate, lineBurst float64
 }
 
 // eventRing is one session's events: buf holds up to capacity lines of
