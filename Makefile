@@ -22,12 +22,19 @@ CNIBIN    := bin/enforcerd-cni
 ROOTFS    ?= $(CURDIR)/.cache/rootfs
 FUZZTIME  ?= 30000x
 # Debian packages the build, the tests and the demo need (podman: the CNI
-# plugin's real-runtime test, with its CNI backend; tar: its image import).
-PKGS      := gcc libc6-dev pkg-config libseccomp-dev busybox-static iproute2 util-linux nftables podman tar
+# plugin's real-runtime test, with its CNI backend; tar: its image import;
+# containerd, runc and containernetworking-plugins' loopback: the kubelet
+# path, containerd's CRI plugin driven by crictl).
+PKGS      := gcc libc6-dev pkg-config libseccomp-dev busybox-static iproute2 util-linux nftables podman tar \
+             containerd runc containernetworking-plugins
 # Extra packages only the benchmarks need (the peers we compare with).
-BENCHPKGS := dnsperf dnsmasq-base iperf3 runc containernetworking-plugins
+BENCHPKGS := dnsperf dnsmasq-base iperf3
+# crictl, the CRI's client (what a kubelet speaks), built from the Go module
+# proxy into .cache for the kubelet-path test (integration/e2e_cni_crictl_test.go).
+CRICTL    := .cache/crictl/crictl
+CRICTL_VERSION := v1.37.0
 
-.PHONY: all build deps bench-deps test unit fuzz live demo bench rootfs clean vet
+.PHONY: all build deps bench-deps test unit fuzz live demo bench rootfs clean vet crictl
 
 all: build
 
@@ -55,6 +62,11 @@ vet: deps
 rootfs: deps
 	scripts/mkrootfs.sh $(ROOTFS)
 
+crictl: $(CRICTL)
+
+$(CRICTL):
+	GOBIN=$(CURDIR)/$(dir $(CRICTL)) $(GO) install sigs.k8s.io/cri-tools/cmd/crictl@$(CRICTL_VERSION)
+
 unit: deps
 	$(GO) test -tags $(TAGS) -count=1 $$($(GO) list ./... | grep -v /integration)
 
@@ -63,8 +75,8 @@ fuzz: deps
 	@scripts/fuzz.sh $(FUZZTIME)
 
 # Live tests: real kernel, real binary, inside the test world. Root only.
-live: build rootfs
-	ENFORCERD_BIN=$(CURDIR)/$(BIN) ENFORCERD_CNI_BIN=$(CURDIR)/$(CNIBIN) ENFORCERD_ROOTFS=$(ROOTFS) \
+live: build rootfs crictl
+	ENFORCERD_BIN=$(CURDIR)/$(BIN) ENFORCERD_CNI_BIN=$(CURDIR)/$(CNIBIN) ENFORCERD_ROOTFS=$(ROOTFS) ENFORCERD_CRICTL=$(CURDIR)/$(CRICTL) \
 	  $(GO) test -tags $(TAGS) -count=1 -p 1 -timeout 30m ./integration/...
 
 test: vet unit fuzz live

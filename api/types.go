@@ -177,6 +177,14 @@ const (
 	// proto, dst, dport, reason), or the summary of those the log budget
 	// suppressed (Action "unlogged", Detail count).
 	EventKindFlow = "flow"
+	// EventKindSummary: what a flood of guest-driven events (dns, flow)
+	// left out of the stream. Action "unlogged": detail.count lines were
+	// left out of the sample here (every one still counted); action
+	// "counts": the last line of a session's events as read, every
+	// guest-driven event since its creation by kind_action (dns_allowed,
+	// dns_denied, flow_dropped, ...) and detail.unlogged, the lines left
+	// out of the sample.
+	EventKindSummary = "summary"
 	// EventKindMissed: this follower was too slow and missed
 	// Detail["count"] events (the record itself lost none).
 	EventKindMissed = "missed"

@@ -52,13 +52,18 @@ func asCaller(uid uint32) context.Context {
 	return api.WithCaller(context.Background(), api.Caller{UID: uid, GID: uid + 1, PID: int32(uid) + 2})
 }
 
+// eventsOf returns a session's events without their last line, the
+// counts (required).
 func eventsOf(t *testing.T, d *Daemon, name string) []api.Event {
 	t.Helper()
 	evs, _, err := d.Events(context.Background(), name, false)
 	if err != nil {
 		t.Fatalf("events of %s: %v", name, err)
 	}
-	return evs
+	if n := len(evs); n == 0 || evs[n-1].Kind != api.EventKindSummary || evs[n-1].Action != SummaryActionCounts {
+		t.Fatalf("events of %s do not end with the counts: %s", name, actionsOf(evs))
+	}
+	return evs[:len(evs)-1]
 }
 
 func actionsOf(evs []api.Event) string {
@@ -142,8 +147,8 @@ func TestAuditTrail(t *testing.T) {
 	if _, open := <-ch; open {
 		t.Error("follow of a removed session: channel open")
 	}
-	last := evs[len(evs)-2:]
-	if actionsOf(last) != "deleted delete_failed" || last[0].Caller == nil || last[0].Caller.UID != 1003 ||
+	last := evs[len(evs)-3 : len(evs)-1]
+	if actionsOf(last) != "deleted delete_failed" || evs[len(evs)-1].Action != SummaryActionCounts || last[0].Caller == nil || last[0].Caller.UID != 1003 ||
 		last[1].Detail["error"] != `session "a1": unknown session` {
 		t.Errorf("removed a1: %s %+v", actionsOf(evs), last)
 	}
@@ -171,7 +176,7 @@ func TestAuditTrail(t *testing.T) {
 	if _, _, err := w.d.Events(context.Background(), "a1", false); !errors.Is(err, api.ErrNotFound) {
 		t.Errorf("a1 past its retention: %v", err)
 	}
-	if _, err := os.Stat(filepath.Join(w.stateDir, "events", "b1.ndjson")); err != nil {
+	if _, err := os.Stat(filepath.Join(w.stateDir, "events", "operator", "b1.ndjson")); err != nil {
 		t.Errorf("b1 (live) pruned: %v", err)
 	}
 }
@@ -228,6 +233,7 @@ func TestEventStoreRotates(t *testing.T) {
 	for i := range 100 {
 		l.Record(testEvent("r", i+1))
 	}
+	l.Record(api.Event{Session: "r", Kind: api.EventKindLifecycle, Action: "created", Time: time.Unix(0, 1).UTC()})
 	for _, f := range []string{"r.ndjson", "r.ndjson.1"} {
 		fi, err := os.Stat(filepath.Join(dir, f))
 		if err != nil || fi.Size() > 1000 {

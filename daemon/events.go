@@ -19,8 +19,9 @@ const defaultEventCapacity = 1000
 // defaultSubscriberBuffer is a follower's channel capacity.
 const defaultSubscriberBuffer = 64
 
-// EventLog keeps each live session's recent events in a bounded ring,
-// fans new ones out to the session's followers and to the followers of
+// EventLog keeps each live session's operator records (kind lifecycle)
+// for the session's life and a bounded sample of its guest-driven events
+// (dns, flow) with their exact counts (eventtally.go), fans new ones out to the session's followers and to the followers of
 // every session, and (OpenEventLog) persists every event to its session's
 // file (eventStore). A ring exists from Open (create) or Load (adopt) to
 // Close (delete); an event of a name without one (a refused create of a
@@ -40,17 +41,31 @@ type EventLog struct {
 	store    *eventStore              // nil: in memory only
 	stop     chan struct{}            // ends the prune loop; nil without a store
 	stopOnce sync.Once
+
+	// lineRate and lineBurst are each session's sample budget
+	// (guestLineRate, guestLineBurst; a test may raise them).
+	lineRate, lineBurst float64
 }
 
-// eventRing is one session's events: buf holds up to capacity events, the
-// oldest at start once full. labels are the session's, for the followers
-// of every session that filter by label.
+// eventRing is one session's events: buf holds up to capacity lines of
+// guest-driven events (the sample), the oldest at start once full; ops the
+// operator's records since the session's creation (the newest
+// maxOperatorRecords of them; the file keeps all); tally the counts of
+// the guest-driven events. labels are the session's, for the followers of
+// every session that filter by label.
 type eventRing struct {
 	buf    []api.Event
 	start  int
+	ops    []api.Event
+	tally  guestTally
 	subs   map[*subscriber]struct{}
 	labels map[string]string
 }
+
+// maxOperatorRecords bounds the operator records a live session keeps in
+// memory (some 5 MiB); past it the oldest are read from its file only.
+// They come only from API calls.
+const maxOperatorRecords = 10000
 
 // subscriber is one follower. A follower of every session keeps only
 // the events of sessions carrying key=value (every one when key is "").
@@ -74,7 +89,7 @@ func NewEventLog(capacity int) *EventLog {
 	if capacity <= 0 {
 		capacity = defaultEventCapacity
 	}
-	return &EventLog{capacity: capacity, buffer: defaultSubscriberBuffer,
+	return &EventLog{capacity: capacity, buffer: defaultSubscriberBuffer, lineRate: guestLineRate, lineBurst: guestLineBurst,
 		sessions: map[string]*eventRing{}, all: map[*subscriber]struct{}{}}
 }
 
@@ -100,17 +115,46 @@ func OpenEventLog(dir string, capacity int, opts EventStoreOptions) (*EventLog, 
 	return l, nil
 }
 
+// countsInterval is how often the counts of the sessions whose counts
+// changed are written to their files: what a daemon killed loses of them.
+const countsInterval = 2 * time.Second
+
 func (l *EventLog) pruneLoop(every time.Duration) {
 	t := time.NewTicker(every)
 	defer t.Stop()
+	c := time.NewTicker(countsInterval)
+	defer c.Stop()
 	for {
 		select {
 		case <-l.stop:
 			return
 		case <-t.C:
 			l.Prune()
+		case <-c.C:
+			l.writeCounts()
 		}
 	}
+}
+
+// writeCounts queues the write of every changed session's counts.
+func (l *EventLog) writeCounts() {
+	if l.store == nil {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for name, r := range l.sessions {
+		l.writeCountsLocked(name, r)
+	}
+}
+
+func (l *EventLog) writeCountsLocked(name string, r *eventRing) {
+	if !r.tally.dirty {
+		return
+	}
+	c := r.tally.snapshot()
+	r.tally.dirty = false
+	l.store.enqueue(storeOp{fn: func() { l.store.writeCountsLocked(name, c) }})
 }
 
 // Prune removes the files of sessions without a ring whose last event is
@@ -137,6 +181,7 @@ func (l *EventLog) Shutdown() {
 	if l.stop != nil {
 		l.stopOnce.Do(func() { close(l.stop) })
 	}
+	l.writeCounts()
 	if l.store != nil {
 		l.store.shutdown()
 	}
@@ -157,7 +202,9 @@ func (l *EventLog) DroppedWrites() uint64 {
 func (l *EventLog) Open(session string, labels map[string]string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.openLocked(session, labels)
+	r := l.openLocked(session, labels)
+	// Its counts start afresh, and replace an earlier session's on file.
+	r.tally = guestTally{dirty: true}
 }
 
 func (l *EventLog) openLocked(session string, labels map[string]string) *eventRing {
@@ -171,8 +218,9 @@ func (l *EventLog) openLocked(session string, labels map[string]string) *eventRi
 }
 
 // Load starts the ring of a session found again at start with its stored
-// events since its last creation (the newest capacity of them), so its
-// events read the same across a restart.
+// events since its last creation (its operator records, the newest
+// capacity lines of the sample) and its counts, so its events read the
+// same across a restart.
 func (l *EventLog) Load(session string, labels map[string]string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -182,12 +230,32 @@ func (l *EventLog) Load(session string, labels map[string]string) {
 	}
 	// Under mu, which the writer never takes: no event of the session is
 	// recorded between the read and the ring.
-	evs, _ := l.store.read(session)
+	var (
+		evs    []api.Event
+		counts storedCounts
+	)
+	l.store.do(func() {
+		evs, _ = l.store.readLocked(session)
+		counts, _ = l.store.readCountsLocked(session)
+	})
 	evs = sinceCreation(evs)
-	if len(evs) > l.capacity {
-		evs = evs[len(evs)-l.capacity:]
+	var guest []api.Event
+	r.ops = nil
+	for _, ev := range evs {
+		if isGuestKind(ev.Kind) || ev.Kind == api.EventKindSummary {
+			guest = append(guest, ev)
+		} else {
+			r.ops = append(r.ops, ev)
+		}
 	}
-	r.buf, r.start = append([]api.Event(nil), evs...), 0
+	if len(r.ops) > maxOperatorRecords {
+		r.ops = r.ops[len(r.ops)-maxOperatorRecords:]
+	}
+	if len(guest) > l.capacity {
+		guest = guest[len(guest)-l.capacity:]
+	}
+	r.buf, r.start = guest, 0
+	r.tally.restore(counts)
 }
 
 // sinceCreation keeps the events of a name's current incarnation: from
@@ -226,9 +294,11 @@ func (l *EventLog) Record(ev api.Event) {
 // DroppedWrites).
 func (l *EventLog) RecordAsync(ev api.Event) { l.record(ev, false) }
 
-// record appends ev to the ring, fans it out and queues its write; it
-// returns the channel closed once written when wait is set and the write
-// was queued.
+// record counts a guest-driven event and spends the sample's budget on it
+// (eventtally.go): one over the budget goes no further. Otherwise it
+// appends ev to the ring, fans it out and queues its write, after the line
+// reporting what the budget left out before it; it returns the channel
+// closed once ev is written when wait is set and the write was queued.
 func (l *EventLog) record(ev api.Event, wait bool) chan struct{} {
 	if ev.Time.IsZero() {
 		ev.Time = time.Now().UTC()
@@ -239,6 +309,24 @@ func (l *EventLog) record(ev api.Event, wait bool) chan struct{} {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	r := l.sessions[ev.Session]
+	if r != nil && isGuestKind(ev.Kind) {
+		r.tally.count(ev)
+		// The drop log's unlogged summaries are summaries already (at most
+		// one a second): they always pass.
+		summary := ev.Kind == api.EventKindFlow && ev.Action == FlowActionUnlogged
+		if !summary && !r.tally.take(time.Now(), l.lineRate, l.lineBurst) {
+			return nil
+		}
+		if marker, ok := r.tally.unloggedEvent(ev.Session, ev.Time); ok {
+			l.appendLocked(r, marker, false)
+		}
+	}
+	return l.appendLocked(r, ev, wait)
+}
+
+// appendLocked queues ev's write, appends it to the ring r (nil: the name
+// has none) and fans it out.
+func (l *EventLog) appendLocked(r *eventRing, ev api.Event, wait bool) chan struct{} {
 	var done chan struct{}
 	if l.store != nil {
 		// Queued under mu: the file's order is the ring's.
@@ -252,9 +340,15 @@ func (l *EventLog) record(ev api.Event, wait bool) chan struct{} {
 	}
 	labels := requestLabels(ev)
 	if r != nil {
-		if len(r.buf) < l.capacity {
+		switch {
+		case !isGuestKind(ev.Kind) && ev.Kind != api.EventKindSummary:
+			if len(r.ops) == maxOperatorRecords {
+				r.ops = append(r.ops[:0:0], r.ops[1:]...)
+			}
+			r.ops = append(r.ops, ev)
+		case len(r.buf) < l.capacity:
 			r.buf = append(r.buf, ev)
-		} else {
+		default:
 			r.buf[r.start] = ev
 			r.start = (r.start + 1) % len(r.buf)
 		}
@@ -300,8 +394,8 @@ func (l *EventLog) sendLocked(s *subscriber, ev api.Event) {
 	}
 }
 
-// Recorded returns a copy of a session's ring, oldest first (empty
-// without one).
+// Recorded returns a session's operator records and its sample of
+// guest-driven events, merged oldest first (empty without a ring).
 func (l *EventLog) Recorded(session string) []api.Event {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -313,9 +407,34 @@ func (l *EventLog) recordedLocked(session string) []api.Event {
 	if r == nil {
 		return []api.Event{}
 	}
-	out := make([]api.Event, 0, len(r.buf))
-	out = append(out, r.buf[r.start:]...)
-	return append(out, r.buf[:r.start]...)
+	guest := make([]api.Event, 0, len(r.buf))
+	guest = append(guest, r.buf[r.start:]...)
+	guest = append(guest, r.buf[:r.start]...)
+	return mergeByTime(r.ops, guest)
+}
+
+// mergeByTime merges two lists each oldest first; at equal times a's
+// event comes first.
+func mergeByTime(a, b []api.Event) []api.Event {
+	out := make([]api.Event, 0, len(a)+len(b))
+	for len(a) > 0 && len(b) > 0 {
+		if b[0].Time.Before(a[0].Time) {
+			out, b = append(out, b[0]), b[1:]
+		} else {
+			out, a = append(out, a[0]), a[1:]
+		}
+	}
+	out = append(out, a...)
+	return append(out, b...)
+}
+
+// summaryLocked is the counts line of a session with a ring.
+func (l *EventLog) summaryLocked(session string) (api.Event, bool) {
+	r := l.sessions[session]
+	if r == nil {
+		return api.Event{}, false
+	}
+	return summaryEvent(session, time.Now().UTC(), r.tally.snapshot()), true
 }
 
 // Subscribe returns a channel of the session's new events and a cancel
@@ -359,6 +478,9 @@ func (l *EventLog) subscribeLocked(session string) (<-chan api.Event, func()) {
 func (l *EventLog) Follow(ctx context.Context, session string) ([]api.Event, <-chan api.Event) {
 	l.mu.Lock()
 	recorded := l.recordedLocked(session)
+	if sum, ok := l.summaryLocked(session); ok {
+		recorded = append(recorded, sum)
+	}
 	ch, cancel := l.subscribeLocked(session)
 	l.mu.Unlock()
 	go func() {
@@ -369,24 +491,34 @@ func (l *EventLog) Follow(ctx context.Context, session string) ([]api.Event, <-c
 }
 
 // Read is what Engine.Events returns: for a session with a ring its
-// events and, with follow, the channel of later ones (nil without); for a
-// removed session whose file is kept, the stored events and, with follow,
-// a closed channel; otherwise api.ErrNotFound.
+// events, ending with its counts line, and, with follow, the channel of
+// later ones (nil without); for a removed session whose files are kept,
+// the stored events and its counts line and, with follow, a closed
+// channel; otherwise api.ErrNotFound.
 func (l *EventLog) Read(ctx context.Context, session string, follow bool) ([]api.Event, <-chan api.Event, error) {
 	l.mu.Lock()
 	if l.sessions[session] == nil {
 		l.mu.Unlock()
 		var (
-			evs   []api.Event
-			found bool
+			evs    []api.Event
+			counts storedCounts
+			found  bool
+			at     time.Time
 		)
 		if l.store != nil {
-			// After every event queued so far: the file has them all.
-			evs, found = l.store.read(session)
+			// After every event queued so far: the files have them all.
+			l.store.do(func() {
+				evs, found = l.store.readLocked(session)
+				counts, at = l.store.readCountsLocked(session)
+			})
 		}
 		if !found {
 			return nil, nil, fmt.Errorf("session %q: %w", session, api.ErrNotFound)
 		}
+		if len(evs) > 0 && evs[len(evs)-1].Time.After(at) {
+			at = evs[len(evs)-1].Time // (the counts are written with the last record, or before)
+		}
+		evs = append(evs, summaryEvent(session, at.UTC(), counts))
 		var ch chan api.Event
 		if follow {
 			ch = make(chan api.Event)
@@ -394,10 +526,13 @@ func (l *EventLog) Read(ctx context.Context, session string, follow bool) ([]api
 		}
 		return evs, ch, nil
 	}
-	l.mu.Unlock()
 	if !follow {
-		return l.Recorded(session), nil, nil
+		recorded := l.recordedLocked(session)
+		sum, _ := l.summaryLocked(session)
+		l.mu.Unlock()
+		return append(recorded, sum), nil, nil
 	}
+	l.mu.Unlock()
 	recorded, ch := l.Follow(ctx, session)
 	return recorded, ch, nil
 }
@@ -442,6 +577,10 @@ func (l *EventLog) ReadAll(ctx context.Context, key, value string, follow bool) 
 func (l *EventLog) Close(session string) {
 	done := make(chan struct{})
 	l.mu.Lock()
+	if r := l.sessions[session]; r != nil && l.store != nil {
+		r.tally.dirty = true // its last counts, even none, written with its other files
+		l.writeCountsLocked(session, r)
+	}
 	queued := l.store != nil && l.store.enqueue(storeOp{fn: func() { l.store.closeLocked(session) }, done: done})
 	if r := l.sessions[session]; r != nil {
 		for s := range r.subs {

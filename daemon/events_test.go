@@ -11,7 +11,7 @@ import (
 )
 
 func testEvent(session string, i int) api.Event {
-	return api.Event{Time: time.Unix(int64(i), 0).UTC(), Session: session, Kind: api.EventKindLifecycle, Action: fmt.Sprint(i)}
+	return api.Event{Time: time.Unix(int64(i), 0).UTC(), Session: session, Kind: api.EventKindDNS, Action: fmt.Sprint(i)}
 }
 
 func eventActions(evs []api.Event) []string {
@@ -83,7 +83,7 @@ func TestEventFollow(t *testing.T) {
 	l.Record(testEvent("a", 2))
 	ctx, cancel := context.WithCancel(context.Background())
 	rec, ch := l.Follow(ctx, "a")
-	if got := eventActions(rec); !reflect.DeepEqual(got, []string{"1", "2"}) {
+	if got := eventActions(rec); !reflect.DeepEqual(got, []string{"1", "2", SummaryActionCounts}) {
 		t.Fatalf("recorded %v", got)
 	}
 	l.Record(testEvent("b", 7)) // another session: not delivered
@@ -97,7 +97,7 @@ func TestEventFollow(t *testing.T) {
 
 	// Read without follow: no channel.
 	got, none, err := l.Read(context.Background(), "a", false)
-	if err != nil || none != nil || len(got) != 3 {
+	if err != nil || none != nil || len(got) != 4 || got[3].Kind != api.EventKindSummary || got[3].Detail["dns_3"] != uint64(1) {
 		t.Fatalf("Read: %v %v %v", got, none, err)
 	}
 	// Read with follow; Close(session) closes it.

@@ -1,7 +1,13 @@
 package daemon
 
-// The events' persistence: one NDJSON file per session name under
-// <state-dir>/events/<name>.ndjson, one api.Event per line.
+// The events' persistence, one api.Event per NDJSON line: a session's
+// guest-driven events (the sample, eventtally.go) in
+// <state-dir>/events/<name>.ndjson, rotated; its operator records in
+// <state-dir>/events/operator/<name>.ndjson, never rotated (only API
+// calls and the daemon write it, so no guest traffic can push a record
+// out); its counts in <state-dir>/events/operator/<name>.counts.json,
+// replaced whole every countsInterval while they change and when the
+// session is removed.
 //
 // One writer goroutine owns the files: Record queues an event (in the
 // order of the rings) and the writer encodes and writes what is queued,
@@ -30,9 +36,9 @@ package daemon
 // synced when its session is removed, when it is rotated and at Shutdown,
 // which drains the queue first). A torn last line is skipped when read.
 //
-// A file that would grow past maxBytes is renamed to <name>.ndjson.1
-// (replacing the one before) and started anew, so a name keeps at most
-// twice maxBytes. A removed session's files stay for the retention after
+// A guest file that would grow past maxBytes is renamed to
+// <name>.ndjson.1 (replacing the one before) and started anew, so a name
+// keeps at most twice maxBytes of samples. A removed session's files stay for the retention after
 // their last event, readable through GET /v1/sessions/{name}/events, and
 // are pruned at start and every pruneInterval.
 
@@ -45,6 +51,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"sort"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -57,6 +64,8 @@ import (
 const defaultEventFileBytes = 1 << 20
 
 const (
+	operatorDir      = "operator" // under the events directory
+	countsFileExt    = ".counts.json"
 	eventFileExt     = ".ndjson"
 	eventRotatedExt  = ".ndjson.1"
 	maxPruneInterval = time.Hour
@@ -141,7 +150,7 @@ type eventFile struct {
 }
 
 func openEventStore(dir string, opts EventStoreOptions) (*eventStore, error) {
-	if err := os.MkdirAll(dir, 0o700); err != nil {
+	if err := os.MkdirAll(filepath.Join(dir, operatorDir), 0o700); err != nil {
 		return nil, fmt.Errorf("create events directory %s: %w", dir, err)
 	}
 	if opts.MaxBytes <= 0 {
@@ -304,10 +313,10 @@ func newWriteBatch(s *eventStore) *writeBatch {
 }
 
 func (b *writeBatch) add(ev api.Event, keepOpen bool) {
-	name := ev.Session
 	if !b.s.wanted(ev, keepOpen) {
 		return
 	}
+	name := fileKey(ev)
 	b.buf.Reset()
 	var ok bool
 	if b.line, ok = appendEventJSON(b.line[:0], &ev); ok {
@@ -342,6 +351,20 @@ func (b *writeBatch) flush() {
 	clear(b.lines)
 }
 
+// fileKey names the file of an event, relative to the events directory
+// and without its extension: the session name for guest-driven events and
+// their summaries, operator/<name> for the operator's records.
+func fileKey(ev api.Event) string {
+	if isGuestKind(ev.Kind) || ev.Kind == api.EventKindSummary {
+		return ev.Session
+	}
+	return operatorKey(ev.Session)
+}
+
+func operatorKey(name string) string { return operatorDir + "/" + name }
+
+func isOperatorKey(key string) bool { return strings.HasPrefix(key, operatorDir+"/") }
+
 // wanted reports whether ev goes to a file. A name that is not a session
 // name has no file.
 //
@@ -354,8 +377,10 @@ func (s *eventStore) wanted(ev api.Event, keepOpen bool) bool {
 	if !sessionNameValid(name) {
 		return false
 	}
-	if !keepOpen && s.files[name] == nil && ev.Detail["outcome"] == "error" {
-		if _, err := os.Stat(s.path(name)); errors.Is(err, os.ErrNotExist) {
+	if !keepOpen && s.files[fileKey(ev)] == nil && ev.Detail["outcome"] == "error" {
+		_, err := os.Stat(s.path(name))
+		_, oerr := os.Stat(s.path(operatorKey(name)))
+		if errors.Is(err, os.ErrNotExist) && errors.Is(oerr, os.ErrNotExist) {
 			return false
 		}
 	}
@@ -404,7 +429,7 @@ func (s *eventStore) write(name string, lines []byte, keepOpen bool) error {
 			return err
 		}
 	}
-	if ef.size > 0 && ef.size+int64(len(lines)) > s.maxBytes {
+	if ef.size > 0 && ef.size+int64(len(lines)) > s.maxBytes && !isOperatorKey(name) {
 		// Rotate: the full file becomes .1 (replacing the one before).
 		_ = ef.f.Sync()
 		ef.f.Close()
@@ -449,7 +474,7 @@ func (s *eventStore) readLocked(name string) ([]api.Event, bool) {
 		out   []api.Event
 		found bool
 	)
-	for _, p := range []string{filepath.Join(s.dir, name+eventRotatedExt), s.path(name)} {
+	for _, p := range []string{s.path(operatorKey(name)), filepath.Join(s.dir, name+eventRotatedExt), s.path(name)} {
 		f, err := os.Open(p)
 		if err != nil {
 			if !errors.Is(err, os.ErrNotExist) {
@@ -474,16 +499,70 @@ func (s *eventStore) readLocked(name string) ([]api.Event, bool) {
 	if found && out == nil {
 		out = []api.Event{}
 	}
+	// The operator's file and the guest files, each in order, merged.
+	sort.SliceStable(out, func(i, j int) bool { return out[i].Time.Before(out[j].Time) })
 	return out, found
+}
+
+func (s *eventStore) countsPath(name string) string {
+	return filepath.Join(s.dir, operatorDir, name+countsFileExt)
+}
+
+// writeCountsLocked replaces a name's counts file. It runs on the writer.
+func (s *eventStore) writeCountsLocked(name string, c storedCounts) {
+	if !sessionNameValid(name) {
+		return
+	}
+	b, err := json.Marshal(c)
+	if err == nil {
+		tmp := s.countsPath(name) + ".tmp"
+		if err = os.WriteFile(tmp, b, 0o600); err == nil {
+			err = os.Rename(tmp, s.countsPath(name))
+		}
+	}
+	if err != nil && !s.failing[name+countsFileExt] {
+		s.log.Error("persist event counts (they are kept in memory only)", "session", name, "err", err)
+		s.failing[name+countsFileExt] = true
+	} else if err == nil {
+		delete(s.failing, name+countsFileExt)
+	}
+}
+
+// readCountsLocked reads a name's counts file, and when it was written
+// (zero without one). It runs on the writer.
+func (s *eventStore) readCountsLocked(name string) (storedCounts, time.Time) {
+	var c storedCounts
+	if !sessionNameValid(name) {
+		return c, time.Time{}
+	}
+	p := s.countsPath(name)
+	b, err := os.ReadFile(p)
+	if err != nil {
+		if !errors.Is(err, os.ErrNotExist) {
+			s.log.Warn("read stored event counts", "file", p, "err", err)
+		}
+		return c, time.Time{}
+	}
+	if err := json.Unmarshal(b, &c); err != nil {
+		s.log.Warn("read stored event counts", "file", p, "err", err)
+		return storedCounts{}, time.Time{}
+	}
+	fi, err := os.Stat(p)
+	if err != nil {
+		return c, time.Time{}
+	}
+	return c, fi.ModTime()
 }
 
 // closeLocked syncs and closes a name's open file; with no retention its
 // files go at once. It runs on the writer.
 func (s *eventStore) closeLocked(name string) {
-	if ef := s.files[name]; ef != nil {
-		_ = ef.f.Sync()
-		ef.f.Close()
-		delete(s.files, name)
+	for _, key := range []string{name, operatorKey(name)} {
+		if ef := s.files[key]; ef != nil {
+			_ = ef.f.Sync()
+			ef.f.Close()
+			delete(s.files, key)
+		}
 	}
 	if s.retention <= 0 && sessionNameValid(name) {
 		s.removeLocked(name)
@@ -491,7 +570,7 @@ func (s *eventStore) closeLocked(name string) {
 }
 
 func (s *eventStore) removeLocked(name string) {
-	for _, p := range []string{s.path(name), filepath.Join(s.dir, name+eventRotatedExt)} {
+	for _, p := range []string{s.path(name), filepath.Join(s.dir, name+eventRotatedExt), s.path(operatorKey(name)), s.countsPath(name)} {
 		if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
 			s.log.Warn("remove stored events", "file", p, "err", err)
 		}
@@ -538,9 +617,16 @@ func (s *eventStore) pruneLocked(live func(string) bool) {
 		s.log.Warn("prune stored events", "dir", s.dir, "err", err)
 		return
 	}
+	ops, err := os.ReadDir(filepath.Join(s.dir, operatorDir))
+	if err != nil {
+		s.log.Warn("prune stored events", "dir", filepath.Join(s.dir, operatorDir), "err", err)
+	}
 	newest := map[string]time.Time{}
-	for _, ent := range ents {
+	for _, ent := range append(ents, ops...) {
 		name, ok := strings.CutSuffix(ent.Name(), eventRotatedExt)
+		if !ok {
+			name, ok = strings.CutSuffix(ent.Name(), countsFileExt)
+		}
 		if !ok {
 			name, ok = strings.CutSuffix(ent.Name(), eventFileExt)
 		}

@@ -49,9 +49,13 @@ func TestEventWriterAsync(t *testing.T) {
 	l.RecordAsync(testEvent("a", 51))
 	l.Close("a") // the file is closed after the queued event
 	evs, _, err := l.Read(context.Background(), "a", false)
-	if err != nil || len(evs) != 51 {
-		t.Fatalf("read of the removed session: %d events, %v; want 51", len(evs), err)
+	if err != nil || len(evs) != 52 {
+		t.Fatalf("read of the removed session: %d events, %v; want 51 and the counts", len(evs), err)
 	}
+	if sum := evs[51]; sum.Action != SummaryActionCounts || sum.Detail["dns_51"] != uint64(1) {
+		t.Errorf("the removed session's counts: %+v", sum)
+	}
+	evs = evs[:51]
 	for i, ev := range evs {
 		if ev.Action != testEvent("a", i+1).Action {
 			t.Fatalf("out of order at %d: %s", i, actionsOf(evs))
@@ -72,6 +76,7 @@ func TestEventWriterFullQueue(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	l.lineBurst = 1 << 20 // every line into the queue: this test is the writer's
 	l.Open("f", nil)
 	hold, held := make(chan struct{}), make(chan struct{})
 	l.store.enqueue(storeOp{fn: func() { close(held); <-hold }})

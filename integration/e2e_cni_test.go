@@ -119,8 +119,14 @@ func (r *cniRuntime) status() error {
 }
 
 func cniConflist(network, socket, policy string) string {
+	return cniConflistWiden(network, socket, policy, "[]")
+}
+
+// cniConflistWiden is cniConflist whose config lets pods widen the fields
+// of podMayWiden (a JSON list).
+func cniConflistWiden(network, socket, policy, podMayWiden string) string {
 	return fmt.Sprintf(`{"cniVersion": "1.1.0", "name": %q, "plugins": [{"type": "enforcerd-cni", "socket": %q,
-	  "capabilities": {"io.kubernetes.cri.pod-annotations": true}, "policy": %s}]}`, network, socket, policy)
+	  "capabilities": {"io.kubernetes.cri.pod-annotations": true}, "policy": %s, "podMayWiden": %s}]}`, network, socket, policy, podMayWiden)
 }
 
 // sessionOf finds the session of a container through the daemon.
@@ -137,7 +143,8 @@ func TestE2ECNI(t *testing.T) {
 	pluginDir := e2eCNIPlugin(t)
 	e := newE2E(t)
 	network := "enftest"
-	rtm := newCNIRuntime(t, pluginDir, cniConflist(network, e.d.Socket, `{"egress": "allowlist", "allow": ["api.e2e.test"]}`))
+	// (pods may replace the allow list: container b does)
+	rtm := newCNIRuntime(t, pluginDir, cniConflistWiden(network, e.d.Socket, `{"egress": "allowlist", "allow": ["api.e2e.test"]}`, `["allow"]`))
 	dnsAddr := e2eAnycastDNS.Addr().String()
 
 	// ADD: the container's interface gets the /30, the result says so.
@@ -243,7 +250,8 @@ func TestE2ECNI(t *testing.T) {
 		t.Errorf("STATUS: %v", err)
 	}
 
-	// A pod annotation replaces the network's allow list for its pod.
+	// A pod annotation replaces the network's allow list for its pod (the
+	// config's podMayWiden lets it).
 	nsB := runtimeNetns(t, e.w, "b")
 	rtB := &libcni.RuntimeConf{ContainerID: "ctr-b-" + e.w.ID, NetNS: nsB, IfName: "net1",
 		CapabilityArgs: map[string]any{"io.kubernetes.cri.pod-annotations": map[string]string{"enforcerd.io/allow": "docs.e2e.test:7, cdn.e2e.test"}}}

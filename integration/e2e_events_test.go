@@ -156,8 +156,10 @@ func TestE2EEvents(t *testing.T) {
 	}
 	// Removed: its events stay readable for the daemon's retention; a name
 	// never used has none.
-	if evs := e2eParseEvents(t, "ev", e.cli("session", "events", "ev")); len(evs) == 0 || !evs[len(evs)-1].is("lifecycle", "deleted", "") {
-		t.Errorf("events of the removed session: %+v, want them ending with deleted", evs)
+	// They end with the counts of its guest-driven events.
+	if evs := e2eParseEvents(t, "ev", e.cli("session", "events", "ev")); len(evs) < 2 || !evs[len(evs)-2].is("lifecycle", "deleted", "") ||
+		!evs[len(evs)-1].is("summary", "counts", "") || evs[len(evs)-1].Detail["dns_denied"] == nil || evs[len(evs)-1].Detail["dns_allowed"] == nil {
+		t.Errorf("events of the removed session: %+v, want them ending with deleted and the counts (denied and allowed)", evs)
 	}
 	e.expectFail(1, "session", "events", "never")
 }

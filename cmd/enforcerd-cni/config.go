@@ -26,7 +26,9 @@ const DefaultSocket = api.DefaultSocket
 // passes it with that capability), the pod annotations containerd passes
 // with the io.kubernetes.cri.pod-annotations capability, and CNI_ARGS. A
 // field given by a later source replaces the earlier one (lists as a
-// whole; labels are merged).
+// whole; labels are merged). The network config is the operator's and
+// the ceiling: the later sources are the pod's, and may only narrow it
+// (narrow.go) unless the config's "podMayWiden" names the field.
 const (
 	capPolicy      = "enforcerd.io/policy"
 	capAnnotations = "io.kubernetes.cri.pod-annotations"
@@ -38,8 +40,12 @@ const (
 // netConf is the plugin's network configuration.
 type netConf struct {
 	types.PluginConf
-	Socket        string          `json:"socket,omitempty"`
-	Policy        json.RawMessage `json:"policy,omitempty"`
+	Socket string          `json:"socket,omitempty"`
+	Policy json.RawMessage `json:"policy,omitempty"`
+	// PodMayWiden names the policy fields a pod's sources (runtimeConfig,
+	// annotations, CNI_ARGS) may set wider than Policy; every other field
+	// they may only narrow.
+	PodMayWiden   []string `json:"podMayWiden,omitempty"`
 	RuntimeConfig struct {
 		Policy      json.RawMessage   `json:"enforcerd.io/policy,omitempty"`
 		Annotations map[string]string `json:"io.kubernetes.cri.pod-annotations,omitempty"`
@@ -56,10 +62,11 @@ type policy struct {
 	Pin      bool              `json:"pin,omitempty"`
 	Lab      bool              `json:"lab,omitempty"`
 	LabPeers []string          `json:"lab_peers,omitempty"`
+	OnDeny   string            `json:"on_deny,omitempty"`
 	Labels   map[string]string `json:"labels,omitempty"`
 }
 
-const policyFields = "egress, allow, scope, pin, lab, lab_peers, labels"
+const policyFields = "egress, allow, scope, pin, lab, lab_peers, on_deny, labels"
 
 func parseConf(stdin []byte) (*netConf, error) {
 	conf := &netConf{}
@@ -72,23 +79,66 @@ func parseConf(stdin []byte) (*netConf, error) {
 	return conf, nil
 }
 
-// buildPolicy layers the policy sources (see above) for one attachment.
-func buildPolicy(conf *netConf, cniArgs string) (policy, error) {
-	var p policy
-	if err := decodePolicy(&p, conf.Policy, "policy"); err != nil {
-		return p, err
+// buildPolicy layers the policy sources (see above) for one attachment:
+// the network config's policy, then each pod source, refused when it
+// widens the config's (narrow.go). It returns the pod's lab peers that
+// the config did not name, which must be sessions of the same network
+// (checkLabPeers).
+func buildPolicy(conf *netConf, cniArgs string) (policy, []podPeer, error) {
+	var base policy
+	if err := decodePolicy(&base, conf.Policy, "policy"); err != nil {
+		return base, nil, err
 	}
-	if err := decodePolicy(&p, conf.RuntimeConfig.Policy, "runtimeConfig "+capPolicy); err != nil {
-		return p, err
+	widen, err := parseWiden(conf.PodMayWiden)
+	if err != nil {
+		return base, nil, err
 	}
-	if err := overlay(&p, annotations(conf.RuntimeConfig.Annotations), "pod annotation "+annotationNS, ","); err != nil {
-		return p, err
+	p := base
+	var peers []podPeer
+	apply := func(frag policy, set []string, name func(field string) string) error {
+		for _, f := range set {
+			if err := narrows(base, frag, f, widen); err != nil {
+				return fmt.Errorf("%s: %w", name(f), err)
+			}
+			if f == "lab_peers" {
+				for _, peer := range frag.LabPeers {
+					if !slices.Contains(base.LabPeers, peer) {
+						peers = append(peers, podPeer{name: peer, where: name(f)})
+					}
+				}
+			}
+		}
+		mergeFields(&p, frag, set)
+		return nil
+	}
+	rc := "runtimeConfig " + capPolicy
+	var frag policy
+	if err := decodePolicy(&frag, conf.RuntimeConfig.Policy, rc); err != nil {
+		return p, nil, err
+	}
+	if err := apply(frag, jsonFields(conf.RuntimeConfig.Policy), func(f string) string { return rc + " field " + f }); err != nil {
+		return p, nil, err
+	}
+	ann := annotations(conf.RuntimeConfig.Annotations)
+	frag = policy{}
+	if err := overlay(&frag, ann, "pod annotation "+annotationNS, ","); err != nil {
+		return p, nil, err
+	}
+	if err := apply(frag, settingFields(ann), func(f string) string { return "pod annotation " + annotationNS + settingKey(ann, f) }); err != nil {
+		return p, nil, err
 	}
 	args, err := argsOf(cniArgs)
 	if err != nil {
-		return p, err
+		return p, nil, err
 	}
-	return p, overlay(&p, args, "CNI_ARGS "+argPrefix, ",")
+	frag = policy{}
+	if err := overlay(&frag, args, "CNI_ARGS "+argPrefix, ","); err != nil {
+		return p, nil, err
+	}
+	if err := apply(frag, settingFields(args), func(f string) string { return "CNI_ARGS " + argPrefix + strings.ToUpper(settingKey(args, f)) }); err != nil {
+		return p, nil, err
+	}
+	return p, peers, nil
 }
 
 // decodePolicy decodes one JSON policy over p, strictly: a field the
@@ -174,6 +224,8 @@ func overlay(p *policy, kv map[string]string, where, sep string) error {
 			p.Scope = splitList(v, sep)
 		case "lab_peers":
 			p.LabPeers = splitList(v, sep)
+		case "on_deny":
+			p.OnDeny = v
 		case "pin", "lab":
 			b, err := strconv.ParseBool(v)
 			if err != nil {
@@ -185,7 +237,7 @@ func overlay(p *policy, kv map[string]string, where, sep string) error {
 				p.Lab = b
 			}
 		default:
-			return fmt.Errorf("%s%s: unknown setting; want egress, allow, scope, pin, lab or lab-peers", where, k)
+			return fmt.Errorf("%s%s: unknown setting; want egress, allow, scope, pin, lab, lab-peers or on-deny", where, k)
 		}
 	}
 	return nil
@@ -244,6 +296,7 @@ func createRequest(conf *netConf, p policy, containerID, netns, ifname string) a
 		Pin:         p.Pin,
 		Lab:         p.Lab,
 		LabPeers:    p.LabPeers,
+		OnDeny:      p.OnDeny,
 		Labels:      labels,
 	}
 }

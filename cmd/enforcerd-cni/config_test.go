@@ -13,6 +13,7 @@ var sessionNameRule = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,31}$`)
 
 func TestBuildPolicyLayers(t *testing.T) {
 	conf, err := parseConf([]byte(`{"cniVersion": "1.1.0", "name": "n", "type": "enforcerd-cni",
+		"podMayWiden": ["egress", "allow", "lab_peers"],
 		"policy": {"egress": "allowlist", "allow": ["a.example:443"], "scope": ["https://s.example"], "labels": {"team": "x"}},
 		"runtimeConfig": {"enforcerd.io/policy": {"allow": ["b.example"], "pin": true},
 			"io.kubernetes.cri.pod-annotations": {"enforcerd.io/allow": "c.example:443, *.cdn.example", "enforcerd.io/lab-peers": "t1", "other.io/x": "y"}}}`))
@@ -22,9 +23,12 @@ func TestBuildPolicyLayers(t *testing.T) {
 	if conf.Socket != DefaultSocket {
 		t.Errorf("socket %q, want the default", conf.Socket)
 	}
-	p, err := buildPolicy(conf, "IgnoreUnknown=1;K8S_POD_NAME=p;ENFORCERD_EGRESS=public")
+	p, peers, err := buildPolicy(conf, "IgnoreUnknown=1;K8S_POD_NAME=p;ENFORCERD_EGRESS=public")
 	if err != nil {
 		t.Fatal(err)
+	}
+	if want := []podPeer{{"t1", "pod annotation enforcerd.io/lab-peers"}}; !reflect.DeepEqual(peers, want) {
+		t.Errorf("pod peers = %+v, want %+v", peers, want)
 	}
 	want := policy{Egress: "public", Allow: []string{"c.example:443", "*.cdn.example"}, Scope: []string{"https://s.example"},
 		Pin: true, LabPeers: []string{"t1"}, Labels: map[string]string{"team": "x"}}
@@ -35,7 +39,8 @@ func TestBuildPolicyLayers(t *testing.T) {
 
 func TestBuildPolicyErrors(t *testing.T) {
 	for _, c := range []struct{ conf, args, want string }{
-		{`{"policy": {"alow": ["x"]}}`, "", `policy: unknown field "alow"; want egress, allow, scope, pin, lab, lab_peers, labels`},
+		{`{"policy": {"alow": ["x"]}}`, "", `policy: unknown field "alow"; want egress, allow, scope, pin, lab, lab_peers, on_deny, labels`},
+		{`{"podMayWiden": ["everything"]}`, "", `podMayWiden: unknown field "everything"; want some of egress, allow, scope, pin, lab, lab_peers, on_deny`},
 		{`{"policy": {"memory_bytes": 1}}`, "", `policy: unknown field "memory_bytes"`},
 		{`{"policy": {"allow": "x"}}`, "", "policy: field allow: a JSON string where a list of strings is wanted"},
 		{`{"policy": {"pin": "yes"}}`, "", "policy: field pin: a JSON string where a boolean is wanted"},
@@ -46,7 +51,7 @@ func TestBuildPolicyErrors(t *testing.T) {
 	} {
 		conf, err := parseConf([]byte(c.conf))
 		if err == nil {
-			_, err = buildPolicy(conf, c.args)
+			_, _, err = buildPolicy(conf, c.args)
 		}
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%s %s: error %v, want %q", c.conf, c.args, err, c.want)

@@ -50,9 +50,16 @@ func cmdAdd(args *skel.CmdArgs) error {
 		return err
 	}
 	defer cancel()
-	p, err := buildPolicy(conf, args.Args)
+	p, peers, err := buildPolicy(conf, args.Args)
 	if err != nil {
 		return types.NewError(types.ErrInvalidNetworkConfig, err.Error(), "")
+	}
+	refused, err := checkLabPeers(ctx, c, conf.Name, peers)
+	if err != nil {
+		return daemonError(conf, "add", err)
+	}
+	if refused != nil {
+		return types.NewError(types.ErrInvalidNetworkConfig, refused.Error(), "")
 	}
 	info, err := c.Create(ctx, createRequest(conf, p, args.ContainerID, args.Netns, args.IfName))
 	if err != nil {

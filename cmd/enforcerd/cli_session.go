@@ -719,11 +719,15 @@ func (c *cli) sessionRemove(glob *globalOpts) *cobra.Command {
 
 // ---- events ---------------------------------------------------------------
 
-const eventsLong = `Print the session's recorded events (DNS decisions, lifecycle and API calls
-with their caller) as NDJSON; with --follow keep printing new ones until the
-session is removed or the command is interrupted. --follow exits 1 when the
-daemon stops or dies. A removed session's events stay readable for the
-daemon's --events-retention.`
+const eventsLong = `Print the session's recorded events (lifecycle: every API call with its caller,
+kept for the session's life; dns and flow: a sample of what the guest did,
+at most 50 lines a second after a burst of 500) as NDJSON, oldest first,
+ending with one "summary" "counts" line: every DNS decision and dropped flow
+counted since the session's creation, exactly, and how many lines the sample
+left out ("unlogged"). With --follow keep printing new ones until the session
+is removed or the command is interrupted. --follow exits 1 when the daemon
+stops or dies. A removed session's events stay readable for the daemon's
+--events-retention.`
 
 func (c *cli) sessionEvents(glob *globalOpts) *cobra.Command {
 	var (
