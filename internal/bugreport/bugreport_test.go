@@ -145,11 +145,13 @@ func TestPackagesCoverMakefile(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := regexp.MustCompile(`(?m)^PKGS\s*:?=\s*(.*)$`).FindSubmatch(mk)
+	// (the value may go on over lines ending in a backslash)
+	joined := strings.ReplaceAll(string(mk), "\\\n", " ")
+	m := regexp.MustCompile(`(?m)^PKGS\s*:?=\s*(.*)$`).FindStringSubmatch(joined)
 	if m == nil {
 		t.Fatal("no PKGS line in the Makefile")
 	}
-	for _, p := range strings.Fields(string(m[1])) {
+	for _, p := range strings.Fields(m[1]) {
 		if !slices.Contains(Packages, p) {
 			t.Errorf("the Makefile installs %s; bugreport.Packages does not record its version", p)
 		}
