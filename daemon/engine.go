@@ -857,7 +857,7 @@ func (e *Daemon) Record(ev dnsproxy.Event) {
 	}
 	if ev.Session != "" {
 		if ev.Verdict == dnsproxy.VerdictAllowed {
-			e.names.remember(ev.Session, ev.Name, ev.Addrs)
+			e.names.remember(ev.Session, ev.Name, ev.Type, ev.Addrs)
 		}
 		e.events.RecordAsync(api.Event{Time: ev.Time.UTC(), Session: ev.Session, Kind: api.EventKindDNS, Action: action, Detail: detail})
 	}
