@@ -39,6 +39,12 @@ type CreateRequest struct {
 	ContainerID string `json:"container_id,omitempty"` // with netns_path: the runtime's container id
 	// Locked: the policy never changes; updates are refused (ErrLocked).
 	Locked bool `json:"locked,omitempty"`
+	// InboundFromHost are the ports on which the host (the daemon's netns:
+	// the node, a kubelet's probes) may open connections into the session:
+	// "PORT" (TCP and UDP) or "PORT/tcp", "PORT/udp". Empty: none, every
+	// connection from the host is dropped (replies to the session's own
+	// flows and the DNS proxy's answers always pass).
+	InboundFromHost []string `json:"inbound_from_host,omitempty"`
 }
 
 // The labels an attached session carries, from its request's fields.
@@ -85,6 +91,9 @@ type PolicyView struct {
 	Pinned   map[string][]string `json:"pinned,omitempty"`
 	Deny     []string            `json:"deny,omitempty"`
 	OnDeny   string              `json:"on_deny"` // drop or reject
+	// InboundFromHost: the ports the host may open connections to
+	// (CreateRequest.InboundFromHost), normalised.
+	InboundFromHost []string `json:"inbound_from_host,omitempty"`
 	// Generation counts the policy's versions: 1 at create, one more per
 	// update (name it in a PolicyUpdate to refuse a stale update).
 	Generation uint64 `json:"generation"`

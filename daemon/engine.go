@@ -94,6 +94,14 @@ func (e *Daemon) buildPolicy(req api.CreateRequest) (netpolicy.Policy, error) {
 	}
 	p.LabPeers = req.LabPeers
 	p.Lab = req.Lab
+	for _, s := range req.InboundFromHost {
+		ps, err := netpolicy.ParseInboundPort(s)
+		if err != nil {
+			return p, badRequest(err)
+		}
+		p.InboundFromHost = append(p.InboundFromHost, ps)
+	}
+	p.InboundFromHost = netpolicy.NormalizeInbound(p.InboundFromHost)
 	switch {
 	case req.Egress != "":
 		m, err := netpolicy.ParseMode(req.Egress)
@@ -445,6 +453,8 @@ func (e *Daemon) sessionRules(rec SessionRecord, p netpolicy.Policy, peers []net
 		Peers:     peers,
 		Deny:      netpolicy.DenyTargets(p),
 		Reject:    p.Reject,
+
+		InboundFromHost: p.InboundFromHost,
 	}
 }
 
@@ -651,6 +661,8 @@ func (e *Daemon) summary(s *liveSession) api.SessionInfo {
 			Pinned:   pinned,
 			Deny:     entryStrings(s.policy.Deny),
 			OnDeny:   onDeny(s.policy),
+
+			InboundFromHost: inboundStrings(s.policy.InboundFromHost),
 			// A record from before updates existed is generation 1.
 			Generation: max(s.rec.Generation, 1),
 			Locked:     s.rec.Request.Locked,
@@ -803,6 +815,9 @@ func createEssentials(req api.CreateRequest) map[string]any {
 	if req.OnDeny != "" {
 		d["on_deny"] = req.OnDeny
 	}
+	if len(req.InboundFromHost) > 0 {
+		d["inbound_from_host"] = req.InboundFromHost
+	}
 	if req.Rootfs != "" {
 		d["rootfs"] = req.Rootfs
 	}
@@ -883,6 +898,14 @@ func onDeny(p netpolicy.Policy) string {
 		return "reject"
 	}
 	return "drop"
+}
+
+func inboundStrings(ps []netpolicy.PortSpec) []string {
+	var out []string
+	for _, p := range ps {
+		out = append(out, netpolicy.InboundString(p))
+	}
+	return out
 }
 
 func entryStrings(es []netpolicy.Entry) []string {
