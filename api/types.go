@@ -78,6 +78,13 @@ type Counters struct {
 	// whatever the log's rate limit; reasons without drops are absent.
 	// spoofed and inbound drops are not in DroppedPackets.
 	DroppedByReason map[string]uint64 `json:"dropped_by_reason,omitempty"`
+	// DroppedNoReason counts the packets in DroppedPackets that no reason
+	// counts: packets conntrack calls invalid (a TCP reset or ACK of no
+	// connection it knows, a malformed header) and ICMP errors about
+	// another's flow, dropped before any policy looks at them. So
+	// DroppedPackets = DroppedNoReason + the DroppedByReason counts other
+	// than spoofed and inbound.
+	DroppedNoReason uint64 `json:"dropped_no_reason"`
 	// DropsNotLogged counts dropped new flows that got no flow event: the
 	// kernel's per-session log budget suppressed them.
 	DropsNotLogged uint64 `json:"drops_not_logged"`

@@ -616,7 +616,26 @@ func countersView(c netpolicy.Counters) api.Counters {
 		DroppedPackets: c.DroppedPackets, DroppedBytes: c.DroppedBytes,
 		LimitedPackets:  c.LimitedPackets,
 		DroppedByReason: c.ByReason, DropsNotLogged: c.Unlogged,
+		DroppedNoReason: droppedNoReason(c),
 	}
+}
+
+// droppedNoReason is the part of the session's dropped packets no reason
+// counts (see api.Counters.DroppedNoReason): the reasons of packets that
+// are the session's own drops are in DroppedPackets, spoofed and inbound
+// ones are not. The sets are read one after the other, so a packet counted
+// in between can make the reasons' sum briefly exceed the total: 0 then.
+func droppedNoReason(c netpolicy.Counters) uint64 {
+	var reasoned uint64
+	for r, n := range c.ByReason {
+		if r != netpolicy.ReasonSpoofed && r != netpolicy.ReasonInbound {
+			reasoned += n
+		}
+	}
+	if reasoned >= c.DroppedPackets {
+		return 0
+	}
+	return c.DroppedPackets - reasoned
 }
 
 // Inspect returns a session with its attested set and counters.
