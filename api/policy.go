@@ -34,6 +34,11 @@ type PolicyUpdate struct {
 	RevokeDeny      []string `json:"revoke_deny,omitempty"`
 	OnDeny          string   `json:"on_deny,omitempty"`
 	KeepEstablished bool     `json:"keep_established,omitempty"`
+	// InboundFromHost (PATCH: added; PUT: the whole new list) and
+	// RevokeInboundFromHost (PATCH only: removed) are ports the host may
+	// open connections to, as CreateRequest.InboundFromHost.
+	InboundFromHost       []string `json:"inbound_from_host,omitempty"`
+	RevokeInboundFromHost []string `json:"revoke_inbound_from_host,omitempty"`
 }
 
 // PolicyEngine is the part of the Engine that changes a running

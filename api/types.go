@@ -42,6 +42,12 @@ type CreateRequest struct {
 	ContainerID string `json:"container_id,omitempty"` // with netns_path: the runtime's container id
 	// Locked: the policy never changes; updates are refused (ErrLocked).
 	Locked bool `json:"locked,omitempty"`
+	// InboundFromHost are the ports on which the host (the daemon's netns:
+	// the node, a kubelet's probes) may open connections into the session:
+	// "PORT" (TCP and UDP) or "PORT/tcp", "PORT/udp". Empty: none, every
+	// connection from the host is dropped (replies to the session's own
+	// flows and the DNS proxy's answers always pass).
+	InboundFromHost []string `json:"inbound_from_host,omitempty"`
 }
 
 // The labels an attached session carries, from its request's fields.
@@ -75,6 +81,13 @@ type Counters struct {
 	// whatever the log's rate limit; reasons without drops are absent.
 	// spoofed and inbound drops are not in DroppedPackets.
 	DroppedByReason map[string]uint64 `json:"dropped_by_reason,omitempty"`
+	// DroppedNoReason counts the packets in DroppedPackets that no reason
+	// counts: packets conntrack calls invalid (a TCP reset or ACK of no
+	// connection it knows, a malformed header) and ICMP errors about
+	// another's flow, dropped before any policy looks at them. So
+	// DroppedPackets = DroppedNoReason + the DroppedByReason counts other
+	// than spoofed and inbound.
+	DroppedNoReason uint64 `json:"dropped_no_reason"`
 	// DropsNotLogged counts dropped new flows that got no flow event: the
 	// kernel's per-session log budget suppressed them.
 	DropsNotLogged uint64 `json:"drops_not_logged"`
@@ -88,6 +101,9 @@ type PolicyView struct {
 	Pinned   map[string][]string `json:"pinned,omitempty"`
 	Deny     []string            `json:"deny,omitempty"`
 	OnDeny   string              `json:"on_deny"` // drop or reject
+	// InboundFromHost: the ports the host may open connections to
+	// (CreateRequest.InboundFromHost), normalised.
+	InboundFromHost []string `json:"inbound_from_host,omitempty"`
 	// Generation counts the policy's versions: 1 at create, one more per
 	// update (name it in a PolicyUpdate to refuse a stale update).
 	Generation uint64 `json:"generation"`

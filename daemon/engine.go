@@ -95,6 +95,14 @@ func (e *Daemon) buildPolicy(req api.CreateRequest) (netpolicy.Policy, error) {
 	}
 	p.LabPeers = req.LabPeers
 	p.Lab = req.Lab
+	for _, s := range req.InboundFromHost {
+		ps, err := netpolicy.ParseInboundPort(s)
+		if err != nil {
+			return p, badRequest(err)
+		}
+		p.InboundFromHost = append(p.InboundFromHost, ps)
+	}
+	p.InboundFromHost = netpolicy.NormalizeInbound(p.InboundFromHost)
 	switch {
 	case req.Egress != "":
 		m, err := netpolicy.ParseMode(req.Egress)
@@ -461,6 +469,8 @@ func (e *Daemon) sessionRules(rec SessionRecord, p netpolicy.Policy, peers []net
 		Peers:     peers,
 		Deny:      netpolicy.DenyTargets(p),
 		Reject:    p.Reject,
+
+		InboundFromHost: p.InboundFromHost,
 	}
 }
 
@@ -622,7 +632,26 @@ func countersView(c netpolicy.Counters) api.Counters {
 		DroppedPackets: c.DroppedPackets, DroppedBytes: c.DroppedBytes,
 		LimitedPackets:  c.LimitedPackets,
 		DroppedByReason: c.ByReason, DropsNotLogged: c.Unlogged,
+		DroppedNoReason: droppedNoReason(c),
 	}
+}
+
+// droppedNoReason is the part of the session's dropped packets no reason
+// counts (see api.Counters.DroppedNoReason): the reasons of packets that
+// are the session's own drops are in DroppedPackets, spoofed and inbound
+// ones are not. The sets are read one after the other, so a packet counted
+// in between can make the reasons' sum briefly exceed the total: 0 then.
+func droppedNoReason(c netpolicy.Counters) uint64 {
+	var reasoned uint64
+	for r, n := range c.ByReason {
+		if r != netpolicy.ReasonSpoofed && r != netpolicy.ReasonInbound {
+			reasoned += n
+		}
+	}
+	if reasoned >= c.DroppedPackets {
+		return 0
+	}
+	return c.DroppedPackets - reasoned
 }
 
 // Inspect returns a session with its attested set and counters.
@@ -667,6 +696,8 @@ func (e *Daemon) summary(s *liveSession) api.SessionInfo {
 			Pinned:   pinned,
 			Deny:     entryStrings(s.policy.Deny),
 			OnDeny:   onDeny(s.policy),
+
+			InboundFromHost: inboundStrings(s.policy.InboundFromHost),
 			// A record from before updates existed is generation 1.
 			Generation: max(s.rec.Generation, 1),
 			Locked:     s.rec.Request.Locked,
@@ -820,6 +851,9 @@ func createEssentials(req api.CreateRequest) map[string]any {
 	if req.OnDeny != "" {
 		d["on_deny"] = req.OnDeny
 	}
+	if len(req.InboundFromHost) > 0 {
+		d["inbound_from_host"] = req.InboundFromHost
+	}
 	if req.Rootfs != "" {
 		d["rootfs"] = req.Rootfs
 	}
@@ -877,7 +911,7 @@ func (e *Daemon) Record(ev dnsproxy.Event) {
 	}
 	if ev.Session != "" {
 		if ev.Verdict == dnsproxy.VerdictAllowed {
-			e.names.remember(ev.Session, ev.Name, ev.Addrs)
+			e.names.remember(ev.Session, ev.Name, ev.Type, ev.Addrs)
 		}
 		e.events.RecordAsync(api.Event{Time: ev.Time.UTC(), Session: ev.Session, Kind: api.EventKindDNS, Action: action, Detail: detail})
 	}
@@ -903,6 +937,14 @@ func onDeny(p netpolicy.Policy) string {
 		return "reject"
 	}
 	return "drop"
+}
+
+func inboundStrings(ps []netpolicy.PortSpec) []string {
+	var out []string
+	for _, p := range ps {
+		out = append(out, netpolicy.InboundString(p))
+	}
+	return out
 }
 
 func entryStrings(es []netpolicy.Entry) []string {

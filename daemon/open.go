@@ -64,6 +64,15 @@ func Open(cfg Config, log *slog.Logger, metrics *Metrics) (_ *Daemon, err error)
 	if err := nsmgr.EnableForwarding(host); err != nil {
 		return nil, err
 	}
+	// What a `doctor --datapath` killed mid-way left (its own prefix, never
+	// this daemon's): not fatal, the next start or reap tries again.
+	runs, rerr := ReapDatapathRuns(cfg.StateDir, host)
+	for _, p := range runs {
+		log.Info("removed what a killed doctor --datapath left", "prefix", p)
+	}
+	if rerr != nil {
+		log.Error("remove what a killed doctor --datapath left", "err", rerr)
+	}
 	// A released address is handed out again only once the firewall has
 	// flushed its conntrack entries (in the background, after removal).
 	guestClean := func(g netip.Addr) bool { return fw == nil || fw.FlowsFlushed(g) }

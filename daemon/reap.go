@@ -27,6 +27,12 @@ func Reap(prefix, stateDir string, pool netip.Prefix, log *slog.Logger) error {
 	}
 	defer host.Close()
 	var errs []error
+	// What a `doctor --datapath` killed mid-way left (its own prefix).
+	runs, err := ReapDatapathRuns(stateDir, host)
+	for _, p := range runs {
+		log.Info("removed what a killed doctor --datapath left", "prefix", p)
+	}
+	errs = append(errs, err)
 	boxes, err := container.New(container.Config{
 		StateDir: filepath.Join(stateDir, "containers"),
 		LayerDir: filepath.Join(stateDir, "layers"),

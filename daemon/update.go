@@ -146,6 +146,9 @@ func (e *Daemon) UpdatePolicy(ctx context.Context, name string, u api.PolicyUpda
 		"lab_peers": policy.LabPeers, "deny": entryStrings(policy.Deny), "on_deny": onDeny(policy), "replace": replace, "keep_established": u.KeepEstablished,
 		"flows_cut": cut, "attested_removed": len(upd.Stale),
 	}
+	if len(policy.InboundFromHost) > 0 {
+		detail["inbound_from_host"] = inboundStrings(policy.InboundFromHost)
+	}
 	recorded = true
 	e.recordCall(ctx, name, "policy_updated", detail, cutErr)
 	if cutErr != nil {
@@ -164,6 +167,10 @@ func (e *Daemon) UpdatePolicy(ctx context.Context, name string, u api.PolicyUpda
 func (e *Daemon) updatedRequest(s *liveSession, u api.PolicyUpdate, replace bool) (api.CreateRequest, error) {
 	req := s.rec.Request
 	if replace {
+		if len(u.RevokeInboundFromHost) > 0 {
+			return req, badRequest(errors.New("revoke_inbound_from_host has no meaning when the policy is replaced (PUT, --replace): give the whole new inbound_from_host"))
+		}
+		req.InboundFromHost = slices.Clone(u.InboundFromHost)
 		if len(u.Revoke) > 0 || len(u.RevokeLabPeers) > 0 || len(u.RevokeDeny) > 0 {
 			return req, badRequest(errors.New("revoke, revoke_lab_peers and revoke_deny have no meaning when the policy is replaced (PUT, --replace): give the whole new policy"))
 		}
@@ -222,6 +229,21 @@ func (e *Daemon) updatedRequest(s *liveSession, u api.PolicyUpdate, replace bool
 	}
 	slices.Sort(req.LabPeers)
 	req.LabPeers = slices.Compact(req.LabPeers)
+	req.InboundFromHost = append(slices.Clone(req.InboundFromHost), u.InboundFromHost...)
+	for _, r := range u.RevokeInboundFromHost {
+		want, err := netpolicy.ParseInboundPort(r)
+		if err != nil {
+			return req, badRequest(err)
+		}
+		n := len(req.InboundFromHost)
+		req.InboundFromHost = slices.DeleteFunc(req.InboundFromHost, func(a string) bool {
+			x, err := netpolicy.ParseInboundPort(a)
+			return err == nil && x == want
+		})
+		if len(req.InboundFromHost) == n {
+			return req, badRequest(fmt.Errorf("revoke inbound from host %q: not a port of session %s's inbound from host (its ports: %s)", r, s.rec.Name, listOrNone(inboundStrings(s.policy.InboundFromHost))))
+		}
+	}
 	return req, nil
 }
 

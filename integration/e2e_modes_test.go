@@ -295,8 +295,8 @@ func TestE2EModePublic(t *testing.T) {
 		e2ePing(ns, "169.254.169.254", e2eDropped),
 		e2eHTTP(ns, "10.99.0.10", e2eDropped),
 		e2eUDP(ns, "10.99.0.10:7", e2eDropped),
-		e2eTCP(ns, peer.GuestIP+":7", e2eDropped), // another session: the pool is blocked
-		e2eTCP(e.w.HostPath, peer.GuestIP+":7", e2eReach),
+		e2eTCP(ns, peer.GuestIP+":7", e2eDropped),           // another session: the pool is blocked
+		e2eTCP(e.w.HostPath, peer.GuestIP+":7", e2eDropped), // the host opens nothing into a session by default
 	)
 	if !e.wget("open", "198.18.1.11") {
 		t.Error("open: wget 198.18.1.11 failed")
@@ -317,10 +317,11 @@ func TestE2EModePublic(t *testing.T) {
 
 // Lab: a --lab-peer session reaches the lab target's guest address; a third
 // session does not; the lab target opens no connection to its peer; the
-// operator's host reaches the lab target.
+// operator's host reaches the lab target on the port it names
+// (--inbound-from-host) and no other session.
 func TestE2EModeLab(t *testing.T) {
 	e := newE2E(t)
-	lab := e.create("lab", "--lab")
+	lab := e.create("lab", "--lab", "--inbound-from-host", "7/tcp")
 	tester := e.create("tester", "--lab-peer", "lab")
 	third := e.create("third", "--egress", "public")
 	if lab.Egress != "allowlist" || !lab.Policy.Lab {
@@ -337,14 +338,14 @@ func TestE2EModeLab(t *testing.T) {
 
 	e2eExpect(t,
 		e2eTCP(tns, lab.GuestIP+":7", e2eReach),
-		e2eTCP(ons, lab.GuestIP+":7", e2eDropped),           // a third session
-		e2eTCP(lns, tester.GuestIP+":7", e2eDropped),        // the target never opens to its peer
-		e2eTCP(tns, third.GuestIP+":7", e2eDropped),         // a peer reaches nothing else of the pool
-		e2eTCP(e.w.HostPath, lab.GuestIP+":7", e2eReach),    // the operator's host
-		e2eTCP(e.w.HostPath, tester.GuestIP+":7", e2eReach), // (the peer's server answers)
-		e2eTCP(tns, "198.18.1.10:7", e2eDropped),            // only the lab target
-		e2eTCP(lns, "198.18.1.10:7", e2eDropped),            // a lab target has no egress
-		e2eTCP(ons, "198.18.1.10:7", e2eReach),              // the third session's own egress works
+		e2eTCP(ons, lab.GuestIP+":7", e2eDropped),             // a third session
+		e2eTCP(lns, tester.GuestIP+":7", e2eDropped),          // the target never opens to its peer
+		e2eTCP(tns, third.GuestIP+":7", e2eDropped),           // a peer reaches nothing else of the pool
+		e2eTCP(e.w.HostPath, lab.GuestIP+":7", e2eReach),      // the operator's host, on the port the target names
+		e2eTCP(e.w.HostPath, tester.GuestIP+":7", e2eDropped), // (the peer's server listens, but names no port)
+		e2eTCP(tns, "198.18.1.10:7", e2eDropped),              // only the lab target
+		e2eTCP(lns, "198.18.1.10:7", e2eDropped),              // a lab target has no egress
+		e2eTCP(ons, "198.18.1.10:7", e2eReach),                // the third session's own egress works
 	)
 	url := "http://" + lab.GuestIP + ":8080/"
 	if out, _, code := e.sh("tester", "timeout 3 wget -q -O - "+url); code != 0 || out != "lab\n" {

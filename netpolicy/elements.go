@@ -143,6 +143,7 @@ func sessionElements(r SessionRules) []setElems {
 			out = append(out, se)
 		}
 	}
+	out = append(out, inboundElements(r)...)
 	out = append(out,
 		setElems{setAcctAccept, []nftables.SetElement{{Key: g}}},
 		setElems{setAcctDrop, []nftables.SetElement{{Key: g}}},

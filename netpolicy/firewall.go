@@ -99,6 +99,9 @@ type SessionRules struct {
 	Peers     []netip.Addr // guest addresses of the lab peers this session may reach
 	Deny      []Target     // denied addresses and CIDRs (DenyTargets): dropped before any accept
 	Reject    bool         // policy drops answered with a TCP reset or ICMP admin-prohibited
+	// InboundFromHost are the ports the host (the daemon's netns: the node)
+	// may open connections to in the session; none by default (inbound.go).
+	InboundFromHost []PortSpec
 }
 
 // SessionKey identifies a session in the kernel's "sessions" set.

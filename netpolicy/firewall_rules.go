@@ -319,6 +319,9 @@ func buildRules(env ruleEnv) []ruleSpec {
 	add(chainInputSession, v4, toDNS, dnsPort(ProtoTCP, true), accept)
 	add(chainInputSession, gotoC(chainDropNotAllowed))
 
+	// output: what the host itself sends into sessions (inbound.go)
+	inboundRules(env, add)
+
 	// postrouting
 	add(chainPostrouting, nfprotoIs(true), saddrIn(env.pool), ifPrefix(expr.MetaKeyOIFNAME, p, false),
 		[]expr.Any{&expr.Masq{}})

@@ -165,6 +165,7 @@ func newSchema(tableName string, pool netip.Prefix) *schema {
 	add(&nftables.Set{Name: setDenied, KeyType: typeGuestPeer, Concatenation: true, Interval: true})
 	add(&nftables.Set{Name: setDeniedPorts, KeyType: typeGuestPort, Concatenation: true, Interval: true})
 	add(&nftables.Set{Name: setReject, KeyType: nftables.TypeIPAddr, Size: size})
+	add(&nftables.Set{Name: setInboundHost, KeyType: typeGuestService, Concatenation: true}) // see inbound.go
 	return s
 }
 

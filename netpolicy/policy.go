@@ -138,6 +138,10 @@ type Policy struct {
 	// Reject: what the session's policy drops gets a TCP reset or an ICMP
 	// administratively prohibited instead of silence (--on-deny reject).
 	Reject bool
+	// InboundFromHost are the ports on which the host (the daemon's netns:
+	// the node, e.g. a kubelet's probes) may open connections into the
+	// session. Empty: none, every connection from the host is dropped.
+	InboundFromHost []PortSpec
 }
 
 // DeniedName returns the deny entry that matches name, if any.

@@ -29,6 +29,9 @@ func (p Policy) Validate() error {
 		if p.Reject {
 			errs = append(errs, fmt.Errorf("egress none takes no --on-deny reject; a session without a network sends nothing to reject"))
 		}
+		if len(p.InboundFromHost) > 0 {
+			errs = append(errs, fmt.Errorf("egress none takes no --inbound-from-host (got %d); a session without a network cannot be reached", len(p.InboundFromHost)))
+		}
 	}
 	for _, e := range p.Deny {
 		err := e.check()

@@ -297,6 +297,7 @@ func (c *cli) sessionCreate(glob *globalOpts) *cobra.Command {
 	fs.Var(&onDeny, "on-deny", "what the policy's drops get: `drop` (silence, the default) or reject (a TCP reset, ICMP administratively prohibited otherwise)")
 	fs.BoolVar(&req.Pin, "pin", false, "resolve every allowed host once now and pin its IPv4 addresses")
 	fs.BoolVar(&req.Locked, "locked", false, "the policy never changes: every update is refused")
+	fs.StringArrayVar(&req.InboundFromHost, "inbound-from-host", nil, "let the host (the daemon's netns: the node, e.g. a kubelet's probes) open connections to `PORT` (TCP and UDP) or PORT/tcp or PORT/udp in the session, repeatable (default: none, every connection from the host is dropped)")
 	fs.Var(&egress, "egress", "egress `MODE`: none, allowlist or public (default: allowlist when something is allowed, else none)")
 	fs.BoolVar(&req.Lab, "lab", false, "make the session a lab target (an address, no egress unless given more)")
 	fs.StringArrayVar(&labPeers, "lab-peer", nil, "may connect to the lab target `NAME`, repeatable")
