@@ -13,6 +13,9 @@ import (
 	"github.com/enforcerd/enforcerd/netpolicy"
 )
 
+// errEgressNoneUpdate refuses an update to egress none.
+var errEgressNoneUpdate = badRequest(errors.New("egress none: a session's egress cannot change to none (it has a network interface); give egress allowlist with no entries to cut all egress"))
+
 // UpdatePolicy changes a running session's policy: PATCH (replace false)
 // adds and revokes entries, PUT (replace true) gives the whole new policy.
 // The order, and what a failure at each step leaves:
@@ -54,14 +57,24 @@ func (e *Daemon) UpdatePolicy(ctx context.Context, name string, u api.PolicyUpda
 	if err != nil {
 		return info, err
 	}
+	if req.Egress == string(netpolicy.ModeNone) {
+		// Before the policy's own checks: their complaints about what
+		// egress none takes would hide the one that matters.
+		return info, errEgressNoneUpdate
+	}
 	policy, err := e.buildPolicy(req)
 	if err != nil {
 		return info, err
 	}
+	if replace {
+		// A replacing update gives the whole policy: no --on-deny is the
+		// default, as at create.
+		defaultOnDeny(&req, &policy)
+	}
 	// Stored and shown without the credentials a scope URL may carry.
 	req.Scope = stripScopes(req.Scope)
 	if policy.Egress == netpolicy.ModeNone {
-		return info, badRequest(errors.New("egress none: a session's egress cannot change to none (it has a network interface); give egress allowlist with no entries to cut all egress"))
+		return info, errEgressNoneUpdate
 	}
 	peers, err := e.resolvePeers(policy.LabPeers)
 	if err != nil {

@@ -133,12 +133,15 @@ func sessionElements(r SessionRules) []setElems {
 		pr, po := protoKey(t.Proto), portKey(t.Port)
 		deniedPorts = append(deniedPorts, nftables.SetElement{Key: concat(g, pr, ipKey(first), po), KeyEnd: concat(g, pr, ipKey(last), po)})
 	}
-	var reject []nftables.SetElement
-	if r.Reject {
+	var reject, reset []nftables.SetElement
+	if r.OnDeny.Answers() {
 		reject = []nftables.SetElement{{Key: g}}
 	}
+	if r.OnDeny == DenyReset {
+		reset = []nftables.SetElement{{Key: g}}
+	}
 	for _, se := range []setElems{{setPeers, peers}, {setStatic, static}, {setStaticPorts, staticPorts}, {setStaticCIDR, cidr}, {setStaticCIDRPorts, cidrPorts},
-		{setPortHosts, portHosts}, {setPortCIDRs, portCIDR}, {setDenied, denied}, {setDeniedPorts, deniedPorts}, {setReject, reject}} {
+		{setPortHosts, portHosts}, {setPortCIDRs, portCIDR}, {setDenied, denied}, {setDeniedPorts, deniedPorts}, {setReject, reject}, {setReset, reset}} {
 		if len(se.elems) > 0 {
 			out = append(out, se)
 		}

@@ -271,7 +271,7 @@ func (c *cli) sessionCreate(glob *globalOpts) *cobra.Command {
 		allow, scope []string
 		labPeers     []string
 		deny         []string
-		onDeny       = enumFlag{allowed: []string{"drop", "reject"}}
+		onDeny       = enumFlag{allowed: []string{"reject", "reset", "drop"}}
 		labels       kvFlag
 		memory       sizeFlag
 		cpus         cpusFlag
@@ -292,7 +292,7 @@ func (c *cli) sessionCreate(glob *globalOpts) *cobra.Command {
 	fs.StringArrayVar(&allow, "allow", nil, "allow egress to `ENTRY` (name, *.wildcard, CIDR, optionally :PORT), repeatable")
 	fs.StringArrayVar(&scope, "scope", nil, "allow the host of the scope `URL`, repeatable; a scope without a port allows every port (a browser would use only the scheme's default), and an IPv4-mapped IPv6 address is judged by its IPv4 address")
 	fs.StringArrayVar(&deny, "deny", nil, "deny `ENTRY` (name, *.wildcard, address or CIDR, an address or CIDR optionally :PORT), winning over every allow in every mode, repeatable")
-	fs.Var(&onDeny, "on-deny", "what the policy's drops get: `drop` (silence, the default) or reject (a TCP reset, ICMP administratively prohibited otherwise)")
+	fs.Var(&onDeny, "on-deny", "what the policy's drops get: `reject` (the default: ICMP administratively prohibited, a connect fails at once with \"No route to host\", a scanner says filtered), reset (a TCP reset for TCP: \"Connection refused\", a scanner says closed) or drop (silence: a client waits for its own timeout)")
 	fs.BoolVar(&req.Pin, "pin", false, "resolve every allowed host once now and pin its IPv4 addresses")
 	fs.BoolVar(&req.Locked, "locked", false, "the policy never changes: every update is refused")
 	fs.Var(&egress, "egress", "egress `MODE`: none, allowlist or public (default: allowlist when something is allowed, else none)")
