@@ -4,15 +4,20 @@ package integration
 // namespace with the world's probes (a socket made inside the namespace,
 // the reply verified), which says precisely what was reached; or from
 // inside the sandbox with busybox through `enforcerd session exec`, which
-// is what a user's code does. A "blocked" probe must end in a timeout (a
-// silent drop by the host's table), never in just any error, unless it is
-// declared unroutable (egress none: no route at all).
+// is what a user's code does. A "blocked" probe must end in what the
+// session's --on-deny answers, never in just any error: rejected (the
+// default) is EHOSTUNREACH within the block timeout, the kernel's reading
+// of the table's ICMP administratively prohibited; dropped is a timeout (a
+// silent drop: --on-deny drop, and what is never answered, as a ping a raw
+// socket waits for). Unroutable is declared (egress none: no route at all).
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"net/netip"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -31,9 +36,12 @@ const (
 	e2eReach       e2eWant = iota // reached, reply verified
 	e2eDropped                    // a timeout: silently dropped
 	e2eUnreachable                // any error: no route, nothing to reach
+	e2eRejected                   // EHOSTUNREACH at once: the table answered admin-prohibited
 )
 
-func (w e2eWant) String() string { return [...]string{"reach", "dropped", "unreachable"}[w] }
+func (w e2eWant) String() string {
+	return [...]string{"reach", "dropped", "unreachable", "rejected"}[w]
+}
 
 // e2eProbe is one attempt to reach something.
 type e2eProbe struct {
@@ -98,7 +106,7 @@ func e2eExpect(t *testing.T, probes ...e2eProbe) {
 		go func() {
 			defer wg.Done()
 			to := world.ReachTimeout
-			if p.want == e2eDropped {
+			if p.want == e2eDropped || p.want == e2eRejected {
 				to = world.BlockTimeout
 			}
 			errs[i] = p.run(to)
@@ -114,6 +122,8 @@ func e2eExpect(t *testing.T, probes ...e2eProbe) {
 			t.Errorf("%s: want %s, but it was reached", p.what, p.want)
 		case p.want == e2eDropped && !world.IsTimeout(err):
 			t.Errorf("%s: want a silent drop (timeout), got %v", p.what, err)
+		case p.want == e2eRejected && !errors.Is(err, syscall.EHOSTUNREACH):
+			t.Errorf("%s: want rejected (EHOSTUNREACH, no route to host), got %v", p.what, err)
 		}
 	}
 }
