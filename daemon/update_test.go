@@ -12,6 +12,8 @@ import (
 	"github.com/enforcerd/enforcerd/api"
 	"github.com/enforcerd/enforcerd/dnsproxy"
 	"github.com/enforcerd/enforcerd/netpolicy"
+	"github.com/enforcerd/enforcerd/nsmgr"
+	"golang.org/x/sys/unix"
 )
 
 // The policy update's calls, as the injector names them.
@@ -33,12 +35,20 @@ func (f *fakeFirewall) UpdateSession(u netpolicy.SessionUpdate) error {
 	return nil
 }
 
-func (f *fakeFirewall) CutFlows(u netpolicy.SessionUpdate) (int, error) {
+func (f *fakeFirewall) CutFlows(u netpolicy.SessionUpdate) ([]netpolicy.CutFlow, error) {
 	if err := f.in.enter(callFwCut); err != nil {
-		return 0, err
+		return nil, err
 	}
 	f.in.leave(callFwCut)
-	return 0, nil
+	return f.cut, nil
+}
+
+// AbortTCP records what the daemon asked to abort, and where.
+func (f *fakeNetwork) AbortTCP(netnsPath string, conns []nsmgr.TCPConn) (int, error) {
+	for _, c := range conns {
+		f.aborted = append(f.aborted, netnsPath+" "+c.String())
+	}
+	return len(conns), nil
 }
 
 // Update is dnsproxy's: apply runs first; only if it succeeds is the new
@@ -269,4 +279,77 @@ func TestUpdateForgottenNamesAreStale(t *testing.T) {
 	if got := w.fw.lastUpdate.Stale; !reflect.DeepEqual(got, want) {
 		t.Errorf("stale after a forgetful proxy: %+v, want every attested element %+v", got, want)
 	}
+}
+
+// TestRevokeAbortsTheGuestsTCPSockets: the flows CutFlows cut are aborted
+// on the guest's side too, in the session's own netns, TCP only (a UDP
+// socket has nothing to wait for); with KeepEstablished nothing is cut or
+// aborted.
+func TestRevokeAbortsTheGuestsTCPSockets(t *testing.T) {
+	w := newWorld(t)
+	info := w.create(api.CreateRequest{Name: "a1", NetworkOnly: true, Allow: []string{"93.184.216.7", "93.184.216.8"}})
+	guest := netip.MustParseAddr(info.GuestIP)
+	w.fw.cut = []netpolicy.CutFlow{
+		{Proto: unix.IPPROTO_TCP, Src: netip.AddrPortFrom(guest, 40000), Dst: netip.MustParseAddrPort("93.184.216.7:443")},
+		{Proto: unix.IPPROTO_UDP, Src: netip.AddrPortFrom(guest, 40001), Dst: netip.MustParseAddrPort("93.184.216.7:443")},
+	}
+	if _, err := w.d.UpdatePolicy(context.Background(), "a1", api.PolicyUpdate{Revoke: []string{"93.184.216.8"}, KeepEstablished: true}, false); err != nil {
+		t.Fatal(err)
+	}
+	if len(w.nets.aborted) != 0 {
+		t.Fatalf("keep-established aborted %v", w.nets.aborted)
+	}
+	if _, err := w.d.UpdatePolicy(context.Background(), "a1", api.PolicyUpdate{Revoke: []string{"93.184.216.7"}}, false); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{w.nets.netns["a1"].NetnsPath + " " + guest.String() + ":40000 -> 93.184.216.7:443"}
+	if !slices.Equal(w.nets.aborted, want) {
+		t.Errorf("aborted %q, want %q", w.nets.aborted, want)
+	}
+}
+
+// TestOnDenyDefaultAndOldRecords: a create without on_deny records reject
+// (the default) and a replacing update likewise; a record written before
+// the default existed (no on_deny) still builds a silent drop, and so
+// does egress none.
+func TestOnDenyDefaultAndOldRecords(t *testing.T) {
+	w := newWorld(t)
+	info := w.create(api.CreateRequest{Name: "d1", NetworkOnly: true, Allow: []string{"93.184.216.7"}})
+	if info.Policy.OnDeny != "reject" {
+		t.Errorf("created without on_deny: %q, want reject", info.Policy.OnDeny)
+	}
+	if r := w.fw.rules[netip.MustParseAddr(info.GuestIP)]; r.OnDeny != netpolicy.DenyReject {
+		t.Errorf("created without on_deny: the rules say %v, want reject", r.OnDeny)
+	}
+	info, err := w.d.UpdatePolicy(context.Background(), "d1", api.PolicyUpdate{OnDeny: "reset"}, false)
+	if err != nil || info.Policy.OnDeny != "reset" {
+		t.Fatalf("update on_deny reset: %q, %v", info.Policy.OnDeny, err)
+	}
+	info, err = w.d.UpdatePolicy(context.Background(), "d1", api.PolicyUpdate{Allow: []string{"93.184.216.7"}}, true)
+	if err != nil || info.Policy.OnDeny != "reject" {
+		t.Fatalf("replace without on_deny: %q, %v, want reject", info.Policy.OnDeny, err)
+	}
+	p, err := w.d.buildPolicy(api.CreateRequest{Name: "old", Allow: []string{"93.184.216.7"}})
+	if err != nil || p.OnDeny != netpolicy.DenyDrop {
+		t.Errorf("a record without on_deny: %v, %v, want drop", p.OnDeny, err)
+	}
+	none := w.create(api.CreateRequest{Name: "n1", NetworkOnly: true})
+	if none.Policy.OnDeny != "drop" {
+		t.Errorf("egress none: on_deny %q, want drop", none.Policy.OnDeny)
+	}
+	if _, err := w.d.Create(context.Background(), api.CreateRequest{Name: "n2", NetworkOnly: true, OnDeny: "reset"}); err == nil {
+		t.Error("egress none with on_deny reset: created, want refused")
+	}
+	if _, err := w.d.Create(context.Background(), api.CreateRequest{Name: "n3", NetworkOnly: true, Allow: []string{"93.184.216.7"}, OnDeny: "loud"}); err == nil || !strings.Contains(err.Error(), `"loud"`) {
+		t.Errorf("on_deny loud: %v, want refused naming it", err)
+	}
+}
+
+func (w *world) create(req api.CreateRequest) api.SessionInfo {
+	w.t.Helper()
+	info, err := w.d.Create(context.Background(), req)
+	if err != nil {
+		w.t.Fatalf("create %s: %v", req.Name, err)
+	}
+	return info
 }

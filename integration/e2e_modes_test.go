@@ -337,13 +337,13 @@ func TestE2EModeLab(t *testing.T) {
 
 	e2eExpect(t,
 		e2eTCP(tns, lab.GuestIP+":7", e2eReach),
-		e2eTCP(ons, lab.GuestIP+":7", e2eRejected),           // a third session
-		e2eTCP(lns, tester.GuestIP+":7", e2eRejected),        // the target never opens to its peer
-		e2eTCP(tns, third.GuestIP+":7", e2eRejected),         // a peer reaches nothing else of the pool
+		e2eTCP(ons, lab.GuestIP+":7", e2eRejected),          // a third session
+		e2eTCP(lns, tester.GuestIP+":7", e2eRejected),       // the target never opens to its peer
+		e2eTCP(tns, third.GuestIP+":7", e2eRejected),        // a peer reaches nothing else of the pool
 		e2eTCP(e.w.HostPath, lab.GuestIP+":7", e2eReach),    // the operator's host
 		e2eTCP(e.w.HostPath, tester.GuestIP+":7", e2eReach), // (the peer's server answers)
-		e2eTCP(tns, "198.18.1.10:7", e2eRejected),            // only the lab target
-		e2eTCP(lns, "198.18.1.10:7", e2eRejected),            // a lab target has no egress
+		e2eTCP(tns, "198.18.1.10:7", e2eRejected),           // only the lab target
+		e2eTCP(lns, "198.18.1.10:7", e2eRejected),           // a lab target has no egress
 		e2eTCP(ons, "198.18.1.10:7", e2eReach),              // the third session's own egress works
 	)
 	url := "http://" + lab.GuestIP + ":8080/"

@@ -96,22 +96,50 @@ func e2eDNS(ns string, server netip.AddrPort, name string, w e2eWant) e2eProbe {
 	}}
 }
 
-// e2eExpect runs the probes concurrently and checks each.
+// e2eRejectWait bounds a rejected probe's attempts. The kernel sends ICMP
+// errors to one destination (a session's guest) at most 6 at once and 1
+// per second after (net.ipv4.icmp_ratelimit): an attempt whose answer the
+// limit swallowed times out, and the next one, a token later, is
+// answered.
+const e2eRejectWait = 5 * time.Second
+
+// e2eExpect runs the probes concurrently and checks each. The rejected
+// ones run one after another (the ICMP rate limit is per session), each
+// attempted again while it times out, until e2eRejectWait: a timeout is
+// never taken for a rejection, and a reach or any other error ends it.
 func e2eExpect(t *testing.T, probes ...e2eProbe) {
 	t.Helper()
 	errs := make([]error, len(probes))
 	var wg sync.WaitGroup
+	var rejected []int
 	for i, p := range probes {
+		if p.want == e2eRejected {
+			rejected = append(rejected, i)
+			continue
+		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			to := world.ReachTimeout
-			if p.want == e2eDropped || p.want == e2eRejected {
+			if p.want == e2eDropped {
 				to = world.BlockTimeout
 			}
 			errs[i] = p.run(to)
 		}()
 	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for _, i := range rejected {
+			deadline := time.Now().Add(e2eRejectWait)
+			for {
+				errs[i] = probes[i].run(world.BlockTimeout)
+				if !world.IsTimeout(errs[i]) || time.Now().After(deadline) {
+					break
+				}
+			}
+		}
+	}()
 	wg.Wait()
 	for i, p := range probes {
 		err := errs[i]
