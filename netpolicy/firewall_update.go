@@ -322,10 +322,12 @@ func rulesDeny(r SessionRules, dst netip.Addr, proto uint8, dport uint16) bool {
 }
 
 func portAllows(port uint16, p Proto, proto uint8, dport uint16) bool {
+	portProto := proto == ProtoTCP.Number() || proto == ProtoUDP.Number()
 	if port == 0 {
-		return true
+		// Every port but the resolver ports (the resolver chain).
+		return !portProto || !isResolverPort(dport)
 	}
-	if proto != ProtoTCP.Number() && proto != ProtoUDP.Number() {
+	if !portProto {
 		return false
 	}
 	return port == dport && (p == ProtoAny || p.Number() == proto)
