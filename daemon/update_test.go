@@ -2,8 +2,11 @@ package daemon
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"reflect"
 	"slices"
 	"strings"
@@ -352,4 +355,44 @@ func (w *world) create(req api.CreateRequest) api.SessionInfo {
 		w.t.Fatalf("create %s: %v", req.Name, err)
 	}
 	return info
+}
+
+// TestOnDenyOldRecordStaysDropAcrossRestart: a record written before
+// reject became the default (its request has no on_deny) is adopted at
+// the next start as a silent drop: the rules the daemon gives the
+// firewall and inspect both say drop.
+func TestOnDenyOldRecordStaysDropAcrossRestart(t *testing.T) {
+	w := newWorld(t)
+	info := w.create(api.CreateRequest{Name: "old1", NetworkOnly: true, Allow: []string{"93.184.216.7"}})
+	path := filepath.Join(w.stateDir, "sessions", "old1.json")
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rec map[string]any
+	if err := json.Unmarshal(raw, &rec); err != nil {
+		t.Fatal(err)
+	}
+	req := rec["request"].(map[string]any)
+	if req["on_deny"] != "reject" {
+		t.Fatalf("a new record's request: on_deny %v, want reject written out", req["on_deny"])
+	}
+	delete(req, "on_deny")
+	if raw, err = json.Marshal(rec); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, raw, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	w.restart(nil)
+	got, err := w.d.Inspect("old1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Policy.OnDeny != "drop" {
+		t.Errorf("adopted record without on_deny: inspect says %q, want drop", got.Policy.OnDeny)
+	}
+	if r := w.fw.rules[netip.MustParseAddr(info.GuestIP)]; r.OnDeny != netpolicy.DenyDrop {
+		t.Errorf("adopted record without on_deny: the rules say %v, want drop", r.OnDeny)
+	}
 }
