@@ -180,7 +180,7 @@ func attestElements(guest netip.Addr, ips []netip.Addr, timeout time.Duration, p
 			// Any port but the resolver ports: those an entry names
 			// beside the port-less one are attested on their own.
 			for _, p := range ports {
-				if !isResolverPort(p.Port) {
+				if !IsResolverPort(p.Port) {
 					continue
 				}
 				for _, proto := range protosOf(p.Proto) {

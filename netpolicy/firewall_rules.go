@@ -36,10 +36,6 @@ var resolverPorts = []PortSpec{
 	{Port: 853, Proto: ProtoTCP}, {Port: 853, Proto: ProtoUDP},
 }
 
-// isResolverPort reports whether port is 53 or 853, which a port-less
-// entry never opens (resolverPorts).
-func isResolverPort(port uint16) bool { return IsResolverPort(port) }
-
 // IsResolverPort reports whether port is DNS (53) or DNS over TLS (853):
 // a port-less allow or scope entry never opens them; only an entry that
 // names the port does.

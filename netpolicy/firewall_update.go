@@ -325,7 +325,7 @@ func portAllows(port uint16, p Proto, proto uint8, dport uint16) bool {
 	portProto := proto == ProtoTCP.Number() || proto == ProtoUDP.Number()
 	if port == 0 {
 		// Every port but the resolver ports (the resolver chain).
-		return !portProto || !isResolverPort(dport)
+		return !portProto || !IsResolverPort(dport)
 	}
 	if !portProto {
 		return false
