@@ -5,9 +5,11 @@ package integration
 // or dropped, the kernel's counters, the flow events, and why.
 
 import (
+	"cmp"
 	"errors"
 	"net/netip"
 	"slices"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -185,4 +187,43 @@ func TestE2EOnDenyModes(t *testing.T) {
 		t.Errorf("update --replace: on_deny %q, want reject (the default)", info.Policy.OnDeny)
 	}
 	e2eExpect(t, e2eTCP(ns, "198.18.1.10:7", e2eReach), e2eTCP(ns, "198.18.2.10:7", e2eRejected))
+}
+
+// TestE2EOnDenyToolsInSandbox: what busybox's nc and wget in a sandbox
+// print for a destination the policy does not allow, under each
+// --on-deny, next to an allowed fetch that works: "No route to host"
+// within 3 s (reject, the default: a blocking connect fails at its first
+// SYN retry, 1 s), "Connection refused" at once (reset), and nc's own
+// timeout (drop).
+func TestE2EOnDenyToolsInSandbox(t *testing.T) {
+	e := newE2E(t)
+	for _, tc := range []struct {
+		mode, want string
+		within     time.Duration
+	}{
+		{"", "No route to host", 3 * time.Second},
+		{"reset", "Connection refused", time.Second},
+		{"drop", "timed out", 5 * time.Second},
+	} {
+		name := "tools-" + cmp.Or(tc.mode, "default")
+		args := []string{"--allow", "198.18.1.10:80"}
+		if tc.mode != "" {
+			args = append(args, "--on-deny", tc.mode)
+		}
+		e.create(name, args...)
+		if out := e.mustSh(name, "timeout 5 wget -q -O - http://198.18.1.10/"); out != "hello from 198.18.1.10\n" {
+			t.Errorf("%s: the allowed fetch: %q", name, out)
+		}
+		for _, script := range []string{"nc -w 2 198.18.1.20 80 </dev/null", "timeout 5 wget -q -O - http://198.18.1.20/"} {
+			if tc.mode == "drop" && strings.Contains(script, "wget") {
+				continue // busybox wget has no connect timeout of its own: timeout kills it, silently
+			}
+			start := time.Now()
+			_, errOut, code := e.sh(name, script)
+			took := time.Since(start)
+			if code == 0 || !strings.Contains(errOut, tc.want) || took > tc.within {
+				t.Errorf("%s: %s: exit %d after %v, stderr %q; want %q within %v", name, script, code, took.Round(time.Millisecond), errOut, tc.want, tc.within)
+			}
+		}
+	}
 }
