@@ -28,9 +28,13 @@ type CreateRequest struct {
 	// Deny entries win over every allow, in every mode: a name, wildcard,
 	// address or CIDR (an address or CIDR optionally with a port).
 	Deny []string `json:"deny,omitempty"`
-	// OnDeny is what a packet the session's policy drops gets: "drop"
-	// (silence, the default when "") or "reject" (a TCP reset, an ICMP
-	// administratively prohibited for other protocols).
+	// OnDeny is what a packet the session's policy drops gets: "reject"
+	// (the default when "": ICMP administratively prohibited, type 3 code
+	// 13, for every protocol; a connect fails at once with EHOSTUNREACH),
+	// "reset" (a TCP reset for TCP, so a connect says ECONNREFUSED;
+	// admin-prohibited otherwise) or "drop" (silence). The daemon records
+	// the value it applied; a record from before reject was the default
+	// has none and keeps meaning drop.
 	OnDeny string `json:"on_deny,omitempty"`
 	// Attach mode (what the CNI plugin asks for): the session's interface
 	// is made in NetnsPath, a netns the caller made and keeps, instead of a
@@ -100,7 +104,7 @@ type PolicyView struct {
 	Lab      bool                `json:"lab,omitempty"`
 	Pinned   map[string][]string `json:"pinned,omitempty"`
 	Deny     []string            `json:"deny,omitempty"`
-	OnDeny   string              `json:"on_deny"` // drop or reject
+	OnDeny   string              `json:"on_deny"` // reject, reset or drop
 	// InboundFromHost: the ports the host may open connections to
 	// (CreateRequest.InboundFromHost), normalised.
 	InboundFromHost []string `json:"inbound_from_host,omitempty"`
@@ -190,8 +194,10 @@ const (
 	EventKindDNS       = "dns"
 	EventKindLifecycle = "lifecycle"
 	// EventKindFlow: a flow the table dropped (Action "dropped", Detail
-	// proto, dst, dport, reason), or the summary of those the log budget
-	// suppressed (Action "unlogged", Detail count).
+	// proto, dst, dport, reason) or answered as the session's on_deny says
+	// (Action "rejected", Detail answer too: "icmp-admin-prohibited" or
+	// "tcp-reset"), or the summary of those the log budget suppressed
+	// (Action "unlogged", Detail count).
 	EventKindFlow = "flow"
 	// EventKindSummary: what a flood of guest-driven events (dns, flow)
 	// left out of the stream. Action "unlogged": detail.count lines were

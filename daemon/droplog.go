@@ -17,11 +17,19 @@ type DropSource interface {
 	Close() error
 }
 
-// Flow event actions: a dropped flow, and the summary of the lines the
-// kernel's per-session log budget suppressed.
+// Flow event actions: a flow dropped in silence, a flow the session's
+// --on-deny answered (reject, reset: detail "answer" says with what), and
+// the summary of the lines the kernel's per-session log budget suppressed.
 const (
 	FlowActionDropped  = "dropped"
+	FlowActionRejected = "rejected"
 	FlowActionUnlogged = "unlogged"
+)
+
+// Answers of a rejected flow (the event's detail "answer").
+const (
+	AnswerAdminProhibited = "icmp-admin-prohibited"
+	AnswerTCPReset        = "tcp-reset"
 )
 
 // unloggedPoll is how often the suppressed-line counts are read while drop
@@ -115,11 +123,31 @@ func (de *dropEvents) record(fl netpolicy.DroppedFlow) {
 			detail["entry"] = ent.String()
 		}
 	}
-	ev := api.Event{Time: time.Now().UTC(), Session: name, Kind: api.EventKindFlow, Action: FlowActionDropped, Detail: detail}
+	action := FlowActionDropped
+	if answer := de.d.denyAnswer(name, fl); answer != "" {
+		action, detail["answer"] = FlowActionRejected, answer
+	}
+	ev := api.Event{Time: time.Now().UTC(), Session: name, Kind: api.EventKindFlow, Action: action, Detail: detail}
 	de.d.events.RecordAsync(ev)
 	// Under systemd the journal keeps it too, with structured fields; the
 	// kernel's per-session log budget bounds how many lines a flood makes.
 	de.d.logEvent(ev)
+}
+
+// denyAnswer is what the named session's table answered the dropped flow
+// with (AnswerAdminProhibited, AnswerTCPReset), or "" for silence: the
+// session's --on-deny, for the reasons the table answers at all.
+func (e *Daemon) denyAnswer(name string, fl netpolicy.DroppedFlow) string {
+	e.mu.Lock()
+	s, ok := e.sessions[name]
+	e.mu.Unlock()
+	if !ok || !s.policy.OnDeny.Answers() || !netpolicy.AnsweredReason(fl.Reason) {
+		return ""
+	}
+	if s.policy.OnDeny == netpolicy.DenyReset && fl.Proto == "tcp" {
+		return AnswerTCPReset
+	}
+	return AnswerAdminProhibited
 }
 
 // denyEntry is the deny entry of the named session's policy that denies

@@ -86,12 +86,16 @@ func (e *Daemon) buildPolicy(req api.CreateRequest) (netpolicy.Policy, error) {
 		p.Deny = append(p.Deny, ent)
 	}
 	p.Deny = netpolicy.DedupEntries(p.Deny)
-	switch req.OnDeny {
-	case "", "drop":
-	case "reject":
-		p.Reject = true
-	default:
-		return p, badRequest(fmt.Errorf("--on-deny %q: expected drop or reject", req.OnDeny))
+	// "" is drop: a record written before reject became the default (no
+	// on_deny) keeps the silence it was created with. Create and a
+	// replacing update write the default out (defaultOnDeny), so a new
+	// record never holds "".
+	if req.OnDeny != "" {
+		a, err := netpolicy.ParseDenyAnswer(req.OnDeny)
+		if err != nil {
+			return p, badRequest(err)
+		}
+		p.OnDeny = a
 	}
 	p.LabPeers = req.LabPeers
 	p.Lab = req.Lab
@@ -352,6 +356,7 @@ func (e *Daemon) Create(ctx context.Context, req api.CreateRequest) (info api.Se
 	if err != nil {
 		return info, err
 	}
+	defaultOnDeny(&req, &policy)
 	// Parsed as given, stored without the credentials a scope URL may
 	// carry: the record, the events and the logs never hold them.
 	req.Scope = stripScopes(req.Scope)
@@ -468,7 +473,7 @@ func (e *Daemon) sessionRules(rec SessionRecord, p netpolicy.Policy, peers []net
 		Static:    netpolicy.StaticTargets(p, rec.Pinned),
 		Peers:     peers,
 		Deny:      netpolicy.DenyTargets(p),
-		Reject:    p.Reject,
+		OnDeny:    p.OnDeny,
 
 		InboundFromHost: p.InboundFromHost,
 	}
@@ -932,11 +937,27 @@ func addrStrings(as []netip.Addr) []string {
 	return out
 }
 
-func onDeny(p netpolicy.Policy) string {
-	if p.Reject {
-		return "reject"
+func onDeny(p netpolicy.Policy) string { return p.OnDeny.String() }
+
+// DefaultOnDeny is what a session's policy drops get when a create (or a
+// replacing update) names no --on-deny: ICMP administratively prohibited,
+// which a client reads at once as "No route to host" and a scanner as
+// filtered. A session with egress none has nothing to answer: drop.
+const DefaultOnDeny = "reject"
+
+// defaultOnDeny writes the default answer into a request that names none,
+// so the record says what the session was created with: a later default
+// never changes it, and an old record without on_deny stays a drop.
+func defaultOnDeny(req *api.CreateRequest, p *netpolicy.Policy) {
+	if req.OnDeny != "" {
+		return
 	}
-	return "drop"
+	if p.Egress == netpolicy.ModeNone {
+		req.OnDeny = netpolicy.DenyDrop.String()
+		return
+	}
+	req.OnDeny = DefaultOnDeny
+	p.OnDeny = netpolicy.DenyReject
 }
 
 func inboundStrings(ps []netpolicy.PortSpec) []string {

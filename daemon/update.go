@@ -11,7 +11,12 @@ import (
 
 	"github.com/enforcerd/enforcerd/api"
 	"github.com/enforcerd/enforcerd/netpolicy"
+	"github.com/enforcerd/enforcerd/nsmgr"
+	"golang.org/x/sys/unix"
 )
+
+// errEgressNoneUpdate refuses an update to egress none.
+var errEgressNoneUpdate = badRequest(errors.New("egress none: a session's egress cannot change to none (it has a network interface); give egress allowlist with no entries to cut all egress"))
 
 // UpdatePolicy changes a running session's policy: PATCH (replace false)
 // adds and revokes entries, PUT (replace true) gives the whole new policy.
@@ -54,14 +59,24 @@ func (e *Daemon) UpdatePolicy(ctx context.Context, name string, u api.PolicyUpda
 	if err != nil {
 		return info, err
 	}
+	if req.Egress == string(netpolicy.ModeNone) {
+		// Before the policy's own checks: their complaints about what
+		// egress none takes would hide the one that matters.
+		return info, errEgressNoneUpdate
+	}
 	policy, err := e.buildPolicy(req)
 	if err != nil {
 		return info, err
 	}
+	if replace {
+		// A replacing update gives the whole policy: no --on-deny is the
+		// default, as at create.
+		defaultOnDeny(&req, &policy)
+	}
 	// Stored and shown without the credentials a scope URL may carry.
 	req.Scope = stripScopes(req.Scope)
 	if policy.Egress == netpolicy.ModeNone {
-		return info, badRequest(errors.New("egress none: a session's egress cannot change to none (it has a network interface); give egress allowlist with no entries to cut all egress"))
+		return info, errEgressNoneUpdate
 	}
 	peers, err := e.resolvePeers(policy.LabPeers)
 	if err != nil {
@@ -118,11 +133,9 @@ func (e *Daemon) UpdatePolicy(ctx context.Context, name string, u api.PolicyUpda
 	// What follows the batch cannot undo it: a failure is reported with
 	// the new policy in force.
 	var cutErr error
-	cut := 0
+	cut, aborted := 0, 0
 	if !u.KeepEstablished {
-		if cut, cutErr = e.fw.CutFlows(upd); cutErr != nil {
-			cutErr = fmt.Errorf("its established flows may survive: %w", cutErr)
-		}
+		cut, aborted, cutErr = e.cutFlows(rec, upd)
 	}
 	// After the batch: an added pin is allowed before the sandbox's
 	// /etc/hosts names it; a revoked one is dropped before the file
@@ -144,7 +157,7 @@ func (e *Daemon) UpdatePolicy(ctx context.Context, name string, u api.PolicyUpda
 	detail := map[string]any{
 		"generation": rec.Generation, "egress": string(policy.Egress), "allow": entryStrings(policy.Allow),
 		"lab_peers": policy.LabPeers, "deny": entryStrings(policy.Deny), "on_deny": onDeny(policy), "replace": replace, "keep_established": u.KeepEstablished,
-		"flows_cut": cut, "attested_removed": len(upd.Stale),
+		"flows_cut": cut, "sockets_aborted": aborted, "attested_removed": len(upd.Stale),
 	}
 	if len(policy.InboundFromHost) > 0 {
 		detail["inbound_from_host"] = inboundStrings(policy.InboundFromHost)
@@ -296,8 +309,8 @@ func (e *Daemon) finishPending(s *liveSession) error {
 		return fmt.Errorf("complete its interrupted policy update: %v", err)
 	}
 	if !p.KeepEstablished {
-		if _, err := e.fw.CutFlows(upd); err != nil {
-			e.log.Error("completing an interrupted policy update: cut flows", "session", s.rec.Name, "err", err)
+		if _, _, err := e.cutFlows(s.rec, upd); err != nil {
+			e.log.Error("completing an interrupted policy update", "session", s.rec.Name, "err", err)
 		}
 	}
 	if err := e.setHosts(s.rec, p.Pinned); err != nil {
@@ -309,6 +322,31 @@ func (e *Daemon) finishPending(s *liveSession) error {
 	}
 	e.log.Info("completed a policy update interrupted by a restart", "session", s.rec.Name, "generation", s.rec.Generation)
 	return nil
+}
+
+// cutFlows cuts the flows upd revokes on both sides, in one step: their
+// conntrack entries go (the remote end's next packet finds none, and the
+// reply direction is dropped), and the guest's TCP sockets of those flows
+// are aborted in the session's netns, so a client inside fails at once
+// (ECONNABORTED) instead of waiting for its own timeout. An ICMP error
+// would not do: to an established Linux socket it is only a soft error.
+// It returns how many flows were cut and how many sockets aborted.
+func (e *Daemon) cutFlows(rec SessionRecord, upd netpolicy.SessionUpdate) (cut, aborted int, err error) {
+	flows, err := e.fw.CutFlows(upd)
+	if err != nil {
+		err = fmt.Errorf("its established flows may survive: %w", err)
+	}
+	var conns []nsmgr.TCPConn
+	for _, f := range flows {
+		if f.Proto == unix.IPPROTO_TCP {
+			conns = append(conns, nsmgr.TCPConn{Local: f.Src, Remote: f.Dst})
+		}
+	}
+	aborted, aerr := e.nets.AbortTCP(rec.NetnsPath, conns)
+	if aerr != nil {
+		aerr = fmt.Errorf("the guest's sockets of its cut flows may wait for their own timeout: %w", aerr)
+	}
+	return len(flows), aborted, errors.Join(err, aerr)
 }
 
 // attestedElements returns every attested element the kernel holds for
