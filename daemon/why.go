@@ -268,9 +268,9 @@ func (e *Daemon) whyAddr(s *liveSession, d whyDest, a netip.Addr, attested []net
 		}
 	}
 	if !e.guard.IsPublicUnicast(a) {
-		detail := "special-purpose address: dropped in every mode"
+		detail := "special-purpose address: refused in every mode"
 		if rg, ok := e.guard.BlockedBy(a); ok {
-			detail = fmt.Sprintf("special-purpose: %s, dropped in every mode", rg)
+			detail = fmt.Sprintf("special-purpose: %s, refused in every mode", rg)
 		}
 		return set(refused, "special-purpose", detail)
 	}
