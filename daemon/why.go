@@ -282,6 +282,20 @@ func (e *Daemon) whyAddr(s *liveSession, d whyDest, a netip.Addr, attested []net
 				return set(api.WhyAllowed, "static", fmt.Sprintf("an entry names the resolver port: %s", targetString(t)))
 			}
 		}
+		// (an allowed name with the port, --allow NAME:53, attests its
+		// addresses with it: the resolver chain accepts those too)
+		for _, at := range attested {
+			if at.IP == a && at.Port == d.port && (at.Proto == netpolicy.ProtoAny || at.Proto == d.proto) {
+				exp := time.Now().UTC().Add(at.Expires).Truncate(time.Second)
+				r.Expires = &exp
+				detail := fmt.Sprintf("an allowed name names the resolver port: %s, attested until %s", attestedString(at), exp.Format(time.RFC3339))
+				if q, ok := e.names.lookupRecord(s.rec.Name, a); ok {
+					r.AttestedName, r.AttestedType = q.name, q.qtype
+					detail = fmt.Sprintf("an allowed name names the resolver port: %s, attested by the %s answer for %s until %s", attestedString(at), q.qtype, q.name, exp.Format(time.RFC3339))
+				}
+				return set(api.WhyAllowed, "attested", detail)
+			}
+		}
 		return set(refused, "resolver", "DNS and DoT go to the proxy only; no entry names this port")
 	}
 	if s.policy.Egress == netpolicy.ModePublic {
