@@ -53,13 +53,18 @@ func (m *Manager) Create(name string, nic bool) (sess Session, err error) {
 
 // create is Create, or Attach when at is set.
 func (m *Manager) create(name string, nic bool, at *Attachment) (sess Session, err error) {
+	return m.createWith(name, nic, at, nil)
+}
+
+// createWith is create, or CreateVM when vm is set.
+func (m *Manager) createWith(name string, nic bool, at *Attachment, vm *VMConfig) (sess Session, err error) {
 	if err := ValidateSessionName(name); err != nil {
 		return Session{}, err
 	}
 	if err := m.begin(name); err != nil {
 		return Session{}, fmt.Errorf("create session %s: %w", name, err)
 	}
-	c := &creation{m: m, name: name, slot: -1, attach: at, ifname: GuestIface, nsFD: netns.None()}
+	c := &creation{m: m, name: name, slot: -1, attach: at, vm: vm, ifname: GuestIface, nsFD: netns.None()}
 	if at != nil {
 		c.ifname = at.IfName
 	}
@@ -87,6 +92,9 @@ func (m *Manager) create(name string, nic bool, at *Attachment) (sess Session, e
 	sess = m.session(name, c.slot)
 	if at != nil {
 		sess.Netns, sess.NetnsPath, sess.Attached, sess.IfName = at.NetnsPath, at.NetnsPath, true, at.IfName
+	}
+	if vm != nil {
+		sess.VM = &VMNet{Bridge: VMBridge, Tap: vm.Tap, TapOwner: vm.TapOwner, MAC: vm.MAC}
 	}
 	return sess, nil
 }
@@ -117,6 +125,7 @@ type creation struct {
 	name   string
 	slot   int
 	attach *Attachment // nil: a netns of our own
+	vm     *VMConfig   // nil: not a VM session (see CreateVM)
 	ifname string      // the guest side: GuestIface, or the attachment's
 	undo   txn.Undo
 	nsFD   netns.NsHandle  // the session netns, open while creating; netns.None() before (the zero value is fd 0!)
@@ -186,6 +195,18 @@ func (c *creation) run(nic bool) error {
 		{StepGuestAddr, c.addGuestAddr},
 		{StepGuestUp, func() error { return setUp(c.guest, c.eth0) }},
 		{StepGuestRoute, c.addDefaultRoute},
+	}
+	if c.vm != nil {
+		// The address is the VM's: nothing in the netns holds one.
+		steps = append(steps[:len(steps)-3], []struct {
+			name string
+			fn   func() error
+		}{
+			{StepAddBridge, c.addBridge},
+			{StepAddTap, c.addTap},
+			{StepLockTap, c.lockTap},
+			{StepVMUp, c.vmUp},
+		}...)
 	}
 	for _, s := range steps {
 		if err := c.step(s.name, s.fn); err != nil {
@@ -296,7 +317,11 @@ func (c *creation) addVeth() error {
 // tagVeth names the owner session in the host veth's alias (the kernel
 // ignores IFLA_IFALIAS on create, hence a step of its own).
 func (c *creation) tagVeth() error {
-	if err := c.m.host.LinkSetAlias(c.host, ownerAlias(c.m.cfg.Prefix, c.name, c.attach != nil)); err != nil {
+	alias := ownerAlias(c.m.cfg.Prefix, c.name, c.attach != nil)
+	if c.vm != nil {
+		alias += vmMark
+	}
+	if err := c.m.host.LinkSetAlias(c.host, alias); err != nil {
 		return fmt.Errorf("set alias of %s: %w", c.hostName, err)
 	}
 	return nil

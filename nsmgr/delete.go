@@ -46,6 +46,19 @@ func (m *Manager) Delete(name string, slot int) error {
 		}
 	}
 
+	// A VM session's tap and bridge go now, by name: a VMM still attached
+	// loses its link at once, not when the netns is finally freed. (For a
+	// session not known, whatever tap its bridge holds.)
+	if slot >= 0 && (!known || s.VM != nil) && (!known || !s.Attached) {
+		tap := ""
+		if known {
+			tap = s.VM.Tap
+		}
+		if err := deleteVMLinks(m.NetnsPath(name), tap); err != nil {
+			return fmt.Errorf("delete session %s: %w", name, err)
+		}
+	}
+
 	// Always, whatever the slot: a session without NIC has no file, and
 	// removing none is success.
 	if err := m.removeResolvConf(name); err != nil {

@@ -67,6 +67,10 @@ type Session struct {
 	// or IfName, which the caller records.
 	Attached bool
 	IfName   string // attached: the guest-side interface
+	// VM: a VM session's bridge, tap and guest MAC (see CreateVM); nil
+	// otherwise. Guest is then the VM's address, held by nothing in the
+	// session netns.
+	VM *VMNet
 }
 
 // Manager creates, deletes, recovers and reaps session networks. It is safe

@@ -131,6 +131,7 @@ func ownerAlias(prefix, session string, attached bool) string {
 // parseOwnerAlias returns the session a host veth's alias names and whether
 // it is attached (see ownerAlias).
 func parseOwnerAlias(prefix, alias string) (session string, attached, ok bool) {
+	alias, _ = strings.CutSuffix(alias, vmMark)
 	name, attached := strings.CutSuffix(alias, attachedMark)
 	session, ok = parseNetnsName(prefix, name)
 	return session, attached && ok, ok

@@ -54,6 +54,15 @@ func (m *Manager) Recover() ([]Session, error) {
 			// link: the caller's record holds it.
 			sess.Attached, sess.Netns, sess.NetnsPath = true, "", ""
 		}
+		if l.vm && !l.attached {
+			vm, err := readVMNet(sess.NetnsPath)
+			if err != nil {
+				// Still a VM session (its veth says so): the caller's
+				// record names the tap and MAC.
+				vm = &VMNet{Bridge: VMBridge, TapOwner: NoTapOwner}
+			}
+			sess.VM = vm
+		}
 		sessions[session] = sess
 	}
 	for _, a := range st.poolAddrs {
@@ -121,6 +130,9 @@ func (m *Manager) Reap(keep map[string]bool) ([]string, error) {
 	for _, n := range st.netns {
 		if keep[n.session] {
 			continue
+		}
+		if err := deleteVMLinks(n.path, ""); err != nil {
+			errs = append(errs, err)
 		}
 		if err := removeNetns(n.path); err != nil {
 			errs = append(errs, err)

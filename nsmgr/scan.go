@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
@@ -32,6 +33,7 @@ type foundLink struct {
 	slot     int
 	session  string // from the alias "<prefix>-<session>"; "" if the alias is not ours
 	attached bool   // the alias marks an attached session (see Manager.Attach)
+	vm       bool   // the alias marks a VM session (see Manager.CreateVM)
 	addrs    []netip.Addr
 	peerNS   int // IFLA_LINK_NETNSID: the host netns's id for the peer's netns (-1: unknown)
 }
@@ -89,6 +91,7 @@ func (m *Manager) scan() (kernelState, error) {
 		session, attached, _ := parseOwnerAlias(m.cfg.Prefix, attrs.Alias)
 		st.links = append(st.links, foundLink{
 			name: attrs.Name, index: attrs.Index, slot: slot, session: session, attached: attached,
+			vm: strings.HasSuffix(attrs.Alias, vmMark),
 			addrs: byIndex[attrs.Index], peerNS: attrs.NetNsID,
 		})
 	}
