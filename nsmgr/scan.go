@@ -91,7 +91,7 @@ func (m *Manager) scan() (kernelState, error) {
 		session, attached, _ := parseOwnerAlias(m.cfg.Prefix, attrs.Alias)
 		st.links = append(st.links, foundLink{
 			name: attrs.Name, index: attrs.Index, slot: slot, session: session, attached: attached,
-			vm: strings.HasSuffix(attrs.Alias, vmMark),
+			vm:    strings.HasSuffix(attrs.Alias, vmMark),
 			addrs: byIndex[attrs.Index], peerNS: attrs.NetNsID,
 		})
 	}
