@@ -210,6 +210,7 @@ var schemaTypes = map[string]reflect.Type{
 	"DeleteResponse": reflect.TypeFor[api.DeleteResponse](),
 	"CreateRequest":  reflect.TypeFor[api.CreateRequest](),
 	"SessionInfo":    reflect.TypeFor[api.SessionInfo](),
+	"VMView":         reflect.TypeFor[api.VMView](),
 	"PolicyView":     reflect.TypeFor[api.PolicyView](),
 	"PolicyUpdate":   reflect.TypeFor[api.PolicyUpdate](),
 	"PolicyChange":   reflect.TypeFor[api.PolicyChange](),

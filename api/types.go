@@ -52,6 +52,35 @@ type CreateRequest struct {
 	// connection from the host is dropped (replies to the session's own
 	// flows and the DNS proxy's answers always pass).
 	InboundFromHost []string `json:"inbound_from_host,omitempty"`
+	// VM: the session is a VM guest's (network_only is implied): in its
+	// netns a bridge joins eth0 to a tap for the VMM, and the daemon's
+	// DHCP responder leases the guest address to MAC alone. Tap names the
+	// tap ("" = tap0), TapOwner the uid an unprivileged VMM runs as (nil:
+	// root only), MAC the guest's MAC ("" = derived from the session: the
+	// record keeps the value used).
+	VM       bool   `json:"vm,omitempty"`
+	Tap      string `json:"tap,omitempty"`
+	TapOwner *int   `json:"tap_owner,omitempty"`
+	MAC      string `json:"mac,omitempty"`
+}
+
+// VMView is how a VM guest joins its session (SessionInfo.VM): the VMM
+// runs in NetnsPath (jailer --netns, nsenter --net, setns) and attaches
+// to Tap with MAC; the guest configures itself by DHCP or with KernelIPArg.
+type VMView struct {
+	NetnsPath string `json:"netns_path"`
+	Tap       string `json:"tap"`
+	TapOwner  *int   `json:"tap_owner,omitempty"`
+	Bridge    string `json:"bridge"`
+	MAC       string `json:"mac"`
+	Address   string `json:"address"` // the guest's address with its prefix length (10.20.0.2/30)
+	Gateway   string `json:"gateway"`
+	DNS       string `json:"dns"`
+	MTU       int    `json:"mtu"`
+	LeaseSecs int    `json:"lease_seconds"`
+	// KernelIPArg is the Linux kernel's ip= boot argument for the same
+	// configuration, for a VMM that configures the guest statically.
+	KernelIPArg string `json:"kernel_ip_arg"`
 }
 
 // The labels an attached session carries, from its request's fields.
@@ -145,6 +174,8 @@ type SessionInfo struct {
 	NetnsPath   string `json:"netns_path,omitempty"`
 	IfName      string `json:"ifname,omitempty"`
 	ContainerID string `json:"container_id,omitempty"`
+	// VM sessions only: how the guest joins (see CreateRequest.VM).
+	VM *VMView `json:"vm,omitempty"`
 	// *SandboxView's fields, flattened; absent with --network-only.
 	*SandboxView
 	Attested []AttestedAddr    `json:"attested"`

@@ -131,6 +131,9 @@ type Parts struct {
 	Close func()
 	// Images is the image store (nil: image calls fail, --image is refused).
 	Images *container.ImageStore
+	// StartLease starts a VM session's DHCP responder (nil: the real one,
+	// see vm.go).
+	StartLease StartLease
 }
 
 // Daemon composes the four packages into the session lifecycle the API
@@ -177,6 +180,9 @@ type Daemon struct {
 	execCallers map[string]context.Context
 
 	names attestNames // the name that attested each address (expired.go)
+
+	startLeaseFn StartLease // Parts.StartLease
+	leases       leases     // the VM sessions' DHCP responders (vm.go)
 }
 
 // New returns a daemon over the given parts. It changes nothing: call
@@ -197,11 +203,14 @@ func New(cfg Config, p Parts) *Daemon {
 		sessions: map[string]*liveSession{}, pending: map[string]bool{}, creating: map[string]string{},
 		images: p.Images,
 		names:  attestNames{max: cfg.MaxAttested},
+
+		startLeaseFn: p.StartLease,
 	}
 }
 
 // Close releases the parts (the sessions stay up, enforced by the kernel).
 func (e *Daemon) Close() {
+	e.stopLeases()
 	e.shutdownDNS()
 	e.events.Shutdown()
 	if e.closeFn != nil {

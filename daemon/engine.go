@@ -158,6 +158,9 @@ func (e *Daemon) validateRequest(req *api.CreateRequest) error {
 	if err := nsmgr.ValidateSessionName(req.Name); err != nil {
 		return badRequest(err)
 	}
+	if err := e.validateVM(req); err != nil {
+		return badRequest(err)
+	}
 	if req.NetnsPath != "" || req.IfName != "" || req.ContainerID != "" {
 		if err := validateAttach(req); err != nil {
 			return badRequest(err)
@@ -396,8 +399,13 @@ func (e *Daemon) Create(ctx context.Context, req api.CreateRequest) (info api.Se
 	}()
 
 	nicNeeded := policy.Egress != netpolicy.ModeNone
+	if req.VM && !nicNeeded {
+		return info, badRequest(errors.New("vm with egress none: a VM guest needs an address; give an egress policy (allow, scope, public)"))
+	}
 	var netSess nsmgr.Session
-	if req.NetnsPath != "" {
+	if req.VM {
+		netSess, err = e.createVMNetwork(req)
+	} else if req.NetnsPath != "" {
 		netSess, err = e.nets.Attach(req.Name, nsmgr.Attachment{NetnsPath: req.NetnsPath, IfName: req.IfName})
 	} else {
 		netSess, err = e.nets.Create(req.Name, nicNeeded)
@@ -441,6 +449,10 @@ func (e *Daemon) Create(ctx context.Context, req api.CreateRequest) (info api.Se
 		}
 		undo.Push("dns registration", func() error { e.dns.Unregister(rec.Guest); return nil })
 	}
+	if err = e.startLease(rec); err != nil {
+		return info, err
+	}
+	undo.Push("dhcp responder", func() error { e.stopLease(req.Name); return nil })
 	if rec.Sandbox {
 		if err = e.boxes.Create(e.sandboxSpec(s)); err != nil {
 			return info, fmt.Errorf("start sandbox of %s: %w", req.Name, err)
@@ -547,6 +559,7 @@ func (e *Daemon) teardown(rec SessionRecord, rules netpolicy.SessionRules) error
 			errs = append(errs, err)
 		}
 	}
+	e.stopLease(rec.Name)
 	if rec.Slot >= 0 {
 		e.dns.Unregister(rec.Guest)
 		if rules.Guest.IsValid() {
@@ -714,6 +727,7 @@ func (e *Daemon) summary(s *liveSession) api.SessionInfo {
 		NetnsPath:   s.rec.Request.NetnsPath,
 		IfName:      s.rec.Request.IfName,
 		ContainerID: s.rec.Request.ContainerID,
+		VM:          e.vmView(s.rec),
 		SandboxView: sandboxView(s.rec),
 		Attested:    []api.AttestedAddr{},
 		Labels:      labels,

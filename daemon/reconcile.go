@@ -143,6 +143,11 @@ func (e *Daemon) adopt(rec SessionRecord) error {
 		if err := e.dns.Register(e.dnsPolicy(s)); err != nil {
 			return fmt.Errorf("register with the dns proxy: %v", err)
 		}
+		// A VM guest renewing while the daemon was down gets its lease
+		// from here on.
+		if err := e.startLease(rec); err != nil {
+			return err
+		}
 	}
 	e.mu.Lock()
 	e.sessions[rec.Name] = s

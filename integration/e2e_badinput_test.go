@@ -39,7 +39,7 @@ func TestE2EBadInputCLI(t *testing.T) {
 		{[]string{"session"}, 2, "enforcerd session: missing subcommand (create, exec, exec-status, logs, ls, inspect, update, rm, events or why)"},
 		{[]string{"session", "frobnicate"}, 2, `enforcerd session: unknown subcommand "frobnicate" (create, exec, exec-status, logs, ls, inspect, update, rm, events or why)`},
 		{[]string{"session", "create"}, 2, "enforcerd session create: missing session NAME"},
-		{[]string{"session", "create", "x"}, 2, "enforcerd session create: missing --image IMAGE, --rootfs DIR or --network-only"},
+		{[]string{"session", "create", "x"}, 2, "enforcerd session create: missing --image IMAGE, --rootfs DIR, --network-only or --vm"},
 		{[]string{"session", "create", "x", "y", "--network-only"}, 2, `enforcerd session create: unexpected argument "y" after NAME "x"`},
 		{[]string{"session", "create", "x", "--network-only", "--rootfs", "/r"}, 2, `enforcerd session create: --rootfs "/r" and --network-only exclude each other`},
 		{[]string{"session", "create", "x", "--network-only", "--bogus"}, 2, "enforcerd session create: unknown flag: --bogus"},

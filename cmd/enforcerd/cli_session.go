@@ -117,7 +117,14 @@ The sandbox's root user is root over its image: --image names an image of
 the daemon's store ("enforcerd image import"); the daemon accepts a --rootfs
 only inside its store or a directory the operator gave serve with --images-dir
 (root-owned, writable by root only), never / itself. A sandbox gets 512 MiB
-of memory, 1024 processes and one CPU unless told otherwise.`
+of memory, 1024 processes and one CPU unless told otherwise.
+
+--vm makes a VM guest's session (no sandbox; every policy option applies):
+in its netns a bridge joins eth0 to the tap --tap names (default tap0), which
+forwards only the guest's MAC (--mac, default derived from NAME), and the
+daemon's DHCP responder leases the guest its address, gateway and DNS. Run
+the VMM in the netns and attach it to the tap; "session inspect" shows the
+netns path, tap, MAC, address and the kernel's ip= argument (docs/vm-guests.md).`
 
 // enumFlag is a string flag restricted to a fixed set of values.
 type enumFlag struct {
@@ -135,6 +142,20 @@ func (e *enumFlag) Set(v string) error {
 		}
 	}
 	return fmt.Errorf("want %s", strings.Join(e.allowed, ", "))
+}
+
+// uidFlag is a uid: 0 to 4294967294.
+type uidFlag int64
+
+func (u *uidFlag) Type() string   { return "UID" }
+func (u *uidFlag) String() string { return strconv.FormatInt(int64(*u), 10) }
+func (u *uidFlag) Set(v string) error {
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err != nil || n < 0 || n > 1<<32-2 {
+		return errors.New("want a uid from 0 to 4294967294")
+	}
+	*u = uidFlag(n)
+	return nil
 }
 
 // durationFlag is a positive Go duration; its error says what is accepted.
@@ -279,9 +300,10 @@ func (c *cli) sessionCreate(glob *globalOpts) *cobra.Command {
 		pids         pidsFlag
 		asJSON       bool
 		egress       = enumFlag{allowed: []string{"none", "allowlist", "public"}}
+		tapOwner     uidFlag
 	)
 	cmd := &cobra.Command{
-		Use:   "create NAME (--image IMAGE | --rootfs DIR | --network-only) [options]",
+		Use:   "create NAME (--image IMAGE | --rootfs DIR | --network-only | --vm) [options]",
 		Short: "create a session",
 		Long:  createLong,
 		Args:  cobra.ArbitraryArgs,
@@ -290,6 +312,10 @@ func (c *cli) sessionCreate(glob *globalOpts) *cobra.Command {
 	fs.StringVar(&req.Rootfs, "rootfs", "", "run a sandbox from the root filesystem `DIR` (shared, never changed; must be inside the daemon's image store or an --images-dir)")
 	fs.StringVar(&req.Image, "image", "", "run a sandbox from the daemon's image `IMAGE` (see \"enforcerd image ls\")")
 	fs.BoolVar(&req.NetworkOnly, "network-only", false, "no sandbox: bring your own runtime and join the netns")
+	fs.BoolVar(&req.VM, "vm", false, "a VM guest's session: a tap bridged to the session's veth, DHCP for the guest's MAC alone (no sandbox)")
+	fs.StringVar(&req.Tap, "tap", "", "with --vm: the tap's `NAME` (default tap0)")
+	fs.Var(&tapOwner, "tap-owner", "with --vm: the `UID` that may attach to the tap without CAP_NET_ADMIN (an unprivileged VMM; default: root only)")
+	fs.StringVar(&req.MAC, "mac", "", "with --vm: the guest's `MAC` (default: derived from NAME, locally administered)")
 	fs.BoolVar(&req.Writable, "writable", false, "give the sandbox a writable overlay instead of a read-only root with a tmpfs /tmp")
 	fs.StringArrayVar(&allow, "allow", nil, "allow egress to `ENTRY` (name, *.wildcard, CIDR, optionally :PORT), repeatable")
 	fs.StringArrayVar(&scope, "scope", nil, "allow the host of the scope `URL`, repeatable; a scope without a port allows every port but 53 and 853 (DNS and DoT go to the session's proxy; --allow HOST:53 opens them), and an IPv4-mapped IPv6 address is judged by its IPv4 address")
@@ -319,6 +345,21 @@ func (c *cli) sessionCreate(glob *globalOpts) *cobra.Command {
 			return err
 		}
 		rootf := fs.Changed("rootfs")
+		if fs.Changed("tap-owner") {
+			uid := int(tapOwner)
+			req.TapOwner = &uid
+		}
+		if req.VM {
+			// The daemon implies network_only and refuses what a VM
+			// session cannot have; the usage checks below see it as one.
+			switch {
+			case rootf || fs.Changed("image"):
+				return usageErr(name, "--vm and --rootfs or --image exclude each other: the VM is the guest")
+			case req.NetworkOnly:
+				return usageErr(name, "--vm implies --network-only; leave one out")
+			}
+			req.NetworkOnly = true
+		}
 		if fs.Changed("image") {
 			switch {
 			case req.Image == "":
@@ -345,7 +386,7 @@ func (c *cli) sessionCreate(glob *globalOpts) *cobra.Command {
 		case rootf && req.NetworkOnly:
 			return usageErr(name, "--rootfs %q and --network-only exclude each other", req.Rootfs)
 		case !rootf && !req.NetworkOnly && !fs.Changed("image"):
-			return usageErr(name, "missing --image IMAGE, --rootfs DIR or --network-only")
+			return usageErr(name, "missing --image IMAGE, --rootfs DIR, --network-only or --vm")
 		case rootf && req.Rootfs == "":
 			return usageErr(name, "invalid value \"\" for flag --rootfs: want a directory")
 		case req.NetworkOnly && sandboxOnly != "":
@@ -381,6 +422,10 @@ func (c *cli) sessionCreate(glob *globalOpts) *cobra.Command {
 		}
 		fmt.Fprintf(c.stdout, "created %s: netns %s, guest %s, gateway %s, egress %s, sandbox %s\n",
 			info.Name, info.Netns, orDash(info.GuestIP), orDash(info.GatewayIP), info.Egress, yesNo(info.Sandbox))
+		if vm := info.VM; vm != nil {
+			fmt.Fprintf(c.stdout, "vm: netns path %s, tap %s, mac %s, address %s, gateway %s, dns %s, boot argument %s\n",
+				vm.NetnsPath, vm.Tap, vm.MAC, vm.Address, vm.Gateway, vm.DNS, vm.KernelIPArg)
+		}
 		return nil
 	}
 	return cmd

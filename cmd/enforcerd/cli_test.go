@@ -89,7 +89,7 @@ func TestCLIUsageErrors(t *testing.T) {
 		{[]string{"session", "--json", "ls"}, "enforcerd session: flag --json before the subcommand (flags go after it)"},
 		{[]string{"session", "create"}, "enforcerd session create: missing session NAME"},
 		{[]string{"session", "create", "--network-only"}, "enforcerd session create: missing session NAME"},
-		{[]string{"session", "create", "s1"}, "enforcerd session create: missing --image IMAGE, --rootfs DIR or --network-only"},
+		{[]string{"session", "create", "s1"}, "enforcerd session create: missing --image IMAGE, --rootfs DIR, --network-only or --vm"},
 		{[]string{"session", "create", "s1", "s2", "--network-only"}, `enforcerd session create: unexpected argument "s2" after NAME "s1"`},
 		{[]string{"session", "create", "s1", "--rootfs", "/r", "--network-only"}, `enforcerd session create: --rootfs "/r" and --network-only exclude each other`},
 		{[]string{"session", "create", "s1", "--rootfs="}, `enforcerd session create: invalid value "" for flag --rootfs: want a directory`},
