@@ -20,13 +20,16 @@ TAGS      := seccomp
 BIN       := bin/enforcerd
 CNIBIN    := bin/enforcerd-cni
 ROOTFS    ?= $(CURDIR)/.cache/rootfs
+GUEST     ?= $(CURDIR)/.cache/guest
 FUZZTIME  ?= 30000x
 # Debian packages the build, the tests and the demo need (podman: the CNI
 # plugin's real-runtime test, with its CNI backend; tar: its image import;
 # containerd, runc and containernetworking-plugins' loopback: the kubelet
-# path, containerd's CRI plugin driven by crictl).
+# path, containerd's CRI plugin driven by crictl; qemu-system-x86 and cpio:
+# the VM guest test, whose guest scripts/mkguest.sh builds from Debian's
+# kernel package, downloaded and extracted, never installed).
 PKGS      := gcc libc6-dev pkg-config libseccomp-dev busybox-static iproute2 util-linux nftables podman tar \
-             containerd runc containernetworking-plugins
+             containerd runc containernetworking-plugins qemu-system-x86 cpio
 # Extra packages only the benchmarks need (the peers we compare with).
 BENCHPKGS := dnsperf dnsmasq-base iperf3
 # crictl, the CRI's client (what a kubelet speaks), built from the Go module
@@ -34,7 +37,7 @@ BENCHPKGS := dnsperf dnsmasq-base iperf3
 CRICTL    := .cache/crictl/crictl
 CRICTL_VERSION := v1.37.0
 
-.PHONY: all build deps bench-deps test unit fuzz live demo bench rootfs clean vet crictl
+.PHONY: all build deps bench-deps test unit fuzz live demo bench rootfs guest clean vet crictl
 
 all: build
 
@@ -62,6 +65,10 @@ vet: deps
 rootfs: deps
 	scripts/mkrootfs.sh $(ROOTFS)
 
+# The VM guest of the VM-session tests: Debian's kernel and a busybox initramfs.
+guest: deps
+	scripts/mkguest.sh $(GUEST)
+
 crictl: $(CRICTL)
 
 $(CRICTL):
@@ -75,8 +82,8 @@ fuzz: deps
 	@scripts/fuzz.sh $(FUZZTIME)
 
 # Live tests: real kernel, real binary, inside the test world. Root only.
-live: build rootfs crictl
-	ENFORCERD_BIN=$(CURDIR)/$(BIN) ENFORCERD_CNI_BIN=$(CURDIR)/$(CNIBIN) ENFORCERD_ROOTFS=$(ROOTFS) ENFORCERD_CRICTL=$(CURDIR)/$(CRICTL) \
+live: build rootfs crictl guest
+	ENFORCERD_BIN=$(CURDIR)/$(BIN) ENFORCERD_CNI_BIN=$(CURDIR)/$(CNIBIN) ENFORCERD_ROOTFS=$(ROOTFS) ENFORCERD_CRICTL=$(CURDIR)/$(CRICTL) ENFORCERD_GUEST=$(GUEST) \
 	  $(GO) test -tags $(TAGS) -count=1 -p 1 -timeout 30m ./integration/...
 
 test: vet unit fuzz live
