@@ -62,6 +62,14 @@ type CreateRequest struct {
 	Tap      string `json:"tap,omitempty"`
 	TapOwner *int   `json:"tap_owner,omitempty"`
 	MAC      string `json:"mac,omitempty"`
+	// ForkOf makes this session a fork of the named one (session fork):
+	// its policy, labels, lock and kind (sandbox, network-only or VM)
+	// are the source's as the daemon records them now, with its own slot,
+	// netns, tap and MAC (MAC "" = derived from the new name; give the
+	// source's to keep a snapshot's), and none of the source's attested
+	// addresses or flows. With it only name, mac, tap and tap_owner may
+	// be given.
+	ForkOf string `json:"fork_of,omitempty"`
 }
 
 // VMView is how a VM guest joins its session (SessionInfo.VM): the VMM

@@ -352,6 +352,11 @@ func (e *Daemon) Create(ctx context.Context, req api.CreateRequest) (info api.Se
 			e.recordCall(ctx, req.Name, "create_failed", createEssentials(req), err)
 		}
 	}()
+	if req.ForkOf != "" {
+		if req, err = e.forkRequest(req); err != nil {
+			return info, err
+		}
+	}
 	if err := e.validateRequest(&req); err != nil {
 		return info, err
 	}
@@ -861,6 +866,12 @@ func (e *Daemon) logEvent(ev api.Event, extra ...any) {
 // asked for (scope URLs without their userinfo), the image and labels.
 func createEssentials(req api.CreateRequest) map[string]any {
 	d := map[string]any{}
+	if req.ForkOf != "" {
+		d["fork_of"] = req.ForkOf
+	}
+	if req.VM {
+		d["vm"], d["tap"], d["mac"] = true, req.Tap, req.MAC
+	}
 	if req.Egress != "" {
 		d["egress"] = req.Egress
 	}

@@ -4,9 +4,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/netip"
 	"os"
+	"reflect"
+	"slices"
 	"sync"
 	"time"
 
@@ -219,4 +222,50 @@ func KernelIPArg(guest netip.Addr, bits int, gw, dns netip.Addr) string {
 		arg += ":" + dns.String()
 	}
 	return arg
+}
+
+// forkRequest turns a fork's request (api.CreateRequest.ForkOf) into the
+// source's request as recorded now, with the fork's name, and its mac, tap
+// and tap owner when given. Nothing of the source's kernel state is
+// copied: the create that follows makes everything new.
+func (e *Daemon) forkRequest(req api.CreateRequest) (api.CreateRequest, error) {
+	rest := req
+	rest.Name, rest.ForkOf, rest.MAC, rest.Tap, rest.TapOwner = "", "", "", "", nil
+	if err := nsmgr.ValidateSessionName(req.ForkOf); err != nil {
+		return req, badRequest(fmt.Errorf("fork_of: %w", err))
+	}
+	if !reflect.ValueOf(rest).IsZero() {
+		return req, badRequest(errors.New("fork_of: give only name, mac, tap and tap_owner; the policy is the source's"))
+	}
+	e.mu.Lock()
+	src, ok := e.sessions[req.ForkOf]
+	var rec SessionRecord
+	if ok {
+		rec = src.rec
+	}
+	e.mu.Unlock()
+	if !ok {
+		return req, fmt.Errorf("fork_of %q: %w", req.ForkOf, api.ErrNotFound)
+	}
+	if rec.Request.NetnsPath != "" {
+		return req, badRequest(fmt.Errorf("fork_of %q: an attached session (netns_path) cannot be forked: its netns is the runtime's", req.ForkOf))
+	}
+	out := rec.Request
+	out.Name, out.ForkOf, out.MAC = req.Name, req.ForkOf, req.MAC
+	out.Labels = maps.Clone(rec.Request.Labels)
+	out.Allow, out.Scope, out.Deny = slices.Clone(out.Allow), slices.Clone(out.Scope), slices.Clone(out.Deny)
+	out.LabPeers, out.InboundFromHost = slices.Clone(out.LabPeers), slices.Clone(out.InboundFromHost)
+	if out.Image != "" {
+		out.Rootfs = "" // validateRequest resolves the image again
+	}
+	if req.Tap != "" {
+		out.Tap = req.Tap
+	}
+	if req.TapOwner != nil {
+		out.TapOwner = req.TapOwner
+	}
+	if !out.VM && (req.MAC != "" || req.Tap != "" || req.TapOwner != nil) {
+		return req, badRequest(fmt.Errorf("fork_of %q: mac, tap and tap_owner need a VM session; %s is not one", req.ForkOf, req.ForkOf))
+	}
+	return out, nil
 }

@@ -115,3 +115,76 @@ func TestE2EVMSession(t *testing.T) {
 		t.Error("the VMM's tap still works after rm")
 	}
 }
+
+// TestE2EVMFork: session fork copies the source's policy as updated, its
+// labels and its tap, with its own slot, netns and MAC and nothing
+// attested; a guest keeping the source's MAC (a resumed snapshot) that
+// asks for the source's address is NAK'd and leases the fork's, while the
+// source keeps leasing its own (control).
+func TestE2EVMFork(t *testing.T) {
+	e := newE2E(t)
+	src := e.createWith([]string{"--vm", "--tap", "tapf", "--allow", "api.e2e.test", "--deny", "198.18.1.11", "--on-deny", "drop", "--label", "team=a"}, "src")
+	e.cli("session", "update", "src", "--allow", "other.e2e.test")
+	want := e.inspect("src")
+	if msg := e.expectFail(1, "session", "fork", "src", "x", "--mac", "01:00:5e:00:00:01"); !strings.Contains(msg, "want") {
+		t.Errorf("fork with a multicast mac: %q", msg)
+	}
+	if msg := e.expectFail(1, "session", "fork", "nosuch", "x"); !strings.Contains(msg, "nosuch") {
+		t.Errorf("fork of a missing session: %q", msg)
+	}
+
+	out := e.cli("session", "fork", "src", "dst", "--mac", src.VM.MAC, "--json")
+	var f api.SessionInfo
+	if err := json.Unmarshal([]byte(out), &f); err != nil || f.VM == nil {
+		t.Fatalf("fork --json: %v\n%s", err, out)
+	}
+	if f.GuestIP == src.GuestIP || f.Netns == src.Netns || f.VM.Tap != "tapf" || f.VM.MAC != src.VM.MAC {
+		t.Errorf("fork: guest %s netns %s tap %s mac %s; want its own address and netns, tap tapf, mac %s", f.GuestIP, f.Netns, f.VM.Tap, f.VM.MAC, src.VM.MAC)
+	}
+	fp, wp := f.Policy, want.Policy
+	if strings.Join(fp.Allow, ",") != strings.Join(wp.Allow, ",") || strings.Join(fp.Deny, ",") != strings.Join(wp.Deny, ",") || fp.OnDeny != "drop" || f.Labels["team"] != "a" || fp.Generation != 1 {
+		t.Errorf("fork policy %+v labels %v, want the source's as updated %+v, labels team=a, generation 1", fp, f.Labels, wp)
+	}
+	if len(e.inspect("dst").Attested) != 0 {
+		t.Error("the fork has attested addresses")
+	}
+	// Without --mac the fork's MAC is its own.
+	g := e.inspect("src")
+	out = e.cli("session", "fork", "src", "dst2", "--json")
+	var f2 api.SessionInfo
+	if err := json.Unmarshal([]byte(out), &f2); err != nil || f2.VM == nil || f2.VM.MAC == g.VM.MAC {
+		t.Errorf("fork without --mac: %v, mac %+v, want one of its own", err, f2.VM)
+	}
+
+	// The resumed guest: the source's MAC on the fork's tap, asking for the
+	// source's address.
+	mac, _ := net.ParseMAC(src.VM.MAC)
+	ns, err := netns.GetFromPath(f.VM.NetnsPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ns.Close()
+	tap := attachTap(t, ns, "tapf")
+	stale, _ := dhcpv4.New(dhcpv4.WithMessageType(dhcpv4.MessageTypeRequest), dhcpv4.WithHwAddr(mac), dhcpv4.WithClientIP(net.ParseIP(src.GuestIP)))
+	if _, err := tap.Write(dhcpguest.ClientFrame(mac, stale)); err != nil {
+		t.Fatal(err)
+	}
+	if nak := readDHCPReply(t, tap, stale.TransactionID, 3*time.Second); nak == nil || nak.MessageType() != dhcpv4.MessageTypeNak {
+		t.Fatalf("renewal of the source's %s in the fork: %v, want a NAK", src.GuestIP, nak)
+	}
+	read := func(xid dhcpv4.TransactionID) *dhcpv4.DHCPv4 { return readDHCPReply(t, tap, xid, 3*time.Second) }
+	if _, ack := e2eLeaseOf(t, tap, read, mac); ack == nil || ack.YourIPAddr.String() != f.GuestIP {
+		t.Errorf("after the NAK: %v, want an ACK of the fork's %s", ack, f.GuestIP)
+	}
+	// Control: the source still leases its own address to the same MAC.
+	sns, err := netns.GetFromPath(src.VM.NetnsPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sns.Close()
+	stap := attachTap(t, sns, "tapf")
+	sread := func(xid dhcpv4.TransactionID) *dhcpv4.DHCPv4 { return readDHCPReply(t, stap, xid, 3*time.Second) }
+	if _, ack := e2eLeaseOf(t, stap, sread, mac); ack == nil || ack.YourIPAddr.String() != src.GuestIP {
+		t.Errorf("the source: %v, want an ACK of %s", ack, src.GuestIP)
+	}
+}

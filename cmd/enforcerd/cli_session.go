@@ -25,7 +25,7 @@ import (
 )
 
 // sessionSubcommands names the subcommands in the errors of "enforcerd session".
-const sessionSubcommands = "create, exec, exec-status, logs, ls, inspect, update, rm, events or why"
+const sessionSubcommands = "create, fork, exec, exec-status, logs, ls, inspect, update, rm, events or why"
 
 func (c *cli) sessionCommand(glob *globalOpts) *cobra.Command {
 	cmd := &cobra.Command{
@@ -50,6 +50,7 @@ func (c *cli) sessionCommand(glob *globalOpts) *cobra.Command {
 	}
 	cmd.AddCommand(
 		c.sessionCreate(glob),
+		c.sessionFork(glob),
 		c.sessionExec(glob),
 		c.sessionExecStatus(glob),
 		c.sessionLogs(glob),
@@ -422,6 +423,68 @@ func (c *cli) sessionCreate(glob *globalOpts) *cobra.Command {
 		}
 		fmt.Fprintf(c.stdout, "created %s: netns %s, guest %s, gateway %s, egress %s, sandbox %s\n",
 			info.Name, info.Netns, orDash(info.GuestIP), orDash(info.GatewayIP), info.Egress, yesNo(info.Sandbox))
+		if vm := info.VM; vm != nil {
+			fmt.Fprintf(c.stdout, "vm: netns path %s, tap %s, mac %s, address %s, gateway %s, dns %s, boot argument %s\n",
+				vm.NetnsPath, vm.Tap, vm.MAC, vm.Address, vm.Gateway, vm.DNS, vm.KernelIPArg)
+		}
+		return nil
+	}
+	return cmd
+}
+
+// ---- fork -----------------------------------------------------------------
+
+const forkLong = `Create NEW as a fork of SRC: SRC's policy as it is now (egress, allow, scope,
+deny, on-deny, lab peers, pin, lock, inbound ports), its labels and its kind
+(sandbox image, network-only or VM, with its tap), with a slot, netns, address,
+tap and MAC of its own and none of SRC's attested addresses or flows. For a VM
+session, --mac gives the fork a MAC (SRC's, to resume a snapshot of SRC's guest:
+asking DHCP for SRC's address, it is NAK'd and leases NEW's; until then its
+packets from the old address are dropped as spoofed). Without --mac the MAC is
+derived from NEW.`
+
+func (c *cli) sessionFork(glob *globalOpts) *cobra.Command {
+	var (
+		req      api.CreateRequest
+		tapOwner uidFlag
+		asJSON   bool
+	)
+	cmd := &cobra.Command{
+		Use:               "fork SRC NEW [--mac MAC] [--tap NAME] [--tap-owner UID]",
+		Short:             "create a session with another's policy",
+		Long:              forkLong,
+		Args:              cobra.ArbitraryArgs,
+		ValidArgsFunction: c.completeSessions(glob, 1),
+	}
+	fs := cmd.Flags()
+	fs.StringVar(&req.MAC, "mac", "", "the VM guest's `MAC` (default: derived from NEW)")
+	fs.StringVar(&req.Tap, "tap", "", "the tap's `NAME` (default: SRC's)")
+	fs.Var(&tapOwner, "tap-owner", "the `UID` that may attach to the tap (default: SRC's)")
+	fs.BoolVar(&asJSON, "json", false, "print the new session as JSON")
+	cmd.RunE = func(_ *cobra.Command, args []string) error {
+		const name = "enforcerd session fork"
+		switch {
+		case len(args) < 2:
+			return usageErr(name, "want SRC and NEW, got %d arguments", len(args))
+		case len(args) > 2:
+			return usageErr(name, "unexpected argument %q after SRC %q and NEW %q", args[2], args[0], args[1])
+		}
+		req.ForkOf, req.Name = args[0], args[1]
+		if fs.Changed("tap-owner") {
+			uid := int(tapOwner)
+			req.TapOwner = &uid
+		}
+		ctx, cancel := signalContext()
+		defer cancel()
+		info, err := api.NewClient(c.socketPath(glob)).Create(ctx, req)
+		if err != nil {
+			return refusedErr(name, err)
+		}
+		if asJSON {
+			return writeJSON(c.stdout, info)
+		}
+		fmt.Fprintf(c.stdout, "forked %s from %s: netns %s, guest %s, gateway %s, egress %s, sandbox %s\n",
+			info.Name, req.ForkOf, info.Netns, orDash(info.GuestIP), orDash(info.GatewayIP), info.Egress, yesNo(info.Sandbox))
 		if vm := info.VM; vm != nil {
 			fmt.Fprintf(c.stdout, "vm: netns path %s, tap %s, mac %s, address %s, gateway %s, dns %s, boot argument %s\n",
 				vm.NetnsPath, vm.Tap, vm.MAC, vm.Address, vm.Gateway, vm.DNS, vm.KernelIPArg)
