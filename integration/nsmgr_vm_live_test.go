@@ -79,6 +79,21 @@ func readDHCPReply(t *testing.T, tap *os.File, xid dhcpv4.TransactionID, wait ti
 	return nil
 }
 
+// arpRequest is an ARP request from mac and addr for target, broadcast.
+func arpRequest(mac net.HardwareAddr, addr, target netip.Addr) []byte {
+	f := make([]byte, 14+28)
+	copy(f[0:6], []byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff})
+	copy(f[6:12], mac)
+	f[12], f[13] = 0x08, 0x06
+	a := f[14:]
+	copy(a, []byte{0, 1, 8, 0, 6, 4, 0, 1})
+	copy(a[8:14], mac)
+	s4, t4 := addr.As4(), target.As4()
+	copy(a[14:18], s4[:])
+	copy(a[24:28], t4[:])
+	return f
+}
+
 // captureSrcMACs counts, by source MAC, the frames ifname (in ns)
 // receives while during runs.
 func captureSrcMACs(t *testing.T, ns netns.NsHandle, ifname string, during func()) map[string]int {
@@ -120,7 +135,7 @@ func captureSrcMACs(t *testing.T, ns netns.NsHandle, ifname string, during func(
 // TestNsmgrVMSession: CreateVM makes the bridge, the locked tap and no
 // address; the responder leases the guest's address to the guest's MAC and
 // NAKs another address; another MAC gets no answer and its frames never
-// reach the host veth (next to the guest MAC's, which do); Recover finds
+// reach the host veth (next to the guest MAC's DHCP and ARP, which do); Recover finds
 // the tap and MAC; Delete removes the tap (the VMM's fd goes dead) and is
 // idempotent.
 func TestNsmgrVMSession(t *testing.T) {
@@ -210,21 +225,31 @@ func TestNsmgrVMSession(t *testing.T) {
 	foreign := net.HardwareAddr{0x02, 0x42, 0x00, 0x00, 0x00, 0x08}
 	disc2, _ := dhcpv4.NewDiscovery(foreign)
 	disc3, _ := dhcpv4.NewDiscovery(mac)
+	arp := func(src net.HardwareAddr) {
+		t.Helper()
+		if _, err := tap.Write(arpRequest(src, s.Guest, s.Gateway)); err != nil {
+			t.Fatalf("write to tap: %v", err)
+		}
+	}
 	seen := captureSrcMACs(t, w.Host, s.HostIface, func() {
 		for i := 0; i < 3; i++ {
 			send(foreign, disc2)
+			arp(foreign)
 		}
 		if r := readDHCPReply(t, tap, disc2.TransactionID, time.Second); r != nil {
 			t.Errorf("DISCOVER from another MAC %s got a %s", foreign, r.MessageType())
 		}
-		send(mac, disc3) // control
-		readDHCPReply(t, tap, disc3.TransactionID, 3*time.Second)
+		send(mac, disc3) // answered on the tap (and flooded to the host, like any broadcast)
+		if r := readDHCPReply(t, tap, disc3.TransactionID, 3*time.Second); r == nil {
+			t.Errorf("no OFFER for the guest's MAC")
+		}
+		arp(mac) // control: the guest's own ARP reaches the host
 	})
 	if seen[foreign.String()] != 0 {
 		t.Errorf("host veth received %d frames from another MAC, want 0 (the tap port is locked)", seen[foreign.String()])
 	}
-	if seen[mac.String()] == 0 {
-		t.Errorf("host veth received nothing from the guest's MAC (control); saw %v", seen)
+	if seen[mac.String()] < 2 {
+		t.Errorf("host veth received %d frames from the guest's MAC, want its DISCOVER and ARP request (control); saw %v", seen[mac.String()], seen)
 	}
 	resp.Close()
 
