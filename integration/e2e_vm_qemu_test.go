@@ -20,7 +20,9 @@ import (
 // TCG (this machine's nested KVM hangs Debian's kernel; TCG is always
 // there). One boot runs every probe: the lease, a lookup through the
 // anycast address, a connect where the policy allows, a refused one
-// elsewhere, and the guest taking another address (dropped as spoofed).
+// elsewhere, the guest taking another address (dropped as spoofed) and
+// another MAC (no lease, nothing forwarded), and, across a restart of the
+// daemon while the guest sleeps, a new lease, a lookup and a connect.
 
 // e2eGuest returns the guest's kernel and initramfs: ENFORCERD_GUEST, or
 // built by scripts/mkguest.sh into .cache/guest.
@@ -69,7 +71,8 @@ func tcgTimingArgs(t *testing.T) string {
 
 // bootGuest boots the guest in netnsPath on tap with mac and the probes,
 // and returns its "PROBE ..." lines (without the prefix) and the console.
-func bootGuest(t *testing.T, netnsPath, tap, mac, probes string) ([]string, string) {
+// When the guest prints "PROBE sleeping", whileAsleep runs (if set).
+func bootGuest(t *testing.T, netnsPath, tap, mac, probes string, whileAsleep func()) ([]string, string) {
 	t.Helper()
 	kernel, initrd := e2eGuest(t)
 	serial := filepath.Join(t.TempDir(), "serial.txt")
@@ -84,7 +87,32 @@ func bootGuest(t *testing.T, netnsPath, tap, mac, probes string) ([]string, stri
 		"-device", "virtio-net-device,netdev=n0,mac=" + mac,
 	}
 	start := time.Now()
-	out, err := exec.CommandContext(ctx, "nsenter", args...).CombinedOutput()
+	cmd := exec.CommandContext(ctx, "nsenter", args...)
+	var outBuf strings.Builder
+	cmd.Stdout, cmd.Stderr = &outBuf, &outBuf
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start qemu: %v", err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	var err error
+	if whileAsleep != nil {
+	wait:
+		for {
+			select {
+			case err = <-exited:
+				exited <- err
+				break wait
+			case <-time.After(200 * time.Millisecond):
+				if b, _ := os.ReadFile(serial); strings.Contains(string(b), "PROBE sleeping") {
+					whileAsleep()
+					break wait
+				}
+			}
+		}
+	}
+	err = <-exited
+	out := outBuf.String()
 	console, _ := os.ReadFile(serial)
 	if err != nil {
 		t.Fatalf("qemu: %v after %s\n%s\nconsole:\n%s", err, time.Since(start).Round(time.Second), out, console)
@@ -119,6 +147,7 @@ func TestE2EVMGuestQEMU(t *testing.T) {
 	if vm == nil {
 		t.Fatalf("create --vm: no vm in %+v", info)
 	}
+	const otherMAC = "02:00:00:00:00:99"
 	spoofed := "10.20.0.6" // inside the pool, not this session's
 	if info.GuestIP == spoofed {
 		spoofed = "10.20.0.10"
@@ -130,12 +159,26 @@ func TestE2EVMGuestQEMU(t *testing.T) {
 		"resolve:other.e2e.test", // not allowed: NXDOMAIN
 		"spoof:" + spoofed + ":198.18.1.10:7",
 		"tcp:198.18.1.10:7", // back on its own address: allowed again (control)
+		"mac:" + strings.ReplaceAll(otherMAC, ":", "-"),
+		"sleep:6", // the daemon restarts meanwhile
+		"renew",
+		"resolve:api.e2e.test",
+		"tcp:198.18.1.10:7",
 	}, ",")
-	lines, console := bootGuest(t, vm.NetnsPath, vm.Tap, vm.MAC, probes)
+	restarted := false
+	lines, console := bootGuest(t, vm.NetnsPath, vm.Tap, vm.MAC, probes, func() {
+		if err := e.d.Stop(); err != nil {
+			t.Errorf("stop enforcerd: %v", err)
+			return
+		}
+		e.start()
+		restarted = true
+	})
 	fail := func(format string, args ...any) {
 		t.Helper()
 		t.Errorf(format+"\nprobes:\n%s", append(args, strings.Join(lines, "\n"))...)
 	}
+	t.Logf("guest probes:\n%s", strings.Join(lines, "\n"))
 	if _, ok := probeLine(lines, "done"); !ok {
 		t.Fatalf("the guest did not finish its probes; console:\n%s", console)
 	}
@@ -158,8 +201,26 @@ func TestE2EVMGuestQEMU(t *testing.T) {
 			tcp = append(tcp, l)
 		}
 	}
-	if len(tcp) != 3 || tcp[0] != "tcp 198.18.1.10:7 ok" || tcp[2] != "tcp 198.18.1.10:7 ok" {
-		fail("connects to the attested 198.18.1.10:7: %q, want ok before and after the spoof probe", tcp)
+	if len(tcp) != 4 || tcp[0] != "tcp 198.18.1.10:7 ok" || tcp[2] != "tcp 198.18.1.10:7 ok" || tcp[3] != "tcp 198.18.1.10:7 ok" {
+		fail("connects to the attested 198.18.1.10:7: %q, want ok before and after the spoof probe and after the restart", tcp)
+	}
+	if l, _ := probeLine(lines, "mac "+otherMAC); !strings.HasPrefix(l, "mac "+otherMAC+" nolease fail") {
+		fail("with another MAC %s: %q, want no lease and no connection", otherMAC, l)
+	}
+	if !restarted {
+		fail("the daemon was not restarted while the guest slept")
+	}
+	if l, _ := probeLine(lines, "renew"); l != "renew ok" {
+		fail("a new lease after the daemon's restart: %q", l)
+	}
+	var resolves []string
+	for _, l := range lines {
+		if strings.HasPrefix(l, "resolve api.e2e.test") {
+			resolves = append(resolves, strings.TrimSpace(l))
+		}
+	}
+	if len(resolves) != 2 || resolves[1] != "resolve api.e2e.test ok 198.18.1.10" {
+		fail("lookups of api.e2e.test before and after the restart: %q", resolves)
 	}
 	if len(tcp) < 2 || !strings.HasPrefix(tcp[1], "tcp 198.18.1.11:7 fail") || !strings.Contains(tcp[1], "No route to host") {
 		fail("connect to 198.18.1.11:7 (never attested): %q, want rejected (No route to host)", tcp)

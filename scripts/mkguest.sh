@@ -8,7 +8,9 @@
 #                       the serial console, and reboots (with QEMU's -no-reboot: exits)
 # Probes (comma-separated): resolve:NAME, tcp:HOST:PORT (a line sent to an echo server comes
 # back), spoof:ADDR:HOST:PORT (the guest takes ADDR instead of its lease, keeping the gateway's
-# MAC, and tries tcp:HOST:PORT). Only Debian packages are fetched; running it again reuses the
+# MAC, and tries tcp:HOST:PORT), mac:MAC (with '-' for ':'; the guest takes that MAC, asks for a
+# lease and tries tcp:198.18.1.10:7, then takes its own back), sleep:SECONDS, renew (a new
+# DISCOVER and REQUEST). Only Debian packages are fetched; running it again reuses the
 # kernel and rebuilds the initramfs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -90,6 +92,28 @@ for probe in $(sed -n 's/.*probes=\([^ ]*\).*/\1/p' /proc/cmdline | tr ',' ' ');
 		ip addr flush dev eth0
 		ip addr add "$own" dev eth0
 		ip route add default via "$gw" dev eth0 2>/dev/null ;;
+	mac)
+		# Another MAC (given with '-' for ':'): no lease, no way out.
+		new=$(echo "$arg" | tr - :)
+		own=$(cat /sys/class/net/eth0/address)
+		ip link set eth0 down
+		ip link set eth0 address "$new"
+		ip link set eth0 up
+		# /bin/true as the script: the guest keeps its address, so what
+		# fails below is the new MAC's, not a missing address.
+		if udhcpc -i eth0 -s /bin/true -n -q -t 3 -T 1 >/dev/null 2>&1; then l=lease; else l=nolease; fi
+		ip route add default via "$gw" dev eth0 2>/dev/null
+		p "mac $new $l $(tcp 198.18.1.10 7)"
+		ip link set eth0 down
+		ip link set eth0 address "$own"
+		ip link set eth0 up
+		ip route add default via "$gw" dev eth0 2>/dev/null ;;
+	sleep)
+		p "sleeping $arg"
+		sleep "$arg" ;;
+	renew)
+		# A fresh DISCOVER and REQUEST.
+		if udhcpc -i eth0 -s /udhcpc.script -n -q -t 5 -T 1 >/dev/null 2>&1; then p "renew ok"; else p "renew fail"; fi ;;
 	*) p "fail unknown probe $probe" ;;
 	esac
 done
