@@ -10,7 +10,8 @@
 # back), spoof:ADDR:HOST:PORT (the guest takes ADDR instead of its lease, keeping the gateway's
 # MAC, and tries tcp:HOST:PORT), mac:MAC (with '-' for ':'; the guest takes that MAC, asks for a
 # lease and tries tcp:198.18.1.10:7, then takes its own back), sleep:SECONDS, renew (a new
-# DISCOVER and REQUEST). Only Debian packages are fetched; running it again reuses the
+# DISCOVER and REQUEST), resume (a DHCP client daemon, then a connect to 198.18.1.10:7 each
+# second; on the first failure a renewal and a new lookup, until it connects: a fork's guest). Only Debian packages are fetched; running it again reuses the
 # kernel and rebuilds the initramfs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -114,12 +115,38 @@ for probe in $(sed -n 's/.*probes=\([^ ]*\).*/\1/p' /proc/cmdline | tr ',' ' ');
 	renew)
 		# A fresh DISCOVER and REQUEST.
 		if udhcpc -i eth0 -s /udhcpc.script -n -q -t 5 -T 1 >/dev/null 2>&1; then p "renew ok"; else p "renew fail"; fi ;;
+	resume)
+		# For a fork: a DHCP client daemon holds the lease; the guest then
+		# connects once a second. When a connect fails (resumed from a
+		# snapshot in another session), it renews at once (SIGUSR1: a
+		# unicast REQUEST for the address it holds), looks the name up
+		# again and reports once it connects.
+		udhcpc -i eth0 -s /udhcpc.script -p /tmp/udhcpc.pid -t 10 -T 1 -b 2>/dev/null
+		p "ready $(ip -4 -o addr show eth0 | sed -n 's/.* inet \([0-9./]*\).*/\1/p')"
+		renewed=0
+		i=0
+		while [ $i -lt 90 ]; do
+			i=$((i + 1))
+			nslookup api.e2e.test >/dev/null 2>&1 # keeps the address attested
+			if [ "$(tcp 198.18.1.10 7)" = ok ]; then
+				[ $renewed = 1 ] && { p "resumed $(ip -4 -o addr show eth0 | sed -n 's/.* inet \([0-9./]*\).*/\1/p') tcp ok"; break; }
+				sleep 1
+			elif [ $renewed = 0 ]; then
+				p "dark $(ip -4 -o addr show eth0 | sed -n 's/.* inet \([0-9./]*\).*/\1/p')"
+				renewed=1
+				kill -USR1 "$(cat /tmp/udhcpc.pid)"
+				sleep 2
+			else
+				sleep 1
+			fi
+		done ;;
 	*) p "fail unknown probe $probe" ;;
 	esac
 done
 p done
 reboot -f
 EOF
+# The script writes to /dev/console: a udhcpc in the background (-b) has no stdout.
 cat >"$root/udhcpc.script" <<'EOF'
 #!/bin/sh
 case "$1" in
@@ -131,8 +158,8 @@ bound|renew)
 	for r in $router; do ip route add default via "$r" dev "$interface"; break; done
 	: >/etc/resolv.conf
 	for d in $dns; do echo "nameserver $d" >>/etc/resolv.conf; done
-	echo "PROBE lease $ip/$mask router=$router dns=$dns mtu=$mtu lease=$lease serverid=$serverid" ;;
-nak) echo "PROBE nak $message" ;;
+	echo "PROBE lease $ip/$mask router=$router dns=$dns mtu=$mtu lease=$lease serverid=$serverid" >/dev/console ;;
+nak) echo "PROBE nak $message" >/dev/console ;;
 esac
 EOF
 chmod 755 "$root/init" "$root/udhcpc.script"
