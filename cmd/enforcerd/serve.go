@@ -13,6 +13,7 @@ import (
 
 	"github.com/enforcerd/enforcerd/api"
 	"github.com/enforcerd/enforcerd/daemon"
+	"github.com/enforcerd/enforcerd/internal/gctune"
 )
 
 // runServe is `enforcerd serve`: reconcile, then serve until SIGTERM. It
@@ -47,7 +48,7 @@ func runServe(cfg ServeConfig) error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 
-	daemon.SetHeapFloor(cfg.HeapFloorMiB << 20)
+	gctune.SetHeapFloor(cfg.HeapFloorMiB << 20)
 	metrics := daemon.NewMetrics(version, commit)
 	d, err := daemon.Open(cfg.daemonConfig(), log, metrics)
 	if err != nil {

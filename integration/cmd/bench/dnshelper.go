@@ -12,13 +12,15 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/vishvananda/netns"
+
 	"github.com/enforcerd/enforcerd/api"
 	"github.com/enforcerd/enforcerd/daemon"
 	"github.com/enforcerd/enforcerd/dnsproxy"
 	"github.com/enforcerd/enforcerd/integration/world"
+	"github.com/enforcerd/enforcerd/internal/gctune"
 	"github.com/enforcerd/enforcerd/netpolicy"
 	"github.com/enforcerd/enforcerd/nsmgr"
-	"github.com/vishvananda/netns"
 )
 
 // dnsHelperArg makes this binary the DNS side of figure 4: enforcerd's proxy
@@ -97,7 +99,7 @@ func serveDNSHelper(o helperOpts) error {
 		return err
 	}
 	defer fw.DeleteTable()
-	daemon.SetHeapFloor(daemon.DefaultHeapFloor) // as the daemon does by default
+	gctune.SetHeapFloor(gctune.DefaultHeapFloor) // as the daemon does by default
 	var events *daemon.EventLog
 	var sink dnsproxy.EventSink
 	if o.events != "" {
