@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/enforcerd/enforcerd/container"
+	"github.com/enforcerd/enforcerd/daemon/eventlog"
 	"github.com/enforcerd/enforcerd/dnsproxy"
 	"github.com/enforcerd/enforcerd/netpolicy"
 	"github.com/enforcerd/enforcerd/nsmgr"
@@ -120,9 +121,9 @@ type Parts struct {
 	Pin       PinResolver
 	DNSAddr   netip.Addr // the anycast address sessions resolve through
 	Store     *StateStore
-	Log       *slog.Logger // nil: discard
-	Metrics   *Metrics     // nil: none
-	Events    *EventLog    // nil: in memory only
+	Log       *slog.Logger  // nil: discard
+	Metrics   *Metrics      // nil: none
+	Events    *eventlog.Log // nil: in memory only
 	// Close, when set, releases what Open opened (called by Daemon.Close).
 	Close func()
 	// Images is the image store (nil: image calls fail, --image is refused).
@@ -149,7 +150,7 @@ type Daemon struct {
 	dns     Resolver
 	boxes   Sandboxes
 	state   *StateStore
-	events  *EventLog
+	events  *eventlog.Log
 	metrics *Metrics
 	dnsAddr netip.Addr
 	pin     PinResolver
@@ -184,7 +185,7 @@ func New(cfg Config, p Parts) *Daemon {
 	}
 	events := p.Events
 	if events == nil {
-		events = NewEventLog(0)
+		events = eventlog.New(0)
 	}
 	return &Daemon{
 		cfg: cfg, log: log, nets: p.Network, guard: p.Guard, fw: p.Firewall,

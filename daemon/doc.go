@@ -5,9 +5,9 @@
 //
 // It owns the order of every multi-package operation (create, delete,
 // reconcile and adopt after a restart, reap), the building and validation
-// of a session's policy from a request, pinning, the state store (one
-// record per session under the state dir), the event log, and the
-// metrics. It reaches the domain packages through the small interfaces it
+// of a session's policy from a request, pinning, why, execs, images and
+// the state store (one record per session under the state dir). What it
+// records goes to the event log (daemon/eventlog). It reaches the domain packages through the small interfaces it
 // declares (Network, Firewall, Resolver, Sandboxes in daemon.go): Open
 // wires the real ones, and the state-machine tests drive recording fakes.
 //

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/enforcerd/enforcerd/api"
+	"github.com/enforcerd/enforcerd/daemon/eventlog"
 	"github.com/enforcerd/enforcerd/netpolicy"
 )
 
@@ -16,13 +17,6 @@ type DropSource interface {
 	Read() ([]netpolicy.DroppedFlow, error)
 	Close() error
 }
-
-// Flow event actions: a dropped flow, and the summary of the lines the
-// kernel's per-session log budget suppressed.
-const (
-	FlowActionDropped  = "dropped"
-	FlowActionUnlogged = "unlogged"
-)
 
 // unloggedPoll is how often the suppressed-line counts are read while drop
 // lines arrive (and once more after they stop): a flood's summary event
@@ -115,7 +109,7 @@ func (de *dropEvents) record(fl netpolicy.DroppedFlow) {
 			detail["entry"] = ent.String()
 		}
 	}
-	ev := api.Event{Time: time.Now().UTC(), Session: name, Kind: api.EventKindFlow, Action: FlowActionDropped, Detail: detail}
+	ev := api.Event{Time: time.Now().UTC(), Session: name, Kind: api.EventKindFlow, Action: eventlog.FlowActionDropped, Detail: detail}
 	de.d.events.RecordAsync(ev)
 	// Under systemd the journal keeps it too, with structured fields; the
 	// kernel's per-session log budget bounds how many lines a flood makes.
@@ -213,7 +207,7 @@ func (de *dropEvents) pollUnlogged(stop <-chan struct{}) {
 		de.d.mu.Unlock()
 		de.mu.Unlock()
 		for _, r := range out {
-			ev := api.Event{Time: time.Now().UTC(), Session: r.name, Kind: api.EventKindFlow, Action: FlowActionUnlogged,
+			ev := api.Event{Time: time.Now().UTC(), Session: r.name, Kind: api.EventKindFlow, Action: eventlog.FlowActionUnlogged,
 				Detail: map[string]any{"count": r.n}}
 			de.d.events.RecordAsync(ev)
 			de.d.logEvent(ev)

@@ -12,6 +12,7 @@ import (
 	"github.com/vishvananda/netns"
 
 	"github.com/enforcerd/enforcerd/container"
+	"github.com/enforcerd/enforcerd/daemon/eventlog"
 	"github.com/enforcerd/enforcerd/dnsproxy"
 	"github.com/enforcerd/enforcerd/netpolicy"
 	"github.com/enforcerd/enforcerd/nsmgr"
@@ -122,8 +123,8 @@ func Open(cfg Config, log *slog.Logger, metrics *Metrics) (_ *Daemon, err error)
 		return nil, err
 	}
 	cfg.ImagesDirs = append([]string{images.Dir}, cfg.ImagesDirs...)
-	events, err := OpenEventLog(filepath.Join(cfg.StateDir, "events"), 0,
-		EventStoreOptions{Retention: cfg.EventsRetention, Log: log})
+	events, err := eventlog.Open(filepath.Join(cfg.StateDir, "events"), 0,
+		eventlog.StoreOptions{Retention: cfg.EventsRetention, Log: log})
 	if err != nil {
 		return nil, err
 	}

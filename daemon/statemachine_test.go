@@ -20,6 +20,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/enforcerd/enforcerd/api"
@@ -50,6 +51,8 @@ type world struct {
 	boxes    *fakeSandboxes
 	dns      *fakeResolver // the running daemon's (a restart gets a new one)
 	d        *Daemon
+
+	eventsSkew atomic.Int64 // how far the persisted events' clock is ahead (restartPersisted)
 }
 
 func newWorld(t *testing.T) *world {

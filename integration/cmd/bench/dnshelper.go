@@ -15,7 +15,7 @@ import (
 	"github.com/vishvananda/netns"
 
 	"github.com/enforcerd/enforcerd/api"
-	"github.com/enforcerd/enforcerd/daemon"
+	"github.com/enforcerd/enforcerd/daemon/eventlog"
 	"github.com/enforcerd/enforcerd/dnsproxy"
 	"github.com/enforcerd/enforcerd/integration/world"
 	"github.com/enforcerd/enforcerd/internal/gctune"
@@ -100,10 +100,10 @@ func serveDNSHelper(o helperOpts) error {
 	}
 	defer fw.DeleteTable()
 	gctune.SetHeapFloor(gctune.DefaultHeapFloor) // as the daemon does by default
-	var events *daemon.EventLog
+	var events *eventlog.Log
 	var sink dnsproxy.EventSink
 	if o.events != "" {
-		if events, err = daemon.OpenEventLog(o.events, 0, daemon.EventStoreOptions{Retention: time.Hour}); err != nil {
+		if events, err = eventlog.Open(o.events, 0, eventlog.StoreOptions{Retention: time.Hour}); err != nil {
 			return err
 		}
 		defer events.Shutdown()
@@ -206,7 +206,7 @@ func serveDNSHelper(o helperOpts) error {
 
 // eventSink records the proxy's decisions in the event log as the daemon's
 // Record does (a DNS event with the name, type, addresses and upstream).
-type eventSink struct{ l *daemon.EventLog }
+type eventSink struct{ l *eventlog.Log }
 
 func (s eventSink) Record(ev dnsproxy.Event) {
 	if ev.Session == "" {

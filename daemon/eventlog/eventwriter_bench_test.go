@@ -1,4 +1,4 @@
-package daemon
+package eventlog
 
 import (
 	"testing"
@@ -15,8 +15,8 @@ import (
 func BenchmarkEventLogRecordDNS(b *testing.B) {
 	ev := api.Event{Session: "s", Kind: api.EventKindDNS, Action: "allowed", Detail: map[string]any{
 		"name": "h1.allowed.test.", "type": "A", "addrs": []string{"198.18.1.1"}, "upstream": "198.18.0.53:5353", "upstream_ms": 0.2}}
-	open := func(b *testing.B) *EventLog {
-		l, err := OpenEventLog(b.TempDir(), 0, EventStoreOptions{Retention: time.Hour})
+	open := func(b *testing.B) *Log {
+		l, err := Open(b.TempDir(), 0, StoreOptions{Retention: time.Hour})
 		if err != nil {
 			b.Fatal(err)
 		}

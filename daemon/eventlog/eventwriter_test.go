@@ -1,4 +1,4 @@
-package daemon
+package eventlog
 
 import (
 	"context"
@@ -26,7 +26,7 @@ func fileLines(t *testing.T, dir, name string) int {
 // session's read sees its events still queued at the removal.
 func TestEventWriterAsync(t *testing.T) {
 	dir := t.TempDir()
-	l, err := OpenEventLog(dir, 0, EventStoreOptions{Retention: time.Hour})
+	l, err := Open(dir, 0, StoreOptions{Retention: time.Hour})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -72,7 +72,7 @@ func TestEventWriterAsync(t *testing.T) {
 // drains what was queued.
 func TestEventWriterFullQueue(t *testing.T) {
 	dir := t.TempDir()
-	l, err := OpenEventLog(dir, maxQueuedEvents+200, EventStoreOptions{Retention: time.Hour, MaxBytes: 64 << 20})
+	l, err := Open(dir, maxQueuedEvents+200, StoreOptions{Retention: time.Hour, MaxBytes: 64 << 20})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -116,4 +116,50 @@ func TestEventWriterFullQueue(t *testing.T) {
 	if got := l.DroppedWrites(); got != extra+1 {
 		t.Errorf("after shutdown: dropped %d, want %d", got, extra+1)
 	}
+}
+
+// TestEventStoreRotates: a file past its bound becomes .1 (one kept), and
+// reading gives the newest events of both in order.
+func TestEventStoreRotates(t *testing.T) {
+	dir := t.TempDir()
+	l, err := Open(dir, 0, StoreOptions{MaxBytes: 1000, Retention: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Shutdown()
+	l.Open("r", nil)
+	for i := range 100 {
+		l.Record(testEvent("r", i+1))
+	}
+	l.Record(api.Event{Session: "r", Kind: api.EventKindLifecycle, Action: "created", Time: time.Unix(0, 1).UTC()})
+	for _, f := range []string{"r.ndjson", "r.ndjson.1"} {
+		fi, err := os.Stat(filepath.Join(dir, f))
+		if err != nil || fi.Size() > 1000 {
+			t.Errorf("%s: %v", f, err)
+		}
+	}
+	evs, _ := l.store.read("r")
+	if len(evs) < 10 || len(evs) >= 100 || evs[len(evs)-1].Action != "100" {
+		t.Fatalf("read %d events, last %+v", len(evs), evs[len(evs)-1])
+	}
+	for i := 1; i < len(evs); i++ {
+		if !evs[i-1].Time.Before(evs[i].Time) {
+			t.Fatalf("out of order at %d: %v", i, actionsOf(evs))
+		}
+	}
+	// A torn last line (a machine crash mid-write) is skipped.
+	f, _ := os.OpenFile(filepath.Join(dir, "r.ndjson"), os.O_APPEND|os.O_WRONLY, 0)
+	f.WriteString(`{"time":"2025-`)
+	f.Close()
+	if again, _ := l.store.read("r"); len(again) != len(evs) {
+		t.Errorf("with a torn line: %d events, want %d", len(again), len(evs))
+	}
+}
+
+func actionsOf(evs []api.Event) string {
+	var out []string
+	for _, ev := range evs {
+		out = append(out, ev.Action)
+	}
+	return strings.Join(out, " ")
 }

@@ -1,4 +1,4 @@
-package daemon
+package eventlog
 
 import (
 	"context"
@@ -11,7 +11,7 @@ import (
 	"github.com/enforcerd/enforcerd/api"
 )
 
-// defaultEventCapacity bounds each session's ring when NewEventLog is given
+// defaultEventCapacity bounds each session's ring when New is given
 // no capacity. Rings grow on demand up to their bound, so an idle session
 // costs a few events, not the bound: 1000 live sessions stay cheap.
 const defaultEventCapacity = 1000
@@ -19,10 +19,10 @@ const defaultEventCapacity = 1000
 // defaultSubscriberBuffer is a follower's channel capacity.
 const defaultSubscriberBuffer = 64
 
-// EventLog keeps each live session's operator records (kind lifecycle)
+// Log keeps each live session's operator records (kind lifecycle)
 // for the session's life and a bounded sample of its guest-driven events
 // (dns, flow) with their exact counts (eventtally.go), fans new ones out to the session's followers and to the followers of
-// every session, and (OpenEventLog) persists every event to its session's
+// every session, and (Open) persists every event to its session's
 // file (eventStore). A ring exists from Open (create) or Load (adopt) to
 // Close (delete); an event of a name without one (a refused create of a
 // new name, a DNS answer racing a delete) goes to the file and to the
@@ -32,7 +32,7 @@ const defaultSubscriberBuffer = 64
 // The files are the store's writer's (eventstore.go); events are queued
 // to it under mu, so each file's order is its ring's. mu guards every
 // field and every ring; channels are sent to and closed only under mu.
-type EventLog struct {
+type Log struct {
 	mu       sync.Mutex
 	capacity int
 	buffer   int
@@ -83,32 +83,35 @@ func (s *subscriber) wants(labels map[string]string) bool {
 	return ok && v == s.value
 }
 
-// NewEventLog returns a log keeping capacity events per session (<= 0 means
+// New returns a log keeping capacity events per session (<= 0 means
 // defaultEventCapacity) in memory only.
-func NewEventLog(capacity int) *EventLog {
+func New(capacity int) *Log {
 	if capacity <= 0 {
 		capacity = defaultEventCapacity
 	}
-	return &EventLog{capacity: capacity, buffer: defaultSubscriberBuffer, lineRate: guestLineRate, lineBurst: guestLineBurst,
+	return &Log{capacity: capacity, buffer: defaultSubscriberBuffer, lineRate: guestLineRate, lineBurst: guestLineBurst,
 		sessions: map[string]*eventRing{}, all: map[*subscriber]struct{}{}}
 }
 
-// EventStoreOptions are the bounds of the persisted events.
-type EventStoreOptions struct {
+// StoreOptions are the bounds of the persisted events.
+type StoreOptions struct {
 	MaxBytes  int64         // a session's file is rotated past it (<= 0: defaultEventFileBytes)
 	Retention time.Duration // how long a removed session's files are kept (0: removed with it)
 	Log       *slog.Logger  // nil: discard
+	// Now is the prune's clock (nil: time.Now); a test moves it past the
+	// retention.
+	Now func() time.Time
 }
 
-// OpenEventLog returns a log that also persists every event under dir
+// Open returns a log that also persists every event under dir
 // (created 0700), and prunes the files of removed sessions past the
 // retention every pruneInterval. Shutdown ends it.
-func OpenEventLog(dir string, capacity int, opts EventStoreOptions) (*EventLog, error) {
+func Open(dir string, capacity int, opts StoreOptions) (*Log, error) {
 	st, err := openEventStore(dir, opts)
 	if err != nil {
 		return nil, err
 	}
-	l := NewEventLog(capacity)
+	l := New(capacity)
 	l.store = st
 	l.stop = make(chan struct{})
 	go l.pruneLoop(pruneInterval(opts.Retention))
@@ -119,7 +122,7 @@ func OpenEventLog(dir string, capacity int, opts EventStoreOptions) (*EventLog, 
 // changed are written to their files: what a daemon killed loses of them.
 const countsInterval = 2 * time.Second
 
-func (l *EventLog) pruneLoop(every time.Duration) {
+func (l *Log) pruneLoop(every time.Duration) {
 	t := time.NewTicker(every)
 	defer t.Stop()
 	c := time.NewTicker(countsInterval)
@@ -137,7 +140,7 @@ func (l *EventLog) pruneLoop(every time.Duration) {
 }
 
 // writeCounts queues the write of every changed session's counts.
-func (l *EventLog) writeCounts() {
+func (l *Log) writeCounts() {
 	if l.store == nil {
 		return
 	}
@@ -148,7 +151,7 @@ func (l *EventLog) writeCounts() {
 	}
 }
 
-func (l *EventLog) writeCountsLocked(name string, r *eventRing) {
+func (l *Log) writeCountsLocked(name string, r *eventRing) {
 	if !r.tally.dirty {
 		return
 	}
@@ -160,7 +163,7 @@ func (l *EventLog) writeCountsLocked(name string, r *eventRing) {
 // Prune removes the files of sessions without a ring whose last event is
 // older than the retention. The names with a ring are taken when it is
 // called; a session created meanwhile has a fresh file, which is kept.
-func (l *EventLog) Prune() {
+func (l *Log) Prune() {
 	if l.store == nil {
 		return
 	}
@@ -177,7 +180,7 @@ func (l *EventLog) Prune() {
 // and syncs and closes the open files. The log must not be used after: an
 // event recorded after is kept in memory only, and counted as not
 // written.
-func (l *EventLog) Shutdown() {
+func (l *Log) Shutdown() {
 	if l.stop != nil {
 		l.stopOnce.Do(func() { close(l.stop) })
 	}
@@ -190,7 +193,7 @@ func (l *EventLog) Shutdown() {
 // DroppedWrites returns how many events were not written to their file
 // because the writer's queue was full (or the log was shut down): they
 // reached the rings and followers only.
-func (l *EventLog) DroppedWrites() uint64 {
+func (l *Log) DroppedWrites() uint64 {
 	if l.store == nil {
 		return 0
 	}
@@ -199,7 +202,7 @@ func (l *EventLog) DroppedWrites() uint64 {
 
 // Open starts a session's ring, empty: a new session (a name used before
 // starts afresh; its earlier events stay in its file).
-func (l *EventLog) Open(session string, labels map[string]string) {
+func (l *Log) Open(session string, labels map[string]string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	r := l.openLocked(session, labels)
@@ -207,7 +210,7 @@ func (l *EventLog) Open(session string, labels map[string]string) {
 	r.tally = guestTally{dirty: true}
 }
 
-func (l *EventLog) openLocked(session string, labels map[string]string) *eventRing {
+func (l *Log) openLocked(session string, labels map[string]string) *eventRing {
 	r := l.sessions[session]
 	if r == nil {
 		r = &eventRing{}
@@ -221,7 +224,7 @@ func (l *EventLog) openLocked(session string, labels map[string]string) *eventRi
 // events since its last creation (its operator records, the newest
 // capacity lines of the sample) and its counts, so its events read the
 // same across a restart.
-func (l *EventLog) Load(session string, labels map[string]string) {
+func (l *Log) Load(session string, labels map[string]string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	r := l.openLocked(session, labels)
@@ -280,7 +283,7 @@ func sinceCreation(evs []api.Event) []api.Event {
 // followers without blocking, and returns once the writer wrote it to the
 // session's file: an API call's event is on file before the call answers,
 // so a daemon killed after the answer has it.
-func (l *EventLog) Record(ev api.Event) {
+func (l *Log) Record(ev api.Event) {
 	if done := l.record(ev, true); done != nil {
 		<-done
 	}
@@ -292,14 +295,14 @@ func (l *EventLog) Record(ev api.Event) {
 // within the writer's latency (see eventstore.go), or never when its queue
 // stays full for maxRoomWait, the most RecordAsync waits (counted:
 // DroppedWrites).
-func (l *EventLog) RecordAsync(ev api.Event) { l.record(ev, false) }
+func (l *Log) RecordAsync(ev api.Event) { l.record(ev, false) }
 
 // record counts a guest-driven event and spends the sample's budget on it
 // (eventtally.go): one over the budget goes no further. Otherwise it
 // appends ev to the ring, fans it out and queues its write, after the line
 // reporting what the budget left out before it; it returns the channel
 // closed once ev is written when wait is set and the write was queued.
-func (l *EventLog) record(ev api.Event, wait bool) chan struct{} {
+func (l *Log) record(ev api.Event, wait bool) chan struct{} {
 	if ev.Time.IsZero() {
 		ev.Time = time.Now().UTC()
 	}
@@ -326,7 +329,7 @@ func (l *EventLog) record(ev api.Event, wait bool) chan struct{} {
 
 // appendLocked queues ev's write, appends it to the ring r (nil: the name
 // has none) and fans it out.
-func (l *EventLog) appendLocked(r *eventRing, ev api.Event, wait bool) chan struct{} {
+func (l *Log) appendLocked(r *eventRing, ev api.Event, wait bool) chan struct{} {
 	var done chan struct{}
 	if l.store != nil {
 		// Queued under mu: the file's order is the ring's.
@@ -375,7 +378,7 @@ func requestLabels(ev api.Event) map[string]string {
 
 // sendLocked sends ev to s without blocking, preceded by the marker of
 // what s missed when it has room again.
-func (l *EventLog) sendLocked(s *subscriber, ev api.Event) {
+func (l *Log) sendLocked(s *subscriber, ev api.Event) {
 	if s.missed > 0 {
 		marker := api.Event{Time: ev.Time, Session: ev.Session, Kind: api.EventKindMissed,
 			Detail: map[string]any{"count": s.missed}}
@@ -396,13 +399,13 @@ func (l *EventLog) sendLocked(s *subscriber, ev api.Event) {
 
 // Recorded returns a session's operator records and its sample of
 // guest-driven events, merged oldest first (empty without a ring).
-func (l *EventLog) Recorded(session string) []api.Event {
+func (l *Log) Recorded(session string) []api.Event {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.recordedLocked(session)
 }
 
-func (l *EventLog) recordedLocked(session string) []api.Event {
+func (l *Log) recordedLocked(session string) []api.Event {
 	r := l.sessions[session]
 	if r == nil {
 		return []api.Event{}
@@ -429,7 +432,7 @@ func mergeByTime(a, b []api.Event) []api.Event {
 }
 
 // summaryLocked is the counts line of a session with a ring.
-func (l *EventLog) summaryLocked(session string) (api.Event, bool) {
+func (l *Log) summaryLocked(session string) (api.Event, bool) {
 	r := l.sessions[session]
 	if r == nil {
 		return api.Event{}, false
@@ -441,13 +444,13 @@ func (l *EventLog) summaryLocked(session string) (api.Event, bool) {
 // function that unsubscribes and closes it (idempotent). The channel is
 // also closed by Close(session); for a session without a ring it is
 // closed already.
-func (l *EventLog) Subscribe(session string) (<-chan api.Event, func()) {
+func (l *Log) Subscribe(session string) (<-chan api.Event, func()) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.subscribeLocked(session)
 }
 
-func (l *EventLog) subscribeLocked(session string) (<-chan api.Event, func()) {
+func (l *Log) subscribeLocked(session string) (<-chan api.Event, func()) {
 	s := &subscriber{ch: make(chan api.Event, l.buffer)}
 	r := l.sessions[session]
 	if r == nil {
@@ -475,7 +478,7 @@ func (l *EventLog) subscribeLocked(session string) (<-chan api.Event, func()) {
 // Follow returns the recorded events and a channel of the ones after them,
 // with no gap and no duplicate between the two. The channel is closed when
 // ctx ends or the session is closed.
-func (l *EventLog) Follow(ctx context.Context, session string) ([]api.Event, <-chan api.Event) {
+func (l *Log) Follow(ctx context.Context, session string) ([]api.Event, <-chan api.Event) {
 	l.mu.Lock()
 	recorded := l.recordedLocked(session)
 	if sum, ok := l.summaryLocked(session); ok {
@@ -495,7 +498,7 @@ func (l *EventLog) Follow(ctx context.Context, session string) ([]api.Event, <-c
 // later ones (nil without); for a removed session whose files are kept,
 // the stored events and its counts line and, with follow, a closed
 // channel; otherwise api.ErrNotFound.
-func (l *EventLog) Read(ctx context.Context, session string, follow bool) ([]api.Event, <-chan api.Event, error) {
+func (l *Log) Read(ctx context.Context, session string, follow bool) ([]api.Event, <-chan api.Event, error) {
 	l.mu.Lock()
 	if l.sessions[session] == nil {
 		l.mu.Unlock()
@@ -541,7 +544,7 @@ func (l *EventLog) Read(ctx context.Context, session string, follow bool) ([]api
 // carrying key=value (every ring when key is ""), merged oldest first,
 // and, with follow, a channel of every such session's later events, with
 // no gap and no duplicate, closed when ctx ends.
-func (l *EventLog) ReadAll(ctx context.Context, key, value string, follow bool) ([]api.Event, <-chan api.Event) {
+func (l *Log) ReadAll(ctx context.Context, key, value string, follow bool) ([]api.Event, <-chan api.Event) {
 	s := &subscriber{ch: make(chan api.Event, l.buffer), key: key, value: value}
 	l.mu.Lock()
 	var out []api.Event
@@ -574,7 +577,7 @@ func (l *EventLog) ReadAll(ctx context.Context, key, value string, follow bool) 
 // Close ends a session's ring: its followers' channels are closed, its
 // file is synced and closed (after its queued events are written), and
 // kept for the retention. It returns once the file is closed.
-func (l *EventLog) Close(session string) {
+func (l *Log) Close(session string) {
 	done := make(chan struct{})
 	l.mu.Lock()
 	if r := l.sessions[session]; r != nil && l.store != nil {

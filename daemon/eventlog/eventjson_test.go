@@ -1,4 +1,4 @@
-package daemon
+package eventlog
 
 import (
 	"bytes"

@@ -1,4 +1,4 @@
-package daemon
+package eventlog
 
 import (
 	"context"
@@ -18,7 +18,7 @@ import (
 // counts are exact, and the lines left out are counted and reported.
 func TestGuestFloodKeepsOperatorRecords(t *testing.T) {
 	dir := t.TempDir()
-	l, err := OpenEventLog(dir, 0, EventStoreOptions{MaxBytes: 16 << 10, Retention: time.Hour})
+	l, err := Open(dir, 0, StoreOptions{MaxBytes: 16 << 10, Retention: time.Hour})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -97,7 +97,7 @@ func TestGuestFloodKeepsOperatorRecords(t *testing.T) {
 
 	// A restart: the same records and counts.
 	l.Shutdown()
-	l2, err := OpenEventLog(dir, 0, EventStoreOptions{MaxBytes: 16 << 10, Retention: time.Hour})
+	l2, err := Open(dir, 0, StoreOptions{MaxBytes: 16 << 10, Retention: time.Hour})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -119,7 +119,7 @@ func TestGuestFloodKeepsOperatorRecords(t *testing.T) {
 
 	// The positive control: with the guest lines in the old shared stream,
 	// that flood pushes everything else out of a 1000-event ring.
-	old := NewEventLog(0)
+	old := New(0)
 	old.Open("h", nil)
 	old.lineBurst = flood * 2
 	old.Record(api.Event{Session: "h", Kind: api.EventKindDNS, Action: "allowed", Detail: map[string]any{"name": "first.example."}})

@@ -1,4 +1,4 @@
-package daemon
+package eventlog
 
 // The events' persistence, one api.Event per NDJSON line: a session's
 // guest-driven events (the sample, eventtally.go) in
@@ -28,7 +28,7 @@ package daemon
 //   - The queue is bounded (maxQueuedEvents). A queued event that finds it
 //     full waits for room at most maxRoomWait (2 ms: the answer is held
 //     that long at most), and is then not written (the ring and the
-//     followers still have it): it is counted (EventLog.DroppedWrites) and
+//     followers still have it): it is counted (Log.DroppedWrites) and
 //     logged, at most once per dropLogInterval with the count since.
 //
 // A machine that goes down (power, a kernel crash) can lose what the
@@ -58,6 +58,7 @@ import (
 	"time"
 
 	"github.com/enforcerd/enforcerd/api"
+	"github.com/enforcerd/enforcerd/nsmgr"
 )
 
 // defaultEventFileBytes is where a session's event file is rotated.
@@ -149,7 +150,7 @@ type eventFile struct {
 	size int64
 }
 
-func openEventStore(dir string, opts EventStoreOptions) (*eventStore, error) {
+func openEventStore(dir string, opts StoreOptions) (*eventStore, error) {
 	if err := os.MkdirAll(filepath.Join(dir, operatorDir), 0o700); err != nil {
 		return nil, fmt.Errorf("create events directory %s: %w", dir, err)
 	}
@@ -159,8 +160,11 @@ func openEventStore(dir string, opts EventStoreOptions) (*eventStore, error) {
 	if opts.Log == nil {
 		opts.Log = slog.New(slog.DiscardHandler)
 	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
 	s := &eventStore{dir: dir, maxBytes: opts.MaxBytes, retention: opts.Retention, log: opts.Log,
-		now: time.Now, files: map[string]*eventFile{}, failing: map[string]bool{},
+		now: opts.Now, files: map[string]*eventFile{}, failing: map[string]bool{},
 		wake: make(chan struct{}, 1), room: make(chan struct{}), exited: make(chan struct{})}
 	go s.writer()
 	return s, nil
@@ -195,7 +199,7 @@ func (s *eventStore) enqueue(op storeOp) bool {
 }
 
 // waitRoom waits, at most maxRoomWait, until the queue has room for an
-// event nobody waits for. It is called without EventLog.mu (the order is
+// event nobody waits for. It is called without Log.mu (the order is
 // the enqueue's, under it): a full queue at the enqueue still drops.
 func (s *eventStore) waitRoom() {
 	s.mu.Lock()
@@ -649,3 +653,7 @@ func (s *eventStore) pruneLocked(live func(string) bool) {
 		}
 	}
 }
+
+// sessionNameValid is nsmgr's rule for a session name, which is also what
+// keeps a name a single file name under the events directory.
+func sessionNameValid(name string) bool { return nsmgr.ValidateSessionName(name) == nil }

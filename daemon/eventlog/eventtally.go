@@ -1,4 +1,4 @@
-package daemon
+package eventlog
 
 // What a guest can drive into its session's events, and what it cannot.
 //
@@ -32,6 +32,13 @@ const (
 	guestLineBurst = 500
 )
 
+// Flow event actions: a dropped flow, and the summary of the lines the
+// kernel's per-session log budget suppressed.
+const (
+	FlowActionDropped  = "dropped"
+	FlowActionUnlogged = "unlogged"
+)
+
 // Summary event actions (kind api.EventKindSummary).
 const (
 	SummaryActionUnlogged = "unlogged" // detail.count guest lines left out of the sample here
@@ -44,7 +51,7 @@ func isGuestKind(kind string) bool {
 }
 
 // guestTally is one session's counts of guest-driven events and its line
-// budget. EventLog.mu guards it.
+// budget. Log.mu guards it.
 type guestTally struct {
 	counts   map[string]uint64 // "dns_allowed", "flow_dropped", ... -> events
 	unlogged uint64            // lines left out of the sample, since creation

@@ -1,4 +1,4 @@
-package daemon
+package eventlog
 
 import (
 	"context"
@@ -23,7 +23,7 @@ func eventActions(evs []api.Event) []string {
 }
 
 func TestEventRing(t *testing.T) {
-	l := NewEventLog(3)
+	l := New(3)
 	l.Open("a", nil)
 	l.Open("b", nil)
 	l.Open("c", nil)
@@ -56,7 +56,7 @@ func TestEventRing(t *testing.T) {
 	if len(l.Recorded("a")) != 0 {
 		t.Fatal("closed session still has events")
 	}
-	if NewEventLog(0).capacity != defaultEventCapacity {
+	if New(0).capacity != defaultEventCapacity {
 		t.Fatal("default capacity")
 	}
 }
@@ -76,7 +76,7 @@ func recvEvent(t *testing.T, ch <-chan api.Event) api.Event {
 }
 
 func TestEventFollow(t *testing.T) {
-	l := NewEventLog(10)
+	l := New(10)
 	l.Open("a", nil)
 	l.Open("b", nil)
 	l.Record(testEvent("a", 1))
@@ -120,7 +120,7 @@ func TestEventFollow(t *testing.T) {
 // TestEventSlowFollower: Record never blocks; a full follower drops and
 // later gets one marker counting what it missed, then new events.
 func TestEventSlowFollower(t *testing.T) {
-	l := NewEventLog(1000)
+	l := New(1000)
 	l.Open("a", nil)
 	l.buffer = 2
 	ch, cancel := l.Subscribe("a")
