@@ -10,6 +10,7 @@ import (
 
 	"github.com/enforcerd/enforcerd/container"
 	"github.com/enforcerd/enforcerd/daemon/eventlog"
+	"github.com/enforcerd/enforcerd/daemon/metrics"
 	"github.com/enforcerd/enforcerd/dnsproxy"
 	"github.com/enforcerd/enforcerd/netpolicy"
 	"github.com/enforcerd/enforcerd/nsmgr"
@@ -121,9 +122,9 @@ type Parts struct {
 	Pin       PinResolver
 	DNSAddr   netip.Addr // the anycast address sessions resolve through
 	Store     *StateStore
-	Log       *slog.Logger  // nil: discard
-	Metrics   *Metrics      // nil: none
-	Events    *eventlog.Log // nil: in memory only
+	Log       *slog.Logger      // nil: discard
+	Metrics   *metrics.Registry // nil: none
+	Events    *eventlog.Log     // nil: in memory only
 	// Close, when set, releases what Open opened (called by Daemon.Close).
 	Close func()
 	// Images is the image store (nil: image calls fail, --image is refused).
@@ -151,7 +152,7 @@ type Daemon struct {
 	boxes   Sandboxes
 	state   *StateStore
 	events  *eventlog.Log
-	metrics *Metrics
+	metrics *metrics.Registry
 	dnsAddr netip.Addr
 	pin     PinResolver
 	closeFn func()

@@ -330,7 +330,7 @@ func peerGuests(ps []PeerRecord) []netip.Addr {
 // record. Any failure unwinds what was done, in reverse.
 func (e *Daemon) Create(ctx context.Context, req api.CreateRequest) (info api.SessionInfo, err error) {
 	start := time.Now()
-	defer func() { e.metrics.observeCreate(time.Since(start), err) }()
+	defer func() { e.metrics.ObserveCreate(time.Since(start), err) }()
 	defer func() {
 		// Runs last, after the undo joined its errors into err.
 		if err != nil {

@@ -9,9 +9,11 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"strings"
 	"testing"
 
 	"github.com/enforcerd/enforcerd/api"
+	"github.com/enforcerd/enforcerd/daemon/metrics"
 )
 
 // TestValidateRequestRootfs: without --images-dir every rootfs is refused
@@ -150,6 +152,7 @@ func TestSummaryShowsWhatTheSessionHolds(t *testing.T) {
 // retry, not api.ErrNameTaken; the create metric counts it as busy.
 func TestBusyIsNotNameTaken(t *testing.T) {
 	w := newWorld(t)
+	w.d.metrics = metrics.New("test", "")
 	if _, err := w.d.reserve("b1", false); err != nil {
 		t.Fatal(err)
 	}
@@ -157,8 +160,12 @@ func TestBusyIsNotNameTaken(t *testing.T) {
 	if !errors.Is(err, api.ErrBusy) || errors.Is(err, api.ErrNameTaken) || api.CodeOf(err) != api.CodeBusy {
 		t.Errorf("create during another operation on the name: %v (code %s), want api.ErrBusy only", err, api.CodeOf(err))
 	}
-	if got := failureReason(err); got != "busy" {
-		t.Errorf("failureReason = %q, want busy", got)
+	var scrape strings.Builder
+	if err := w.d.metrics.WriteText(&scrape); err != nil {
+		t.Fatal(err)
+	}
+	if line := `enforcerd_session_create_failures_total{reason="busy"} 1`; !strings.Contains(scrape.String(), line) {
+		t.Errorf("the scrape has no %s:\n%s", line, scrape.String())
 	}
 	w.d.release("b1")
 	if _, err := w.d.Create(context.Background(), api.CreateRequest{Name: "b1", NetworkOnly: true}); err != nil {

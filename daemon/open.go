@@ -13,6 +13,7 @@ import (
 
 	"github.com/enforcerd/enforcerd/container"
 	"github.com/enforcerd/enforcerd/daemon/eventlog"
+	"github.com/enforcerd/enforcerd/daemon/metrics"
 	"github.com/enforcerd/enforcerd/dnsproxy"
 	"github.com/enforcerd/enforcerd/netpolicy"
 	"github.com/enforcerd/enforcerd/nsmgr"
@@ -26,7 +27,7 @@ const upstreamTimeout = 2 * time.Second
 // order that changes nothing of a host it should not serve (foreign links
 // are refused before the first kernel change), and returns the daemon
 // over them. It does not reconcile: call Reconcile next.
-func Open(cfg Config, log *slog.Logger, metrics *Metrics) (_ *Daemon, err error) {
+func Open(cfg Config, log *slog.Logger, reg *metrics.Registry) (_ *Daemon, err error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
@@ -131,7 +132,7 @@ func Open(cfg Config, log *slog.Logger, metrics *Metrics) (_ *Daemon, err error)
 	d := New(cfg, Parts{
 		Network: nets, Firewall: fw, Sandboxes: boxes, Guard: guard,
 		Pin: upstreamResolver(cfg.Upstreams, upstreamTimeout), DNSAddr: dnsAddr,
-		Store: store, Events: events, Log: log, Metrics: metrics, Close: closeAll, Images: images,
+		Store: store, Events: events, Log: log, Metrics: reg, Close: closeAll, Images: images,
 	})
 	proxy, err := dnsproxy.New(dnsproxy.Config{
 		Upstreams: cfg.Upstreams,

@@ -1,15 +1,13 @@
-package daemon
+package metrics
 
 import (
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"math"
 	"net"
 	"net/http"
-	"net/netip"
 	"runtime"
 	"strings"
 	"testing"
@@ -46,7 +44,7 @@ func (fakeSource) SessionCounters() map[string]netpolicy.Counters {
 
 // gatherMetrics parses what m writes with Prometheus's own text parser,
 // so the hand-written exposition is checked against the format.
-func gatherMetrics(t *testing.T, m *Metrics) map[string]*dto.MetricFamily {
+func gatherMetrics(t *testing.T, m *Registry) map[string]*dto.MetricFamily {
 	t.Helper()
 	var buf bytes.Buffer
 	if err := m.WriteText(&buf); err != nil {
@@ -88,22 +86,22 @@ func metricSeries(f *dto.MetricFamily) []string {
 }
 
 func TestMetrics(t *testing.T) {
-	var nilM *Metrics // every method is nil-safe
-	nilM.observeCreate(time.Second, nil)
-	nilM.SetSessionSource(fakeSource{})
+	var nilM *Registry // every method is nil-safe
+	nilM.ObserveCreate(time.Second, nil)
+	nilM.SetSource(fakeSource{})
 
-	m := NewMetrics("1.2.3", "abc")
+	m := New("1.2.3", "abc")
 	fams := gatherMetrics(t, m)
 	if got := metricSeries(fams["enforcerd_sessions"]); fmt.Sprint(got) != "[=0]" {
 		t.Fatalf("sessions without source: %v", got)
 	}
-	m.SetSessionSource(fakeSource{})
-	m.observeCreate(20*time.Millisecond, nil)
-	m.observeCreate(0, fmt.Errorf("x: %w", api.ErrNameTaken))
-	m.observeCreate(0, fmt.Errorf("x: %w", api.ErrPoolExhausted))
-	m.observeCreate(0, fmt.Errorf("x: %w", api.ErrBadRequest))
-	m.observeCreate(0, context.Canceled)
-	m.observeCreate(0, io.EOF)
+	m.SetSource(fakeSource{})
+	m.ObserveCreate(20*time.Millisecond, nil)
+	m.ObserveCreate(0, fmt.Errorf("x: %w", api.ErrNameTaken))
+	m.ObserveCreate(0, fmt.Errorf("x: %w", api.ErrPoolExhausted))
+	m.ObserveCreate(0, fmt.Errorf("x: %w", api.ErrBadRequest))
+	m.ObserveCreate(0, context.Canceled)
+	m.ObserveCreate(0, io.EOF)
 
 	fams = gatherMetrics(t, m)
 	want := map[string]string{
@@ -156,7 +154,7 @@ func TestMetrics(t *testing.T) {
 }
 
 func TestServeMetrics(t *testing.T) {
-	m := NewMetrics("1.2.3", "abc")
+	m := New("1.2.3", "abc")
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -177,71 +175,4 @@ func TestServeMetrics(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
-}
-
-type healthFirewall struct {
-	Firewall
-	err error
-}
-
-func (f healthFirewall) Check() error { return f.err }
-
-type healthNetwork struct{ Network }
-
-func (healthNetwork) CheckDNSInterface() error { return nil }
-
-type noAttest struct{}
-
-func (noAttest) Attest(netip.Addr, []netip.Addr, time.Duration, []netpolicy.PortSpec) (time.Duration, error) {
-	return 0, nil
-}
-
-// Healthy (the /healthz of both listeners) fails while the DNS proxy's
-// serve loops do not run, not only when the kernel's objects are gone.
-func TestHealthyChecksTheDNSServeLoops(t *testing.T) {
-	fw := &healthFirewall{}
-	d := New(Config{}, Parts{Firewall: fw, Network: healthNetwork{}})
-	if err := d.Healthy(); err != nil {
-		t.Fatalf("without a proxy: %v", err)
-	}
-	guard, err := netpolicy.NewGuard(netip.MustParsePrefix("10.250.0.0/16"), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	proxy, err := dnsproxy.New(dnsproxy.Config{Upstreams: []netip.AddrPort{netip.MustParseAddrPort("127.0.0.1:53")}, Guard: guard, Attester: noAttest{}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	d.proxy = proxy
-	if err := d.Healthy(); err == nil || err.Error() != "dns proxy: not serving: no udp reader and no tcp accept loop runs" {
-		t.Fatalf("before the proxy serves: %v", err)
-	}
-	pc, err := net.ListenPacket("udp4", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp4", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- proxy.Serve(pc, ln) }()
-	for deadline := time.Now().Add(5 * time.Second); d.Healthy() != nil; time.Sleep(time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("serving: %v", d.Healthy())
-		}
-	}
-	fw.err = errors.New("table enforcerd: gone")
-	if err := d.Healthy(); err != fw.err {
-		t.Fatalf("without the table: %v", err)
-	}
-	fw.err = nil
-	ln.Close() // the TCP socket fails for good: every serve loop ends
-	<-done
-	if err := d.Healthy(); err == nil {
-		t.Fatal("healthy after the DNS serve loops ended")
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	defer cancel()
-	_ = proxy.Shutdown(ctx)
 }

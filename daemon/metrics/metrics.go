@@ -1,4 +1,4 @@
-package daemon
+package metrics
 
 import (
 	"bytes"
@@ -18,12 +18,12 @@ import (
 	"github.com/enforcerd/enforcerd/netpolicy"
 )
 
-// Metrics are the daemon's Prometheus metrics. Every method is safe on a
-// nil *Metrics (tests and callers without metrics). What the engine and the
+// Registry is the daemon's Prometheus metrics. Every method is safe on a
+// nil *Registry (tests and callers without metrics). What the engine and the
 // DNS proxy already count (sessions, per-session packet counters, every
-// dnsproxy.Stats field) is read at scrape time (SetSessionSource), never
+// dnsproxy.Stats field) is read at scrape time (SetSource), never
 // measured twice and never stale; the creates are counted here.
-type Metrics struct {
+type Registry struct {
 	version, commit string
 
 	mu             sync.Mutex
@@ -32,14 +32,14 @@ type Metrics struct {
 	createHist     []uint64          // cumulative counts per createBuckets bound
 	createCount    uint64
 	createSum      float64
-	source         sessionSource
+	src            Source
 }
 
 // createBuckets are the bounds, in seconds, of the create latency histogram.
 var createBuckets = []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10}
 
-// sessionSource is what the metrics read from the engine at every scrape.
-type sessionSource interface {
+// Source is what the metrics read from the engine at every scrape.
+type Source interface {
 	// SessionCount is the number of sessions that exist now.
 	SessionCount() int
 	// SessionCounters maps each session with a NIC to its nftables
@@ -77,10 +77,10 @@ var dnsGauges = []struct {
 	{"enforcerd_dns_sessions", "Sessions registered with the DNS proxy.", func(s dnsproxy.Stats) int { return s.Sessions }},
 }
 
-// NewMetrics returns the daemon's metrics, the Go runtime's and the
+// New returns the daemon's metrics, the Go runtime's and the
 // process's; version and commit label enforcerd_build_info.
-func NewMetrics(version, commit string) *Metrics {
-	return &Metrics{
+func New(version, commit string) *Registry {
+	return &Registry{
 		version: version, commit: commit,
 		// export zeros from the start
 		creates:        map[string]uint64{"ok": 0, "error": 0},
@@ -89,29 +89,29 @@ func NewMetrics(version, commit string) *Metrics {
 	}
 }
 
-// SetSessionSource installs the engine the scrape-time metrics read.
-func (m *Metrics) SetSessionSource(src sessionSource) {
+// SetSource installs the engine the scrape-time metrics read.
+func (m *Registry) SetSource(src Source) {
 	if m == nil {
 		return
 	}
 	m.mu.Lock()
-	m.source = src
+	m.src = src
 	m.mu.Unlock()
 }
 
-func (m *Metrics) sessionSource() sessionSource {
+func (m *Registry) source() Source {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	return m.source
+	return m.src
 }
 
 // CreateRefused counts a create refused before it reached the daemon
 // (api.HandlerOptions.CreateRefused).
-func (m *Metrics) CreateRefused(err error) { m.observeCreate(0, err) }
+func (m *Registry) CreateRefused(err error) { m.ObserveCreate(0, err) }
 
-// observeCreate records one create: its result, and its latency when it
+// ObserveCreate records one create: its result, and its latency when it
 // succeeded, or its failure reason (from the error's sentinel).
-func (m *Metrics) observeCreate(d time.Duration, err error) {
+func (m *Registry) ObserveCreate(d time.Duration, err error) {
 	if m == nil {
 		return
 	}
@@ -152,17 +152,17 @@ func failureReason(err error) string {
 
 // WriteText writes every metric in the text exposition format: the creates,
 // what the source counts now, the build, the Go runtime and the process.
-func (m *Metrics) WriteText(w io.Writer) error {
+func (m *Registry) WriteText(w io.Writer) error {
 	p := newPromWriter(w)
 	m.writeCreates(p)
-	m.writeSource(p, m.sessionSource())
+	m.writeSource(p, m.source())
 	p.family("enforcerd_build_info", "Always 1; the labels say which build runs.", "gauge")
 	p.sample("enforcerd_build_info", 1, "commit", m.commit, "goversion", runtime.Version(), "version", m.version)
 	writeRuntimeMetrics(p)
 	return p.flush()
 }
 
-func (m *Metrics) writeCreates(p *promWriter) {
+func (m *Registry) writeCreates(p *promWriter) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	p.family("enforcerd_session_creates_total", "Session creates by result (ok or error).", "counter")
@@ -179,7 +179,7 @@ func (m *Metrics) writeCreates(p *promWriter) {
 
 // writeSource writes what the engine and the DNS proxy count now, so
 // sessions that went leave no series.
-func (m *Metrics) writeSource(p *promWriter, src sessionSource) {
+func (m *Registry) writeSource(p *promWriter, src Source) {
 	p.family("enforcerd_sessions", "Sessions that exist now.", "gauge")
 	if src == nil {
 		p.sample("enforcerd_sessions", 0)
@@ -255,7 +255,7 @@ func sortedKeys[V any](m map[string]V) []string {
 }
 
 // Handler serves the registry at /metrics, and /healthz and /readyz.
-func (m *Metrics) Handler() http.Handler {
+func (m *Registry) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/metrics", func(w http.ResponseWriter, r *http.Request) {
 		var buf bytes.Buffer
@@ -269,7 +269,7 @@ func (m *Metrics) Handler() http.Handler {
 	// Health for orchestrators that probe over TCP: the same check as the
 	// API's /v1/healthz; ready once the engine is installed (after reconcile).
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
-		src := m.sessionSource()
+		src := m.source()
 		switch {
 		case src == nil:
 			http.Error(w, "starting", http.StatusServiceUnavailable)
@@ -282,7 +282,7 @@ func (m *Metrics) Handler() http.Handler {
 		}
 	})
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, r *http.Request) {
-		if m.sessionSource() == nil {
+		if m.source() == nil {
 			http.Error(w, "reconciling", http.StatusServiceUnavailable)
 			return
 		}
@@ -292,7 +292,7 @@ func (m *Metrics) Handler() http.Handler {
 }
 
 // Serve serves m on ln (/metrics, /healthz, /readyz) until ctx ends.
-func (m *Metrics) Serve(ctx context.Context, ln net.Listener) error {
+func (m *Registry) Serve(ctx context.Context, ln net.Listener) error {
 	srv := &http.Server{Handler: m.Handler(), ReadHeaderTimeout: 10 * time.Second}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()

@@ -1,4 +1,4 @@
-package daemon
+package metrics
 
 // The Prometheus text exposition format (version 0.0.4), written by hand.
 // The client library it replaces cost every enforcerd process, the CLI's
