@@ -21,6 +21,7 @@ import (
 
 	"github.com/enforcerd/enforcerd/api"
 	"github.com/enforcerd/enforcerd/daemon"
+	"github.com/enforcerd/enforcerd/doctor"
 	"github.com/enforcerd/enforcerd/internal/gctune"
 	"github.com/enforcerd/enforcerd/nsmgr"
 )
@@ -62,6 +63,14 @@ func (c ServeConfig) daemonConfig() daemon.Config {
 		AttestMaxLifetime: c.AttestMaxLifetime,
 		ImagesDirs:        c.ImagesDirs, MaxFlows: c.MaxFlows, FlowRate: c.FlowRate, MaxAttested: c.MaxAttested,
 		EventsRetention: c.EventsRetention, PreparedNetns: c.PreparedNetns,
+	}
+}
+
+// doctorConfig is the part of the configuration the doctor's checks read.
+func (c ServeConfig) doctorConfig() doctor.Config {
+	return doctor.Config{
+		NamePrefix: c.NamePrefix, Pool: c.Pool, Upstreams: c.Upstreams, PublicOverrides: c.PublicOverrides,
+		MaxFlows: c.MaxFlows, FlowRate: c.FlowRate, MaxAttested: c.MaxAttested,
 	}
 }
 

@@ -14,6 +14,7 @@ import (
 	"github.com/enforcerd/enforcerd/api"
 	"github.com/enforcerd/enforcerd/daemon"
 	"github.com/enforcerd/enforcerd/daemon/metrics"
+	"github.com/enforcerd/enforcerd/doctor"
 	"github.com/enforcerd/enforcerd/internal/gctune"
 )
 
@@ -62,7 +63,7 @@ func runServe(cfg ServeConfig) error {
 	}
 	reg.SetSource(d)
 
-	if want, _ := daemon.DNSAddrOf(cfg.Pool); inherited.dnsUDP != nil && want.Addr() != d.DNSAddr() {
+	if want, _ := doctor.DNSAddrOf(cfg.Pool); inherited.dnsUDP != nil && want.Addr() != d.DNSAddr() {
 		return fmt.Errorf("socket activation: the daemon's DNS address %s is not the pool's %s", d.DNSAddr(), want) // checkConfig's arithmetic disagrees with nsmgr's
 	}
 	serveDNS, err := d.ListenDNS(inherited.dnsUDP, inherited.dnsTCP)

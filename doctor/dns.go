@@ -1,4 +1,4 @@
-package daemon
+package doctor
 
 import (
 	"context"
@@ -46,7 +46,7 @@ func checkUpstreams(e *doctorEnv) (string, string) {
 	return StatusOK, "answering: " + strings.Join(good, ", ")
 }
 
-func queryUpstream(up netip.AddrPort, opts DoctorOptions) (string, error) {
+func queryUpstream(up netip.AddrPort, opts Options) (string, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), opts.UpstreamTimeout)
 	defer cancel()
 	q := new(dns.Msg)

@@ -1,4 +1,4 @@
-package daemon
+package doctor
 
 import (
 	"errors"
@@ -130,7 +130,7 @@ func (p *kernelProbe) nftables() (string, string) {
 }
 
 func probeVeth(ns netns.NsHandle) error {
-	h, err := netlink.NewHandleAt(ns)
+	h, err := nsmgr.HandleIn(ns)
 	if err != nil {
 		return fmt.Errorf("netlink in the throwaway netns: %w", err)
 	}

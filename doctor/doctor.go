@@ -1,4 +1,4 @@
-package daemon
+package doctor
 
 import (
 	"fmt"
@@ -9,12 +9,12 @@ import (
 	"github.com/vishvananda/netns"
 )
 
-// Doctor is `enforcerd doctor`: a preflight an operator runs before and
+// Run is `enforcerd doctor`: a preflight an operator runs before and
 // after installing, and whose fatal subset `serve` runs before its first
 // kernel change. Every check reads the kernel (netlink, nftables, /proc,
 // /sys); the kernel-feature checks change nothing of the host: they work in
 // a throwaway netns that is gone when they return. Only the datapath check
-// (DoctorOptions.Datapath) makes objects in the daemon's netns, under a
+// (Options.Datapath) makes objects in the daemon's netns, under a
 // throwaway prefix and pool, and removes them before it returns.
 
 // The statuses of a check.
@@ -24,7 +24,7 @@ const (
 	StatusFail = "fail" // doctor exits 1; serve refuses to start when the check is Fatal
 )
 
-// The names of the checks, in the order Doctor runs them.
+// The names of the checks, in the order Run runs them.
 const (
 	CheckRoot         = "root"
 	CheckNetnsVeth    = "netns-veth"
@@ -77,8 +77,25 @@ func (r Report) FatalFailure() (Check, bool) {
 	return Check{}, false
 }
 
-// DoctorOptions select the checks.
-type DoctorOptions struct {
+// Config is what the checks need to know of the daemon's configuration:
+// the fields of daemon.Config they read (cmd/enforcerd fills both from the
+// same ServeConfig).
+type Config struct {
+	NamePrefix      string           // tags every kernel object
+	Pool            netip.Prefix     // the /30s of the sessions come from here
+	Upstreams       []netip.AddrPort // DNS resolvers the proxy forwards to
+	PublicOverrides []netip.Prefix   // special-purpose ranges treated as public
+	MaxFlows        int              // per-session cap on concurrent tracked flows
+	FlowRate        int              // per-session new flows per second
+	MaxAttested     int              // per-session cap on live DNS-attested elements
+}
+
+// defaultUpstreamTimeout bounds each upstream's answer when
+// Options.UpstreamTimeout is zero: the daemon's own bound on one try.
+const defaultUpstreamTimeout = 2 * time.Second
+
+// Options select the checks.
+type Options struct {
 	// FatalOnly runs only the checks serve refuses to start on (serve's
 	// start: they take a few tens of milliseconds).
 	FatalOnly bool
@@ -125,7 +142,7 @@ type check struct {
 // doctorEnv is what the checks share.
 type doctorEnv struct {
 	cfg  Config
-	opts DoctorOptions
+	opts Options
 	host netns.NsHandle
 	// probe is the throwaway-netns probe, run once for both the netns-veth
 	// and the nftables checks.
@@ -163,13 +180,13 @@ func doctorChecks() []check {
 	}
 }
 
-// Doctor runs the checks in the calling thread's netns (the daemon's).
-func Doctor(cfg Config, opts DoctorOptions) Report {
+// Run runs the checks in the calling thread's netns (the daemon's).
+func Run(cfg Config, opts Options) Report {
 	if !opts.DatapathPool.IsValid() {
 		opts.DatapathPool = DefaultDatapathPool
 	}
 	if opts.UpstreamTimeout <= 0 {
-		opts.UpstreamTimeout = upstreamTimeout
+		opts.UpstreamTimeout = defaultUpstreamTimeout
 	}
 	e := &doctorEnv{cfg: cfg, opts: opts}
 	var report Report
