@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"reflect"
@@ -448,8 +447,6 @@ func TestStatusOf(t *testing.T) {
 		}
 	}
 }
-
-func discardLogger() *slog.Logger { return slog.New(slog.DiscardHandler) }
 
 // TestAPIErrorCodes: an engine error wrapping each sentinel is answered
 // with the sentinel's status and code and the error's own one line;

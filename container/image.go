@@ -67,13 +67,11 @@ func resolveImage(rootfs string, imagesDirs []string, trusted func(uid uint32) b
 	if real == "/" {
 		return "", fmt.Errorf("rootfs %q: the host's root directory is never an image", rootfs)
 	}
-	var roots []string
 	for _, d := range imagesDirs {
 		root, err := filepath.EvalSymlinks(d)
 		if err != nil {
 			continue // a missing image directory grants nothing
 		}
-		roots = append(roots, root)
 		if real == root {
 			return "", fmt.Errorf("rootfs %q: is the image directory %s itself; give an image inside it", rootfs, d)
 		}

@@ -69,13 +69,6 @@ func parseWhyDest(s string) (whyDest, error) {
 	return d, nil
 }
 
-func (d whyDest) portString() string {
-	if d.port == 0 {
-		return ""
-	}
-	return fmt.Sprintf(":%d/%s", d.port, d.proto)
-}
-
 // Why is GET /v1/sessions/{name}/why.
 func (e *Daemon) Why(ctx context.Context, name, dest string) (api.WhyAnswer, error) {
 	d, err := parseWhyDest(dest)
