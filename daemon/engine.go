@@ -91,7 +91,7 @@ func (e *Daemon) buildPolicy(req api.CreateRequest) (netpolicy.Policy, error) {
 	case "reject":
 		p.Reject = true
 	default:
-		return p, badRequest(fmt.Errorf("--on-deny %q: expected drop or reject", req.OnDeny))
+		return p, badRequest(fmt.Errorf("--on-deny %q: want drop or reject", req.OnDeny))
 	}
 	p.LabPeers = req.LabPeers
 	p.Lab = req.Lab
@@ -114,7 +114,7 @@ func (e *Daemon) buildPolicy(req api.CreateRequest) (netpolicy.Policy, error) {
 		p.Egress = netpolicy.ModeNone
 	}
 	if p.Egress == netpolicy.ModeNone && req.NetnsPath != "" {
-		return p, badRequest(fmt.Errorf("egress none: netns_path %q needs an interface, which egress none has not; give egress allowlist with no allow entries to let nothing out", req.NetnsPath))
+		return p, badRequest(fmt.Errorf("egress none: netns_path %q needs an interface, which egress none has not; want egress allowlist with no allow entries to let nothing out", req.NetnsPath))
 	}
 	if p.Egress == netpolicy.ModeNone && req.Lab {
 		return p, badRequest(errors.New("--lab needs a network: a lab target cannot have egress none"))
@@ -153,7 +153,7 @@ func (e *Daemon) validateRequest(req *api.CreateRequest) error {
 	}
 	if req.Image != "" {
 		if req.Rootfs != "" || req.NetworkOnly {
-			return badRequest(fmt.Errorf("image %q: give exactly one of --rootfs DIR, --image NAME or --network-only", req.Image))
+			return badRequest(fmt.Errorf("image %q: want exactly one of --rootfs DIR, --image NAME or --network-only", req.Image))
 		}
 		rootfs, err := e.imageRootfs(req.Image)
 		if err != nil {
@@ -162,7 +162,7 @@ func (e *Daemon) validateRequest(req *api.CreateRequest) error {
 		req.Rootfs = rootfs
 	}
 	if req.NetworkOnly == (req.Rootfs != "") {
-		return badRequest(errors.New("give exactly one of --rootfs DIR, --image NAME or --network-only"))
+		return badRequest(errors.New("want exactly one of --rootfs DIR, --image NAME or --network-only"))
 	}
 	if req.Rootfs != "" {
 		real, err := e.grantImage(req.Rootfs)
@@ -268,7 +268,7 @@ func sandboxOnlyField(req api.CreateRequest) error {
 // holds for root callers too, and without --images-dir nothing is granted.
 func (e *Daemon) grantImage(rootfs string) (string, error) {
 	if !filepath.IsAbs(rootfs) {
-		return "", fmt.Errorf("rootfs %q: give an absolute directory", rootfs)
+		return "", fmt.Errorf("rootfs %q: want an absolute directory", rootfs)
 	}
 	// The grant first: a caller learns nothing about a directory the
 	// operator did not grant, not even whether DIR/bin exists.

@@ -27,7 +27,7 @@ func TestValidateRequestRootfs(t *testing.T) {
 	for _, tc := range []struct{ rootfs, want string }{
 		{img, `rootfs "` + img + `": no image directory is configured; the operator must start serve with --images-dir DIR to allow sandboxes`},
 		{"/", `rootfs "/": no image directory is configured; the operator must start serve with --images-dir DIR to allow sandboxes`},
-		{"rel", `rootfs "rel": give an absolute directory`},
+		{"rel", `rootfs "rel": want an absolute directory`},
 		{"/nonexistent", `rootfs "/nonexistent": no image directory is configured; the operator must start serve with --images-dir DIR to allow sandboxes`},
 	} {
 		req := api.CreateRequest{Name: "s1", Rootfs: tc.rootfs}

@@ -94,7 +94,7 @@ func (e *Daemon) Exec(ctx context.Context, name string, req api.ExecRequest) (in
 	if req.Timeout != "" {
 		d, err := time.ParseDuration(req.Timeout)
 		if err != nil || d <= 0 {
-			return info, badRequest(fmt.Errorf("timeout %q: give a positive duration such as 30s", req.Timeout))
+			return info, badRequest(fmt.Errorf("timeout %q: want a positive duration such as 30s", req.Timeout))
 		}
 		timeout = d
 	}
@@ -373,7 +373,7 @@ func (e *Daemon) ExecOutput(ctx context.Context, name, id string, offset int64, 
 			return fmt.Errorf("exec %q of session %q: %w", id, name, err)
 		}
 		if !ok {
-			return badRequest(fmt.Errorf("offset %d: not the offset of a frame of exec %s (give 0 or a frame's offset)", offset, id))
+			return badRequest(fmt.Errorf("offset %d: not the offset of a frame of exec %s (want 0 or a frame's offset)", offset, id))
 		}
 	}
 	off := offset

@@ -61,7 +61,7 @@ func (e *Daemon) UpdatePolicy(ctx context.Context, name string, u api.PolicyUpda
 	// Stored and shown without the credentials a scope URL may carry.
 	req.Scope = stripScopes(req.Scope)
 	if policy.Egress == netpolicy.ModeNone {
-		return info, badRequest(errors.New("egress none: a session's egress cannot change to none (it has a network interface); give egress allowlist with no entries to cut all egress"))
+		return info, badRequest(errors.New("egress none: a session's egress cannot change to none (it has a network interface); want egress allowlist with no entries to cut all egress"))
 	}
 	peers, err := e.resolvePeers(policy.LabPeers)
 	if err != nil {
@@ -165,7 +165,7 @@ func (e *Daemon) updatedRequest(s *liveSession, u api.PolicyUpdate, replace bool
 	req := s.rec.Request
 	if replace {
 		if len(u.Revoke) > 0 || len(u.RevokeLabPeers) > 0 || len(u.RevokeDeny) > 0 {
-			return req, badRequest(errors.New("revoke, revoke_lab_peers and revoke_deny have no meaning when the policy is replaced (PUT, --replace): give the whole new policy"))
+			return req, badRequest(errors.New("revoke, revoke_lab_peers and revoke_deny have no meaning when the policy is replaced (PUT, --replace): want the whole new policy"))
 		}
 		req.Allow, req.Scope, req.LabPeers, req.Egress = slices.Clone(u.Allow), slices.Clone(u.Scope), slices.Clone(u.LabPeers), u.Egress
 		req.Deny, req.OnDeny = slices.Clone(u.Deny), u.OnDeny

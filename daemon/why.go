@@ -56,7 +56,7 @@ func parseWhyDest(s string) (whyDest, error) {
 	}
 	if a, err := netip.ParseAddr(s); err == nil {
 		if !a.Is4() {
-			return d, fmt.Errorf("destination %q: sessions are IPv4 only; give an IPv4 address or a name", in)
+			return d, fmt.Errorf("destination %q: sessions are IPv4 only; want an IPv4 address or a name", in)
 		}
 		d.addr = a
 		return d, nil

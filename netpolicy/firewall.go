@@ -201,13 +201,13 @@ func checkConfig(cfg *FirewallConfig) error {
 		return fmt.Errorf("netns handle is not set")
 	}
 	if !prefixPattern.MatchString(cfg.Prefix) {
-		return fmt.Errorf("prefix %q: expected 1 to 8 of a-z and 0-9, starting with a letter", cfg.Prefix)
+		return fmt.Errorf("prefix %q: want 1 to 8 of a-z and 0-9, starting with a letter", cfg.Prefix)
 	}
 	if !cfg.Pool.IsValid() || !cfg.Pool.Addr().Is4() || cfg.Pool != cfg.Pool.Masked() {
-		return fmt.Errorf("pool %q: expected a masked IPv4 prefix such as 10.20.0.0/16", cfg.Pool)
+		return fmt.Errorf("pool %q: want a masked IPv4 prefix such as 10.20.0.0/16", cfg.Pool)
 	}
 	if !cfg.DNSAddr.Is4() {
-		return fmt.Errorf("dns address %q: expected an IPv4 address", cfg.DNSAddr)
+		return fmt.Errorf("dns address %q: want an IPv4 address", cfg.DNSAddr)
 	}
 	if cfg.Guard == nil {
 		g, err := NewGuard(cfg.Pool, nil)

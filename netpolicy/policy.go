@@ -26,7 +26,7 @@ func ParseMode(s string) (Mode, error) {
 	case ModeNone, ModeAllowlist, ModePublic:
 		return m, nil
 	}
-	return "", fmt.Errorf("egress mode %q: expected none, allowlist or public", s)
+	return "", fmt.Errorf("egress mode %q: want none, allowlist or public", s)
 }
 
 // Proto is a transport protocol of a port constraint.
