@@ -58,7 +58,7 @@ func asCaller(uid uint32) context.Context {
 
 // eventsOf returns a session's events without their last line, the
 // counts (required).
-func eventsOf(t *testing.T, d *Daemon, name string) []api.Event {
+func eventsOf(t *testing.T, d *Engine, name string) []api.Event {
 	t.Helper()
 	evs, _, err := d.Events(context.Background(), name, false)
 	if err != nil {
@@ -101,7 +101,7 @@ func TestAuditTrail(t *testing.T) {
 	if _, err := w.d.Exec(asCaller(1002), "b1", api.ExecRequest{Args: []string{"id", "-u"}}); err == nil {
 		t.Fatal("the fake exec ran")
 	}
-	w.d.Record(dnsproxy.Event{Time: time.Now(), Session: "a1", Name: "api.example.com.", Type: "A", Verdict: dnsproxy.VerdictAllowed,
+	w.d.recordDNSDecision(dnsproxy.Event{Time: time.Now(), Session: "a1", Name: "api.example.com.", Type: "A", Verdict: dnsproxy.VerdictAllowed,
 		Dropped: []netip.Addr{netip.MustParseAddr("10.0.0.1")}})
 
 	evs := eventsOf(t, w.d, "a1")

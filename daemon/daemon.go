@@ -125,13 +125,13 @@ type Parts struct {
 	Log       *slog.Logger      // nil: discard
 	Metrics   *metrics.Registry // nil: none
 	Events    *eventlog.Log     // nil: in memory only
-	// Close, when set, releases what Open opened (called by Daemon.Close).
+	// Close, when set, releases what Open opened (called by Engine.Close).
 	Close func()
 	// Images is the image store (nil: image calls fail, --image is refused).
 	Images *container.ImageStore
 }
 
-// Daemon composes the four packages into the session lifecycle the API
+// Engine composes the four packages into the session lifecycle the API
 // serves (it implements api.Engine). It owns the order of every
 // multi-package operation:
 //
@@ -142,7 +142,7 @@ type Parts struct {
 // The record is written last, so a crash in the middle of a create leaves
 // kernel objects without a record, and the next start reaps them as
 // orphans: a create is complete or it is gone.
-type Daemon struct {
+type Engine struct {
 	cfg     Config
 	log     *slog.Logger
 	nets    Network
@@ -179,7 +179,7 @@ type Daemon struct {
 
 // New returns a daemon over the given parts. It changes nothing: call
 // Reconcile before serving.
-func New(cfg Config, p Parts) *Daemon {
+func New(cfg Config, p Parts) *Engine {
 	log := p.Log
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
@@ -188,7 +188,7 @@ func New(cfg Config, p Parts) *Daemon {
 	if events == nil {
 		events = eventlog.New(0)
 	}
-	return &Daemon{
+	return &Engine{
 		cfg: cfg, log: log, nets: p.Network, guard: p.Guard, fw: p.Firewall,
 		dns: p.Resolver, boxes: p.Sandboxes, state: p.Store, events: events,
 		metrics: p.Metrics, dnsAddr: p.DNSAddr, pin: p.Pin, closeFn: p.Close,
@@ -199,7 +199,7 @@ func New(cfg Config, p Parts) *Daemon {
 }
 
 // Close releases the parts (the sessions stay up, enforced by the kernel).
-func (e *Daemon) Close() {
+func (e *Engine) Close() {
 	e.shutdownDNS()
 	e.events.Shutdown()
 	if e.closeFn != nil {
@@ -208,4 +208,4 @@ func (e *Daemon) Close() {
 }
 
 // DNSAddr is the anycast address the sessions resolve through.
-func (e *Daemon) DNSAddr() netip.Addr { return e.dnsAddr }
+func (e *Engine) DNSAddr() netip.Addr { return e.dnsAddr }

@@ -29,7 +29,7 @@ const unloggedPoll = time.Second
 // it suppresses are counted in the kernel and reported here as one summary
 // event per poll. mu guards everything below it.
 type dropEvents struct {
-	d *Daemon
+	d *Engine
 
 	mu       sync.Mutex
 	byGuest  map[netip.Addr]string // guest -> session name; a cache of d.sessions
@@ -41,7 +41,7 @@ type dropEvents struct {
 
 // serveDrops reads src until it is closed, recording a flow event per line
 // and the summary events, in goroutines of its own.
-func (e *Daemon) serveDrops(src DropSource) {
+func (e *Engine) serveDrops(src DropSource) {
 	de := &dropEvents{d: e, unlogged: map[string]uint64{}, start: time.Now()}
 	stop := make(chan struct{})
 	go func() {
@@ -118,7 +118,7 @@ func (de *dropEvents) record(fl netpolicy.DroppedFlow) {
 
 // denyEntry is the deny entry of the named session's policy that denies
 // dst (on dport/proto), if any.
-func (e *Daemon) denyEntry(name string, dst netip.Addr, dport uint16, proto netpolicy.Proto) (netpolicy.Entry, bool) {
+func (e *Engine) denyEntry(name string, dst netip.Addr, dport uint16, proto netpolicy.Proto) (netpolicy.Entry, bool) {
 	e.mu.Lock()
 	s, ok := e.sessions[name]
 	e.mu.Unlock()

@@ -23,7 +23,7 @@ func TestValidateRequestRootfs(t *testing.T) {
 	if err := os.Mkdir(filepath.Join(img, "bin"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	e := &Daemon{}
+	e := &Engine{}
 	for _, tc := range []struct{ rootfs, want string }{
 		{img, `rootfs "` + img + `": no image directory is configured; the operator must start serve with --images-dir DIR to allow sandboxes`},
 		{"/", `rootfs "/": no image directory is configured; the operator must start serve with --images-dir DIR to allow sandboxes`},
@@ -50,7 +50,7 @@ func TestValidateRequestSandboxResources(t *testing.T) {
 	if err := os.MkdirAll(filepath.Join(img, "bin"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	e := &Daemon{cfg: Config{ImagesDirs: []string{images}}}
+	e := &Engine{cfg: Config{ImagesDirs: []string{images}}}
 	for _, tc := range []struct {
 		req  api.CreateRequest
 		want string
@@ -75,7 +75,7 @@ func TestValidateRequestSandboxResources(t *testing.T) {
 // TestValidateRequestNetworkOnlySandboxFields: the daemon refuses what the
 // CLI refuses, for API callers: a 400 naming the field and the flag.
 func TestValidateRequestNetworkOnlySandboxFields(t *testing.T) {
-	e := &Daemon{}
+	e := &Engine{}
 	for _, tc := range []struct {
 		req         api.CreateRequest
 		field, flag string
@@ -105,7 +105,7 @@ func TestValidateRequestNetworkOnlySandboxFields(t *testing.T) {
 // and the resolver of a session with a NIC; a --network-only session shows
 // no sandbox fields at all.
 func TestSummaryShowsWhatTheSessionHolds(t *testing.T) {
-	e := &Daemon{dnsAddr: netip.MustParseAddr("10.20.255.254")}
+	e := &Engine{dnsAddr: netip.MustParseAddr("10.20.255.254")}
 	render := func(rec SessionRecord) map[string]any {
 		t.Helper()
 		b, err := json.Marshal(e.summary(&liveSession{rec: rec}))

@@ -15,7 +15,7 @@ import (
 
 // imageDaemon is a daemon with an image store holding the image "box" (made
 // by hand: the import itself is the container package's, tested there).
-func imageDaemon(t *testing.T) *Daemon {
+func imageDaemon(t *testing.T) *Engine {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		if os.Getenv("CI") == "true" {

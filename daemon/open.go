@@ -27,7 +27,7 @@ const upstreamTimeout = 2 * time.Second
 // order that changes nothing of a host it should not serve (foreign links
 // are refused before the first kernel change), and returns the daemon
 // over them. It does not reconcile: call Reconcile next.
-func Open(cfg Config, log *slog.Logger, reg *metrics.Registry) (_ *Daemon, err error) {
+func Open(cfg Config, log *slog.Logger, reg *metrics.Registry) (_ *Engine, err error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
@@ -140,7 +140,7 @@ func Open(cfg Config, log *slog.Logger, reg *metrics.Registry) (_ *Daemon, err e
 		MinTTL:    cfg.DNSMinTTL,
 		Guard:     guard,
 		Attester:  fw,
-		Events:    d,
+		Events:    dnsEventSink{d},
 		Logger:    log,
 	})
 	if err != nil {
@@ -184,7 +184,7 @@ func sweepRefreshed(fw *netpolicy.Firewall, period time.Duration, stop <-chan st
 // sockets are bound here, on the anycast address, port 53; the service
 // manager passes its own (socket activation) so that queries sent while
 // the daemon restarts wait in them. Only a daemon made by Open has a proxy.
-func (e *Daemon) ListenDNS(udp net.PacketConn, tcp net.Listener) (serve func() error, err error) {
+func (e *Engine) ListenDNS(udp net.PacketConn, tcp net.Listener) (serve func() error, err error) {
 	if e.proxy == nil {
 		return nil, fmt.Errorf("listen dns: this daemon has no DNS proxy")
 	}
@@ -204,7 +204,7 @@ func (e *Daemon) ListenDNS(udp net.PacketConn, tcp net.Listener) (serve func() e
 }
 
 // shutdownDNS stops the proxy's listeners, waiting at most 2 s.
-func (e *Daemon) shutdownDNS() {
+func (e *Engine) shutdownDNS() {
 	if e.proxy == nil {
 		return
 	}

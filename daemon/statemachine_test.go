@@ -50,7 +50,7 @@ type world struct {
 	fw       *fakeFirewall
 	boxes    *fakeSandboxes
 	dns      *fakeResolver // the running daemon's (a restart gets a new one)
-	d        *Daemon
+	d        *Engine
 
 	eventsSkew atomic.Int64 // how far the persisted events' clock is ahead (restartPersisted)
 }

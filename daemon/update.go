@@ -27,7 +27,7 @@ import (
 // A crash after the write-ahead record is completed by the next start's
 // adopt (it re-applies the update), so the restarted daemon enforces the
 // old policy (crash before the record) or the new one, never a mix.
-func (e *Daemon) UpdatePolicy(ctx context.Context, name string, u api.PolicyUpdate, replace bool) (info api.SessionInfo, err error) {
+func (e *Engine) UpdatePolicy(ctx context.Context, name string, u api.PolicyUpdate, replace bool) (info api.SessionInfo, err error) {
 	recorded := false
 	defer func() {
 		if err != nil && !recorded {
@@ -161,7 +161,7 @@ func (e *Daemon) UpdatePolicy(ctx context.Context, name string, u api.PolicyUpda
 // updatedRequest is the session's request with the update's policy
 // fields: the whole policy (replace) or the current one with additions and
 // revocations. A revocation of an entry the policy lacks is refused.
-func (e *Daemon) updatedRequest(s *liveSession, u api.PolicyUpdate, replace bool) (api.CreateRequest, error) {
+func (e *Engine) updatedRequest(s *liveSession, u api.PolicyUpdate, replace bool) (api.CreateRequest, error) {
 	req := s.rec.Request
 	if replace {
 		if len(u.Revoke) > 0 || len(u.RevokeLabPeers) > 0 || len(u.RevokeDeny) > 0 {
@@ -234,7 +234,7 @@ func listOrNone(ss []string) string {
 
 // repin keeps the pinned addresses of the hosts the new policy still
 // names and resolves the hosts it adds.
-func (e *Daemon) repin(ctx context.Context, p netpolicy.Policy, old map[string][]netip.Addr) (map[string][]netip.Addr, error) {
+func (e *Engine) repin(ctx context.Context, p netpolicy.Policy, old map[string][]netip.Addr) (map[string][]netip.Addr, error) {
 	var fresh netpolicy.Policy
 	out := map[string][]netip.Addr{}
 	for _, ent := range p.Allow {
@@ -258,7 +258,7 @@ func (e *Daemon) repin(ctx context.Context, p netpolicy.Policy, old map[string][
 // What the old policy's names attested is unknown after a restart, so
 // every attested element of the session is removed (the new policy's
 // names attest again at their next query), and its flows are cut.
-func (e *Daemon) finishPending(s *liveSession) error {
+func (e *Engine) finishPending(s *liveSession) error {
 	p := s.rec.Pending
 	oldPolicy, err := e.buildPolicy(p.Request)
 	if err != nil {
@@ -291,7 +291,7 @@ func (e *Daemon) finishPending(s *liveSession) error {
 
 // attestedElements returns every attested element the kernel holds for
 // guest, one attestation each.
-func (e *Daemon) attestedElements(guest netip.Addr) ([]netpolicy.Attestation, error) {
+func (e *Engine) attestedElements(guest netip.Addr) ([]netpolicy.Attestation, error) {
 	att, err := e.fw.Attested(guest)
 	if err != nil {
 		return nil, err
@@ -309,7 +309,7 @@ func (e *Daemon) attestedElements(guest netip.Addr) ([]netpolicy.Attestation, er
 
 // setHosts rewrites the /etc/hosts of rec's sandbox when its pinned names
 // differ from old's.
-func (e *Daemon) setHosts(rec SessionRecord, old map[string][]netip.Addr) error {
+func (e *Engine) setHosts(rec SessionRecord, old map[string][]netip.Addr) error {
 	if !rec.Sandbox || maps.EqualFunc(rec.Pinned, old, slices.Equal) {
 		return nil
 	}

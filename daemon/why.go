@@ -70,7 +70,7 @@ func parseWhyDest(s string) (whyDest, error) {
 }
 
 // Why is GET /v1/sessions/{name}/why.
-func (e *Daemon) Why(ctx context.Context, name, dest string) (api.WhyAnswer, error) {
+func (e *Engine) Why(ctx context.Context, name, dest string) (api.WhyAnswer, error) {
 	d, err := parseWhyDest(dest)
 	if err != nil {
 		return api.WhyAnswer{}, badRequest(err)
@@ -98,7 +98,7 @@ func (e *Daemon) Why(ctx context.Context, name, dest string) (api.WhyAnswer, err
 	return e.whyName(ctx, s, d, ans)
 }
 
-func (e *Daemon) attestedOf(s *liveSession) ([]netpolicy.AttestedAddr, error) {
+func (e *Engine) attestedOf(s *liveSession) ([]netpolicy.AttestedAddr, error) {
 	if s.policy.Egress != netpolicy.ModeAllowlist {
 		return nil, nil
 	}
@@ -111,7 +111,7 @@ func (e *Daemon) attestedOf(s *liveSession) ([]netpolicy.AttestedAddr, error) {
 
 // whyName answers for a name: does the policy allow it (else NXDOMAIN),
 // and what each of its addresses would meet.
-func (e *Daemon) whyName(ctx context.Context, s *liveSession, d whyDest, ans api.WhyAnswer) (api.WhyAnswer, error) {
+func (e *Engine) whyName(ctx context.Context, s *liveSession, d whyDest, ans api.WhyAnswer) (api.WhyAnswer, error) {
 	if den, ok := s.policy.DeniedName(d.name); ok {
 		ans.Verdict, ans.Reason, ans.Entry = api.WhyNXDomain, netpolicy.ReasonDenied, den.String()
 		ans.Detail = fmt.Sprintf("denied by %q: the proxy answers NXDOMAIN and never asks upstream", den.String())
@@ -186,7 +186,7 @@ type whyAddrResult struct {
 }
 
 // whyAddr is the verdict of the table for one address (and d's port).
-func (e *Daemon) whyAddr(s *liveSession, d whyDest, a netip.Addr, attested []netpolicy.AttestedAddr) whyAddrResult {
+func (e *Engine) whyAddr(s *liveSession, d whyDest, a netip.Addr, attested []netpolicy.AttestedAddr) whyAddrResult {
 	r := whyAddrResult{WhyAddr: api.WhyAddr{IP: a.String()}}
 	set := func(verdict, reason, detail string) whyAddrResult {
 		r.Verdict, r.Reason, r.Detail = verdict, reason, detail

@@ -8,7 +8,7 @@ import (
 )
 
 // BenchmarkEventLogRecordDNS is the DNS answer path's share of the event
-// log: one decision recorded per answer, as Daemon.Record does. The
+// log: one decision recorded per answer, as daemon.Engine.recordDNSDecision does. The
 // writer is let drain every 1024 events outside the timer (at most 1024
 // queued: nothing is dropped), so the figure is the answer's cost only;
 // "written" is the writer's own throughput, the time to record and write.
