@@ -1,9 +1,9 @@
-// Package daemon runs the real enforcerd binary inside a test world's
+// Package enforcerd runs the real enforcerd binary inside a test world's
 // simulated host, the way an operator runs it on a real host, and drives it
 // through its command-line client and the API client the CLI is built on
 // (api.Client). The end-to-end tests, the demo and the bench share it;
 // product code never imports it.
-package daemon
+package enforcerd
 
 import (
 	"bytes"
