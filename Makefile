@@ -91,8 +91,12 @@ crictl: $(CRICTL)
 $(CRICTL):
 	GOBIN=$(CURDIR)/$(dir $(CRICTL)) $(GO) install sigs.k8s.io/cri-tools/cmd/crictl@$(CRICTL_VERSION)
 
+# The packages that need no privilege run a second time as nobody
+# (scripts/nonroot-tests.sh), so that none of them comes to need root.
+NONROOT   := daemon daemon/eventlog daemon/metrics api
 unit: deps
 	$(GO) test -tags $(TAGS) -count=1 $$($(GO) list ./... | grep -v /integration)
+	@if [ "$$(id -u)" = 0 ]; then scripts/nonroot-tests.sh $(NONROOT); fi
 
 # A short fuzz run of every fuzz target (the seed corpus is committed).
 fuzz: deps

@@ -45,11 +45,7 @@ func TestValidateRequestRootfs(t *testing.T) {
 // TestValidateRequestSandboxResources: a sandbox limit the container layer
 // would refuse is a bad request with its text, before anything is made.
 func TestValidateRequestSandboxResources(t *testing.T) {
-	images := t.TempDir()
-	img := filepath.Join(images, "img")
-	if err := os.MkdirAll(filepath.Join(img, "bin"), 0o755); err != nil {
-		t.Fatal(err)
-	}
+	images, img := testImage(t) // a root-owned image as any user
 	e := &Engine{cfg: Config{ImagesDirs: []string{images}}}
 	for _, tc := range []struct {
 		req  api.CreateRequest
