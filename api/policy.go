@@ -10,7 +10,8 @@ import (
 // PolicyUpdate is the body of PUT and PATCH /v1/sessions/{name}/policy.
 //
 // PUT: Egress, Allow, Scope, LabPeers, Deny and OnDeny are the whole new
-// policy (Egress "" is derived as at create, OnDeny "" is drop); the
+// policy (Egress "" is derived as at create, OnDeny "" is reject, the
+// default at create); the
 // revoke fields must be empty. PATCH: the entries of Allow, Scope,
 // LabPeers and Deny are added, those of Revoke (an --allow or --scope
 // entry, as inspect shows it or as it was given), RevokeLabPeers and
@@ -34,6 +35,11 @@ type PolicyUpdate struct {
 	RevokeDeny      []string `json:"revoke_deny,omitempty"`
 	OnDeny          string   `json:"on_deny,omitempty"`
 	KeepEstablished bool     `json:"keep_established,omitempty"`
+	// InboundFromHost (PATCH: added; PUT: the whole new list) and
+	// RevokeInboundFromHost (PATCH only: removed) are ports the host may
+	// open connections to, as CreateRequest.InboundFromHost.
+	InboundFromHost       []string `json:"inbound_from_host,omitempty"`
+	RevokeInboundFromHost []string `json:"revoke_inbound_from_host,omitempty"`
 }
 
 // PolicyEngine is the part of the Engine that changes a running

@@ -28,9 +28,13 @@ type CreateRequest struct {
 	// Deny entries win over every allow, in every mode: a name, wildcard,
 	// address or CIDR (an address or CIDR optionally with a port).
 	Deny []string `json:"deny,omitempty"`
-	// OnDeny is what a packet the session's policy drops gets: "drop"
-	// (silence, the default when "") or "reject" (a TCP reset, an ICMP
-	// administratively prohibited for other protocols).
+	// OnDeny is what a packet the session's policy drops gets: "reject"
+	// (the default when "": ICMP administratively prohibited, type 3 code
+	// 13, for every protocol; a connect fails at once with EHOSTUNREACH),
+	// "reset" (a TCP reset for TCP, so a connect says ECONNREFUSED;
+	// admin-prohibited otherwise) or "drop" (silence). The daemon records
+	// the value it applied; a record from before reject was the default
+	// has none and keeps meaning drop.
 	OnDeny string `json:"on_deny,omitempty"`
 	// Attach mode (what the CNI plugin asks for): the session's interface
 	// is made in NetnsPath, a netns the caller made and keeps, instead of a
@@ -42,6 +46,12 @@ type CreateRequest struct {
 	ContainerID string `json:"container_id,omitempty"` // with netns_path: the runtime's container id
 	// Locked: the policy never changes; updates are refused (ErrLocked).
 	Locked bool `json:"locked,omitempty"`
+	// InboundFromHost are the ports on which the host (the daemon's netns:
+	// the node, a kubelet's probes) may open connections into the session:
+	// "PORT" (TCP and UDP) or "PORT/tcp", "PORT/udp". Empty: none, every
+	// connection from the host is dropped (replies to the session's own
+	// flows and the DNS proxy's answers always pass).
+	InboundFromHost []string `json:"inbound_from_host,omitempty"`
 }
 
 // The labels an attached session carries, from its request's fields.
@@ -75,6 +85,13 @@ type Counters struct {
 	// whatever the log's rate limit; reasons without drops are absent.
 	// spoofed and inbound drops are not in DroppedPackets.
 	DroppedByReason map[string]uint64 `json:"dropped_by_reason,omitempty"`
+	// DroppedNoReason counts the packets in DroppedPackets that no reason
+	// counts: packets conntrack calls invalid (a TCP reset or ACK of no
+	// connection it knows, a malformed header) and ICMP errors about
+	// another's flow, dropped before any policy looks at them. So
+	// DroppedPackets = DroppedNoReason + the DroppedByReason counts other
+	// than spoofed and inbound.
+	DroppedNoReason uint64 `json:"dropped_no_reason"`
 	// DropsNotLogged counts dropped new flows that got no flow event: the
 	// kernel's per-session log budget suppressed them.
 	DropsNotLogged uint64 `json:"drops_not_logged"`
@@ -87,7 +104,10 @@ type PolicyView struct {
 	Lab      bool                `json:"lab,omitempty"`
 	Pinned   map[string][]string `json:"pinned,omitempty"`
 	Deny     []string            `json:"deny,omitempty"`
-	OnDeny   string              `json:"on_deny"` // drop or reject
+	OnDeny   string              `json:"on_deny"` // reject, reset or drop
+	// InboundFromHost: the ports the host may open connections to
+	// (CreateRequest.InboundFromHost), normalised.
+	InboundFromHost []string `json:"inbound_from_host,omitempty"`
 	// Generation counts the policy's versions: 1 at create, one more per
 	// update (name it in a PolicyUpdate to refuse a stale update).
 	Generation uint64 `json:"generation"`
@@ -174,8 +194,10 @@ const (
 	EventKindDNS       = "dns"
 	EventKindLifecycle = "lifecycle"
 	// EventKindFlow: a flow the table dropped (Action "dropped", Detail
-	// proto, dst, dport, reason), or the summary of those the log budget
-	// suppressed (Action "unlogged", Detail count).
+	// proto, dst, dport, reason) or answered as the session's on_deny says
+	// (Action "rejected", Detail answer too: "icmp-admin-prohibited" or
+	// "tcp-reset"), or the summary of those the log budget suppressed
+	// (Action "unlogged", Detail count).
 	EventKindFlow = "flow"
 	// EventKindSummary: what a flood of guest-driven events (dns, flow)
 	// left out of the stream. Action "unlogged": detail.count lines were

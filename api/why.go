@@ -14,8 +14,13 @@ import (
 type WhyAnswer struct {
 	Session string `json:"session"`
 	Dest    string `json:"dest"`
-	// Verdict is WhyAllowed, WhyDropped or WhyNXDomain (a name the policy
-	// does not allow: the proxy answers NXDOMAIN and never asks upstream).
+	// Verdict is the verdict of the destination as asked: WhyAllowed,
+	// WhyDropped, WhyRejected (the session's on-deny answers what its
+	// policy refuses) or WhyNXDomain (a name the policy does not allow: the
+	// proxy answers NXDOMAIN and never asks upstream). For a name it is
+	// dropped or rejected as soon as one address the guest gets is, on the
+	// port asked (Reason and Detail are then that address's); Addrs has
+	// each address's own answer.
 	Verdict string `json:"verdict"`
 	// Reason is one word: for a drop the same as the flow events'
 	// (not-allowed, port, special-purpose, resolver, no-network), for an
@@ -28,6 +33,11 @@ type WhyAnswer struct {
 	// Addrs are, for a name the policy allows, what it resolves to now
 	// (through the daemon's upstreams) and each address's own answer.
 	Addrs []WhyAddr `json:"addrs,omitempty"`
+	// AttestedName and AttestedType, for an address a DNS answer opened:
+	// the name asked and the record type whose answer carried the address
+	// (A, or HTTPS and SVCB for an ipv4hint).
+	AttestedName string `json:"attested_name,omitempty"`
+	AttestedType string `json:"attested_type,omitempty"`
 }
 
 // WhyAddr is the answer for one address of a resolved name.
@@ -37,12 +47,16 @@ type WhyAddr struct {
 	Reason  string     `json:"reason"`
 	Detail  string     `json:"detail"`
 	Expires *time.Time `json:"expires,omitempty"` // an attested element's expiry
+	// As in WhyAnswer: the name and record type whose answer opened it.
+	AttestedName string `json:"attested_name,omitempty"`
+	AttestedType string `json:"attested_type,omitempty"`
 }
 
 // Verdicts of a WhyAnswer.
 const (
 	WhyAllowed  = "allowed"
 	WhyDropped  = "dropped"
+	WhyRejected = "rejected"
 	WhyNXDomain = "nxdomain"
 )
 

@@ -49,7 +49,9 @@ func (m *Manager) Exec(ctx context.Context, name string, p ExecSpec) (exitCode i
 		return -1, err
 	}
 	readOnlyRoot := box.c.Config().Readonlyfs
-	env, err := execEnv(p.Env, uid, readOnlyRoot)
+	// Root's home is writable on a read-only root when the image has one (mountRootHome).
+	_, homeErr := os.Stat(box.l.home)
+	env, err := execEnv(p.Env, uid, readOnlyRoot && homeErr != nil)
 	if err != nil {
 		return -1, err
 	}

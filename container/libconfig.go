@@ -19,6 +19,7 @@ type layout struct {
 	work   string // dir/work
 	lower  string // dir/lower: the image, bind-mounted read-only (the overlay's lower layer)
 	etc    string // dir/etc: a small tmpfs holding resolv.conf, hosts, hostname (bind-mounted read-only)
+	home   string // dir/home: on a read-only root, a tmpfs holding the upper layer of root's home (see rootHome)
 }
 
 func newLayout(layerDir, prefix, name string) layout {
@@ -32,6 +33,7 @@ func newLayout(layerDir, prefix, name string) layout {
 		work:   filepath.Join(dir, "work"),
 		lower:  filepath.Join(dir, "lower"),
 		etc:    filepath.Join(dir, "etc"),
+		home:   filepath.Join(dir, "home"),
 	}
 }
 

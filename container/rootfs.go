@@ -109,6 +109,63 @@ func prepareLayer(image string, l layout, spec Spec) error {
 	if err != nil {
 		return fmt.Errorf("mount overlay on %s: %w", l.rootfs, err)
 	}
+	if !spec.Writable {
+		return mountRootHome(l, spec)
+	}
+	return nil
+}
+
+// rootHome is root's home in every image enforcerd runs (its passwd entry's home,
+// /root): ssh, git and most tools keep their files under the passwd home, not $HOME.
+const rootHome = "root"
+
+// homeOptions is the mount data of root's home on a read-only root: the image's /root
+// (through lower) under an upper layer on a tmpfs of the session's own, relative to the layer
+// dir as overlayOptions is.
+const homeOptions = "lowerdir=lower/" + rootHome + ",upperdir=home/upper,workdir=home/work,index=off"
+
+// mountRootHome makes root's home writable on a read-only root, so that it is what $HOME
+// says (issue 27: ssh could not store host keys, its passwd home /root being read-only while
+// $HOME was /tmp): an overlay of the image's /root, whose contents stay visible (tools an image
+// installed there, dot files), under a tmpfs upper layer, mounted on the root's /root before
+// libcontainer remounts the root read-only (a mount of its own keeps its own flags). What the
+// sandbox writes there is memory charged to its cgroup, as /tmp is, and never reaches the
+// image. An image without a real /root directory (none, or a symlink) gets nothing.
+func mountRootHome(l layout, spec Spec) error {
+	var st unix.Stat_t
+	if err := unix.Lstat(filepath.Join(l.lower, rootHome), &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFDIR {
+		return nil
+	}
+	if err := os.Mkdir(l.home, 0o700); err != nil {
+		return fmt.Errorf("make %s: %w", l.home, err)
+	}
+	if err := unix.Mount("tmpfs", l.home, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=700"); err != nil {
+		return fmt.Errorf("mount tmpfs on %s: %w", l.home, err)
+	}
+	upper, work := filepath.Join(l.home, "upper"), filepath.Join(l.home, "work")
+	for _, d := range []string{upper, work} {
+		if err := os.Mkdir(d, 0o700); err != nil {
+			return fmt.Errorf("make %s: %w", d, err)
+		}
+	}
+	// The merged home takes the upper dir's owner and mode: the image's /root's, its owner
+	// mapped to the sandbox's root in a user namespace.
+	uid, gid := int(st.Uid), int(st.Gid)
+	if spec.UserNS {
+		uid, gid = UserNSHostID+uid, UserNSHostID+gid
+	}
+	if err := os.Chown(upper, uid, gid); err != nil {
+		return fmt.Errorf("chown %s: %w", upper, err)
+	}
+	if err := os.Chmod(upper, os.FileMode(st.Mode&0o7777)); err != nil {
+		return fmt.Errorf("chmod %s: %w", upper, err)
+	}
+	err := mountIn(l.dir, func() error {
+		return unix.Mount("overlay", filepath.Join("rootfs", rootHome), "overlay", unix.MS_NOSUID|unix.MS_NODEV, homeOptions)
+	})
+	if err != nil {
+		return fmt.Errorf("mount overlay on %s: %w", filepath.Join(l.rootfs, rootHome), err)
+	}
 	return nil
 }
 
@@ -118,12 +175,12 @@ func prepareLayer(image string, l layout, spec Spec) error {
 func removeLayer(l layout) error {
 	// The root first (it stacks on lower), then the image's bind and the etc tmpfs. A layer
 	// dir made before they existed has neither: not a mount point is success.
-	for _, m := range []string{l.rootfs, l.lower, l.etc} {
+	for _, m := range []string{filepath.Join(l.rootfs, rootHome), l.rootfs, l.lower, l.etc, l.home} {
 		if err := unmountAll(m); err != nil {
 			return err
 		}
 	}
-	for _, m := range []string{l.rootfs, l.lower, l.etc} {
+	for _, m := range []string{l.rootfs, l.lower, l.etc, l.home} {
 		mounted, err := isMountPoint(m)
 		if err != nil {
 			return err

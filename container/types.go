@@ -227,11 +227,13 @@ func parseID(s string) (int, error) {
 const defaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 // execEnv validates env entries and adds PATH, HOME, TERM and LANG when
-// absent. HOME is a directory the user can write: /root for root on a
-// writable root, else /tmp (the sandbox's tmpfs on a read-only root);
+// absent. HOME is a directory the user can write, and for root the home its
+// passwd entry names (ssh and git use that one): /root, unless noRootHome
+// (a read-only root whose image has no /root directory: see mountRootHome),
+// and for other users /tmp (the sandbox's tmpfs on a read-only root);
 // LANG=C.UTF-8 so that tools accept the internationalised names a policy
 // allows (curl and wget refuse an IDN URL in the C locale).
-func execEnv(env []string, uid int, readOnlyRoot bool) ([]string, error) {
+func execEnv(env []string, uid int, noRootHome bool) ([]string, error) {
 	out := make([]string, 0, len(env)+4)
 	seen := map[string]bool{}
 	for _, e := range env {
@@ -243,7 +245,7 @@ func execEnv(env []string, uid int, readOnlyRoot bool) ([]string, error) {
 		out = append(out, e)
 	}
 	home := "/tmp"
-	if uid == 0 && !readOnlyRoot {
+	if uid == 0 && !noRootHome {
 		home = "/root"
 	}
 	for _, d := range []struct{ k, v string }{{"PATH", defaultPath}, {"HOME", home}, {"TERM", "xterm"}, {"LANG", "C.UTF-8"}} {

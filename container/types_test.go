@@ -98,6 +98,11 @@ func TestExecEnv(t *testing.T) {
 	if want := []string{"PATH=" + defaultPath, "HOME=/tmp", "TERM=xterm", "LANG=C.UTF-8"}; !slices.Equal(got, want) {
 		t.Errorf("got %v, want %v", got, want)
 	}
+	// A read-only root whose image has no /root: the tmpfs.
+	got, _ = execEnv(nil, 0, true)
+	if want := []string{"PATH=" + defaultPath, "HOME=/tmp", "TERM=xterm", "LANG=C.UTF-8"}; !slices.Equal(got, want) {
+		t.Errorf("no root home: got %v, want %v", got, want)
+	}
 	for _, bad := range []string{"NOVALUE", "=x", "A=\x00"} {
 		if _, err := execEnv([]string{bad}, 0, false); errString(err) != fmt.Sprintf("env %q: use KEY=VALUE", bad) {
 			t.Errorf("execEnv(%q): %v", bad, err)

@@ -62,6 +62,9 @@ type Network interface {
 	StartPrepared()
 	IsGuestAddr(a netip.Addr) bool
 	CheckDNSInterface() error
+	// AbortTCP aborts the guest's TCP sockets of conns in the session
+	// netns at netnsPath (nsmgr.AbortTCP) and returns how many.
+	AbortTCP(netnsPath string, conns []nsmgr.TCPConn) (int, error)
 }
 
 // Firewall holds the sessions' rules in the host's nftables table.
@@ -69,8 +72,9 @@ type Firewall interface {
 	AddSession(r netpolicy.SessionRules) error
 	// UpdateSession changes a session's elements in one batch.
 	UpdateSession(u netpolicy.SessionUpdate) error
-	// CutFlows deletes the conntrack entries of flows an update revoked.
-	CutFlows(u netpolicy.SessionUpdate) (int, error)
+	// CutFlows deletes the conntrack entries of flows an update revoked
+	// and returns them.
+	CutFlows(u netpolicy.SessionUpdate) ([]netpolicy.CutFlow, error)
 	RemoveSession(r netpolicy.SessionRules) error
 	// Sessions lists the sessions the table holds rules for.
 	Sessions() ([]netpolicy.SessionKey, error)

@@ -18,6 +18,12 @@ type DropSource interface {
 	Close() error
 }
 
+// Answers of a rejected flow (the event's detail "answer").
+const (
+	AnswerAdminProhibited = "icmp-admin-prohibited"
+	AnswerTCPReset        = "tcp-reset"
+)
+
 // unloggedPoll is how often the suppressed-line counts are read while drop
 // lines arrive (and once more after they stop): a flood's summary event
 // comes within about this long.
@@ -109,11 +115,31 @@ func (de *dropEvents) record(fl netpolicy.DroppedFlow) {
 			detail["entry"] = ent.String()
 		}
 	}
-	ev := api.Event{Time: time.Now().UTC(), Session: name, Kind: api.EventKindFlow, Action: eventlog.FlowActionDropped, Detail: detail}
+	action := eventlog.FlowActionDropped
+	if answer := de.d.denyAnswer(name, fl); answer != "" {
+		action, detail["answer"] = eventlog.FlowActionRejected, answer
+	}
+	ev := api.Event{Time: time.Now().UTC(), Session: name, Kind: api.EventKindFlow, Action: action, Detail: detail}
 	de.d.events.RecordAsync(ev)
 	// Under systemd the journal keeps it too, with structured fields; the
 	// kernel's per-session log budget bounds how many lines a flood makes.
 	de.d.logEvent(ev)
+}
+
+// denyAnswer is what the named session's table answered the dropped flow
+// with (AnswerAdminProhibited, AnswerTCPReset), or "" for silence: the
+// session's --on-deny, for the reasons the table answers at all.
+func (e *Engine) denyAnswer(name string, fl netpolicy.DroppedFlow) string {
+	e.mu.Lock()
+	s, ok := e.sessions[name]
+	e.mu.Unlock()
+	if !ok || !s.policy.OnDeny.Answers() || !netpolicy.AnsweredReason(fl.Reason) {
+		return ""
+	}
+	if s.policy.OnDeny == netpolicy.DenyReset && fl.Proto == "tcp" {
+		return AnswerTCPReset
+	}
+	return AnswerAdminProhibited
 }
 
 // denyEntry is the deny entry of the named session's policy that denies

@@ -86,15 +86,27 @@ func (e *Engine) buildPolicy(req api.CreateRequest) (netpolicy.Policy, error) {
 		p.Deny = append(p.Deny, ent)
 	}
 	p.Deny = netpolicy.DedupEntries(p.Deny)
-	switch req.OnDeny {
-	case "", "drop":
-	case "reject":
-		p.Reject = true
-	default:
-		return p, badRequest(fmt.Errorf("--on-deny %q: want drop or reject", req.OnDeny))
+	// "" is drop: a record written before reject became the default (no
+	// on_deny) keeps the silence it was created with. Create and a
+	// replacing update write the default out (defaultOnDeny), so a new
+	// record never holds "".
+	if req.OnDeny != "" {
+		a, err := netpolicy.ParseDenyAnswer(req.OnDeny)
+		if err != nil {
+			return p, badRequest(err)
+		}
+		p.OnDeny = a
 	}
 	p.LabPeers = req.LabPeers
 	p.Lab = req.Lab
+	for _, s := range req.InboundFromHost {
+		ps, err := netpolicy.ParseInboundPort(s)
+		if err != nil {
+			return p, badRequest(err)
+		}
+		p.InboundFromHost = append(p.InboundFromHost, ps)
+	}
+	p.InboundFromHost = netpolicy.NormalizeInbound(p.InboundFromHost)
 	switch {
 	case req.Egress != "":
 		m, err := netpolicy.ParseMode(req.Egress)
@@ -344,6 +356,7 @@ func (e *Engine) Create(ctx context.Context, req api.CreateRequest) (info api.Se
 	if err != nil {
 		return info, err
 	}
+	defaultOnDeny(&req, &policy)
 	// Parsed as given, stored without the credentials a scope URL may
 	// carry: the record, the events and the logs never hold them.
 	req.Scope = stripScopes(req.Scope)
@@ -460,7 +473,9 @@ func (e *Engine) sessionRules(rec SessionRecord, p netpolicy.Policy, peers []net
 		Static:    netpolicy.StaticTargets(p, rec.Pinned),
 		Peers:     peers,
 		Deny:      netpolicy.DenyTargets(p),
-		Reject:    p.Reject,
+		OnDeny:    p.OnDeny,
+
+		InboundFromHost: p.InboundFromHost,
 	}
 }
 
@@ -622,7 +637,26 @@ func countersView(c netpolicy.Counters) api.Counters {
 		DroppedPackets: c.DroppedPackets, DroppedBytes: c.DroppedBytes,
 		LimitedPackets:  c.LimitedPackets,
 		DroppedByReason: c.ByReason, DropsNotLogged: c.Unlogged,
+		DroppedNoReason: droppedNoReason(c),
 	}
+}
+
+// droppedNoReason is the part of the session's dropped packets no reason
+// counts (see api.Counters.DroppedNoReason): the reasons of packets that
+// are the session's own drops are in DroppedPackets, spoofed and inbound
+// ones are not. The sets are read one after the other, so a packet counted
+// in between can make the reasons' sum briefly exceed the total: 0 then.
+func droppedNoReason(c netpolicy.Counters) uint64 {
+	var reasoned uint64
+	for r, n := range c.ByReason {
+		if r != netpolicy.ReasonSpoofed && r != netpolicy.ReasonInbound {
+			reasoned += n
+		}
+	}
+	if reasoned >= c.DroppedPackets {
+		return 0
+	}
+	return c.DroppedPackets - reasoned
 }
 
 // Inspect returns a session with its attested set and counters.
@@ -667,6 +701,8 @@ func (e *Engine) summary(s *liveSession) api.SessionInfo {
 			Pinned:   pinned,
 			Deny:     entryStrings(s.policy.Deny),
 			OnDeny:   onDeny(s.policy),
+
+			InboundFromHost: inboundStrings(s.policy.InboundFromHost),
 			// A record from before updates existed is generation 1.
 			Generation: max(s.rec.Generation, 1),
 			Locked:     s.rec.Request.Locked,
@@ -820,6 +856,9 @@ func createEssentials(req api.CreateRequest) map[string]any {
 	if req.OnDeny != "" {
 		d["on_deny"] = req.OnDeny
 	}
+	if len(req.InboundFromHost) > 0 {
+		d["inbound_from_host"] = req.InboundFromHost
+	}
 	if req.Rootfs != "" {
 		d["rootfs"] = req.Rootfs
 	}
@@ -887,7 +926,7 @@ func (e *Engine) recordDNSDecision(ev dnsproxy.Event) {
 	}
 	if ev.Session != "" {
 		if ev.Verdict == dnsproxy.VerdictAllowed {
-			e.names.remember(ev.Session, ev.Name, ev.Addrs)
+			e.names.remember(ev.Session, ev.Name, ev.Type, ev.Addrs)
 		}
 		e.events.RecordAsync(api.Event{Time: ev.Time.UTC(), Session: ev.Session, Kind: api.EventKindDNS, Action: action, Detail: detail})
 	}
@@ -908,11 +947,35 @@ func addrStrings(as []netip.Addr) []string {
 	return out
 }
 
-func onDeny(p netpolicy.Policy) string {
-	if p.Reject {
-		return "reject"
+func onDeny(p netpolicy.Policy) string { return p.OnDeny.String() }
+
+// DefaultOnDeny is what a session's policy drops get when a create (or a
+// replacing update) names no --on-deny: ICMP administratively prohibited,
+// which a client reads at once as "No route to host" and a scanner as
+// filtered. A session with egress none has nothing to answer: drop.
+const DefaultOnDeny = "reject"
+
+// defaultOnDeny writes the default answer into a request that names none,
+// so the record says what the session was created with: a later default
+// never changes it, and an old record without on_deny stays a drop.
+func defaultOnDeny(req *api.CreateRequest, p *netpolicy.Policy) {
+	if req.OnDeny != "" {
+		return
 	}
-	return "drop"
+	if p.Egress == netpolicy.ModeNone {
+		req.OnDeny = netpolicy.DenyDrop.String()
+		return
+	}
+	req.OnDeny = DefaultOnDeny
+	p.OnDeny = netpolicy.DenyReject
+}
+
+func inboundStrings(ps []netpolicy.PortSpec) []string {
+	var out []string
+	for _, p := range ps {
+		out = append(out, netpolicy.InboundString(p))
+	}
+	return out
 }
 
 func entryStrings(es []netpolicy.Entry) []string {

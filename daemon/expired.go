@@ -18,7 +18,9 @@ import (
 const ReasonExpired = "expired"
 
 // attestNames remembers, per session, the name whose answer last attested
-// each address, so a later drop to the address can name it. Each session
+// each address and the type of the record that carried it (A, or HTTPS
+// and SVCB for an ipv4hint), so a later drop to the address can name it
+// and session why can say which name's record opened it. Each session
 // holds at most max addresses (the per-session cap on attested elements):
 // a full session forgets an arbitrary address for each new one. mu guards
 // bySession.
@@ -26,11 +28,18 @@ type attestNames struct {
 	max int
 
 	mu        sync.Mutex
-	bySession map[string]map[netip.Addr]string
+	bySession map[string]map[netip.Addr]attestedBy
 }
 
-// remember notes that name's answer attested addrs for session.
-func (n *attestNames) remember(session, name string, addrs []netip.Addr) {
+// attestedBy is the question whose answer attested an address.
+type attestedBy struct {
+	name  string // as policies write names (no trailing dot)
+	qtype string // the question's type: A, HTTPS, SVCB
+}
+
+// remember notes that the answer to name (of type qtype) attested addrs
+// for session.
+func (n *attestNames) remember(session, name, qtype string, addrs []netip.Addr) {
 	name = strings.TrimSuffix(name, ".") // as policies write names
 	if session == "" || name == "" || len(addrs) == 0 {
 		return
@@ -38,11 +47,11 @@ func (n *attestNames) remember(session, name string, addrs []netip.Addr) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if n.bySession == nil {
-		n.bySession = map[string]map[netip.Addr]string{}
+		n.bySession = map[string]map[netip.Addr]attestedBy{}
 	}
 	m := n.bySession[session]
 	if m == nil {
-		m = map[netip.Addr]string{}
+		m = map[netip.Addr]attestedBy{}
 		n.bySession[session] = m
 	}
 	limit := n.max
@@ -57,16 +66,23 @@ func (n *attestNames) remember(session, name string, addrs []netip.Addr) {
 				break
 			}
 		}
-		m[a] = name
+		m[a] = attestedBy{name: name, qtype: qtype}
 	}
 }
 
 // lookup returns the name that last attested a for session.
 func (n *attestNames) lookup(session string, a netip.Addr) (string, bool) {
+	by, ok := n.lookupRecord(session, a)
+	return by.name, ok
+}
+
+// lookupRecord returns the question whose answer last attested a for
+// session.
+func (n *attestNames) lookupRecord(session string, a netip.Addr) (attestedBy, bool) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	name, ok := n.bySession[session][a.Unmap()]
-	return name, ok
+	by, ok := n.bySession[session][a.Unmap()]
+	return by, ok
 }
 
 // forget drops addrs of session (an update revoked what attested them):

@@ -109,6 +109,8 @@ type fakeNetwork struct {
 	prefix string
 	pool   netip.Prefix
 	netns  map[string]nsmgr.Session
+	// aborted: "NETNS_PATH LOCAL -> REMOTE" per socket AbortTCP was given.
+	aborted []string
 }
 
 func (f *fakeNetwork) slotAddrs(slot int) (gw, guest netip.Addr) {
@@ -234,6 +236,8 @@ type fakeFirewall struct {
 	// argument.
 	attested   map[netip.Addr][]netpolicy.AttestedAddr
 	lastUpdate netpolicy.SessionUpdate
+	// cut is what CutFlows says it cut.
+	cut []netpolicy.CutFlow
 }
 
 func (f *fakeFirewall) AddSession(r netpolicy.SessionRules) error {

@@ -15,6 +15,7 @@ import (
 	"github.com/enforcerd/enforcerd/daemon/eventlog"
 	"github.com/enforcerd/enforcerd/daemon/metrics"
 	"github.com/enforcerd/enforcerd/dnsproxy"
+	"github.com/enforcerd/enforcerd/doctor"
 	"github.com/enforcerd/enforcerd/netpolicy"
 	"github.com/enforcerd/enforcerd/nsmgr"
 )
@@ -65,6 +66,15 @@ func Open(cfg Config, log *slog.Logger, reg *metrics.Registry) (_ *Engine, err e
 	}()
 	if err := nsmgr.EnableForwarding(host); err != nil {
 		return nil, err
+	}
+	// What a `doctor --datapath` killed mid-way left (its own prefix, never
+	// this daemon's): not fatal, the next start or reap tries again.
+	runs, rerr := doctor.ReapDatapathRuns(cfg.StateDir, host)
+	for _, p := range runs {
+		log.Info("removed what a killed doctor --datapath left", "prefix", p)
+	}
+	if rerr != nil {
+		log.Error("remove what a killed doctor --datapath left", "err", rerr)
 	}
 	// A released address is handed out again only once the firewall has
 	// flushed its conntrack entries (in the background, after removal).

@@ -12,6 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/enforcerd/enforcerd/container"
+	"github.com/enforcerd/enforcerd/doctor"
 	"github.com/enforcerd/enforcerd/netpolicy"
 	"github.com/enforcerd/enforcerd/nsmgr"
 )
@@ -27,6 +28,12 @@ func Reap(prefix, stateDir string, pool netip.Prefix, log *slog.Logger) error {
 	}
 	defer host.Close()
 	var errs []error
+	// What a `doctor --datapath` killed mid-way left (its own prefix).
+	runs, err := doctor.ReapDatapathRuns(stateDir, host)
+	for _, p := range runs {
+		log.Info("removed what a killed doctor --datapath left", "prefix", p)
+	}
+	errs = append(errs, err)
 	boxes, err := container.New(container.Config{
 		StateDir: filepath.Join(stateDir, "containers"),
 		LayerDir: filepath.Join(stateDir, "layers"),

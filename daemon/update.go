@@ -11,7 +11,12 @@ import (
 
 	"github.com/enforcerd/enforcerd/api"
 	"github.com/enforcerd/enforcerd/netpolicy"
+	"github.com/enforcerd/enforcerd/nsmgr"
+	"golang.org/x/sys/unix"
 )
+
+// errEgressNoneUpdate refuses an update to egress none.
+var errEgressNoneUpdate = badRequest(errors.New("egress none: a session's egress cannot change to none (it has a network interface); want egress allowlist with no entries to cut all egress"))
 
 // UpdatePolicy changes a running session's policy: PATCH (replace false)
 // adds and revokes entries, PUT (replace true) gives the whole new policy.
@@ -54,14 +59,24 @@ func (e *Engine) UpdatePolicy(ctx context.Context, name string, u api.PolicyUpda
 	if err != nil {
 		return info, err
 	}
+	if req.Egress == string(netpolicy.ModeNone) {
+		// Before the policy's own checks: their complaints about what
+		// egress none takes would hide the one that matters.
+		return info, errEgressNoneUpdate
+	}
 	policy, err := e.buildPolicy(req)
 	if err != nil {
 		return info, err
 	}
+	if replace {
+		// A replacing update gives the whole policy: no --on-deny is the
+		// default, as at create.
+		defaultOnDeny(&req, &policy)
+	}
 	// Stored and shown without the credentials a scope URL may carry.
 	req.Scope = stripScopes(req.Scope)
 	if policy.Egress == netpolicy.ModeNone {
-		return info, badRequest(errors.New("egress none: a session's egress cannot change to none (it has a network interface); want egress allowlist with no entries to cut all egress"))
+		return info, errEgressNoneUpdate
 	}
 	peers, err := e.resolvePeers(policy.LabPeers)
 	if err != nil {
@@ -118,11 +133,9 @@ func (e *Engine) UpdatePolicy(ctx context.Context, name string, u api.PolicyUpda
 	// What follows the batch cannot undo it: a failure is reported with
 	// the new policy in force.
 	var cutErr error
-	cut := 0
+	cut, aborted := 0, 0
 	if !u.KeepEstablished {
-		if cut, cutErr = e.fw.CutFlows(upd); cutErr != nil {
-			cutErr = fmt.Errorf("its established flows may survive: %w", cutErr)
-		}
+		cut, aborted, cutErr = e.cutFlows(rec, upd)
 	}
 	// After the batch: an added pin is allowed before the sandbox's
 	// /etc/hosts names it; a revoked one is dropped before the file
@@ -144,7 +157,10 @@ func (e *Engine) UpdatePolicy(ctx context.Context, name string, u api.PolicyUpda
 	detail := map[string]any{
 		"generation": rec.Generation, "egress": string(policy.Egress), "allow": entryStrings(policy.Allow),
 		"lab_peers": policy.LabPeers, "deny": entryStrings(policy.Deny), "on_deny": onDeny(policy), "replace": replace, "keep_established": u.KeepEstablished,
-		"flows_cut": cut, "attested_removed": len(upd.Stale),
+		"flows_cut": cut, "sockets_aborted": aborted, "attested_removed": len(upd.Stale),
+	}
+	if len(policy.InboundFromHost) > 0 {
+		detail["inbound_from_host"] = inboundStrings(policy.InboundFromHost)
 	}
 	recorded = true
 	e.recordCall(ctx, name, "policy_updated", detail, cutErr)
@@ -164,6 +180,10 @@ func (e *Engine) UpdatePolicy(ctx context.Context, name string, u api.PolicyUpda
 func (e *Engine) updatedRequest(s *liveSession, u api.PolicyUpdate, replace bool) (api.CreateRequest, error) {
 	req := s.rec.Request
 	if replace {
+		if len(u.RevokeInboundFromHost) > 0 {
+			return req, badRequest(errors.New("revoke_inbound_from_host has no meaning when the policy is replaced (PUT, --replace): want the whole new inbound_from_host"))
+		}
+		req.InboundFromHost = slices.Clone(u.InboundFromHost)
 		if len(u.Revoke) > 0 || len(u.RevokeLabPeers) > 0 || len(u.RevokeDeny) > 0 {
 			return req, badRequest(errors.New("revoke, revoke_lab_peers and revoke_deny have no meaning when the policy is replaced (PUT, --replace): want the whole new policy"))
 		}
@@ -222,6 +242,21 @@ func (e *Engine) updatedRequest(s *liveSession, u api.PolicyUpdate, replace bool
 	}
 	slices.Sort(req.LabPeers)
 	req.LabPeers = slices.Compact(req.LabPeers)
+	req.InboundFromHost = append(slices.Clone(req.InboundFromHost), u.InboundFromHost...)
+	for _, r := range u.RevokeInboundFromHost {
+		want, err := netpolicy.ParseInboundPort(r)
+		if err != nil {
+			return req, badRequest(err)
+		}
+		n := len(req.InboundFromHost)
+		req.InboundFromHost = slices.DeleteFunc(req.InboundFromHost, func(a string) bool {
+			x, err := netpolicy.ParseInboundPort(a)
+			return err == nil && x == want
+		})
+		if len(req.InboundFromHost) == n {
+			return req, badRequest(fmt.Errorf("revoke inbound from host %q: not a port of session %s's inbound from host (its ports: %s)", r, s.rec.Name, listOrNone(inboundStrings(s.policy.InboundFromHost))))
+		}
+	}
 	return req, nil
 }
 
@@ -274,8 +309,8 @@ func (e *Engine) finishPending(s *liveSession) error {
 		return fmt.Errorf("complete its interrupted policy update: %v", err)
 	}
 	if !p.KeepEstablished {
-		if _, err := e.fw.CutFlows(upd); err != nil {
-			e.log.Error("completing an interrupted policy update: cut flows", "session", s.rec.Name, "err", err)
+		if _, _, err := e.cutFlows(s.rec, upd); err != nil {
+			e.log.Error("completing an interrupted policy update", "session", s.rec.Name, "err", err)
 		}
 	}
 	if err := e.setHosts(s.rec, p.Pinned); err != nil {
@@ -287,6 +322,31 @@ func (e *Engine) finishPending(s *liveSession) error {
 	}
 	e.log.Info("completed a policy update interrupted by a restart", "session", s.rec.Name, "generation", s.rec.Generation)
 	return nil
+}
+
+// cutFlows cuts the flows upd revokes on both sides, in one step: their
+// conntrack entries go (the remote end's next packet finds none, and the
+// reply direction is dropped), and the guest's TCP sockets of those flows
+// are aborted in the session's netns, so a client inside fails at once
+// (ECONNABORTED) instead of waiting for its own timeout. An ICMP error
+// would not do: to an established Linux socket it is only a soft error.
+// It returns how many flows were cut and how many sockets aborted.
+func (e *Engine) cutFlows(rec SessionRecord, upd netpolicy.SessionUpdate) (cut, aborted int, err error) {
+	flows, err := e.fw.CutFlows(upd)
+	if err != nil {
+		err = fmt.Errorf("its established flows may survive: %w", err)
+	}
+	var conns []nsmgr.TCPConn
+	for _, f := range flows {
+		if f.Proto == unix.IPPROTO_TCP {
+			conns = append(conns, nsmgr.TCPConn{Local: f.Src, Remote: f.Dst})
+		}
+	}
+	aborted, aerr := e.nets.AbortTCP(rec.NetnsPath, conns)
+	if aerr != nil {
+		aerr = fmt.Errorf("the guest's sockets of its cut flows may wait for their own timeout: %w", aerr)
+	}
+	return len(flows), aborted, errors.Join(err, aerr)
 }
 
 // attestedElements returns every attested element the kernel holds for

@@ -2,8 +2,11 @@ package daemon
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"reflect"
 	"slices"
 	"strings"
@@ -12,6 +15,8 @@ import (
 	"github.com/enforcerd/enforcerd/api"
 	"github.com/enforcerd/enforcerd/dnsproxy"
 	"github.com/enforcerd/enforcerd/netpolicy"
+	"github.com/enforcerd/enforcerd/nsmgr"
+	"golang.org/x/sys/unix"
 )
 
 // The policy update's calls, as the injector names them.
@@ -33,12 +38,20 @@ func (f *fakeFirewall) UpdateSession(u netpolicy.SessionUpdate) error {
 	return nil
 }
 
-func (f *fakeFirewall) CutFlows(u netpolicy.SessionUpdate) (int, error) {
+func (f *fakeFirewall) CutFlows(u netpolicy.SessionUpdate) ([]netpolicy.CutFlow, error) {
 	if err := f.in.enter(callFwCut); err != nil {
-		return 0, err
+		return nil, err
 	}
 	f.in.leave(callFwCut)
-	return 0, nil
+	return f.cut, nil
+}
+
+// AbortTCP records what the daemon asked to abort, and where.
+func (f *fakeNetwork) AbortTCP(netnsPath string, conns []nsmgr.TCPConn) (int, error) {
+	for _, c := range conns {
+		f.aborted = append(f.aborted, netnsPath+" "+c.String())
+	}
+	return len(conns), nil
 }
 
 // Update is dnsproxy's: apply runs first; only if it succeeds is the new
@@ -268,5 +281,118 @@ func TestUpdateForgottenNamesAreStale(t *testing.T) {
 	}
 	if got := w.fw.lastUpdate.Stale; !reflect.DeepEqual(got, want) {
 		t.Errorf("stale after a forgetful proxy: %+v, want every attested element %+v", got, want)
+	}
+}
+
+// TestRevokeAbortsTheGuestsTCPSockets: the flows CutFlows cut are aborted
+// on the guest's side too, in the session's own netns, TCP only (a UDP
+// socket has nothing to wait for); with KeepEstablished nothing is cut or
+// aborted.
+func TestRevokeAbortsTheGuestsTCPSockets(t *testing.T) {
+	w := newWorld(t)
+	info := w.create(api.CreateRequest{Name: "a1", NetworkOnly: true, Allow: []string{"93.184.216.7", "93.184.216.8"}})
+	guest := netip.MustParseAddr(info.GuestIP)
+	w.fw.cut = []netpolicy.CutFlow{
+		{Proto: unix.IPPROTO_TCP, Src: netip.AddrPortFrom(guest, 40000), Dst: netip.MustParseAddrPort("93.184.216.7:443")},
+		{Proto: unix.IPPROTO_UDP, Src: netip.AddrPortFrom(guest, 40001), Dst: netip.MustParseAddrPort("93.184.216.7:443")},
+	}
+	if _, err := w.d.UpdatePolicy(context.Background(), "a1", api.PolicyUpdate{Revoke: []string{"93.184.216.8"}, KeepEstablished: true}, false); err != nil {
+		t.Fatal(err)
+	}
+	if len(w.nets.aborted) != 0 {
+		t.Fatalf("keep-established aborted %v", w.nets.aborted)
+	}
+	if _, err := w.d.UpdatePolicy(context.Background(), "a1", api.PolicyUpdate{Revoke: []string{"93.184.216.7"}}, false); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{w.nets.netns["a1"].NetnsPath + " " + guest.String() + ":40000 -> 93.184.216.7:443"}
+	if !slices.Equal(w.nets.aborted, want) {
+		t.Errorf("aborted %q, want %q", w.nets.aborted, want)
+	}
+}
+
+// TestOnDenyDefaultAndOldRecords: a create without on_deny records reject
+// (the default) and a replacing update likewise; a record written before
+// the default existed (no on_deny) still builds a silent drop, and so
+// does egress none.
+func TestOnDenyDefaultAndOldRecords(t *testing.T) {
+	w := newWorld(t)
+	info := w.create(api.CreateRequest{Name: "d1", NetworkOnly: true, Allow: []string{"93.184.216.7"}})
+	if info.Policy.OnDeny != "reject" {
+		t.Errorf("created without on_deny: %q, want reject", info.Policy.OnDeny)
+	}
+	if r := w.fw.rules[netip.MustParseAddr(info.GuestIP)]; r.OnDeny != netpolicy.DenyReject {
+		t.Errorf("created without on_deny: the rules say %v, want reject", r.OnDeny)
+	}
+	info, err := w.d.UpdatePolicy(context.Background(), "d1", api.PolicyUpdate{OnDeny: "reset"}, false)
+	if err != nil || info.Policy.OnDeny != "reset" {
+		t.Fatalf("update on_deny reset: %q, %v", info.Policy.OnDeny, err)
+	}
+	info, err = w.d.UpdatePolicy(context.Background(), "d1", api.PolicyUpdate{Allow: []string{"93.184.216.7"}}, true)
+	if err != nil || info.Policy.OnDeny != "reject" {
+		t.Fatalf("replace without on_deny: %q, %v, want reject", info.Policy.OnDeny, err)
+	}
+	p, err := w.d.buildPolicy(api.CreateRequest{Name: "old", Allow: []string{"93.184.216.7"}})
+	if err != nil || p.OnDeny != netpolicy.DenyDrop {
+		t.Errorf("a record without on_deny: %v, %v, want drop", p.OnDeny, err)
+	}
+	none := w.create(api.CreateRequest{Name: "n1", NetworkOnly: true})
+	if none.Policy.OnDeny != "drop" {
+		t.Errorf("egress none: on_deny %q, want drop", none.Policy.OnDeny)
+	}
+	if _, err := w.d.Create(context.Background(), api.CreateRequest{Name: "n2", NetworkOnly: true, OnDeny: "reset"}); err == nil {
+		t.Error("egress none with on_deny reset: created, want refused")
+	}
+	if _, err := w.d.Create(context.Background(), api.CreateRequest{Name: "n3", NetworkOnly: true, Allow: []string{"93.184.216.7"}, OnDeny: "loud"}); err == nil || !strings.Contains(err.Error(), `"loud"`) {
+		t.Errorf("on_deny loud: %v, want refused naming it", err)
+	}
+}
+
+func (w *world) create(req api.CreateRequest) api.SessionInfo {
+	w.t.Helper()
+	info, err := w.d.Create(context.Background(), req)
+	if err != nil {
+		w.t.Fatalf("create %s: %v", req.Name, err)
+	}
+	return info
+}
+
+// TestOnDenyOldRecordStaysDropAcrossRestart: a record written before
+// reject became the default (its request has no on_deny) is adopted at
+// the next start as a silent drop: the rules the daemon gives the
+// firewall and inspect both say drop.
+func TestOnDenyOldRecordStaysDropAcrossRestart(t *testing.T) {
+	w := newWorld(t)
+	info := w.create(api.CreateRequest{Name: "old1", NetworkOnly: true, Allow: []string{"93.184.216.7"}})
+	path := filepath.Join(w.stateDir, "sessions", "old1.json")
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rec map[string]any
+	if err := json.Unmarshal(raw, &rec); err != nil {
+		t.Fatal(err)
+	}
+	req := rec["request"].(map[string]any)
+	if req["on_deny"] != "reject" {
+		t.Fatalf("a new record's request: on_deny %v, want reject written out", req["on_deny"])
+	}
+	delete(req, "on_deny")
+	if raw, err = json.Marshal(rec); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, raw, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	w.restart(nil)
+	got, err := w.d.Inspect("old1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Policy.OnDeny != "drop" {
+		t.Errorf("adopted record without on_deny: inspect says %q, want drop", got.Policy.OnDeny)
+	}
+	if r := w.fw.rules[netip.MustParseAddr(info.GuestIP)]; r.OnDeny != netpolicy.DenyDrop {
+		t.Errorf("adopted record without on_deny: the rules say %v, want drop", r.OnDeny)
 	}
 }

@@ -93,6 +93,7 @@ func (e *Engine) Why(ctx context.Context, name, dest string) (api.WhyAnswer, err
 		}
 		v := e.whyAddr(s, d, d.addr, attested)
 		ans.Verdict, ans.Reason, ans.Detail, ans.Entry = v.Verdict, v.Reason, v.Detail, v.entry
+		ans.AttestedName, ans.AttestedType = v.AttestedName, v.AttestedType
 		return ans, nil
 	}
 	return e.whyName(ctx, s, d, ans)
@@ -162,22 +163,71 @@ func (e *Engine) whyName(ctx context.Context, s *liveSession, d whyDest, ans api
 	if isPinned {
 		ans.Detail += "; pinned at create"
 	}
+	var given, removed []api.WhyAddr // the addresses the guest gets, and those the proxy removes
 	for _, a := range addrs {
 		v := e.whyAddr(s, d, a, attested)
 		if !isPinned && v.Reason == "not-allowed" && e.guard.IsPublicUnicast(a) {
 			v.Verdict, v.Reason = api.WhyAllowed, "attested-on-answer"
 			v.Detail = "not attested now; a lookup through the proxy attests it before the answer"
 			if entry != nil && entry.Port != 0 && d.port != 0 && (entry.Port != d.port || (entry.Proto != netpolicy.ProtoAny && entry.Proto != d.proto)) {
-				v.Verdict, v.Reason = api.WhyDropped, "port"
+				v.Verdict, v.Reason = e.denyVerdict(s), "port"
 				v.Detail = fmt.Sprintf("a lookup attests it for %s only", strings.TrimPrefix(entry.PortSpec.String(), ":"))
 			}
 		}
 		if _, denied := s.policy.DeniedAddr(a, 0, ""); denied || (!e.guard.IsPublicUnicast(a) && !isPinned) {
 			v.Detail += "; the proxy removes it from the answer"
+			removed = append(removed, v.WhyAddr)
+		} else {
+			given = append(given, v.WhyAddr)
 		}
 		ans.Addrs = append(ans.Addrs, v.WhyAddr)
 	}
+	destVerdict(&ans, d, given, removed)
 	return ans, nil
+}
+
+// destVerdict makes the answer's own verdict the verdict of the destination
+// as asked, not only of the name: a program connects to whichever address
+// the answer gives it, so one address dropped on the port asked is a
+// connection that fails, and an agent reading only .verdict must not be
+// told yes (issue 27 finding 8). The addresses the proxy removes from the
+// answer never reach the guest and decide only when it gets none.
+func destVerdict(ans *api.WhyAnswer, d whyDest, given, removed []api.WhyAddr) {
+	considered := given
+	if len(considered) == 0 {
+		considered = removed
+	}
+	var bad []api.WhyAddr
+	for _, v := range considered {
+		if v.Verdict != api.WhyAllowed {
+			bad = append(bad, v)
+		}
+	}
+	if len(bad) == 0 {
+		return
+	}
+	first := bad[0]
+	on := ""
+	if d.port != 0 {
+		on = fmt.Sprintf(" on %d/%s", d.port, d.proto)
+	}
+	ans.Verdict, ans.Reason = first.Verdict, first.Reason
+	if len(bad) == len(considered) {
+		ans.Detail = fmt.Sprintf("%s, but every address it resolves to is %s%s: %s %s", ans.Detail, first.Verdict, on, first.IP, first.Detail)
+	} else {
+		ans.Detail = fmt.Sprintf("%s, but %d of its %d addresses are %s%s: %s %s", ans.Detail, len(bad), len(considered), first.Verdict, on, first.IP, first.Detail)
+	}
+}
+
+// denyVerdict is the verdict of a packet the session's policy does not
+// accept: "dropped", or "rejected" when the session answers it (any
+// on-deny but drop: the kernel answers the session's own packets the
+// reason chains refuse, see netpolicy's drop_policy).
+func (e *Engine) denyVerdict(s *liveSession) string {
+	if onDeny(s.policy) != "drop" {
+		return api.WhyRejected
+	}
+	return api.WhyDropped
 }
 
 type whyAddrResult struct {
@@ -188,6 +238,7 @@ type whyAddrResult struct {
 // whyAddr is the verdict of the table for one address (and d's port).
 func (e *Engine) whyAddr(s *liveSession, d whyDest, a netip.Addr, attested []netpolicy.AttestedAddr) whyAddrResult {
 	r := whyAddrResult{WhyAddr: api.WhyAddr{IP: a.String()}}
+	refused := e.denyVerdict(s)
 	set := func(verdict, reason, detail string) whyAddrResult {
 		r.Verdict, r.Reason, r.Detail = verdict, reason, detail
 		return r
@@ -202,7 +253,7 @@ func (e *Engine) whyAddr(s *liveSession, d whyDest, a netip.Addr, attested []net
 	// attested elements (the policy chain's first rules).
 	if den, ok := s.policy.DeniedAddr(a, d.port, d.proto); ok {
 		r.entry = den.String()
-		return set(api.WhyDropped, netpolicy.ReasonDenied, fmt.Sprintf("denied by %q: dropped before any accept", den.String()))
+		return set(refused, netpolicy.ReasonDenied, fmt.Sprintf("denied by %q: %s before any accept", den.String(), refused))
 	}
 	for _, p := range s.rules.Peers {
 		if p == a {
@@ -214,7 +265,7 @@ func (e *Engine) whyAddr(s *liveSession, d whyDest, a netip.Addr, attested []net
 		if rg, ok := e.guard.BlockedBy(a); ok {
 			detail = fmt.Sprintf("special-purpose: %s, dropped in every mode", rg)
 		}
-		return set(api.WhyDropped, "special-purpose", detail)
+		return set(refused, "special-purpose", detail)
 	}
 	static := s.rules.Static
 	if d.port == 53 || d.port == 853 {
@@ -224,7 +275,7 @@ func (e *Engine) whyAddr(s *liveSession, d whyDest, a netip.Addr, attested []net
 				return set(api.WhyAllowed, "static", fmt.Sprintf("an entry names the resolver port: %s", targetString(t)))
 			}
 		}
-		return set(api.WhyDropped, "resolver", "DNS and DoT go to the proxy only; no entry names this port")
+		return set(refused, "resolver", "DNS and DoT go to the proxy only; no entry names this port")
 	}
 	if s.policy.Egress == netpolicy.ModePublic {
 		return set(api.WhyAllowed, "public", "egress public: every public unicast destination")
@@ -255,17 +306,22 @@ func (e *Engine) whyAddr(s *liveSession, d whyDest, a netip.Addr, attested []net
 		if match(at.Port, at.Proto) {
 			exp := now.Add(at.Expires).Truncate(time.Second)
 			r.Expires = &exp
-			return set(api.WhyAllowed, "attested", fmt.Sprintf("attested by a DNS answer until %s", exp.Format(time.RFC3339)))
+			by := "a DNS answer"
+			if q, ok := e.names.lookupRecord(s.rec.Name, a); ok {
+				r.AttestedName, r.AttestedType = q.name, q.qtype
+				by = fmt.Sprintf("the %s answer for %s", q.qtype, q.name)
+			}
+			return set(api.WhyAllowed, "attested", fmt.Sprintf("attested by %s until %s", by, exp.Format(time.RFC3339)))
 		}
 		otherPorts = append(otherPorts, attestedString(at))
 	}
 	if len(otherPorts) > 0 {
-		return set(api.WhyDropped, "port", fmt.Sprintf("allowed on other ports only: %s", strings.Join(otherPorts, ", ")))
+		return set(refused, "port", fmt.Sprintf("allowed on other ports only: %s", strings.Join(otherPorts, ", ")))
 	}
 	if name, ok := e.names.lookup(s.rec.Name, a); ok {
-		return set(api.WhyDropped, ReasonExpired, fmt.Sprintf("attested for %s, and expired: resolve the name again (or pin it)", name))
+		return set(refused, ReasonExpired, fmt.Sprintf("attested for %s, and expired: resolve the name again (or pin it)", name))
 	}
-	return set(api.WhyDropped, "not-allowed", "no entry and nothing attested for this address")
+	return set(refused, "not-allowed", "no entry and nothing attested for this address")
 }
 
 func (s *liveSession) isPinnedAddr(a netip.Addr) bool {

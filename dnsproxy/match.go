@@ -39,14 +39,16 @@ type portSet struct {
 
 func (s *portSet) add(ports []netpolicy.PortSpec) {
 	if len(ports) == 0 {
+		// Any port: what s named before is covered, but the resolver
+		// ports (53, 853), which a port-less element never opens.
 		s.any = true
-		s.ports = nil
-		return
-	}
-	if s.any {
+		s.ports = slices.DeleteFunc(s.ports, func(p netpolicy.PortSpec) bool { return !netpolicy.IsResolverPort(p.Port) })
 		return
 	}
 	for _, p := range ports {
+		if s.any && !netpolicy.IsResolverPort(p.Port) {
+			continue
+		}
 		if !slices.Contains(s.ports, p) {
 			s.ports = append(s.ports, p)
 		}
@@ -134,7 +136,6 @@ func (m *matcher) match(qname string) (ok bool, ports []netpolicy.PortSpec, hint
 		hints = hints || s.hints
 		if s.any {
 			acc.add(nil)
-			return
 		}
 		acc.add(s.ports)
 	}
@@ -166,7 +167,7 @@ func (m *matcher) match(qname string) (ok bool, ports []netpolicy.PortSpec, hint
 	if !matched {
 		return false, nil, false
 	}
-	if acc.any {
+	if acc.any && len(acc.ports) == 0 {
 		return true, nil, hints
 	}
 	slices.SortFunc(acc.ports, func(a, b netpolicy.PortSpec) int {
@@ -175,6 +176,10 @@ func (m *matcher) match(qname string) (ok bool, ports []netpolicy.PortSpec, hint
 		}
 		return strings.Compare(string(a.Proto), string(b.Proto))
 	})
+	if acc.any {
+		// Any port, and the resolver ports an entry names beside it.
+		return true, append([]netpolicy.PortSpec{{Port: 0, Proto: netpolicy.ProtoAny}}, acc.ports...), hints
+	}
 	return true, acc.ports, hints
 }
 

@@ -18,6 +18,10 @@ func TestMatcher(t *testing.T) {
 		"**.mixed.test",
 		"bücher.example",
 		"93.184.216.0/24",
+		"ns.resolver.test",
+		"ns.resolver.test:53",
+		"*.resolver.test:853/tcp",
+		"**.resolver.test:8080",
 	))
 	if err != nil {
 		t.Fatal(err)
@@ -49,6 +53,10 @@ func TestMatcher(t *testing.T) {
 		{"xmany.example.net.", false, nil},
 		{"api.ports.test.", true, []netpolicy.PortSpec{udp53, tcp443}}, // sorted by port
 		{"a.mixed.test.", true, nil},                                   // *.:443 and **. (any port): any wins
+		// Any port wins but over the resolver ports, which a port-less
+		// element never opens: those named beside it are kept.
+		{"ns.resolver.test.", true, []netpolicy.PortSpec{{Port: 0, Proto: netpolicy.ProtoAny}, {Port: 53}, {Port: 853, Proto: netpolicy.ProtoTCP}}}, // *. matches it too
+		{"x.resolver.test.", true, []netpolicy.PortSpec{{Port: 853, Proto: netpolicy.ProtoTCP}, {Port: 8080}}},
 		{"b.a.mixed.test.", true, nil},
 		{"xn--bcher-kva.example.", true, nil}, // punycode of bücher.example
 		{"XN--BCHER-KVA.example.", true, nil},

@@ -4,6 +4,7 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/netip"
 	"os"
@@ -14,6 +15,7 @@ import (
 	"github.com/google/nftables"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 
 	"github.com/enforcerd/enforcerd/netpolicy"
 	"github.com/enforcerd/enforcerd/nsmgr"
@@ -35,6 +37,12 @@ const datapathPort = 7357
 const datapathWait = 3 * time.Second
 
 func checkDatapath(e *doctorEnv) (string, string) {
+	// First what an earlier run, killed mid-way, left: its veths and
+	// addresses would sit in this run's pool for good.
+	earlier, err := ReapDatapathRuns(e.cfg.StateDir, e.host)
+	if err != nil {
+		return StatusFail, fmt.Sprintf("remove what an earlier killed datapath check left: %v", err)
+	}
 	prefix, err := throwawayPrefix(e.cfg.NamePrefix)
 	if err != nil {
 		return StatusFail, err.Error()
@@ -53,9 +61,23 @@ func checkDatapath(e *doctorEnv) (string, string) {
 	if st, detail := poolVerdict(pool, hn); st == StatusFail {
 		return StatusFail, "datapath " + detail
 	}
-	dp := &datapath{prefix: prefix, pool: pool, host: e.host}
+	// The prefix is recorded before anything of it exists, so that a run
+	// killed from here on is removed by the next run, serve or reap.
+	rec, err := recordDatapathRun(e.cfg.StateDir, prefix, pool)
+	if err != nil {
+		return StatusFail, err.Error()
+	}
+	dp := &datapath{prefix: prefix, pool: pool, host: e.host, etcDir: rec.etcDir}
 	result, runErr := dp.run()
 	leftErr := dp.teardown()
+	if leftErr == nil {
+		leftErr = rec.done()
+	} else {
+		rec.keep() // the next run, serve or reap tries again
+	}
+	if len(earlier) > 0 && runErr == nil {
+		result += "; removed what the killed run " + strings.Join(earlier, ", ") + " left"
+	}
 	switch {
 	case runErr != nil && leftErr != nil:
 		return StatusFail, fmt.Sprintf("%v; and teardown: %v", runErr, leftErr)
@@ -126,7 +148,7 @@ func (d *datapath) run() (string, error) {
 		return "", err
 	}
 	var err error
-	if d.etcDir, err = os.MkdirTemp("", "enforcerd-doctor-"); err != nil {
+	if err := os.Mkdir(d.etcDir, 0o700); err != nil {
 		return "", fmt.Errorf("datapath: %w", err)
 	}
 	if d.nets, err = nsmgr.New(nsmgr.Config{Prefix: d.prefix, Pool: d.pool, HostNS: d.host, EtcNetnsDir: d.etcDir}); err != nil {
@@ -336,4 +358,194 @@ func inNetnsPath(path string, fn func() error) error {
 	}
 	defer ns.Close()
 	return nsmgr.Do(ns, fn)
+}
+
+// A datapath run is recorded, before it makes anything, as the file
+// <state-dir>/doctor-datapath/PREFIX holding its pool, locked (flock) for
+// as long as the run lives; its netns resolv.conf files go to PREFIX.etc
+// beside it. A run that ends removes both. A run killed mid-way leaves
+// the file unlocked, and ReapDatapathRuns (the next run, serve, reap)
+// removes every object of exactly that prefix, then the file. A locked
+// file is a run in progress and left alone.
+const datapathRunsDir = "doctor-datapath"
+
+type datapathRun struct {
+	f            *os.File // holds the lock
+	path, etcDir string
+}
+
+// recordDatapathRun writes the record of a run of prefix over pool. The
+// file is locked before its final name appears, so no cleaner ever sees
+// the record of a live run unlocked.
+func recordDatapathRun(stateDir, prefix string, pool netip.Prefix) (*datapathRun, error) {
+	if stateDir == "" {
+		return nil, errors.New("datapath: no state directory to record the run in")
+	}
+	dir := filepath.Join(stateDir, datapathRunsDir)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("datapath: record the run: %w", err)
+	}
+	f, err := os.CreateTemp(dir, ".new-")
+	if err != nil {
+		return nil, fmt.Errorf("datapath: record the run: %w", err)
+	}
+	path := filepath.Join(dir, prefix)
+	err = unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
+	if err == nil {
+		_, err = fmt.Fprintf(f, "%s\n", pool)
+	}
+	if err == nil {
+		err = f.Sync()
+	}
+	if err == nil {
+		err = os.Rename(f.Name(), path)
+	}
+	if err == nil {
+		err = syncDir(dir)
+	}
+	if err != nil {
+		os.Remove(f.Name())
+		f.Close()
+		return nil, fmt.Errorf("datapath: record the run in %s: %w", path, err)
+	}
+	return &datapathRun{f: f, path: path, etcDir: path + ".etc"}, nil
+}
+
+// done removes the record of a run that left nothing.
+func (r *datapathRun) done() error {
+	defer r.f.Close()
+	if err := os.Remove(r.path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("datapath: remove the run's record: %w", err)
+	}
+	return nil
+}
+
+// keep leaves the record for a later cleaner (the run left something).
+func (r *datapathRun) keep() { r.f.Close() }
+
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
+}
+
+// ReapDatapathRuns removes what every recorded datapath run that is no
+// longer running left (see datapathRunsDir): its table, netns, veths with
+// their addresses, DNS interface, conntrack entries of its pool and netns
+// resolv.conf files, all by the run's exact prefix. It returns the
+// prefixes it removed. Runs in progress are left alone.
+func ReapDatapathRuns(stateDir string, host netns.NsHandle) ([]string, error) {
+	if stateDir == "" {
+		return nil, nil
+	}
+	dir := filepath.Join(stateDir, datapathRunsDir)
+	entries, err := os.ReadDir(dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("datapath runs: %w", err)
+	}
+	var (
+		removed []string
+		errs    []error
+	)
+	for _, ent := range entries {
+		name := ent.Name()
+		if ent.IsDir() {
+			continue // PREFIX.etc: removed with its run
+		}
+		path := filepath.Join(dir, name)
+		f, err := os.Open(path)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("datapath run %s: %w", name, err))
+			continue
+		}
+		if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+			f.Close() // a run in progress
+			continue
+		}
+		err = reapDatapathRun(dir, name, f, host)
+		f.Close()
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if !strings.HasPrefix(name, ".new-") {
+			removed = append(removed, name)
+		}
+	}
+	return removed, errors.Join(errs...)
+}
+
+// reapDatapathRun removes the objects of one dead run and its record.
+func reapDatapathRun(dir, name string, f *os.File, host netns.NsHandle) error {
+	path := filepath.Join(dir, name)
+	if strings.HasPrefix(name, ".new-") {
+		// Killed before the record got its name: nothing was made.
+		return os.Remove(path)
+	}
+	if !isThrowawayPrefix(name) {
+		return fmt.Errorf("datapath run record %s: %q is not a throwaway prefix (want dr and four of a-z, 0-9); remove the file", path, name)
+	}
+	b, err := io.ReadAll(io.LimitReader(f, 64))
+	if err != nil {
+		return fmt.Errorf("datapath run %s: %w", name, err)
+	}
+	pool, err := netip.ParsePrefix(strings.TrimSpace(string(b)))
+	if err != nil {
+		return fmt.Errorf("datapath run record %s: pool %q: %w", path, strings.TrimSpace(string(b)), err)
+	}
+	d := &datapath{prefix: name, pool: pool, host: host, etcDir: path + ".etc"}
+	if err := d.reapKilled(); err != nil {
+		return fmt.Errorf("datapath run %s: %w", name, err)
+	}
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("datapath run %s: remove the record: %w", name, err)
+	}
+	return nil
+}
+
+// isThrowawayPrefix reports whether s has the shape throwawayPrefix gives.
+func isThrowawayPrefix(s string) bool {
+	if len(s) != 6 || !strings.HasPrefix(s, "dr") {
+		return false
+	}
+	for _, c := range s[2:] {
+		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9') {
+			return false
+		}
+	}
+	return true
+}
+
+// reapKilled removes everything of d's prefix that a killed run may have
+// made, each step idempotent, and checks that nothing is left.
+func (d *datapath) reapKilled() error {
+	var errs []error
+	nets, err := nsmgr.New(nsmgr.Config{Prefix: d.prefix, Pool: d.pool, HostNS: d.host, EtcNetnsDir: d.etcDir})
+	if err != nil {
+		return err
+	}
+	defer nets.Close()
+	guard, err := netpolicy.NewGuard(d.pool, nil)
+	if err != nil {
+		return err
+	}
+	fw, err := netpolicy.OpenFirewall(netpolicy.FirewallConfig{NetNS: d.host, Prefix: d.prefix, Pool: d.pool, DNSAddr: nets.DNSAddr(), Guard: guard})
+	if err != nil {
+		return err
+	}
+	errs = append(errs, fw.DeleteTable())
+	_, err = fw.PruneGuests(nets.IsGuestAddr)
+	errs = append(errs, err, fw.Close())
+	_, err = nets.Reap(nil)
+	errs = append(errs, err, nets.RemoveDNSInterface(), os.RemoveAll(d.etcDir))
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	return d.leftovers()
 }

@@ -81,6 +81,7 @@ func (r Report) FatalFailure() (Check, bool) {
 // the fields of daemon.Config they read (cmd/enforcerd fills both from the
 // same ServeConfig).
 type Config struct {
+	StateDir        string           // where the datapath check records its runs (datapathRunsDir)
 	NamePrefix      string           // tags every kernel object
 	Pool            netip.Prefix     // the /30s of the sessions come from here
 	Upstreams       []netip.AddrPort // DNS resolvers the proxy forwards to

@@ -1,13 +1,15 @@
 package integration
 
-// Deny entries and --on-deny reject, checked where they matter: the DNS
-// proxy's answers and the upstream's query log, connections made, dropped
-// or refused, the kernel's counters, and why.
+// Deny entries and --on-deny, checked where they matter: the DNS proxy's
+// answers and the upstream's query log, connections made, rejected, reset
+// or dropped, the kernel's counters, the flow events, and why.
 
 import (
+	"cmp"
 	"errors"
 	"net/netip"
 	"slices"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -28,8 +30,8 @@ func TestE2EDenyAllowlist(t *testing.T) {
 	info := e.createNetOnly("agent", "--allow", "*.e2e.test", "--allow", "198.18.2.10:7",
 		"--deny", "docs.e2e.test", "--deny", "198.18.2.10")
 	ns := e.nsPath("agent")
-	if !slices.Equal(info.Policy.Deny, []string{"198.18.2.10", "docs.e2e.test"}) || info.Policy.OnDeny != "drop" {
-		t.Errorf("created: deny %v on_deny %q, want [198.18.2.10 docs.e2e.test] drop", info.Policy.Deny, info.Policy.OnDeny)
+	if !slices.Equal(info.Policy.Deny, []string{"198.18.2.10", "docs.e2e.test"}) || info.Policy.OnDeny != "reject" {
+		t.Errorf("created: deny %v on_deny %q, want [198.18.2.10 docs.e2e.test] reject (the default)", info.Policy.Deny, info.Policy.OnDeny)
 	}
 	// Positive controls: the wildcard allows, and the proxy asks upstream.
 	e2eLookupWant(t, ns, "allowed", "api.e2e.test", dns.RcodeSuccess, "198.18.1.10")
@@ -46,7 +48,7 @@ func TestE2EDenyAllowlist(t *testing.T) {
 	e2eLookupWant(t, ns, "allowed name, denied address", "cdn.e2e.test", dns.RcodeSuccess)
 	e2eExpect(t,
 		e2eTCP(ns, "198.18.1.10:7", e2eReach),
-		e2eTCP(ns, "198.18.2.10:7", e2eDropped), // the static 198.18.2.10:7 loses to the deny
+		e2eTCP(ns, "198.18.2.10:7", e2eRejected), // the static 198.18.2.10:7 loses to the deny
 	)
 	if a := e.why("agent", "docs.e2e.test"); a.Verdict != api.WhyNXDomain || a.Reason != "denied" || a.Entry != "docs.e2e.test" {
 		t.Errorf("why docs.e2e.test: %+v, want nxdomain, denied, entry docs.e2e.test", a)
@@ -68,7 +70,7 @@ func TestE2EDenyAllowlist(t *testing.T) {
 	}
 	e2eCut(t, "198.18.1.10:7, denied by the update", conn)
 	e2eExpect(t,
-		e2eTCP(ns, "198.18.1.10:7", e2eDropped),
+		e2eTCP(ns, "198.18.1.10:7", e2eRejected),
 		e2eTCP(ns, "198.18.2.10:7", e2eReach), // the deny revoked: the static entry allows again
 	)
 	e2eLookupWant(t, ns, "after the update", "api.e2e.test", dns.RcodeSuccess)
@@ -94,53 +96,134 @@ func TestE2EDenyPublic(t *testing.T) {
 	e2eExpect(t,
 		e2eTCP(ns, "198.18.2.10:7", e2eReach),
 		e2eTCP(ns, "198.18.1.10:7", e2eReach), // a denied name denies the name, not its address
-		e2eTCP(ns, "198.18.1.11:7", e2eDropped),
+		e2eTCP(ns, "198.18.1.11:7", e2eRejected),
 	)
 	e.update("pub", "--deny", "198.18.2.0/24")
 	e2eLookupWant(t, ns, "address denied by the update", "cdn.e2e.test", dns.RcodeSuccess)
-	e2eExpect(t, e2eTCP(ns, "198.18.2.10:7", e2eDropped), e2eTCP(ns, "198.18.1.10:7", e2eReach))
+	e2eExpect(t, e2eTCP(ns, "198.18.2.10:7", e2eRejected), e2eTCP(ns, "198.18.1.10:7", e2eReach))
 }
 
-// --on-deny reject: a TCP connect the policy drops is refused (a reset)
-// within 100 ms, a UDP send gets an ICMP error, for denied and for merely
-// not allowed destinations; back to drop, the same connects time out.
-func TestE2EDenyReject(t *testing.T) {
+// --on-deny, each mode next to an allowed control that connects:
+//
+//	reject (the default): a denied TCP connect fails with EHOSTUNREACH ("No
+//	  route to host") within a second, a UDP exchange likewise; the flow
+//	  event says rejected, answer icmp-admin-prohibited.
+//	reset: a TCP connect fails with ECONNREFUSED (a TCP reset), UDP still
+//	  gets EHOSTUNREACH; the event says rejected, answer tcp-reset.
+//	drop: the connect times out; the event says dropped.
+//
+// For denied (a deny entry) and merely not-allowed destinations; the
+// session changes mode with update, and an update --replace without
+// --on-deny is back to the default.
+func TestE2EOnDenyModes(t *testing.T) {
 	e := newE2E(t)
-	info := e.createNetOnly("agent", "--allow", "api.e2e.test", "--deny", "198.18.1.11", "--on-deny", "reject")
+	info := e.createNetOnly("agent", "--allow", "api.e2e.test", "--deny", "198.18.1.11")
 	ns := e.nsPath("agent")
 	if info.Policy.OnDeny != "reject" {
-		t.Errorf("created: on_deny %q, want reject", info.Policy.OnDeny)
+		t.Errorf("created without --on-deny: on_deny %q, want reject (the default)", info.Policy.OnDeny)
 	}
+	fe := e.followFlows("agent")
 	e2eLookupWant(t, ns, "allowed", "api.e2e.test", dns.RcodeSuccess, "198.18.1.10")
-	e2eExpect(t, e2eTCP(ns, "198.18.1.10:7", e2eReach))
-	for _, dst := range []string{"198.18.1.11:7", "198.18.2.10:7"} {
-		start := time.Now()
-		c, err := world.DialTCP(ns, netip.MustParseAddrPort(dst), world.BlockTimeout)
-		took := time.Since(start)
-		if err == nil {
-			c.Close()
-			t.Errorf("tcp %s: connected, want refused", dst)
-			continue
-		}
-		if !errors.Is(err, syscall.ECONNREFUSED) || took > 100*time.Millisecond {
-			t.Errorf("tcp %s: %v after %v, want ECONNREFUSED within 100ms", dst, err, took)
-		}
-		start = time.Now()
-		err = world.UDPEcho(ns, netip.MustParseAddrPort(dst), world.BlockTimeout)
-		if took := time.Since(start); err == nil || world.IsTimeout(err) || !errors.Is(err, syscall.EHOSTUNREACH) {
-			t.Errorf("udp %s: %v after %v, want an ICMP error (EHOSTUNREACH)", dst, err, took)
+	denied := []string{"198.18.1.11:7", "198.18.2.10:7"} // a deny entry; nothing allows it
+	check := func(mode string, wantTCP error) {
+		t.Helper()
+		// The control: the allowed destination connects in every mode.
+		e2eExpect(t, e2eTCP(ns, "198.18.1.10:7", e2eReach))
+		for _, dst := range denied {
+			start := time.Now()
+			c, err := world.DialTCP(ns, netip.MustParseAddrPort(dst), world.BlockTimeout)
+			took := time.Since(start)
+			switch {
+			case err == nil:
+				c.Close()
+				t.Errorf("%s: tcp %s: connected, want it refused", mode, dst)
+			case wantTCP == nil && !world.IsTimeout(err):
+				t.Errorf("%s: tcp %s: %v after %v, want a timeout (silence)", mode, dst, err, took)
+			case wantTCP != nil && (!errors.Is(err, wantTCP) || took > time.Second):
+				t.Errorf("%s: tcp %s: %v after %v, want %v within 1s", mode, dst, err, took, wantTCP)
+			}
+			start = time.Now()
+			err = world.UDPEcho(ns, netip.MustParseAddrPort(dst), world.BlockTimeout)
+			took = time.Since(start)
+			switch {
+			case err == nil:
+				t.Errorf("%s: udp %s: answered, want it refused", mode, dst)
+			case wantTCP == nil && !world.IsTimeout(err):
+				t.Errorf("%s: udp %s: %v after %v, want a timeout (silence)", mode, dst, err, took)
+			case wantTCP != nil && !errors.Is(err, syscall.EHOSTUNREACH):
+				t.Errorf("%s: udp %s: %v after %v, want EHOSTUNREACH (ICMP admin-prohibited)", mode, dst, err, took)
+			}
 		}
 	}
+
+	check("reject", syscall.EHOSTUNREACH)
+	fe.expect(t, "reject, denied", map[string]any{"reason": "denied", "proto": "tcp", "dst": "198.18.1.11", "answer": "icmp-admin-prohibited"})
+	fe.expect(t, "reject, not allowed", map[string]any{"reason": "not-allowed", "proto": "tcp", "dst": "198.18.2.10", "answer": "icmp-admin-prohibited"})
+	fe.drain(t, 500*time.Millisecond)
 	if n := e.inspect("agent").Counters.DroppedByReason["denied"]; n == 0 {
-		t.Error("no packet counted with reason denied")
+		t.Error("reject: no packet counted with reason denied")
 	}
-	// The control: the same destinations with drop time out.
+	if a := e.why("agent", "198.18.1.11:7"); a.Reason != "denied" {
+		t.Errorf("why 198.18.1.11:7: %+v, want reason denied", a)
+	}
+
+	if info := e.update("agent", "--on-deny", "reset"); info.Policy.OnDeny != "reset" {
+		t.Errorf("update: on_deny %q, want reset", info.Policy.OnDeny)
+	}
+	check("reset", syscall.ECONNREFUSED)
+	fe.expect(t, "reset, not allowed", map[string]any{"reason": "not-allowed", "proto": "tcp", "dst": "198.18.2.10", "answer": "tcp-reset"})
+	fe.expect(t, "reset, udp", map[string]any{"reason": "not-allowed", "proto": "udp", "dst": "198.18.2.10", "answer": "icmp-admin-prohibited"})
+	fe.drain(t, 500*time.Millisecond)
+
 	if info := e.update("agent", "--on-deny", "drop"); info.Policy.OnDeny != "drop" {
 		t.Errorf("update: on_deny %q, want drop", info.Policy.OnDeny)
 	}
-	e2eExpect(t,
-		e2eTCP(ns, "198.18.1.11:7", e2eDropped),
-		e2eTCP(ns, "198.18.2.10:7", e2eDropped),
-		e2eUDP(ns, "198.18.2.10:7", e2eDropped),
-	)
+	check("drop", nil)
+	fe.expect(t, "drop, not allowed", map[string]any{"action": "dropped", "reason": "not-allowed", "proto": "tcp", "dst": "198.18.2.10"})
+	fe.drain(t, 500*time.Millisecond)
+
+	// --replace gives the whole policy: without --on-deny, the default.
+	if info := e.update("agent", "--replace", "--allow", "api.e2e.test"); info.Policy.OnDeny != "reject" {
+		t.Errorf("update --replace: on_deny %q, want reject (the default)", info.Policy.OnDeny)
+	}
+	e2eExpect(t, e2eTCP(ns, "198.18.1.10:7", e2eReach), e2eTCP(ns, "198.18.2.10:7", e2eRejected))
+}
+
+// TestE2EOnDenyToolsInSandbox: what busybox's nc and wget in a sandbox
+// print for a destination the policy does not allow, under each
+// --on-deny, next to an allowed fetch that works: "No route to host"
+// within 3 s (reject, the default: a blocking connect fails at its first
+// SYN retry, 1 s), "Connection refused" at once (reset), and nc's own
+// timeout (drop).
+func TestE2EOnDenyToolsInSandbox(t *testing.T) {
+	e := newE2E(t)
+	for _, tc := range []struct {
+		mode, want string
+		within     time.Duration
+	}{
+		{"", "No route to host", 3 * time.Second},
+		{"reset", "Connection refused", time.Second},
+		{"drop", "timed out", 5 * time.Second},
+	} {
+		name := "tools-" + cmp.Or(tc.mode, "default")
+		args := []string{"--allow", "198.18.1.10:80"}
+		if tc.mode != "" {
+			args = append(args, "--on-deny", tc.mode)
+		}
+		e.create(name, args...)
+		if out := e.mustSh(name, "timeout 5 wget -q -O - http://198.18.1.10/"); out != "hello from 198.18.1.10\n" {
+			t.Errorf("%s: the allowed fetch: %q", name, out)
+		}
+		for _, script := range []string{"nc -w 2 198.18.1.20 80 </dev/null", "timeout 5 wget -q -O - http://198.18.1.20/"} {
+			if tc.mode == "drop" && strings.Contains(script, "wget") {
+				continue // busybox wget has no connect timeout of its own: timeout kills it, silently
+			}
+			start := time.Now()
+			_, errOut, code := e.sh(name, script)
+			took := time.Since(start)
+			if code == 0 || !strings.Contains(errOut, tc.want) || took > tc.within {
+				t.Errorf("%s: %s: exit %d after %v, stderr %q; want %q within %v", name, script, code, took.Round(time.Millisecond), errOut, tc.want, tc.within)
+			}
+		}
+	}
 }

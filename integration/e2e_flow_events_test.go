@@ -69,8 +69,10 @@ func (fe flowEvents) next(t *testing.T, d time.Duration) (e2eFlowEvent, bool) {
 	}
 }
 
-// expect waits up to 3 s for a dropped-flow event whose detail holds every
-// field of want (numbers as JSON decodes them).
+// expect waits up to 3 s for a flow event whose detail holds every field
+// of want (numbers as JSON decodes them) and whose action is want's
+// "action", "rejected" when want has none: what the default --on-deny
+// (reject) makes of a drop.
 func (fe flowEvents) expect(t *testing.T, what string, want map[string]any) e2eFlowEvent {
 	t.Helper()
 	deadline := time.Now().Add(3 * time.Second)
@@ -81,15 +83,19 @@ func (fe flowEvents) expect(t *testing.T, what string, want map[string]any) e2eF
 			break
 		}
 		seen = append(seen, ev.Detail)
-		match := ev.Action == "dropped"
+		action, _ := want["action"].(string)
+		if action == "" {
+			action = "rejected"
+		}
+		match := ev.Action == action
 		for k, v := range want {
-			match = match && ev.Detail[k] == v
+			match = match && (k == "action" || ev.Detail[k] == v)
 		}
 		if match {
 			return ev
 		}
 	}
-	t.Errorf("%s: no flow event dropped with %v within 3s; saw %v", what, want, seen)
+	t.Errorf("%s: no flow event with %v within 3s; saw %v", what, want, seen)
 	return e2eFlowEvent{}
 }
 
@@ -135,7 +141,7 @@ func TestE2EFlowEvents(t *testing.T) {
 	fe.quiet(t, "allowed connection", 2*time.Second)
 
 	e.sh("fl", "nc -w 1 198.18.1.20 80 </dev/null")
-	fe.expect(t, "not allowed", map[string]any{"reason": "not-allowed", "proto": "tcp", "dst": "198.18.1.20", "dport": float64(80)})
+	fe.expect(t, "not allowed", map[string]any{"reason": "not-allowed", "proto": "tcp", "dst": "198.18.1.20", "dport": float64(80), "answer": "icmp-admin-prohibited"})
 	fe.drain(t, 500*time.Millisecond)
 
 	e.sh("fl", "nc -w 1 198.18.1.11 80 </dev/null")
@@ -167,7 +173,7 @@ func TestE2EFlowEvents(t *testing.T) {
 			break
 		}
 		switch ev.Action {
-		case "dropped":
+		case "rejected", "dropped":
 			dropped++
 		case "unlogged":
 			unlogged += ev.Detail["count"].(float64)

@@ -75,7 +75,7 @@ func TestE2EModeAllowlistNames(t *testing.T) {
 	ns := e.nsPath("agent")
 
 	// Before any lookup the addresses are not attested.
-	e2eExpect(t, e2eTCP(ns, "198.18.1.10:7", e2eDropped), e2eHTTP(ns, "198.18.2.10", e2eDropped))
+	e2eExpect(t, e2eTCP(ns, "198.18.1.10:7", e2eRejected), e2eHTTP(ns, "198.18.2.10", e2eRejected))
 
 	if rc := e.mustSh("agent", "cat /etc/resolv.conf"); !strings.Contains(rc, "nameserver "+e2eAnycastDNS.Addr().String()) {
 		t.Errorf("agent: /etc/resolv.conf %q does not name the anycast proxy %s", rc, e2eAnycastDNS.Addr())
@@ -121,11 +121,11 @@ func TestE2EModeAllowlistNames(t *testing.T) {
 		e2eTCP(ns, "198.18.1.10:7", e2eReach),
 		e2eUDP(ns, "198.18.1.10:7", e2eReach),
 		e2eHTTP(ns, "198.18.2.10", e2eReach),
-		e2eTCP(ns, "198.18.1.11:7", e2eDropped),
-		e2eHTTP(ns, "198.18.1.11", e2eDropped),
-		e2eHTTP(ns, "169.254.169.254", e2eDropped),
-		e2eHTTP(ns, "10.99.0.10", e2eDropped),
-		e2eDNS(ns, e.w.DNS.Addr(), "api.e2e.test", e2eDropped), // only the proxy answers DNS
+		e2eTCP(ns, "198.18.1.11:7", e2eRejected),
+		e2eHTTP(ns, "198.18.1.11", e2eRejected),
+		e2eHTTP(ns, "169.254.169.254", e2eRejected),
+		e2eHTTP(ns, "10.99.0.10", e2eRejected),
+		e2eDNS(ns, e.w.DNS.Addr(), "api.e2e.test", e2eRejected), // only the proxy answers DNS
 		e2eDNS(ns, e2eAnycastDNS, "api.e2e.test", e2eReach),
 	)
 	got := e2eAttested(e.inspect("agent"))
@@ -181,14 +181,14 @@ func TestE2EModeCIDRAndPort(t *testing.T) {
 	e2eExpect(t,
 		e2eHTTP(ns, "198.18.1.10", e2eReach),
 		e2eHTTP(ns, "198.18.1.11", e2eReach),
-		e2eTCP(ns, "198.18.1.10:7", e2eDropped),
-		e2eUDP(ns, "198.18.1.10:7", e2eDropped),
-		e2eTCP(ns, "198.18.1.11:7", e2eDropped), // docs.e2e.test not resolved yet
+		e2eTCP(ns, "198.18.1.10:7", e2eRejected),
+		e2eUDP(ns, "198.18.1.10:7", e2eRejected),
+		e2eTCP(ns, "198.18.1.11:7", e2eRejected), // docs.e2e.test not resolved yet
 		e2eHTTP(ns, "198.18.2.10", e2eReach),
 		e2eTCP(ns, "198.18.2.10:7", e2eReach),
 		e2eUDP(ns, "198.18.2.10:7", e2eReach),
-		e2eHTTP(ns, "169.254.169.254", e2eDropped),
-		e2eHTTP(ns, "10.99.0.10", e2eDropped),
+		e2eHTTP(ns, "169.254.169.254", e2eRejected),
+		e2eHTTP(ns, "10.99.0.10", e2eRejected),
 	)
 	if !e.wget("cidr", "198.18.1.10") {
 		t.Error("cidr: wget 198.18.1.10:80 from the sandbox failed")
@@ -202,8 +202,8 @@ func TestE2EModeCIDRAndPort(t *testing.T) {
 	}
 	e2eExpect(t,
 		e2eTCP(ns, "198.18.1.11:7", e2eReach),
-		e2eUDP(ns, "198.18.1.11:7", e2eDropped), // the name's port is tcp only
-		e2eTCP(ns, "198.18.1.10:7", e2eDropped), // and only for its own answer
+		e2eUDP(ns, "198.18.1.11:7", e2eRejected), // the name's port is tcp only
+		e2eTCP(ns, "198.18.1.10:7", e2eRejected), // and only for its own answer
 	)
 	if got := e2eAttested(e.inspect("cidr")); !reflect.DeepEqual(got, []string{"198.18.1.11:7/tcp"}) {
 		t.Errorf("cidr: attested %v, want [198.18.1.11:7/tcp]", got)
@@ -222,7 +222,7 @@ func TestE2EModeScopeAndPin(t *testing.T) {
 		t.Errorf("scoped: policy allow %v, want [api.e2e.test:80]", scoped.Policy.Allow)
 	}
 	sns := e.nsPath("scoped")
-	e2eExpect(t, e2eHTTP(sns, "198.18.1.10", e2eDropped))
+	e2eExpect(t, e2eHTTP(sns, "198.18.1.10", e2eRejected))
 	if out, code := e.nslookup("scoped", "api.e2e.test"); code != 0 || !slices.Contains(world.NslookupAddrs(out), "198.18.1.10") {
 		t.Fatalf("scoped: nslookup api.e2e.test: exit %d\n%s", code, out)
 	}
@@ -231,7 +231,7 @@ func TestE2EModeScopeAndPin(t *testing.T) {
 	}
 	e2eExpect(t,
 		e2eHTTP(sns, "198.18.1.10", e2eReach),
-		e2eTCP(sns, "198.18.1.10:7", e2eDropped), // the scope's port only
+		e2eTCP(sns, "198.18.1.10:7", e2eRejected), // the scope's port only
 	)
 	if out, code := e.nslookup("scoped", "docs.e2e.test"); code == 0 || !strings.Contains(out, "NXDOMAIN") {
 		t.Errorf("scoped: nslookup docs.e2e.test: exit %d, want NXDOMAIN\n%s", code, out)
@@ -255,7 +255,7 @@ func TestE2EModeScopeAndPin(t *testing.T) {
 	e2eExpect(t,
 		e2eHTTP(pns, "198.18.1.11", e2eReach),
 		e2eTCP(pns, "198.18.1.11:7", e2eReach),
-		e2eHTTP(pns, "198.18.1.10", e2eDropped),
+		e2eHTTP(pns, "198.18.1.10", e2eRejected),
 	)
 	// By name from the sandbox: the body names the pinned address.
 	if out, errOut, code := e.sh("pinned", "timeout 3 wget -q -O - http://docs.e2e.test/"); code != 0 || out != "hello from 198.18.1.11\n" {
@@ -268,7 +268,7 @@ func TestE2EModeScopeAndPin(t *testing.T) {
 	if code != 0 || !reflect.DeepEqual(world.NslookupAddrs(out), []string{"198.18.1.11"}) {
 		t.Errorf("pinned: nslookup docs.e2e.test after the zone changed: exit %d, want only the pinned 198.18.1.11\n%s", code, out)
 	}
-	e2eExpect(t, e2eHTTP(pns, "198.18.2.10", e2eDropped))
+	e2eExpect(t, e2eHTTP(pns, "198.18.2.10", e2eRejected))
 	if out, code := e.nslookup("pinned", "api.e2e.test"); code == 0 || !strings.Contains(out, "NXDOMAIN") {
 		t.Errorf("pinned: nslookup api.e2e.test: exit %d, want NXDOMAIN\n%s", code, out)
 	}
@@ -289,14 +289,14 @@ func TestE2EModePublic(t *testing.T) {
 		e2eTCP(ns, "198.18.1.11:7", e2eReach),
 		e2eUDP(ns, "198.18.2.10:7", e2eReach),
 		e2ePing(ns, "198.18.1.10", e2eReach),
-		e2eHTTP(ns, "169.254.169.254", e2eDropped),
-		e2eTCP(ns, "169.254.169.254:7", e2eDropped),
-		e2eUDP(ns, "169.254.169.254:7", e2eDropped),
+		e2eHTTP(ns, "169.254.169.254", e2eRejected),
+		e2eTCP(ns, "169.254.169.254:7", e2eRejected),
+		e2eUDP(ns, "169.254.169.254:7", e2eRejected),
 		e2ePing(ns, "169.254.169.254", e2eDropped),
-		e2eHTTP(ns, "10.99.0.10", e2eDropped),
-		e2eUDP(ns, "10.99.0.10:7", e2eDropped),
-		e2eTCP(ns, peer.GuestIP+":7", e2eDropped), // another session: the pool is blocked
-		e2eTCP(e.w.HostPath, peer.GuestIP+":7", e2eReach),
+		e2eHTTP(ns, "10.99.0.10", e2eRejected),
+		e2eUDP(ns, "10.99.0.10:7", e2eRejected),
+		e2eTCP(ns, peer.GuestIP+":7", e2eRejected),          // another session: the pool is blocked
+		e2eTCP(e.w.HostPath, peer.GuestIP+":7", e2eDropped), // the host opens nothing into a session by default
 	)
 	if !e.wget("open", "198.18.1.11") {
 		t.Error("open: wget 198.18.1.11 failed")
@@ -317,10 +317,11 @@ func TestE2EModePublic(t *testing.T) {
 
 // Lab: a --lab-peer session reaches the lab target's guest address; a third
 // session does not; the lab target opens no connection to its peer; the
-// operator's host reaches the lab target.
+// operator's host reaches the lab target on the port it names
+// (--inbound-from-host) and no other session.
 func TestE2EModeLab(t *testing.T) {
 	e := newE2E(t)
-	lab := e.create("lab", "--lab")
+	lab := e.create("lab", "--lab", "--inbound-from-host", "7/tcp")
 	tester := e.create("tester", "--lab-peer", "lab")
 	third := e.create("third", "--egress", "public")
 	if lab.Egress != "allowlist" || !lab.Policy.Lab {
@@ -337,14 +338,14 @@ func TestE2EModeLab(t *testing.T) {
 
 	e2eExpect(t,
 		e2eTCP(tns, lab.GuestIP+":7", e2eReach),
-		e2eTCP(ons, lab.GuestIP+":7", e2eDropped),           // a third session
-		e2eTCP(lns, tester.GuestIP+":7", e2eDropped),        // the target never opens to its peer
-		e2eTCP(tns, third.GuestIP+":7", e2eDropped),         // a peer reaches nothing else of the pool
-		e2eTCP(e.w.HostPath, lab.GuestIP+":7", e2eReach),    // the operator's host
-		e2eTCP(e.w.HostPath, tester.GuestIP+":7", e2eReach), // (the peer's server answers)
-		e2eTCP(tns, "198.18.1.10:7", e2eDropped),            // only the lab target
-		e2eTCP(lns, "198.18.1.10:7", e2eDropped),            // a lab target has no egress
-		e2eTCP(ons, "198.18.1.10:7", e2eReach),              // the third session's own egress works
+		e2eTCP(ons, lab.GuestIP+":7", e2eRejected),            // a third session
+		e2eTCP(lns, tester.GuestIP+":7", e2eRejected),         // the target never opens to its peer
+		e2eTCP(tns, third.GuestIP+":7", e2eRejected),          // a peer reaches nothing else of the pool
+		e2eTCP(e.w.HostPath, lab.GuestIP+":7", e2eReach),      // the operator's host, on the port the target names
+		e2eTCP(e.w.HostPath, tester.GuestIP+":7", e2eDropped), // (the peer's server listens, but names no port)
+		e2eTCP(tns, "198.18.1.10:7", e2eRejected),             // only the lab target
+		e2eTCP(lns, "198.18.1.10:7", e2eRejected),             // a lab target has no egress
+		e2eTCP(ons, "198.18.1.10:7", e2eReach),                // the third session's own egress works
 	)
 	url := "http://" + lab.GuestIP + ":8080/"
 	if out, _, code := e.sh("tester", "timeout 3 wget -q -O - "+url); code != 0 || out != "lab\n" {

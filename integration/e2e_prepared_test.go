@@ -48,7 +48,7 @@ func TestE2EPreparedNetns(t *testing.T) {
 		t.Errorf("pool before %v, after two creates %v: want the two oldest claimed", before, after)
 	}
 	e.resolveTo("p1", "api.e2e.test", "198.18.1.10")
-	e2eExpect(t, e2eTCP(e.nsPath("p1"), "198.18.1.10:7", e2eReach), e2eTCP(e.nsPath("p1"), "198.18.1.11:7", e2eDropped))
+	e2eExpect(t, e2eTCP(e.nsPath("p1"), "198.18.1.10:7", e2eReach), e2eTCP(e.nsPath("p1"), "198.18.1.11:7", e2eRejected))
 	e.expectConsistent("with two sessions and the pool")
 	if err := e.d.Stop(); err != nil {
 		t.Fatal(err)

@@ -4,15 +4,20 @@ package integration
 // namespace with the world's probes (a socket made inside the namespace,
 // the reply verified), which says precisely what was reached; or from
 // inside the sandbox with busybox through `enforcerd session exec`, which
-// is what a user's code does. A "blocked" probe must end in a timeout (a
-// silent drop by the host's table), never in just any error, unless it is
-// declared unroutable (egress none: no route at all).
+// is what a user's code does. A "blocked" probe must end in what the
+// session's --on-deny answers, never in just any error: rejected (the
+// default) is EHOSTUNREACH within the block timeout, the kernel's reading
+// of the table's ICMP administratively prohibited; dropped is a timeout (a
+// silent drop: --on-deny drop, and what is never answered, as a ping a raw
+// socket waits for). Unroutable is declared (egress none: no route at all).
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"net/netip"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -31,9 +36,12 @@ const (
 	e2eReach       e2eWant = iota // reached, reply verified
 	e2eDropped                    // a timeout: silently dropped
 	e2eUnreachable                // any error: no route, nothing to reach
+	e2eRejected                   // EHOSTUNREACH at once: the table answered admin-prohibited
 )
 
-func (w e2eWant) String() string { return [...]string{"reach", "dropped", "unreachable"}[w] }
+func (w e2eWant) String() string {
+	return [...]string{"reach", "dropped", "unreachable", "rejected"}[w]
+}
 
 // e2eProbe is one attempt to reach something.
 type e2eProbe struct {
@@ -88,12 +96,27 @@ func e2eDNS(ns string, server netip.AddrPort, name string, w e2eWant) e2eProbe {
 	}}
 }
 
-// e2eExpect runs the probes concurrently and checks each.
+// e2eRejectWait bounds a rejected probe's attempts. The kernel sends ICMP
+// errors to one destination (a session's guest) at most 6 at once and 1
+// per second after (net.ipv4.icmp_ratelimit): an attempt whose answer the
+// limit swallowed times out, and the next one, a token later, is
+// answered.
+const e2eRejectWait = 5 * time.Second
+
+// e2eExpect runs the probes concurrently and checks each. The rejected
+// ones run one after another (the ICMP rate limit is per session), each
+// attempted again while it times out, until e2eRejectWait: a timeout is
+// never taken for a rejection, and a reach or any other error ends it.
 func e2eExpect(t *testing.T, probes ...e2eProbe) {
 	t.Helper()
 	errs := make([]error, len(probes))
 	var wg sync.WaitGroup
+	var rejected []int
 	for i, p := range probes {
+		if p.want == e2eRejected {
+			rejected = append(rejected, i)
+			continue
+		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -104,6 +127,19 @@ func e2eExpect(t *testing.T, probes ...e2eProbe) {
 			errs[i] = p.run(to)
 		}()
 	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for _, i := range rejected {
+			deadline := time.Now().Add(e2eRejectWait)
+			for {
+				errs[i] = probes[i].run(world.BlockTimeout)
+				if !world.IsTimeout(errs[i]) || time.Now().After(deadline) {
+					break
+				}
+			}
+		}
+	}()
 	wg.Wait()
 	for i, p := range probes {
 		err := errs[i]
@@ -114,6 +150,8 @@ func e2eExpect(t *testing.T, probes ...e2eProbe) {
 			t.Errorf("%s: want %s, but it was reached", p.what, p.want)
 		case p.want == e2eDropped && !world.IsTimeout(err):
 			t.Errorf("%s: want a silent drop (timeout), got %v", p.what, err)
+		case p.want == e2eRejected && !errors.Is(err, syscall.EHOSTUNREACH):
+			t.Errorf("%s: want rejected (EHOSTUNREACH, no route to host), got %v", p.what, err)
 		}
 	}
 }

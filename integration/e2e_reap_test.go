@@ -124,7 +124,7 @@ func TestE2EReap(t *testing.T) {
 	lookupOther("after the reap")
 	e2eExpect(t,
 		e2eTCP(other.nsPath("keep"), "198.18.1.10:7", e2eReach),
-		e2eTCP(other.nsPath("keep"), "198.18.1.11:7", e2eDropped),
+		e2eTCP(other.nsPath("keep"), "198.18.1.11:7", e2eRejected),
 	)
 	if out := other.mustSh("keep", "echo ok"); out != "ok\n" {
 		t.Errorf("exec in the other prefix's session: %q", out)

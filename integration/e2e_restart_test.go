@@ -83,13 +83,13 @@ func e2eRestartSteady(t *testing.T, sig syscall.Signal) {
 		t.Helper()
 		e2eExpect(t,
 			e2eTCP(ans, "198.18.1.10:7", e2eReach), // attested: allowed stays allowed
-			e2eTCP(ans, "198.18.1.11:7", e2eDropped),
-			e2eHTTP(ans, "169.254.169.254", e2eDropped),
+			e2eTCP(ans, "198.18.1.11:7", e2eRejected),
+			e2eHTTP(ans, "169.254.169.254", e2eRejected),
 			e2eTCP(pns, labEcho.String(), e2eReach),
-			e2eTCP(ons, labEcho.String(), e2eDropped),
-			e2eTCP(pns, "198.18.1.10:7", e2eDropped),
+			e2eTCP(ons, labEcho.String(), e2eRejected),
+			e2eTCP(pns, "198.18.1.10:7", e2eRejected),
 			e2eHTTP(ons, "198.18.2.10", e2eReach),
-			e2eHTTP(ons, "10.99.0.10", e2eDropped),
+			e2eHTTP(ons, "10.99.0.10", e2eRejected),
 		)
 		e2eEcho(t, when, conn)
 		if got := e2eNftAttested(t, e.w, e.d.Prefix, guest); !slices.Equal(got, []string{"198.18.1.10"}) {
@@ -307,7 +307,7 @@ func (e *e2eEnv) expectUsable(t *testing.T, list []api.SessionInfo, present, abs
 		if rcode, addrs := e2eLookup(t, ns, "api.e2e.test"); rcode != dns.RcodeSuccess || !slices.Equal(addrs, []string{"198.18.1.10"}) {
 			t.Errorf("%s: api.e2e.test: %s %v", s.Name, dns.RcodeToString[rcode], addrs)
 		}
-		probes = append(probes, e2eTCP(ns, "198.18.1.10:7", e2eReach), e2eTCP(ns, "198.18.1.11:7", e2eDropped))
+		probes = append(probes, e2eTCP(ns, "198.18.1.10:7", e2eReach), e2eTCP(ns, "198.18.1.11:7", e2eRejected))
 		if s.Sandbox {
 			if out := e.mustSh(s.Name, "echo ok"); out != "ok\n" {
 				t.Errorf("exec in %s: %q", s.Name, out)
@@ -353,7 +353,7 @@ func TestE2ERestartLabPeerOfRemovedTarget(t *testing.T) {
 	// A new lab target under the old name; the peer was never given it.
 	lab2 := e.createNetOnly("lab", "--lab")
 	e2eServeTCPEcho(t, e.nsPath("lab"), netip.MustParseAddrPort(lab2.GuestIP+":7"))
-	e2eExpect(t, e2eTCP(e.nsPath("peer"), lab2.GuestIP+":7", e2eDropped))
+	e2eExpect(t, e2eTCP(e.nsPath("peer"), lab2.GuestIP+":7", e2eRejected))
 	restart("after a restart with a new lab target of the same name", []string{"lab", "peer"})
-	e2eExpect(t, e2eTCP(e.nsPath("peer"), lab2.GuestIP+":7", e2eDropped))
+	e2eExpect(t, e2eTCP(e.nsPath("peer"), lab2.GuestIP+":7", e2eRejected))
 }

@@ -88,9 +88,10 @@ func TestE2EToolDefaults(t *testing.T) {
 	}
 
 	// A UTF-8 locale, and on a read-only root a writable working directory
-	// and HOME: a download lands where the tool runs.
+	// and HOME, root's passwd home (see TestE2ESandboxRootHomeWritable): a
+	// download lands where the tool runs.
 	out := e.mustSh("plain", `echo "$LANG"; pwd; echo "$HOME"; echo data > ./got && cat ./got && echo ok > "$HOME/.probe" && echo home-ok`)
-	if want := "C.UTF-8\n/tmp\n/tmp\ndata\nhome-ok\n"; out != want {
+	if want := "C.UTF-8\n/tmp\n/root\ndata\nhome-ok\n"; out != want {
 		t.Errorf("read-only root defaults: %q, want %q", out, want)
 	}
 	// wget URL, as a user types it: the file lands in the working directory.

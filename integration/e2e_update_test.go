@@ -89,7 +89,7 @@ func TestE2EUpdateWiden(t *testing.T) {
 	if e.w.DNS.QueriedName("docs.e2e.test") {
 		t.Error("before: docs.e2e.test, refused, was asked upstream")
 	}
-	e2eExpect(t, e2eTCP(ns, "198.18.1.10:7", e2eReach), e2eTCP(ns, "198.18.1.11:7", e2eDropped))
+	e2eExpect(t, e2eTCP(ns, "198.18.1.10:7", e2eReach), e2eTCP(ns, "198.18.1.11:7", e2eRejected))
 
 	t0 := time.Now().Add(-time.Second)
 	info := e.update("agent", "--allow", "docs.e2e.test")
@@ -111,7 +111,7 @@ func TestE2EUpdateWiden(t *testing.T) {
 	e2eExpect(t,
 		e2eTCP(ns, "198.18.1.11:7", e2eReach),
 		e2eTCP(ns, "198.18.1.10:7", e2eReach),
-		e2eTCP(ns, "198.18.2.10:7", e2eDropped),
+		e2eTCP(ns, "198.18.2.10:7", e2eRejected),
 	)
 	if a := e.why("agent", "198.18.1.11:7"); a.Verdict != api.WhyAllowed || a.Reason != "attested" {
 		t.Errorf("why 198.18.1.11:7 after the update: %+v", a)
@@ -145,7 +145,7 @@ func TestE2EUpdateRevoke(t *testing.T) {
 	e2eCut(t, "api's 198.18.1.10:7", revoked)
 	e2eEcho(t, "after the update, to an address other.e2e.test still attests", kept)
 	e2eExpect(t,
-		e2eTCP(ns, "198.18.1.10:7", e2eDropped),
+		e2eTCP(ns, "198.18.1.10:7", e2eRejected),
 		e2eTCP(ns, "198.18.1.11:7", e2eReach),
 	)
 	if got := e2eNftAttested(t, e.w, e.d.Prefix, guest); !slices.Equal(got, []string{"198.18.1.11"}) {
@@ -179,8 +179,8 @@ func TestE2EUpdateKeepEstablished(t *testing.T) {
 	e2eEcho(t, "after a --keep-established revoke (name)", byName)
 	e2eEcho(t, "after a --keep-established revoke (static)", static)
 	e2eExpect(t,
-		e2eTCP(ns, "198.18.1.10:7", e2eDropped),
-		e2eTCP(ns, "198.18.2.10:7", e2eDropped),
+		e2eTCP(ns, "198.18.1.10:7", e2eRejected),
+		e2eTCP(ns, "198.18.2.10:7", e2eRejected),
 	)
 	e2eEcho(t, "after new connections were dropped", byName)
 
@@ -219,7 +219,7 @@ func TestE2EUpdateLockedAndStale(t *testing.T) {
 	e2eCodedCLI(e, api.CodeLocked, "session", "update", "locked", "--allow", "docs.e2e.test", "--json")
 	e2eSamePolicy(t, "locked, after the refused updates", before, e.inspect("locked"))
 	e2eLookupWant(t, ns, "locked, after", "docs.e2e.test", dns.RcodeNameError)
-	e2eExpect(t, e2eTCP(ns, "198.18.1.11:7", e2eDropped), e2eTCP(ns, "198.18.1.10:7", e2eReach))
+	e2eExpect(t, e2eTCP(ns, "198.18.1.11:7", e2eRejected), e2eTCP(ns, "198.18.1.10:7", e2eReach))
 
 	e.createNetOnly("agent", "--allow", "api.e2e.test")
 	ns = e.nsPath("agent")
@@ -243,7 +243,7 @@ func TestE2EUpdateLockedAndStale(t *testing.T) {
 	e2eSamePolicy(t, "after the stale updates", before, e.inspect("agent"))
 	e2eLookupWant(t, ns, "after the stale updates", "cdn.e2e.test", dns.RcodeNameError)
 	e2eLookupWant(t, ns, "after the stale updates", "docs.e2e.test", dns.RcodeSuccess, "198.18.1.11")
-	e2eExpect(t, e2eTCP(ns, "198.18.2.10:7", e2eDropped), e2eTCP(ns, "198.18.1.11:7", e2eReach))
+	e2eExpect(t, e2eTCP(ns, "198.18.2.10:7", e2eRejected), e2eTCP(ns, "198.18.1.11:7", e2eReach))
 	// An invalid update changes nothing either.
 	msg = e.expectFail(1, "session", "update", "agent", "--allow", "10.0.0.0/8")
 	if !strings.Contains(msg, "10.0.0.0/8") {
@@ -295,7 +295,7 @@ func TestE2EUpdateOverlappingCIDR(t *testing.T) {
 	e := newE2E(t)
 	e.createNetOnly("agent", "--allow", "198.18.1.0/24")
 	ns := e.nsPath("agent")
-	e2eExpect(t, e2eTCP(ns, "198.18.1.10:7", e2eReach), e2eTCP(ns, "198.18.2.10:7", e2eDropped))
+	e2eExpect(t, e2eTCP(ns, "198.18.1.10:7", e2eReach), e2eTCP(ns, "198.18.2.10:7", e2eRejected))
 
 	info := e.update("agent", "--revoke", "198.18.1.0/24", "--allow", "198.18.0.0/16")
 	if !slices.Equal(info.Policy.Allow, []string{"198.18.0.0/16"}) {
@@ -309,7 +309,7 @@ func TestE2EUpdateOverlappingCIDR(t *testing.T) {
 	e2eExpect(t,
 		e2eTCP(ns, "198.18.1.10:7", e2eReach),
 		e2eTCP(ns, "198.18.1.11:7", e2eReach),
-		e2eTCP(ns, "198.18.2.10:7", e2eDropped),
+		e2eTCP(ns, "198.18.2.10:7", e2eRejected),
 	)
 	e2eCut(t, "198.18.2.10:7, outside the narrowed /24", conn)
 	if a := e.why("agent", "198.18.2.10:7"); a.Verdict != api.WhyDropped {
@@ -358,7 +358,7 @@ func TestE2EUpdateKillDuringUpdate(t *testing.T) {
 				t.Errorf("%s: under policy B the kernel still holds attested %v", when, got)
 			}
 		}
-		want := map[bool]e2eWant{true: e2eReach, false: e2eDropped}
+		want := map[bool]e2eWant{true: e2eReach, false: e2eRejected}
 		e2eExpect(t,
 			e2eTCP(ns, "198.18.1.10:7", want[a]),
 			e2eTCP(ns, "198.18.2.10:7", want[a]),
@@ -489,7 +489,7 @@ func TestE2EUpdateRevokeForgottenName(t *testing.T) {
 
 	e.update("agent", "--revoke", "api.e2e.test")
 	e2eCut(t, "the forgotten name's 198.18.1.10:7", conn)
-	e2eExpect(t, e2eTCP(ns, "198.18.1.10:7", e2eDropped))
+	e2eExpect(t, e2eTCP(ns, "198.18.1.10:7", e2eRejected))
 	got := e2eNftAttested(t, e.w, e.d.Prefix, guest)
 	if slices.Contains(got, "198.18.1.10") {
 		t.Errorf("the revoked name's 198.18.1.10 is still attested after the update")

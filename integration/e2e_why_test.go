@@ -11,6 +11,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/miekg/dns"
+
 	"github.com/enforcerd/enforcerd/api"
 	"github.com/enforcerd/enforcerd/integration/world"
 )
@@ -88,5 +90,60 @@ func TestE2ESessionWhy(t *testing.T) {
 	// Bad input: one line naming the value.
 	if msg := e.expectFail(1, "session", "why", "agent", "198.18.1.11:99999"); !strings.Contains(msg, `"99999"`) {
 		t.Errorf("bad port: %q", msg)
+	}
+}
+
+// As found (issue 27 finding 8): `allowed.test:8080` with `--allow
+// allowed.test:80` answered "verdict": "allowed" at the top while every
+// address was dropped on 8080. The top is now the destination's verdict:
+// dropped (the default's silence) or rejected (--on-deny reject), with the
+// reason, and the datapath agrees; port 80 is the allowed control. An
+// address opened by an HTTPS record's ipv4hint names that name and type.
+func TestE2EWhyVerdictIsTheDestinations(t *testing.T) {
+	e := newE2E(t)
+	e.w.DNS.AddRR(`svc.e2e.test. 300 IN HTTPS 1 . alpn="h2" ipv4hint="198.18.1.11"`)
+	for _, c := range []struct{ session, onDeny, refused string }{
+		{"quiet", "drop", api.WhyDropped},
+		{"loud", "reject", api.WhyRejected},
+	} {
+		e.createNetOnly(c.session, "--allow", "api.e2e.test:80", "--allow", "svc.e2e.test:443", "--on-deny", c.onDeny)
+		ns := e.nsPath(c.session)
+		if rcode, addrs := e2eLookup(t, ns, "api.e2e.test"); rcode != 0 || !slices.Equal(addrs, []string{"198.18.1.10"}) {
+			t.Fatalf("%s: lookup: %d %v", c.session, rcode, addrs)
+		}
+		a := e.why(c.session, "api.e2e.test:8080")
+		if a.Verdict != c.refused || a.Reason != "port" || len(a.Addrs) != 1 || a.Addrs[0].Verdict != c.refused {
+			t.Errorf("%s: why api.e2e.test:8080 = %+v, want %s (port) at the top and in addrs", c.session, a, c.refused)
+		}
+		if ok := e.why(c.session, "api.e2e.test:80"); ok.Verdict != api.WhyAllowed {
+			t.Errorf("%s: why api.e2e.test:80 = %+v, want allowed", c.session, ok)
+		}
+		conn, err := world.DialTCP(ns, netip.MustParseAddrPort("198.18.1.10:8080"), world.BlockTimeout)
+		if conn != nil {
+			conn.Close()
+		}
+		switch {
+		case err == nil:
+			t.Errorf("%s: connect 198.18.1.10:8080 succeeded, but why says %s", c.session, a.Verdict)
+		case c.refused == api.WhyDropped && !world.IsTimeout(err):
+			t.Errorf("%s: connect 198.18.1.10:8080: %v, want a silent drop (why says dropped)", c.session, err)
+		case c.refused == api.WhyRejected && world.IsTimeout(err):
+			t.Errorf("%s: connect 198.18.1.10:8080 timed out, but why says rejected", c.session)
+		}
+		e2eExpect(t, e2eHTTP(ns, "198.18.1.10", e2eReach))
+
+		// The HTTPS record's ipv4hint opened 198.18.1.11:443.
+		m, err := world.Lookup(ns, e2eAnycastDNS, "svc.e2e.test", dns.TypeHTTPS, false, world.ReachTimeout)
+		if err != nil || m.Rcode != dns.RcodeSuccess {
+			t.Fatalf("%s: look up svc.e2e.test HTTPS: %v %v", c.session, err, m)
+		}
+		h := e.why(c.session, "198.18.1.11:443")
+		if h.Verdict != api.WhyAllowed || h.Reason != "attested" || h.AttestedName != "svc.e2e.test" || h.AttestedType != "HTTPS" {
+			t.Errorf("%s: why 198.18.1.11:443 = %+v, want attested by svc.e2e.test's HTTPS answer", c.session, h)
+		}
+	}
+	// The text form leads with the destination's verdict.
+	if out := e.cli("session", "why", "quiet", "api.e2e.test:8080"); !strings.HasPrefix(out, "api.e2e.test:8080: dropped") {
+		t.Errorf("why text:\n%s", out)
 	}
 }

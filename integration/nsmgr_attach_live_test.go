@@ -89,11 +89,13 @@ func TestNsmgrAttach(t *testing.T) {
 	}
 	release()
 
-	// The same interface name again, and a second session in the same
-	// netns under another name: the first is refused and leaves nothing.
+	// A second session in the same netns, under the same interface name or
+	// another: refused (the netns is c1's) and leaves nothing.
 	before := m.SlotsInUse()
-	if _, err := m.Attach("c2", nsmgr.Attachment{NetnsPath: path, IfName: "net1"}); err == nil || !strings.Contains(err.Error(), "interface net1 exists in netns "+path) {
-		t.Errorf("Attach over an existing interface = %v", err)
+	for _, ifname := range []string{"net1", "net2"} {
+		if _, err := m.Attach("c2", nsmgr.Attachment{NetnsPath: path, IfName: ifname}); err == nil || !strings.Contains(err.Error(), "it is the netns of session c1") {
+			t.Errorf("Attach %s into c1's netns = %v", ifname, err)
+		}
 	}
 	if n := m.SlotsInUse(); n != before {
 		t.Errorf("SlotsInUse after a refused Attach = %d, want %d", n, before)
@@ -172,6 +174,38 @@ func TestNsmgrAttachRefuses(t *testing.T) {
 	if n := m.SlotsInUse(); n != 1 {
 		t.Errorf("SlotsInUse = %d, want 1", n)
 	}
+
+	// The netns a session was attached to is a session's too: a second
+	// attach there is refused by name, by this Manager and by one that
+	// knows the session only from the kernel (a restarted daemon); the
+	// same attach into a netns no session holds is made (the control).
+	pod, err := m.Attach("pod", nsmgr.Attachment{NetnsPath: path, IfName: "eth0"})
+	if err != nil {
+		t.Fatalf("Attach pod: %v", err)
+	}
+	cleanupSession(t, w, prefix, "pod", pod.Slot)
+	want := fmt.Sprintf("invalid netns path %q: it is the netns of session pod, not a container's", path)
+	if _, err := m.Attach("x", nsmgr.Attachment{NetnsPath: path, IfName: "eth9"}); err == nil || !strings.Contains(err.Error(), want) {
+		t.Errorf("Attach into pod's netns = %v, want %q", err, want)
+	}
+	later := newManager(t, w, prefix, "10.20.0.0/16", nil)
+	if _, err := later.Recover(); err != nil {
+		t.Fatalf("Recover: %v", err)
+	}
+	if _, err := later.Attach("x", nsmgr.Attachment{NetnsPath: path, IfName: "eth9"}); err == nil || !strings.Contains(err.Error(), want) {
+		t.Errorf("after Recover: Attach into pod's netns = %v, want %q", err, want)
+	}
+	_, h, release := sessionHandle(t, path)
+	if names := linkNames(t, h); !slices.Equal(names, []string{"eth0", "lo"}) && !slices.Equal(names, []string{"lo", "eth0"}) {
+		t.Errorf("links in pod's netns after the refusals: %v, want lo and eth0", names)
+	}
+	release()
+	fresh := runtimeNetns(t, w, "q")
+	x, err := m.Attach("x", nsmgr.Attachment{NetnsPath: fresh, IfName: "eth9"})
+	if err != nil {
+		t.Fatalf("Attach into a fresh netns: %v", err)
+	}
+	cleanupSession(t, w, prefix, "x", x.Slot)
 }
 
 // A fault at every step of Attach unwinds: no veth on either side, no slot.

@@ -152,6 +152,7 @@ const (
 	ctaTupleIP      = 1
 	ctaTupleProto   = 2
 	ctaProtoNum     = 1
+	ctaProtoSrcPort = 2
 	ctaProtoDstPort = 3
 	ctaIPv4Src      = 1
 	ctaIPv4Dst      = 2
@@ -209,6 +210,7 @@ type flowEntry struct {
 	zone     []byte
 	src, dst netip.Addr
 	proto    uint8  // the protocol number
+	sport    uint16 // the source port of a port protocol, else 0
 	dport    uint16 // the destination port of a port protocol (TCP, UDP, ...), else 0
 }
 
@@ -249,7 +251,7 @@ func parseFlow(b []byte) (flowEntry, error) {
 		switch ad.Type() {
 		case ctaTupleOrig:
 			e.tuple = append([]byte(nil), ad.Bytes()...)
-			e.src, e.dst, e.proto, e.dport = parseTuple(e.tuple)
+			e.src, e.dst, e.proto, e.sport, e.dport = parseTuple(e.tuple)
 		case ctaZone:
 			e.zone = append([]byte(nil), ad.Bytes()...)
 		}
@@ -258,8 +260,8 @@ func parseFlow(b []byte) (flowEntry, error) {
 }
 
 // parseTuple reads an encoded tuple once: its IPv4 source and destination,
-// its protocol number and, for a port protocol, its destination port.
-func parseTuple(tuple []byte) (src, dst netip.Addr, proto uint8, dport uint16) {
+// its protocol number and, for a port protocol, its ports.
+func parseTuple(tuple []byte) (src, dst netip.Addr, proto uint8, sport, dport uint16) {
 	ad, err := netlink.NewAttributeDecoder(tuple)
 	if err != nil {
 		return
@@ -289,6 +291,8 @@ func parseTuple(tuple []byte) (src, dst netip.Addr, proto uint8, dport uint16) {
 				switch {
 				case inner.Type() == ctaProtoNum && len(v) == 1:
 					proto = v[0]
+				case inner.Type() == ctaProtoSrcPort && len(v) == 2:
+					sport = binary.BigEndian.Uint16(v)
 				case inner.Type() == ctaProtoDstPort && len(v) == 2:
 					dport = binary.BigEndian.Uint16(v)
 				}

@@ -24,6 +24,18 @@ const (
 	ReasonDenied         = "denied"          // a deny entry names the destination
 )
 
+// AnsweredReason reports whether drops of reason go to the session's
+// --on-deny answer (reject, reset): spoofed and inbound packets, and
+// rate-limited flows, are always dropped in silence (answering a flood or
+// a spoofed address would only add to it, or reach someone else).
+func AnsweredReason(reason string) bool {
+	switch reason {
+	case ReasonSpoofed, ReasonInbound, ReasonRateLimit:
+		return false
+	}
+	return true
+}
+
 // Reasons lists every drop reason.
 var Reasons = []string{ReasonNotAllowed, ReasonPort, ReasonSpecialPurpose, ReasonResolver, ReasonSpoofed, ReasonInbound, ReasonRateLimit, ReasonDenied}
 

@@ -133,16 +133,20 @@ func sessionElements(r SessionRules) []setElems {
 		pr, po := protoKey(t.Proto), portKey(t.Port)
 		deniedPorts = append(deniedPorts, nftables.SetElement{Key: concat(g, pr, ipKey(first), po), KeyEnd: concat(g, pr, ipKey(last), po)})
 	}
-	var reject []nftables.SetElement
-	if r.Reject {
+	var reject, reset []nftables.SetElement
+	if r.OnDeny.Answers() {
 		reject = []nftables.SetElement{{Key: g}}
 	}
+	if r.OnDeny == DenyReset {
+		reset = []nftables.SetElement{{Key: g}}
+	}
 	for _, se := range []setElems{{setPeers, peers}, {setStatic, static}, {setStaticPorts, staticPorts}, {setStaticCIDR, cidr}, {setStaticCIDRPorts, cidrPorts},
-		{setPortHosts, portHosts}, {setPortCIDRs, portCIDR}, {setDenied, denied}, {setDeniedPorts, deniedPorts}, {setReject, reject}} {
+		{setPortHosts, portHosts}, {setPortCIDRs, portCIDR}, {setDenied, denied}, {setDeniedPorts, deniedPorts}, {setReject, reject}, {setReset, reset}} {
 		if len(se.elems) > 0 {
 			out = append(out, se)
 		}
 	}
+	out = append(out, inboundElements(r)...)
 	out = append(out,
 		setElems{setAcctAccept, []nftables.SetElement{{Key: g}}},
 		setElems{setAcctDrop, []nftables.SetElement{{Key: g}}},
@@ -153,9 +157,12 @@ func sessionElements(r SessionRules) []setElems {
 }
 
 // attestElements returns the elements Attest inserts: guest . ip in
-// "attested" when ports is empty or contains a port-less spec, otherwise one
-// guest . proto . ip . port element per (ip, port, protocol) in
-// "attested_ports". Non-IPv4 addresses are skipped (IPv6 is not supported).
+// "attested" when ports is empty or contains a port-less spec (and, since
+// such an element never opens 53 or 853, a guest . proto . ip . port
+// element in "attested_ports" per resolver port ports names beside it),
+// otherwise one guest . proto . ip . port element per (ip, port, protocol)
+// in "attested_ports". Non-IPv4 addresses are skipped (IPv6 is not
+// supported).
 func attestElements(guest netip.Addr, ips []netip.Addr, timeout time.Duration, ports []PortSpec) []setElems {
 	g := ipKey(guest)
 	anyPort := len(ports) == 0
@@ -164,13 +171,23 @@ func attestElements(guest netip.Addr, ips []netip.Addr, timeout time.Duration, p
 			anyPort = true
 		}
 	}
-	var elems []nftables.SetElement
+	var elems, resolver []nftables.SetElement
 	for _, ip := range ips {
 		if ip = ip.Unmap(); !ip.Is4() {
 			continue
 		}
 		if anyPort {
 			elems = append(elems, nftables.SetElement{Key: concat(g, ipKey(ip)), Timeout: timeout})
+			// Any port but the resolver ports: those an entry names
+			// beside the port-less one are attested on their own.
+			for _, p := range ports {
+				if !IsResolverPort(p.Port) {
+					continue
+				}
+				for _, proto := range protosOf(p.Proto) {
+					resolver = append(resolver, nftables.SetElement{Key: concat(g, protoKey(proto), ipKey(ip), portKey(p.Port)), Timeout: timeout})
+				}
+			}
 			continue
 		}
 		for _, p := range ports {
@@ -186,6 +203,9 @@ func attestElements(guest netip.Addr, ips []netip.Addr, timeout time.Duration, p
 		return nil
 	}
 	if anyPort {
+		if len(resolver) > 0 {
+			return []setElems{{setAttested, elems}, {setAttestedPorts, resolver}}
+		}
 		return []setElems{{setAttested, elems}}
 	}
 	// The address without its ports, so a drop on another port says "port".

@@ -137,8 +137,15 @@ func TestAttestElements(t *testing.T) {
 		t.Errorf("mapped address element = %+v", e)
 	}
 	// A port-less spec among others means every port.
-	if any := attestElements(guest, ips[:1], time.Second, []PortSpec{{443, ProtoTCP}, {}}); any[0].set != setAttested {
+	if any := attestElements(guest, ips[:1], time.Second, []PortSpec{{443, ProtoTCP}, {}}); len(any) != 1 || any[0].set != setAttested {
 		t.Errorf("port-less spec: %+v", any)
+	}
+	// ... but the resolver ports, which a port-less element never opens:
+	// those named beside it are attested with their ports.
+	res := attestElements(guest, ips[:1], time.Second, []PortSpec{{}, {53, ProtoUDP}, {853, ProtoAny}, {443, ProtoTCP}})
+	if len(res) != 2 || res[0].set != setAttested || res[1].set != setAttestedPorts || len(res[1].elems) != 3 ||
+		!bytes.Equal(res[1].elems[0].Key, b(g, []byte{17, 0, 0, 0}, []byte{1, 2, 3, 4}, []byte{0, 53, 0, 0})) {
+		t.Errorf("port-less spec with resolver ports: %+v", res)
 	}
 
 	ported := attestElements(guest, ips[:1], time.Minute, []PortSpec{{53, ProtoAny}, {443, ProtoTCP}})

@@ -98,7 +98,10 @@ type SessionRules struct {
 	Static    []Target     // CIDR entries and pinned addresses (see StaticTargets)
 	Peers     []netip.Addr // guest addresses of the lab peers this session may reach
 	Deny      []Target     // denied addresses and CIDRs (DenyTargets): dropped before any accept
-	Reject    bool         // policy drops answered with a TCP reset or ICMP admin-prohibited
+	OnDeny    DenyAnswer   // what policy drops get: silence, ICMP admin-prohibited, or a TCP reset for TCP
+	// InboundFromHost are the ports the host (the daemon's netns: the node)
+	// may open connections to in the session; none by default (inbound.go).
+	InboundFromHost []PortSpec
 }
 
 // SessionKey identifies a session in the kernel's "sessions" set.

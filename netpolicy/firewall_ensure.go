@@ -38,10 +38,12 @@ func chainDefs() []chainDef {
 		{name: chainRelated},
 		{name: chainFromSession},
 		{name: chainInputSession},
+		{name: chainOutputSession},
 		{chainRawPrerouting, nftables.ChainTypeFilter, nftables.ChainHookPrerouting, nftables.ChainPriorityRaw},
 		{chainRawOutput, nftables.ChainTypeFilter, nftables.ChainHookOutput, nftables.ChainPriorityRaw},
 		{chainForward, nftables.ChainTypeFilter, nftables.ChainHookForward, nftables.ChainPriorityFilter},
 		{chainInput, nftables.ChainTypeFilter, nftables.ChainHookInput, nftables.ChainPriorityFilter},
+		{chainOutput, nftables.ChainTypeFilter, nftables.ChainHookOutput, nftables.ChainPriorityFilter},
 		{chainPostrouting, nftables.ChainTypeNAT, nftables.ChainHookPostrouting, nftables.ChainPriorityNATSource},
 	}
 }

@@ -36,6 +36,11 @@ var resolverPorts = []PortSpec{
 	{Port: 853, Proto: ProtoTCP}, {Port: 853, Proto: ProtoUDP},
 }
 
+// IsResolverPort reports whether port is DNS (53) or DNS over TLS (853):
+// a port-less allow or scope entry never opens them; only an entry that
+// names the port does.
+func IsResolverPort(port uint16) bool { return port == 53 || port == 853 }
+
 // ruleSpec is one rule of one chain, as plain data.
 type ruleSpec struct {
 	chain string
@@ -116,9 +121,9 @@ type ruleEnv struct {
 //	drop_not_allowed, drop_port, drop_special, drop_resolver, drop_denied:
 //	                update @acct_reason { ip saddr . CODE }; LOG(reason); goto drop_policy
 //	drop_policy:    ip saddr @reject goto reject_session; goto drop_session
-//	reject_session: update @acct_drop { ip saddr }
-//	                meta l4proto tcp reject with tcp reset
-//	                reject with icmp admin-prohibited      # --on-deny reject: the session's own packets only
+//	reject_session: update @acct_drop { ip saddr }    # --on-deny reject or reset: the session's own packets only
+//	                ip saddr @reset meta l4proto tcp reject with tcp reset   # reset: connect says ECONNREFUSED
+//	                reject with icmp admin-prohibited      # reject (and reset's non-TCP): connect says EHOSTUNREACH
 //	drop_spoofed:   update @acct_reason { iifname map @ifaces . 5 }; LOG(spoofed); drop
 //	drop_inbound:   oifname . ip daddr != @sessions drop
 //	                update @acct_reason { ip daddr . 6 }; LOG(inbound); drop
@@ -299,7 +304,10 @@ func buildRules(env ruleEnv) []ruleSpec {
 	add(chainDropPolicy, v4, loadSaddr(reg1), env.lookup(setReject, reg1, false), gotoC(chainReject))
 	add(chainDropPolicy, gotoC(chainDrop))
 	add(chainReject, v4, env.update(setAcctDrop))
-	add(chainReject, v4, l4protoNumIs(unix.IPPROTO_TCP), []expr.Any{&expr.Reject{Type: unix.NFT_REJECT_TCP_RST}})
+	// reset: TCP gets a reset (a closed port to a scanner); reject, and
+	// reset's other protocols, ICMP administratively prohibited (a
+	// connect fails with EHOSTUNREACH at once; a scanner says filtered).
+	add(chainReject, v4, loadSaddr(reg1), env.lookup(setReset, reg1, false), l4protoNumIs(unix.IPPROTO_TCP), []expr.Any{&expr.Reject{Type: unix.NFT_REJECT_TCP_RST}})
 	add(chainReject, v4, []expr.Any{&expr.Reject{Type: unix.NFT_REJECT_ICMP_UNREACH, Code: icmpAdminProhibited}})
 	// A rate-limited flow stays a silent drop: answering a flood would only
 	// add to it.
@@ -318,6 +326,9 @@ func buildRules(env ruleEnv) []ruleSpec {
 	add(chainInputSession, v4, toDNS, dnsPort(ProtoTCP, true), jump(chainFlowLimit))
 	add(chainInputSession, v4, toDNS, dnsPort(ProtoTCP, true), accept)
 	add(chainInputSession, gotoC(chainDropNotAllowed))
+
+	// output: what the host itself sends into sessions (inbound.go)
+	inboundRules(env, add)
 
 	// postrouting
 	add(chainPostrouting, nfprotoIs(true), saddrIn(env.pool), ifPrefix(expr.MetaKeyOIFNAME, p, false),

@@ -46,7 +46,8 @@ const (
 	setLogRate           = "lograte"             // ipv4_addr, dynamic, limit per element: the guest's drop-log budget
 	setDenied            = "denied"              // ipv4_addr . ipv4_addr interval: guest . denied address or CIDR
 	setDeniedPorts       = "denied_ports"        // ipv4_addr . inet_proto . ipv4_addr . inet_service interval: the same on a port
-	setReject            = "reject"              // ipv4_addr: guests whose policy drops are answered (--on-deny reject)
+	setReject            = "reject"              // ipv4_addr: guests whose policy drops are answered (--on-deny reject or reset)
+	setReset             = "reset"               // ipv4_addr: of those, guests whose TCP is answered with a reset (--on-deny reset)
 )
 
 // Chain names in the table.
@@ -165,6 +166,8 @@ func newSchema(tableName string, pool netip.Prefix) *schema {
 	add(&nftables.Set{Name: setDenied, KeyType: typeGuestPeer, Concatenation: true, Interval: true})
 	add(&nftables.Set{Name: setDeniedPorts, KeyType: typeGuestPort, Concatenation: true, Interval: true})
 	add(&nftables.Set{Name: setReject, KeyType: nftables.TypeIPAddr, Size: size})
+	add(&nftables.Set{Name: setReset, KeyType: nftables.TypeIPAddr, Size: size})
+	add(&nftables.Set{Name: setInboundHost, KeyType: typeGuestService, Concatenation: true}) // see inbound.go
 	return s
 }
 

@@ -219,7 +219,7 @@ func (f *Firewall) updateByDumpLocked(c *nftables.Conn, u SessionUpdate, p updat
 		base[se.set] = true
 	}
 	want := map[elemID]bool{}
-	sets := []string{setPublic, setPeers, setStatic, setStaticPorts, setStaticCIDR, setStaticCIDRPorts, setDenied, setDeniedPorts, setReject}
+	sets := []string{setPublic, setPeers, setStatic, setStaticPorts, setStaticCIDR, setStaticCIDRPorts, setDenied, setDeniedPorts, setReject, setReset}
 	for _, plan := range [][]setElems{sessionElements(u.Old), sessionElements(u.New)} {
 		for _, se := range plan {
 			if !slices.Contains(sets, se.set) && !base[se.set] {
@@ -322,10 +322,12 @@ func rulesDeny(r SessionRules, dst netip.Addr, proto uint8, dport uint16) bool {
 }
 
 func portAllows(port uint16, p Proto, proto uint8, dport uint16) bool {
+	portProto := proto == ProtoTCP.Number() || proto == ProtoUDP.Number()
 	if port == 0 {
-		return true
+		// Every port but the resolver ports (the resolver chain).
+		return !portProto || !IsResolverPort(dport)
 	}
-	if proto != ProtoTCP.Number() && proto != ProtoUDP.Number() {
+	if !portProto {
 		return false
 	}
 	return port == dport && (p == ProtoAny || p.Number() == proto)
@@ -363,19 +365,27 @@ func attestAllow(as []Attestation, dst netip.Addr, proto uint8, dport uint16) bo
 	return false
 }
 
+// CutFlow is one flow CutFlows cut, by its original tuple: Src is the
+// guest's end (its address and port as the guest's socket sees them).
+type CutFlow struct {
+	Proto    uint8 // the protocol number (unix.IPPROTO_TCP, ...)
+	Src, Dst netip.AddrPort
+}
+
 // CutFlows deletes the conntrack entries of the guest's flows that u takes
-// away (see cutsFlow), over netlink, and returns how many: the reply
-// direction of an established flow no longer passes the policy's
-// "established" accept, since there is no entry left to be established.
-// Call it after UpdateSession. It walks the conntrack table once (the
-// kernel's dump filters nothing by destination port), unless the update
-// only widens (widensOnly): then there is nothing to cut.
-func (f *Firewall) CutFlows(u SessionUpdate) (int, error) {
+// away (see cutsFlow), over netlink, and returns them: the reply direction
+// of an established flow no longer passes the policy's "established"
+// accept, since there is no entry left to be established. (The guest's own
+// socket learns nothing from this: the caller aborts it, see
+// nsmgr.AbortTCP.) Call it after UpdateSession. It walks the conntrack
+// table once (the kernel's dump filters nothing by destination port),
+// unless the update only widens (widensOnly): then there is nothing to cut.
+func (f *Firewall) CutFlows(u SessionUpdate) ([]CutFlow, error) {
 	if u.widensOnly() {
-		return 0, nil
+		return nil, nil
 	}
 	guest := u.New.Guest
-	n := 0
+	var cut []CutFlow
 	err := f.flows.do(func(c *netlink.Conn) error {
 		entries, err := dumpFlows(c, nil)
 		if err != nil {
@@ -391,14 +401,14 @@ func (f *Firewall) CutFlows(u SessionUpdate) (int, error) {
 			if err := deleteFlow(c, e); err != nil {
 				return err
 			}
-			n++
+			cut = append(cut, CutFlow{Proto: e.proto, Src: netip.AddrPortFrom(e.src, e.sport), Dst: netip.AddrPortFrom(e.dst, e.dport)})
 		}
 		return nil
 	})
 	if err != nil {
-		return n, fmt.Errorf("cut revoked flows of %s (guest %s): %w", u.New.Name, guest, err)
+		return cut, fmt.Errorf("cut revoked flows of %s (guest %s): %w", u.New.Name, guest, err)
 	}
-	return n, nil
+	return cut, nil
 }
 
 // ctnetlink tuple attributes (linux/netfilter/nfnetlink_conntrack.h).

@@ -135,9 +135,59 @@ type Policy struct {
 	// (ParseDenyEntry: names take no port), an address or CIDR entry is
 	// dropped in the kernel before any accept and removed from DNS answers.
 	Deny []Entry
-	// Reject: what the session's policy drops gets a TCP reset or an ICMP
-	// administratively prohibited instead of silence (--on-deny reject).
-	Reject bool
+	// OnDeny is what a packet the session's policy drops gets (--on-deny).
+	OnDeny DenyAnswer
+	// InboundFromHost are the ports on which the host (the daemon's netns:
+	// the node, e.g. a kubelet's probes) may open connections into the
+	// session. Empty: none, every connection from the host is dropped.
+	InboundFromHost []PortSpec
+}
+
+// DenyAnswer is what a packet a session's policy drops gets. The zero
+// value is DenyDrop: a record written before the answer was chosen per
+// session (no on_deny) meant silence, and keeps meaning it.
+type DenyAnswer uint8
+
+const (
+	// DenyDrop: silence. A client waits for its own timeout (a connect
+	// retries its SYN for ~130 s; nmap says filtered).
+	DenyDrop DenyAnswer = iota
+	// DenyReject: ICMP destination unreachable, administratively
+	// prohibited (type 3 code 13), for every protocol. Linux fails a
+	// connect at once with EHOSTUNREACH ("No route to host"); scanners
+	// say filtered, not closed.
+	DenyReject
+	// DenyReset: a TCP reset for TCP (a connect fails with ECONNREFUSED,
+	// the port looks closed), ICMP administratively prohibited otherwise.
+	DenyReset
+)
+
+// String is the --on-deny spelling: drop, reject or reset.
+func (d DenyAnswer) String() string {
+	switch d {
+	case DenyReject:
+		return "reject"
+	case DenyReset:
+		return "reset"
+	}
+	return "drop"
+}
+
+// Answers reports whether the session answers its policy's drops (reject
+// or reset) instead of staying silent.
+func (d DenyAnswer) Answers() bool { return d == DenyReject || d == DenyReset }
+
+// ParseDenyAnswer reads an --on-deny value: drop, reject or reset.
+func ParseDenyAnswer(s string) (DenyAnswer, error) {
+	switch s {
+	case "drop":
+		return DenyDrop, nil
+	case "reject":
+		return DenyReject, nil
+	case "reset":
+		return DenyReset, nil
+	}
+	return DenyDrop, fmt.Errorf("--on-deny %q: want drop, reject or reset", s)
 }
 
 // DeniedName returns the deny entry that matches name, if any.

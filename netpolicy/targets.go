@@ -73,7 +73,10 @@ func (t Target) covers(u Target) bool {
 		return false
 	}
 	if t.Port == 0 {
-		return true
+		// A port-less target opens every port but the resolver ports
+		// (53, 853: the resolver chain looks at port entries only), so
+		// it does not cover an entry that names one of them.
+		return !IsResolverPort(u.Port)
 	}
 	return t.Port == u.Port && (t.Proto == ProtoAny || t.Proto == u.Proto)
 }

@@ -54,6 +54,10 @@ func TestStaticTargets(t *testing.T) {
 			[]string{"8.8.8.8/32:53", "93.184.216.0/24"}},
 		{"tcp and udp of one port kept apart", policyOf(ModeAllowlist, "8.8.8.8:53/udp", "8.8.8.8:53/tcp"),
 			[]string{"8.8.8.8/32:53/tcp", "8.8.8.8/32:53/udp"}},
+		// A port-less entry never opens 53 or 853 (the resolver chain
+		// reads port entries only): an entry naming one is kept beside it.
+		{"resolver ports beside a port-less cover", policyOf(ModeAllowlist, "9.9.9.9", "9.9.9.9:53", "9.9.9.0/24:853/tcp", "9.9.9.0/24", "9.9.9.9:80"),
+			[]string{"9.9.9.0/24", "9.9.9.0/24:853/tcp", "9.9.9.9/32:53"}},
 		{"public keeps its targets", policyOf(ModePublic, "8.8.8.0/24"), []string{"8.8.8.0/24"}},
 		{"unpinned names give nothing", policyOf(ModeAllowlist, "nothing.example.net"), nil},
 	}

@@ -26,8 +26,11 @@ func (p Policy) Validate() error {
 		if len(p.Deny) > 0 {
 			errs = append(errs, fmt.Errorf("egress none takes no deny entries (got %d); nothing leaves a session without a network", len(p.Deny)))
 		}
-		if p.Reject {
-			errs = append(errs, fmt.Errorf("egress none takes no --on-deny reject; a session without a network sends nothing to reject"))
+		if p.OnDeny.Answers() {
+			errs = append(errs, fmt.Errorf("egress none takes no --on-deny %s; a session without a network sends nothing to answer", p.OnDeny))
+		}
+		if len(p.InboundFromHost) > 0 {
+			errs = append(errs, fmt.Errorf("egress none takes no --inbound-from-host (got %d); a session without a network cannot be reached", len(p.InboundFromHost)))
 		}
 	}
 	for _, e := range p.Deny {

@@ -65,7 +65,7 @@ func ValidateAttachment(at Attachment) error {
 // netns) and never the netns. A failure unwinds like Create's.
 //
 // It refuses the daemon's own netns, init's, and the netns of any session
-// of this Manager: a veth there would give the caller a route out of, or
+// of this Manager, made or attached: a veth there would give the caller a route out of, or
 // into, what enforcerd confines.
 func (m *Manager) Attach(name string, at Attachment) (Session, error) {
 	if err := ValidateAttachment(at); err != nil {
@@ -132,8 +132,10 @@ func (c *creation) openNetns() error {
 	return nil
 }
 
-// refuseTarget fails when ns is the daemon's netns, init's, or a session
-// netns of this Manager.
+// refuseTarget fails when ns is the daemon's netns, init's, or the netns of
+// any session of this Manager: one it made, or one a session was attached to
+// (so that attaching cannot add a route to a netns whose policy, --locked
+// included, another session holds).
 func (m *Manager) refuseTarget(ns netns.NsHandle, path string) error {
 	if same, err := sameNetns(ns, m.cfg.HostNS); err != nil || same {
 		return refusal(path, "the daemon's own netns", err)
@@ -164,7 +166,49 @@ func (m *Manager) refuseTarget(ns netns.NsHandle, path string) error {
 			return refusal(path, "the netns of session "+filepath.Base(p), err)
 		}
 	}
+	session, err := m.sessionWithPeerIn(ns)
+	if err != nil || session != "" {
+		return refusal(path, "the netns of session "+session, err)
+	}
 	return nil
+}
+
+// sessionWithPeerIn returns the session whose host veth has its peer in ns,
+// or "" when none has. This is how an attached session's netns is known
+// (a CNI or bring-your-own netns: the Manager keeps no path of it after
+// Recover, and a /proc/PID/ns/net path may name another netns by now): by
+// the kernel's own link between the two ends of the veth, the peer's netns
+// id as the host's netns sees it. It covers every session with a NIC,
+// daemon-made ones included, of this Manager and of an earlier run of it.
+func (m *Manager) sessionWithPeerIn(ns netns.NsHandle) (string, error) {
+	// The dump first: filling a link's IFLA_LINK_NETNSID gives the peer's
+	// netns an id in the host's netns if it had none, so the id read below
+	// is comparable whenever a veth of ours reaches into ns.
+	links, err := retryDump("links", m.host.LinkList)
+	if err != nil {
+		return "", err
+	}
+	owners := map[int]string{}
+	for _, l := range links {
+		a := l.Attrs()
+		if _, ok := parseHostIfaceName(m.cfg.Prefix, a.Name); !ok || a.NetNsID < 0 {
+			continue
+		}
+		if session, _, ok := parseOwnerAlias(m.cfg.Prefix, a.Alias); ok {
+			owners[a.NetNsID] = session
+		}
+	}
+	if len(owners) == 0 {
+		return "", nil
+	}
+	id, err := m.host.GetNetNsIdByFd(int(ns))
+	if err != nil {
+		return "", fmt.Errorf("netns id: %w", err)
+	}
+	if id < 0 {
+		return "", nil // no id in the host's netns: no veth of ours reaches it
+	}
+	return owners[id], nil
 }
 
 func refusal(path, what string, err error) error {

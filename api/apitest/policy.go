@@ -38,7 +38,7 @@ func (f *Engine) UpdatePolicy(ctx context.Context, name string, u api.PolicyUpda
 	case u.OnDeny != "":
 		s.Policy.OnDeny = u.OnDeny
 	case replace:
-		s.Policy.OnDeny = "drop"
+		s.Policy.OnDeny = "reject"
 	}
 	s.Policy.Allow, s.Policy.Deny = allow, deny
 	s.Policy.Generation = gen + 1

@@ -50,6 +50,11 @@ type netConf struct {
 		Policy      json.RawMessage   `json:"enforcerd.io/policy,omitempty"`
 		Annotations map[string]string `json:"io.kubernetes.cri.pod-annotations,omitempty"`
 	} `json:"runtimeConfig,omitempty"`
+	// InboundFromHost are the ports the node may open connections to in
+	// every pod of this network (a kubelet's HTTP and TCP probes), as
+	// api.CreateRequest.InboundFromHost. The operator's alone: it sits
+	// outside "policy", so no annotation, runtimeConfig or CNI_ARGS sets it.
+	InboundFromHost []string `json:"inboundFromHost,omitempty"`
 }
 
 // policy is every create option that makes sense for an interface, spelled
@@ -298,5 +303,7 @@ func createRequest(conf *netConf, p policy, containerID, netns, ifname string) a
 		LabPeers:    p.LabPeers,
 		OnDeny:      p.OnDeny,
 		Labels:      labels,
+
+		InboundFromHost: conf.InboundFromHost,
 	}
 }

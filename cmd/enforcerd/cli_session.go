@@ -272,7 +272,7 @@ func (c *cli) sessionCreate(glob *globalOpts) *cobra.Command {
 		allow, scope []string
 		labPeers     []string
 		deny         []string
-		onDeny       = enumFlag{allowed: []string{"drop", "reject"}}
+		onDeny       = enumFlag{allowed: []string{"reject", "reset", "drop"}}
 		labels       kvFlag
 		memory       sizeFlag
 		cpus         cpusFlag
@@ -292,11 +292,12 @@ func (c *cli) sessionCreate(glob *globalOpts) *cobra.Command {
 	fs.BoolVar(&req.NetworkOnly, "network-only", false, "no sandbox: bring your own runtime and join the netns")
 	fs.BoolVar(&req.Writable, "writable", false, "give the sandbox a writable overlay instead of a read-only root with a tmpfs /tmp")
 	fs.StringArrayVar(&allow, "allow", nil, "allow egress to `ENTRY` (name, *.wildcard, CIDR, optionally :PORT), repeatable")
-	fs.StringArrayVar(&scope, "scope", nil, "allow the host of the scope `URL`, repeatable; a scope without a port allows every port (a browser would use only the scheme's default), and an IPv4-mapped IPv6 address is judged by its IPv4 address")
+	fs.StringArrayVar(&scope, "scope", nil, "allow the host of the scope `URL`, repeatable; a scope without a port allows every port but 53 and 853 (DNS and DoT go to the session's proxy; --allow HOST:53 opens them), and an IPv4-mapped IPv6 address is judged by its IPv4 address")
 	fs.StringArrayVar(&deny, "deny", nil, "deny `ENTRY` (name, *.wildcard, address or CIDR, an address or CIDR optionally :PORT), winning over every allow in every mode, repeatable")
-	fs.Var(&onDeny, "on-deny", "what the policy's drops get: `drop` (silence, the default) or reject (a TCP reset, ICMP administratively prohibited otherwise)")
+	fs.Var(&onDeny, "on-deny", "what the policy's drops get: `reject` (the default: ICMP administratively prohibited, a connect fails at once with \"No route to host\", a scanner says filtered), reset (a TCP reset for TCP: \"Connection refused\", a scanner says closed) or drop (silence: a client waits for its own timeout)")
 	fs.BoolVar(&req.Pin, "pin", false, "resolve every allowed host once now and pin its IPv4 addresses")
 	fs.BoolVar(&req.Locked, "locked", false, "the policy never changes: every update is refused")
+	fs.StringArrayVar(&req.InboundFromHost, "inbound-from-host", nil, "let the host (the daemon's netns: the node, e.g. a kubelet's probes) open connections to `PORT` (TCP and UDP) or PORT/tcp or PORT/udp in the session, repeatable (default: none, every connection from the host is dropped)")
 	fs.Var(&egress, "egress", "egress `MODE`: none, allowlist or public (default: allowlist when something is allowed, else none)")
 	fs.BoolVar(&req.Lab, "lab", false, "make the session a lab target (an address, no egress unless given more)")
 	fs.StringArrayVar(&labPeers, "lab-peer", nil, "may connect to the lab target `NAME`, repeatable")

@@ -17,10 +17,10 @@ func (c *cli) sessionUpdate(glob *globalOpts) *cobra.Command {
 		egress   = enumFlag{allowed: []string{"allowlist", "public"}}
 		gen      positiveFlag
 		revokeLP []string
-		onDeny   = enumFlag{allowed: []string{"drop", "reject"}}
+		onDeny   = enumFlag{allowed: []string{"reject", "reset", "drop"}}
 	)
 	cmd := &cobra.Command{
-		Use:   "update NAME [--allow ENTRY]... [--revoke ENTRY]... [--egress MODE] [--lab-peer NAME]... [--revoke-lab-peer NAME]... [--deny ENTRY]... [--revoke-deny ENTRY]... [--on-deny drop|reject] [--replace] [options]",
+		Use:   "update NAME [--allow ENTRY]... [--revoke ENTRY]... [--egress MODE] [--lab-peer NAME]... [--revoke-lab-peer NAME]... [--deny ENTRY]... [--revoke-deny ENTRY]... [--on-deny reject|reset|drop] [--inbound-from-host PORT]... [--revoke-inbound-from-host PORT]... [--replace] [options]",
 		Short: "change a running session's policy",
 		Long: `Change a running session's policy. The entries of --allow, --scope and
 --lab-peer and --deny are added, those of --revoke, --revoke-lab-peer and
@@ -42,7 +42,9 @@ with --locked refuses every update.`,
 	fs.StringArrayVar(&revokeLP, "revoke-lab-peer", nil, "remove the lab peer `NAME`, repeatable")
 	fs.StringArrayVar(&u.Deny, "deny", nil, "deny `ENTRY` (as create), repeatable")
 	fs.StringArrayVar(&u.RevokeDeny, "revoke-deny", nil, "remove the deny `ENTRY`, repeatable")
-	fs.Var(&onDeny, "on-deny", "what the policy's drops get: `drop` or reject (default: unchanged; with --replace, drop)")
+	fs.Var(&onDeny, "on-deny", "what the policy's drops get: `reject`, reset or drop, as create (default: unchanged; with --replace, reject)")
+	fs.StringArrayVar(&u.InboundFromHost, "inbound-from-host", nil, "let the host open connections to `PORT` or PORT/tcp or PORT/udp in the session (as create), repeatable")
+	fs.StringArrayVar(&u.RevokeInboundFromHost, "revoke-inbound-from-host", nil, "remove the inbound from host `PORT`, repeatable")
 	fs.Var(&egress, "egress", "egress `MODE`: allowlist or public (default: unchanged; with --replace, derived as at create)")
 	fs.BoolVar(&replace, "replace", false, "the given entries become the whole policy")
 	fs.BoolVar(&u.KeepEstablished, "keep-established", false, "leave established flows to revoked destinations alone")
@@ -66,7 +68,7 @@ with --locked refuses every update.`,
 			for _, r := range []struct {
 				flag   string
 				values []string
-			}{{"revoke", u.Revoke}, {"revoke-lab-peer", revokeLP}, {"revoke-deny", u.RevokeDeny}} {
+			}{{"revoke", u.Revoke}, {"revoke-lab-peer", revokeLP}, {"revoke-deny", u.RevokeDeny}, {"revoke-inbound-from-host", u.RevokeInboundFromHost}} {
 				if len(r.values) > 0 {
 					return usageErr(name, "--%s %q has no meaning with --replace: want the whole new policy", r.flag, r.values[0])
 				}
@@ -102,6 +104,9 @@ func updateSummary(info api.SessionInfo) string {
 		orDash(strings.Join(p.Deny, ",")), orDash(p.OnDeny))
 	if len(p.LabPeers) > 0 {
 		s += ", lab-peers " + strings.Join(p.LabPeers, ",")
+	}
+	if len(p.InboundFromHost) > 0 {
+		s += ", inbound-from-host " + strings.Join(p.InboundFromHost, ",")
 	}
 	return s
 }

@@ -69,7 +69,7 @@ func (c ServeConfig) daemonConfig() daemon.Config {
 // doctorConfig is the part of the configuration the doctor's checks read.
 func (c ServeConfig) doctorConfig() doctor.Config {
 	return doctor.Config{
-		NamePrefix: c.NamePrefix, Pool: c.Pool, Upstreams: c.Upstreams, PublicOverrides: c.PublicOverrides,
+		StateDir: c.StateDir, NamePrefix: c.NamePrefix, Pool: c.Pool, Upstreams: c.Upstreams, PublicOverrides: c.PublicOverrides,
 		MaxFlows: c.MaxFlows, FlowRate: c.FlowRate, MaxAttested: c.MaxAttested,
 	}
 }

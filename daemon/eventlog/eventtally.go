@@ -32,10 +32,12 @@ const (
 	guestLineBurst = 500
 )
 
-// Flow event actions: a dropped flow, and the summary of the lines the
-// kernel's per-session log budget suppressed.
+// Flow event actions: a flow dropped in silence, a flow the session's
+// --on-deny answered (reject, reset: detail "answer" says with what), and
+// the summary of the lines the kernel's per-session log budget suppressed.
 const (
 	FlowActionDropped  = "dropped"
+	FlowActionRejected = "rejected"
 	FlowActionUnlogged = "unlogged"
 )
 

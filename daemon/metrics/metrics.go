@@ -195,7 +195,7 @@ func (m *Registry) writeSource(p *promWriter, src Source) {
 	var unlogged uint64
 	counters := src.SessionCounters()
 	names := sortedKeys(counters)
-	p.family("enforcerd_session_dropped_packets_total", "Packets the session's policy dropped (from the nftables counters).", "counter")
+	p.family("enforcerd_session_dropped_packets_total", "Packets of the session the table dropped (from the nftables counters): those the reasons of enforcerd_dropped_packets_total count other than spoofed and inbound, plus packets no reason counts (conntrack invalid, ICMP errors about another's flow; inspect's dropped_no_reason).", "counter")
 	for _, name := range names {
 		p.sample("enforcerd_session_dropped_packets_total", float64(counters[name].DroppedPackets), "session", name)
 	}

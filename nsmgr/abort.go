@@ -1,0 +1,95 @@
+package nsmgr
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"syscall"
+
+	"github.com/mdlayher/netlink"
+	"golang.org/x/sys/unix"
+)
+
+// TCPConn is one TCP connection as the socket at its Local end sees it.
+type TCPConn struct {
+	Local, Remote netip.AddrPort
+}
+
+func (c TCPConn) String() string { return c.Local.String() + " -> " + c.Remote.String() }
+
+// sockDestroy is SOCK_DESTROY (linux/sock_diag.h): the sock_diag request
+// that aborts the socket an inet_diag_req_v2 names by its exact tuple.
+const sockDestroy = 21
+
+// inetDiagNoCookie is INET_DIAG_NOCOOKIE: match the socket by tuple alone.
+const inetDiagNoCookie = ^uint32(0)
+
+// AbortTCP aborts the TCP sockets of conns in the network namespace at
+// netnsPath, as `ss -K` does, over sock_diag (SOCK_DESTROY: the kernel
+// needs CONFIG_INET_DIAG_DESTROY and the caller CAP_NET_ADMIN in that
+// netns's owner). An aborted socket fails at once: a blocked read, a
+// write, a poll all see ECONNABORTED ("Software caused connection
+// abort"), and the kernel sends the peer a reset. A connection no socket
+// of the netns holds (it ended meanwhile, or the guest opened it from a
+// netns of its own inside this one) is skipped. It returns how many
+// sockets it aborted; an error names the first connection that failed.
+func AbortTCP(netnsPath string, conns []TCPConn) (int, error) {
+	if len(conns) == 0 {
+		return 0, nil
+	}
+	f, err := os.Open(netnsPath)
+	if err != nil {
+		return 0, fmt.Errorf("abort TCP sockets: open netns %s: %w", netnsPath, err)
+	}
+	defer f.Close()
+	c, err := netlink.Dial(unix.NETLINK_INET_DIAG, &netlink.Config{NetNS: int(f.Fd())})
+	if err != nil {
+		return 0, fmt.Errorf("abort TCP sockets: sock_diag socket in netns %s: %w", netnsPath, err)
+	}
+	defer c.Close()
+	n := 0
+	for _, conn := range conns {
+		if !conn.Local.Addr().Is4() || !conn.Remote.Addr().Is4() {
+			continue
+		}
+		_, err := c.Execute(netlink.Message{
+			Header: netlink.Header{Type: sockDestroy, Flags: netlink.Request | netlink.Acknowledge},
+			Data:   inetDiagReq(conn),
+		})
+		switch {
+		case err == nil:
+			n++
+		case errors.Is(err, syscall.ENOENT):
+		case errors.Is(err, syscall.EOPNOTSUPP):
+			return n, fmt.Errorf("abort TCP socket %s in netns %s: the kernel cannot destroy sockets (CONFIG_INET_DIAG_DESTROY): %w", conn, netnsPath, err)
+		default:
+			return n, fmt.Errorf("abort TCP socket %s in netns %s: %w", conn, netnsPath, err)
+		}
+	}
+	return n, nil
+}
+
+// inetDiagReq encodes struct inet_diag_req_v2 (linux/inet_diag.h) naming
+// the IPv4 TCP socket of conn: family, protocol, ext, pad, states, then
+// inet_diag_sockid (ports and addresses in network order, the interface
+// and the cookie in host order).
+func inetDiagReq(conn TCPConn) []byte {
+	b := make([]byte, 56)
+	b[0], b[1] = unix.AF_INET, unix.IPPROTO_TCP
+	binary.NativeEndian.PutUint32(b[4:], ^uint32(0)) // every state
+	binary.BigEndian.PutUint16(b[8:], conn.Local.Port())
+	binary.BigEndian.PutUint16(b[10:], conn.Remote.Port())
+	l, r := conn.Local.Addr().As4(), conn.Remote.Addr().As4()
+	copy(b[12:], l[:])
+	copy(b[28:], r[:])
+	binary.NativeEndian.PutUint32(b[48:], inetDiagNoCookie)
+	binary.NativeEndian.PutUint32(b[52:], inetDiagNoCookie)
+	return b
+}
+
+// AbortTCP is the package's AbortTCP, for the daemon's Network.
+func (m *Manager) AbortTCP(netnsPath string, conns []TCPConn) (int, error) {
+	return AbortTCP(netnsPath, conns)
+}
