@@ -36,6 +36,8 @@ type Daemon struct {
 	// --rootfs outside them. New sets the test rootfs's parent (see
 	// DefaultImagesDirs); a caller with its own images adds to it.
 	ImagesDirs []string
+	// Upstream is --upstream ("": the world's DNS server).
+	Upstream string
 
 	cmd  *exec.Cmd
 	done chan error
@@ -86,11 +88,15 @@ func DefaultImagesDirs() []string {
 
 // ServeArgs are the flags the daemon is started with.
 func (d *Daemon) ServeArgs() []string {
+	upstream := d.Upstream
+	if upstream == "" {
+		upstream = d.World.DNS.Addr().String()
+	}
 	args := []string{"serve",
 		"--socket", d.Socket,
 		"--state-dir", d.StateDir,
 		"--name-prefix", d.Prefix,
-		"--upstream", d.World.DNS.Addr().String(),
+		"--upstream", upstream,
 		"--public-override", d.World.PublicOverride.String(),
 		"--dns-min-ttl", "5s",
 	}

@@ -27,7 +27,7 @@ type netEnv struct {
 	fw     *netpolicy.Firewall
 	geo    *nsmgr.IPAM // address arithmetic for synthetic sessions
 	live   map[string]nsmgr.Session
-	clock  *stepClock // times nsmgr.Create's steps (through its Fault seam)
+	clock  *stepClock // times nsmgr.Create's steps (its StepStarted observer)
 }
 
 // newNetEnv builds a world and opens nsmgr and the firewall in its simulated
@@ -56,7 +56,7 @@ func newNetEnv(tag string) (e *netEnv, err error) {
 			return e, fmt.Errorf("BENCH_PREPARED_NETNS %q: want a number, 0 or more", v)
 		}
 	}
-	e.m, err = nsmgr.New(nsmgr.Config{Prefix: e.prefix, Pool: nsmgr.DefaultPool, HostNS: w.Host, Fault: e.clock.mark,
+	e.m, err = nsmgr.New(nsmgr.Config{Prefix: e.prefix, Pool: nsmgr.DefaultPool, HostNS: w.Host, StepStarted: e.clock.mark,
 		Prepared: prepared})
 	if err != nil {
 		return e, err
@@ -217,7 +217,7 @@ func ipNet(p netip.Prefix) *net.IPNet {
 }
 
 // stepClock attributes the time of one nsmgr.Create to its steps: Create
-// calls the Fault seam before each step, so a step lasts until the next
+// tells StepStarted as each step starts, so a step lasts until the next
 // mark (the last one until Create returns). Creates must not overlap.
 type stepClock struct {
 	last  time.Time
@@ -227,11 +227,10 @@ type stepClock struct {
 
 func (c *stepClock) begin() { c.step = "" }
 
-// mark is the Fault seam: it never fails a step.
-func (c *stepClock) mark(step string) error {
+// mark is the StepStarted observer.
+func (c *stepClock) mark(step string) {
 	c.end(time.Now())
 	c.step, c.last = step, time.Now()
-	return nil
 }
 
 func (c *stepClock) end(now time.Time) {
