@@ -13,6 +13,7 @@ import (
 	"github.com/enforcerd/enforcerd/daemon/metrics"
 	"github.com/enforcerd/enforcerd/dnsproxy"
 	"github.com/enforcerd/enforcerd/netpolicy"
+	"github.com/enforcerd/enforcerd/netpolicy/nft"
 	"github.com/enforcerd/enforcerd/nsmgr"
 )
 
@@ -43,7 +44,7 @@ type Config struct {
 
 // The daemon consumes the four domain packages through these interfaces,
 // declared here, where they are used: the production parts are
-// *nsmgr.Manager, *netpolicy.Firewall, *dnsproxy.Proxy and
+// *nsmgr.Manager, *nft.Firewall, *dnsproxy.Proxy and
 // *container.Manager (Open wires them); the engine's state-machine test
 // drives recording fakes.
 
@@ -69,22 +70,22 @@ type Network interface {
 
 // Firewall holds the sessions' rules in the host's nftables table.
 type Firewall interface {
-	AddSession(r netpolicy.SessionRules) error
+	AddSession(r nft.SessionRules) error
 	// UpdateSession changes a session's elements in one batch.
-	UpdateSession(u netpolicy.SessionUpdate) error
+	UpdateSession(u nft.SessionUpdate) error
 	// CutFlows deletes the conntrack entries of flows an update revoked
 	// and returns them.
-	CutFlows(u netpolicy.SessionUpdate) ([]netpolicy.CutFlow, error)
-	RemoveSession(r netpolicy.SessionRules) error
+	CutFlows(u nft.SessionUpdate) ([]nft.CutFlow, error)
+	RemoveSession(r nft.SessionRules) error
 	// Sessions lists the sessions the table holds rules for.
-	Sessions() ([]netpolicy.SessionKey, error)
+	Sessions() ([]nft.SessionKey, error)
 	// PruneGuests removes every element and conntrack entry of the
 	// addresses gone says are no live session's.
 	PruneGuests(gone func(netip.Addr) bool) (int, error)
-	Attested(guest netip.Addr) ([]netpolicy.AttestedAddr, error)
-	AllAttested() (map[netip.Addr][]netpolicy.AttestedAddr, error)
-	Counters(guest netip.Addr) (netpolicy.Counters, error)
-	AllCounters() (map[netip.Addr]netpolicy.Counters, error)
+	Attested(guest netip.Addr) ([]nft.AttestedAddr, error)
+	AllAttested() (map[netip.Addr][]nft.AttestedAddr, error)
+	Counters(guest netip.Addr) (nft.Counters, error)
+	AllCounters() (map[netip.Addr]nft.Counters, error)
 	Check() error
 }
 

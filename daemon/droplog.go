@@ -8,13 +8,14 @@ import (
 	"github.com/enforcerd/enforcerd/api"
 	"github.com/enforcerd/enforcerd/daemon/eventlog"
 	"github.com/enforcerd/enforcerd/netpolicy"
+	"github.com/enforcerd/enforcerd/netpolicy/nft"
 )
 
-// DropSource is the table's drop log (*netpolicy.DropLog): each line is the
+// DropSource is the table's drop log (*nft.DropLog): each line is the
 // first packet of a flow the table dropped, with its reason. Close ends a
 // blocked Read.
 type DropSource interface {
-	Read() ([]netpolicy.DroppedFlow, error)
+	Read() ([]nft.DroppedFlow, error)
 	Close() error
 }
 
@@ -94,7 +95,7 @@ func (de *dropEvents) session(g netip.Addr) (string, bool) {
 	return name, ok
 }
 
-func (de *dropEvents) record(fl netpolicy.DroppedFlow) {
+func (de *dropEvents) record(fl nft.DroppedFlow) {
 	de.mu.Lock()
 	de.lastLine = time.Now()
 	de.mu.Unlock()
@@ -129,7 +130,7 @@ func (de *dropEvents) record(fl netpolicy.DroppedFlow) {
 // denyAnswer is what the named session's table answered the dropped flow
 // with (AnswerAdminProhibited, AnswerTCPReset), or "" for silence: the
 // session's --on-deny, for the reasons the table answers at all.
-func (e *Engine) denyAnswer(name string, fl netpolicy.DroppedFlow) string {
+func (e *Engine) denyAnswer(name string, fl nft.DroppedFlow) string {
 	e.mu.Lock()
 	s, ok := e.sessions[name]
 	e.mu.Unlock()
@@ -157,7 +158,7 @@ func (e *Engine) denyEntry(name string, dst netip.Addr, dport uint16, proto netp
 // flowDetail is a dropped flow as its event shows it: proto, dst, dport
 // (TCP and UDP), reason; the range for special-purpose, the source for
 // spoofed and inbound flows.
-func flowDetail(fl netpolicy.DroppedFlow, g *netpolicy.Guard) map[string]any {
+func flowDetail(fl nft.DroppedFlow, g *netpolicy.Guard) map[string]any {
 	d := map[string]any{"proto": fl.Proto, "dst": fl.Dst.String(), "reason": fl.Reason}
 	if fl.Proto == "tcp" || fl.Proto == "udp" {
 		d["dport"] = fl.DstPort

@@ -18,6 +18,7 @@ import (
 	"github.com/enforcerd/enforcerd/dnsproxy"
 	"github.com/enforcerd/enforcerd/internal/txn"
 	"github.com/enforcerd/enforcerd/netpolicy"
+	"github.com/enforcerd/enforcerd/netpolicy/nft"
 	"github.com/enforcerd/enforcerd/nsmgr"
 )
 
@@ -26,7 +27,7 @@ import (
 type liveSession struct {
 	rec    SessionRecord
 	policy netpolicy.Policy
-	rules  netpolicy.SessionRules
+	rules  nft.SessionRules
 }
 
 func (s *liveSession) hasNIC() bool { return s.rec.Slot >= 0 }
@@ -464,8 +465,8 @@ func (e *Engine) Create(ctx context.Context, req api.CreateRequest) (info api.Se
 	return e.summary(s), nil
 }
 
-func (e *Engine) sessionRules(rec SessionRecord, p netpolicy.Policy, peers []netip.Addr) netpolicy.SessionRules {
-	return netpolicy.SessionRules{
+func (e *Engine) sessionRules(rec SessionRecord, p netpolicy.Policy, peers []netip.Addr) nft.SessionRules {
+	return nft.SessionRules{
 		Name:      rec.Name,
 		HostIface: rec.HostIface,
 		Guest:     rec.Guest,
@@ -537,7 +538,7 @@ func (e *Engine) Delete(ctx context.Context, name string) (err error) {
 
 // teardown removes every part of a session that may exist, in order, and
 // reports all failures together.
-func (e *Engine) teardown(rec SessionRecord, rules netpolicy.SessionRules) error {
+func (e *Engine) teardown(rec SessionRecord, rules nft.SessionRules) error {
 	var errs []error
 	if rec.Sandbox {
 		if err := e.boxes.Destroy(rec.Name); err != nil {
@@ -621,7 +622,7 @@ func (e *Engine) List(key, value string) []api.SessionInfo {
 	return out
 }
 
-func attestedView(as []netpolicy.AttestedAddr) []api.AttestedAddr {
+func attestedView(as []nft.AttestedAddr) []api.AttestedAddr {
 	now := time.Now().UTC()
 	out := make([]api.AttestedAddr, 0, len(as))
 	for _, a := range as {
@@ -630,7 +631,7 @@ func attestedView(as []netpolicy.AttestedAddr) []api.AttestedAddr {
 	return out
 }
 
-func countersView(c netpolicy.Counters) api.Counters {
+func countersView(c nft.Counters) api.Counters {
 	return api.Counters{
 		AcceptedPackets: c.AcceptedPackets, AcceptedBytes: c.AcceptedBytes,
 		ReceivedPackets: c.ReceivedPackets, ReceivedBytes: c.ReceivedBytes,
@@ -646,7 +647,7 @@ func countersView(c netpolicy.Counters) api.Counters {
 // are the session's own drops are in DroppedPackets, spoofed and inbound
 // ones are not. The sets are read one after the other, so a packet counted
 // in between can make the reasons' sum briefly exceed the total: 0 then.
-func droppedNoReason(c netpolicy.Counters) uint64 {
+func droppedNoReason(c nft.Counters) uint64 {
 	var reasoned uint64
 	for r, n := range c.ByReason {
 		if r != netpolicy.ReasonSpoofed && r != netpolicy.ReasonInbound {
@@ -989,7 +990,7 @@ func entryStrings(es []netpolicy.Entry) []string {
 
 // attestedString renders an attested element: "198.18.1.10" or, for a
 // port-constrained name, "198.18.1.10:443/tcp".
-func attestedString(a netpolicy.AttestedAddr) string {
+func attestedString(a nft.AttestedAddr) string {
 	if a.Port == 0 {
 		return a.IP.String()
 	}
@@ -1008,7 +1009,7 @@ func (e *Engine) DNSStats() dnsproxy.Stats { return e.dns.Stats() }
 
 // SessionCounters reads every session's counters (for the metrics), in one
 // dump of the counter sets.
-func (e *Engine) SessionCounters() map[string]netpolicy.Counters {
+func (e *Engine) SessionCounters() map[string]nft.Counters {
 	all, err := e.fw.AllCounters()
 	if err != nil {
 		e.log.Warn("read counters", "err", err)
@@ -1016,7 +1017,7 @@ func (e *Engine) SessionCounters() map[string]netpolicy.Counters {
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	out := map[string]netpolicy.Counters{}
+	out := map[string]nft.Counters{}
 	for name, s := range e.sessions {
 		if s.hasNIC() {
 			out[name] = all[s.rec.Guest]

@@ -17,6 +17,7 @@ import (
 	"github.com/enforcerd/enforcerd/dnsproxy"
 	"github.com/enforcerd/enforcerd/doctor"
 	"github.com/enforcerd/enforcerd/netpolicy"
+	"github.com/enforcerd/enforcerd/netpolicy/nft"
 	"github.com/enforcerd/enforcerd/nsmgr"
 )
 
@@ -38,8 +39,8 @@ func Open(cfg Config, log *slog.Logger, reg *metrics.Registry) (_ *Engine, err e
 	}
 	var (
 		nets         *nsmgr.Manager
-		fw           *netpolicy.Firewall
-		drops        *netpolicy.DropLog
+		fw           *nft.Firewall
+		drops        *nft.DropLog
 		sweep, swept chan struct{} // stop and done of sweepRefreshed
 	)
 	closeAll := func() {
@@ -96,7 +97,7 @@ func Open(cfg Config, log *slog.Logger, reg *metrics.Registry) (_ *Engine, err e
 	if err != nil {
 		return nil, err
 	}
-	fw, err = netpolicy.OpenFirewall(netpolicy.FirewallConfig{
+	fw, err = nft.OpenFirewall(nft.FirewallConfig{
 		NetNS: host, Prefix: cfg.NamePrefix, Pool: cfg.Pool, DNSAddr: dnsAddr,
 		Guard: guard, AttestFloor: cfg.DNSMinTTL, AttestMaxLifetime: cfg.AttestMaxLifetime,
 		MaxFlows: cfg.MaxFlows, FlowRate: cfg.FlowRate, MaxAttested: cfg.MaxAttested,
@@ -171,8 +172,8 @@ func Open(cfg Config, log *slog.Logger, reg *metrics.Registry) (_ *Engine, err e
 
 // sweepRefreshed ends, every period until stop is closed, the refreshes
 // of attested addresses past the maximum lifetime (or revoked, or of
-// removed sessions): see netpolicy.Firewall.SweepRefreshed.
-func sweepRefreshed(fw *netpolicy.Firewall, period time.Duration, stop <-chan struct{}, log *slog.Logger) {
+// removed sessions): see nft.Firewall.SweepRefreshed.
+func sweepRefreshed(fw *nft.Firewall, period time.Duration, stop <-chan struct{}, log *slog.Logger) {
 	t := time.NewTicker(period)
 	defer t.Stop()
 	for {

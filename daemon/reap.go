@@ -14,6 +14,7 @@ import (
 	"github.com/enforcerd/enforcerd/container"
 	"github.com/enforcerd/enforcerd/doctor"
 	"github.com/enforcerd/enforcerd/netpolicy"
+	"github.com/enforcerd/enforcerd/netpolicy/nft"
 	"github.com/enforcerd/enforcerd/nsmgr"
 )
 
@@ -62,7 +63,7 @@ func Reap(prefix, stateDir string, pool netip.Prefix, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	fw, err := netpolicy.OpenFirewall(netpolicy.FirewallConfig{NetNS: host, Prefix: prefix, Pool: pool, DNSAddr: nets.DNSAddr(), Guard: guard})
+	fw, err := nft.OpenFirewall(nft.FirewallConfig{NetNS: host, Prefix: prefix, Pool: pool, DNSAddr: nets.DNSAddr(), Guard: guard})
 	if err != nil {
 		errs = append(errs, err)
 	} else {

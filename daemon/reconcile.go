@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"net/netip"
 
-	"github.com/enforcerd/enforcerd/netpolicy"
+	"github.com/enforcerd/enforcerd/netpolicy/nft"
 	"github.com/enforcerd/enforcerd/nsmgr"
 )
 
@@ -49,7 +49,7 @@ func (e *Engine) Reconcile() error {
 		if why != "" {
 			e.log.Warn("reaping partial session", "session", rec.Name, "reason", why)
 			e.lifecycle(rec.Name, "reaped", map[string]any{"reason": why})
-			if err := e.teardown(rec, netpolicy.SessionRules{Name: rec.Name, HostIface: rec.HostIface, Guest: rec.Guest}); err != nil {
+			if err := e.teardown(rec, nft.SessionRules{Name: rec.Name, HostIface: rec.HostIface, Guest: rec.Guest}); err != nil {
 				e.log.Error("reap partial session", "session", rec.Name, "err", err)
 			}
 			continue

@@ -27,6 +27,7 @@ import (
 	"github.com/enforcerd/enforcerd/container"
 	"github.com/enforcerd/enforcerd/dnsproxy"
 	"github.com/enforcerd/enforcerd/netpolicy"
+	"github.com/enforcerd/enforcerd/netpolicy/nft"
 	"github.com/enforcerd/enforcerd/nsmgr"
 )
 
@@ -61,7 +62,7 @@ func newWorld(t *testing.T) *world {
 	w := &world{
 		t: t, stateDir: t.TempDir(), in: in,
 		nets:  &fakeNetwork{in: in, prefix: smPrefix, pool: smPool, netns: map[string]nsmgr.Session{}},
-		fw:    &fakeFirewall{in: in, rules: map[netip.Addr]netpolicy.SessionRules{}},
+		fw:    &fakeFirewall{in: in, rules: map[netip.Addr]nft.SessionRules{}},
 		boxes: &fakeSandboxes{in: in, boxes: map[string]container.Spec{}},
 	}
 	w.images, w.image = testImage(t)

@@ -9,10 +9,12 @@ import (
 	"slices"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/enforcerd/enforcerd/api"
 	"github.com/enforcerd/enforcerd/netpolicy"
+	"github.com/enforcerd/enforcerd/netpolicy/nft"
 	"github.com/enforcerd/enforcerd/nsmgr"
-	"golang.org/x/sys/unix"
 )
 
 // errEgressNoneUpdate refuses an update to egress none.
@@ -101,7 +103,7 @@ func (e *Engine) UpdatePolicy(ctx context.Context, name string, u api.PolicyUpda
 	rec.Pending = &PendingUpdate{Request: s.rec.Request, Pinned: s.rec.Pinned, Peers: s.rec.Peers, KeepEstablished: u.KeepEstablished}
 	next := &liveSession{rec: rec, policy: policy}
 	next.rules = e.sessionRules(rec, policy, peerGuests(peers))
-	upd := netpolicy.SessionUpdate{Old: s.rules, New: next.rules}
+	upd := nft.SessionUpdate{Old: s.rules, New: next.rules}
 
 	if err := e.state.Save(rec); err != nil {
 		return info, fmt.Errorf("update policy of %s: write the record ahead: %w", name, err)
@@ -301,7 +303,7 @@ func (e *Engine) finishPending(s *liveSession) error {
 	}
 	oldRec := s.rec
 	oldRec.Request, oldRec.Pinned, oldRec.Peers = p.Request, p.Pinned, p.Peers
-	upd := netpolicy.SessionUpdate{Old: e.sessionRules(oldRec, oldPolicy, peerGuests(p.Peers)), New: s.rules}
+	upd := nft.SessionUpdate{Old: e.sessionRules(oldRec, oldPolicy, peerGuests(p.Peers)), New: s.rules}
 	if all, err := e.attestedElements(s.rec.Guest); err == nil {
 		upd.Stale = all
 	}
@@ -331,7 +333,7 @@ func (e *Engine) finishPending(s *liveSession) error {
 // (ECONNABORTED) instead of waiting for its own timeout. An ICMP error
 // would not do: to an established Linux socket it is only a soft error.
 // It returns how many flows were cut and how many sockets aborted.
-func (e *Engine) cutFlows(rec SessionRecord, upd netpolicy.SessionUpdate) (cut, aborted int, err error) {
+func (e *Engine) cutFlows(rec SessionRecord, upd nft.SessionUpdate) (cut, aborted int, err error) {
 	flows, err := e.fw.CutFlows(upd)
 	if err != nil {
 		err = fmt.Errorf("its established flows may survive: %w", err)

@@ -10,6 +10,7 @@ import (
 
 	"github.com/enforcerd/enforcerd/api"
 	"github.com/enforcerd/enforcerd/netpolicy"
+	"github.com/enforcerd/enforcerd/netpolicy/nft"
 )
 
 // why answers "what does this session's policy do with DEST now, and why"
@@ -99,7 +100,7 @@ func (e *Engine) Why(ctx context.Context, name, dest string) (api.WhyAnswer, err
 	return e.whyName(ctx, s, d, ans)
 }
 
-func (e *Engine) attestedOf(s *liveSession) ([]netpolicy.AttestedAddr, error) {
+func (e *Engine) attestedOf(s *liveSession) ([]nft.AttestedAddr, error) {
 	if s.policy.Egress != netpolicy.ModeAllowlist {
 		return nil, nil
 	}
@@ -236,7 +237,7 @@ type whyAddrResult struct {
 }
 
 // whyAddr is the verdict of the table for one address (and d's port).
-func (e *Engine) whyAddr(s *liveSession, d whyDest, a netip.Addr, attested []netpolicy.AttestedAddr) whyAddrResult {
+func (e *Engine) whyAddr(s *liveSession, d whyDest, a netip.Addr, attested []nft.AttestedAddr) whyAddrResult {
 	r := whyAddrResult{WhyAddr: api.WhyAddr{IP: a.String()}}
 	refused := e.denyVerdict(s)
 	set := func(verdict, reason, detail string) whyAddrResult {

@@ -18,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/enforcerd/enforcerd/netpolicy"
+	"github.com/enforcerd/enforcerd/netpolicy/nft"
 	"github.com/enforcerd/enforcerd/nsmgr"
 )
 
@@ -137,9 +138,9 @@ type datapath struct {
 
 	etcDir   string
 	nets     *nsmgr.Manager
-	fw       *netpolicy.Firewall
+	fw       *nft.Firewall
 	sessions []nsmgr.Session
-	rules    []netpolicy.SessionRules
+	rules    []nft.SessionRules
 }
 
 func (d *datapath) run() (string, error) {
@@ -161,7 +162,7 @@ func (d *datapath) run() (string, error) {
 	if err != nil {
 		return "", err
 	}
-	if d.fw, err = netpolicy.OpenFirewall(netpolicy.FirewallConfig{NetNS: d.host, Prefix: d.prefix, Pool: d.pool, DNSAddr: d.nets.DNSAddr(), Guard: guard}); err != nil {
+	if d.fw, err = nft.OpenFirewall(nft.FirewallConfig{NetNS: d.host, Prefix: d.prefix, Pool: d.pool, DNSAddr: d.nets.DNSAddr(), Guard: guard}); err != nil {
 		return "", err
 	}
 	if err := d.fw.Ensure(); err != nil {
@@ -175,7 +176,7 @@ func (d *datapath) run() (string, error) {
 		d.sessions = append(d.sessions, s)
 	}
 	a, b := d.sessions[0], d.sessions[1]
-	d.rules = []netpolicy.SessionRules{
+	d.rules = []nft.SessionRules{
 		{Name: a.Name, HostIface: a.HostIface, Guest: a.Guest, Egress: netpolicy.ModeAllowlist, Peers: []netip.Addr{b.Guest}},
 		{Name: b.Name, HostIface: b.HostIface, Guest: b.Guest, Egress: netpolicy.ModeAllowlist},
 	}
@@ -207,7 +208,7 @@ func (d *datapath) run() (string, error) {
 			delivered = true
 		}
 	}
-	var ca, cb netpolicy.Counters
+	var ca, cb nft.Counters
 	deadline = time.Now().Add(datapathWait)
 	for {
 		if err := sendUDPFrom(b.NetnsPath, netip.AddrPortFrom(a.Guest, datapathPort), []byte("enforcerd doctor: must be dropped")); err != nil {
@@ -230,7 +231,7 @@ func (d *datapath) run() (string, error) {
 
 // datapathVerdict judges the counters of a (whose packets to b must be
 // accepted) and b (whose packet to a must be dropped).
-func datapathVerdict(a, b netpolicy.Counters, delivered bool) (string, error) {
+func datapathVerdict(a, b nft.Counters, delivered bool) (string, error) {
 	var errs []string
 	if a.AcceptedPackets == 0 {
 		errs = append(errs, "the accepted counter did not move for a packet the policy allows (enforcerd's forward chain never saw it)")
@@ -535,7 +536,7 @@ func (d *datapath) reapKilled() error {
 	if err != nil {
 		return err
 	}
-	fw, err := netpolicy.OpenFirewall(netpolicy.FirewallConfig{NetNS: d.host, Prefix: d.prefix, Pool: d.pool, DNSAddr: nets.DNSAddr(), Guard: guard})
+	fw, err := nft.OpenFirewall(nft.FirewallConfig{NetNS: d.host, Prefix: d.prefix, Pool: d.pool, DNSAddr: nets.DNSAddr(), Guard: guard})
 	if err != nil {
 		return err
 	}

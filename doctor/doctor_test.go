@@ -9,7 +9,7 @@ import (
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
 
-	"github.com/enforcerd/enforcerd/netpolicy"
+	"github.com/enforcerd/enforcerd/netpolicy/nft"
 )
 
 func TestMissingCaps(t *testing.T) {
@@ -144,21 +144,21 @@ func TestForwardFirewall(t *testing.T) {
 }
 
 func TestDatapathVerdict(t *testing.T) {
-	ok := netpolicy.Counters{AcceptedPackets: 2}
-	drop := netpolicy.Counters{DroppedPackets: 1}
+	ok := nft.Counters{AcceptedPackets: 2}
+	drop := nft.Counters{DroppedPackets: 1}
 	if _, err := datapathVerdict(ok, drop, true); err != nil {
 		t.Errorf("both moved: %v", err)
 	}
 	for _, tc := range []struct {
 		name      string
-		a, b      netpolicy.Counters
+		a, b      nft.Counters
 		delivered bool
 		want      string
 	}{
-		{"nothing accepted", netpolicy.Counters{}, drop, false, "the accepted counter did not move"},
+		{"nothing accepted", nft.Counters{}, drop, false, "the accepted counter did not move"},
 		{"accepted, not delivered", ok, drop, false, "accepted (2 packets) but never delivered"},
-		{"nothing dropped", ok, netpolicy.Counters{}, true, "the dropped counter did not move"},
-		{"denied accepted", ok, netpolicy.Counters{DroppedPackets: 1, AcceptedPackets: 1}, true, "1 packets the policy denies were accepted"},
+		{"nothing dropped", ok, nft.Counters{}, true, "the dropped counter did not move"},
+		{"denied accepted", ok, nft.Counters{DroppedPackets: 1, AcceptedPackets: 1}, true, "1 packets the policy denies were accepted"},
 	} {
 		_, err := datapathVerdict(tc.a, tc.b, tc.delivered)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {

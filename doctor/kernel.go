@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/enforcerd/enforcerd/netpolicy"
+	"github.com/enforcerd/enforcerd/netpolicy/nft"
 	"github.com/enforcerd/enforcerd/nsmgr"
 )
 
@@ -159,7 +160,7 @@ func probeNftables(ns netns.NsHandle, cfg Config) error {
 	if err != nil {
 		return err
 	}
-	fw, err := netpolicy.OpenFirewall(netpolicy.FirewallConfig{
+	fw, err := nft.OpenFirewall(nft.FirewallConfig{
 		NetNS: ns, Prefix: probePrefix, Pool: cfg.Pool, DNSAddr: ipam.DNSAddr(), Guard: guard,
 		MaxFlows: cfg.MaxFlows, FlowRate: cfg.FlowRate, MaxAttested: cfg.MaxAttested,
 	})
@@ -174,7 +175,7 @@ func probeNftables(ns netns.NsHandle, cfg Config) error {
 	_, _, g1 := ipam.SlotAddrs(1)
 	public := netip.MustParseAddr("192.0.2.1") // documentation range: never sent to
 	cidr := netip.MustParsePrefix("192.0.2.0/24")
-	lab := netpolicy.SessionRules{
+	lab := nft.SessionRules{
 		Name: "probe-allowlist", HostIface: nsmgr.HostIfaceName(probePrefix, 0), Guest: g0, Egress: netpolicy.ModeAllowlist,
 		Static: []netpolicy.Target{
 			{Prefix: netip.PrefixFrom(public, 32)},
@@ -184,8 +185,8 @@ func probeNftables(ns netns.NsHandle, cfg Config) error {
 		},
 		Peers: []netip.Addr{g1},
 	}
-	pub := netpolicy.SessionRules{Name: "probe-public", HostIface: nsmgr.HostIfaceName(probePrefix, 1), Guest: g1, Egress: netpolicy.ModePublic}
-	for _, r := range []netpolicy.SessionRules{lab, pub} {
+	pub := nft.SessionRules{Name: "probe-public", HostIface: nsmgr.HostIfaceName(probePrefix, 1), Guest: g1, Egress: netpolicy.ModePublic}
+	for _, r := range []nft.SessionRules{lab, pub} {
 		if err := fw.AddSession(r); err != nil {
 			return fmt.Errorf("nf_tables: %w", err)
 		}

@@ -16,6 +16,7 @@ import (
 	"github.com/enforcerd/enforcerd/api"
 	"github.com/enforcerd/enforcerd/dnsproxy"
 	"github.com/enforcerd/enforcerd/netpolicy"
+	"github.com/enforcerd/enforcerd/netpolicy/nft"
 )
 
 // Registry is the daemon's Prometheus metrics. Every method is safe on a
@@ -44,7 +45,7 @@ type Source interface {
 	SessionCount() int
 	// SessionCounters maps each session with a NIC to its nftables
 	// counters (policy drops, new flows over its budget).
-	SessionCounters() map[string]netpolicy.Counters
+	SessionCounters() map[string]nft.Counters
 	// DNSStats are the DNS proxy's counters since start.
 	DNSStats() dnsproxy.Stats
 	// Healthy is the health check of /healthz.

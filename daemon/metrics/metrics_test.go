@@ -14,13 +14,13 @@ import (
 	"time"
 
 	"github.com/enforcerd/enforcerd/api"
+	"github.com/enforcerd/enforcerd/netpolicy/nft"
 
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	prommodel "github.com/prometheus/common/model"
 
 	"github.com/enforcerd/enforcerd/dnsproxy"
-	"github.com/enforcerd/enforcerd/netpolicy"
 )
 
 type fakeSource struct{}
@@ -38,8 +38,8 @@ func (fakeSource) DNSStats() dnsproxy.Stats {
 	}
 }
 
-func (fakeSource) SessionCounters() map[string]netpolicy.Counters {
-	return map[string]netpolicy.Counters{"s1": {DroppedPackets: 5, LimitedPackets: 3}, "s2": {}}
+func (fakeSource) SessionCounters() map[string]nft.Counters {
+	return map[string]nft.Counters{"s1": {DroppedPackets: 5, LimitedPackets: 3}, "s2": {}}
 }
 
 // gatherMetrics parses what m writes with Prometheus's own text parser,

@@ -129,3 +129,49 @@ func TestNoKernelClients(t *testing.T) {
 		}
 	}
 }
+
+// TestPolicyLanguageIsPure: netpolicy, the policy language, the guard and
+// the targets, links no nftables and no netlink: the table is
+// netpolicy/nft's. The control: netpolicy/nft links nftables.
+func TestPolicyLanguageIsPure(t *testing.T) {
+	pure := deps(t, "./netpolicy", "", "1")
+	for _, p := range pure {
+		for _, k := range kernelClients {
+			if p == k || strings.HasPrefix(p, k+"/") {
+				t.Errorf("netpolicy links %s, want no kernel client (the table belongs in netpolicy/nft)", p)
+			}
+		}
+	}
+	if table := deps(t, "./netpolicy/nft", "", "1"); !slices.Contains(table, "github.com/google/nftables") {
+		t.Error("control: netpolicy/nft does not link github.com/google/nftables")
+	}
+}
+
+// TestDomainPackagesIndependent: the four domain packages (nsmgr,
+// netpolicy with its table, dnsproxy, container) link none of the others,
+// except that dnsproxy uses netpolicy's language (not its table), and
+// nothing of the product links integration.
+func TestDomainPackagesIndependent(t *testing.T) {
+	const mod = "github.com/enforcerd/enforcerd/"
+	domains := []string{"nsmgr", "netpolicy", "dnsproxy", "container"}
+	allowed := map[string]bool{"dnsproxy>netpolicy": true}
+	for _, d := range domains {
+		for _, p := range deps(t, "./"+d+"/...", "seccomp", "1") {
+			rest, ok := strings.CutPrefix(p, mod)
+			if !ok {
+				continue
+			}
+			if strings.HasPrefix(rest, "integration") {
+				t.Errorf("%s links %s", d, p)
+			}
+			for _, o := range domains {
+				if o == d || !(rest == o || strings.HasPrefix(rest, o+"/")) {
+					continue
+				}
+				if !allowed[d+">"+o] || rest != o {
+					t.Errorf("%s links %s: the domain packages never import each other", d, p)
+				}
+			}
+		}
+	}
+}

@@ -9,11 +9,13 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/enforcerd/enforcerd/integration/world"
-	"github.com/enforcerd/enforcerd/netpolicy"
-	"github.com/enforcerd/enforcerd/nsmgr"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/enforcerd/enforcerd/integration/world"
+	"github.com/enforcerd/enforcerd/netpolicy"
+	"github.com/enforcerd/enforcerd/netpolicy/nft"
+	"github.com/enforcerd/enforcerd/nsmgr"
 )
 
 // netEnv is enforcerd's session network done in-process, as the daemon does
@@ -24,7 +26,7 @@ type netEnv struct {
 	prefix string
 	m      *nsmgr.Manager
 	guard  *netpolicy.Guard
-	fw     *netpolicy.Firewall
+	fw     *nft.Firewall
 	geo    *nsmgr.IPAM // address arithmetic for synthetic sessions
 	live   map[string]nsmgr.Session
 	clock  *stepClock // times nsmgr.Create's steps (its StepStarted observer)
@@ -68,7 +70,7 @@ func newNetEnv(tag string) (e *netEnv, err error) {
 	if e.guard, err = netpolicy.NewGuard(nsmgr.DefaultPool, []netip.Prefix{w.PublicOverride}); err != nil {
 		return e, err
 	}
-	e.fw, err = netpolicy.OpenFirewall(netpolicy.FirewallConfig{NetNS: w.Host, Prefix: e.prefix,
+	e.fw, err = nft.OpenFirewall(nft.FirewallConfig{NetNS: w.Host, Prefix: e.prefix,
 		Pool: nsmgr.DefaultPool, DNSAddr: e.m.DNSAddr(), Guard: e.guard, AttestFloor: time.Minute})
 	if err != nil {
 		return e, err
@@ -78,8 +80,8 @@ func newNetEnv(tag string) (e *netEnv, err error) {
 
 // rules are a session's firewall rules: allowlist mode with the given static
 // targets.
-func (e *netEnv) rules(s nsmgr.Session, static ...netip.Prefix) netpolicy.SessionRules {
-	r := netpolicy.SessionRules{Name: s.Name, HostIface: s.HostIface, Guest: s.Guest, Egress: netpolicy.ModeAllowlist}
+func (e *netEnv) rules(s nsmgr.Session, static ...netip.Prefix) nft.SessionRules {
+	r := nft.SessionRules{Name: s.Name, HostIface: s.HostIface, Guest: s.Guest, Egress: netpolicy.ModeAllowlist}
 	for _, p := range static {
 		r.Static = append(r.Static, netpolicy.Target{Prefix: p})
 	}
@@ -144,9 +146,9 @@ func (ss *splits) parts(op string, p float64) []string {
 
 // synthetic returns the rules of a session that exists only in the
 // firewall (no netns, no veth): the address and interface name of slot.
-func (e *netEnv) synthetic(slot int) netpolicy.SessionRules {
+func (e *netEnv) synthetic(slot int) nft.SessionRules {
 	_, _, guest := e.geo.SlotAddrs(slot)
-	return netpolicy.SessionRules{Name: fmt.Sprintf("syn%d", slot), HostIface: nsmgr.HostIfaceName(e.prefix, slot),
+	return nft.SessionRules{Name: fmt.Sprintf("syn%d", slot), HostIface: nsmgr.HostIfaceName(e.prefix, slot),
 		Guest: guest, Egress: netpolicy.ModeAllowlist,
 		Static: []netpolicy.Target{{Prefix: netip.MustParsePrefix("93.184.216.34/32")}}}
 }

@@ -1,4 +1,4 @@
-package netpolicy
+package nft
 
 import (
 	"bytes"
@@ -10,11 +10,13 @@ import (
 	"time"
 
 	"github.com/google/nftables"
+
+	"github.com/enforcerd/enforcerd/netpolicy"
 )
 
 // checkRules validates r against the firewall configuration.
 func (f *Firewall) checkRules(r SessionRules) error {
-	if _, err := ParseMode(string(r.Egress)); err != nil {
+	if _, err := netpolicy.ParseMode(string(r.Egress)); err != nil {
 		return err
 	}
 	if !strings.HasPrefix(r.HostIface, f.cfg.Prefix) || len(r.HostIface) >= ifNameSize {
@@ -39,7 +41,7 @@ func (f *Firewall) checkRules(r SessionRules) error {
 // elements: AddSession does nothing. Policy changes are RemoveSession then
 // AddSession (elements are only ever added here, never replaced).
 func (f *Firewall) AddSession(r SessionRules) error {
-	if r.Egress == ModeNone {
+	if r.Egress == netpolicy.ModeNone {
 		return nil
 	}
 	if err := f.checkRules(r); err != nil {
@@ -119,7 +121,7 @@ func (f *Firewall) RemoveSession(r SessionRules) error {
 	f.known.forgetGuest(r.Guest)
 	defer f.known.forgetGuest(r.Guest)
 	attested, taken, complete := f.attested.take(r.Guest, time.Now())
-	if complete && r.Egress != "" && r.Egress != ModeNone && f.checkRules(r) == nil {
+	if complete && r.Egress != "" && r.Egress != netpolicy.ModeNone && f.checkRules(r) == nil {
 		err := f.admin.do(func(c *nftables.Conn) error { return f.removeByKeyLocked(c, r, attested) })
 		if err == nil {
 			f.flows.schedule(r.Guest)
@@ -398,7 +400,7 @@ func (f *Firewall) AllCounters() (map[netip.Addr]Counters, error) {
 					if c.ByReason == nil {
 						c.ByReason = map[string]uint64{}
 					}
-					c.ByReason[ReasonRateLimit] = c.LimitedPackets
+					c.ByReason[netpolicy.ReasonRateLimit] = c.LimitedPackets
 				}
 			}
 			out[g] = c

@@ -1,9 +1,11 @@
-package netpolicy
+package nft
 
 import (
 	"net/netip"
 	"testing"
 	"time"
+
+	"github.com/enforcerd/enforcerd/netpolicy"
 )
 
 // TestKnownIndex: what is learned is covered while its life lasts (less
@@ -32,7 +34,7 @@ func TestKnownIndex(t *testing.T) {
 	if _, ok := k.covers(g, plan, time.Minute, now); ok {
 		t.Error("covered for a longer timeout than learned")
 	}
-	if _, ok := k.covers(g, attestElements(g, ip, 30*time.Second, []PortSpec{{Port: 443, Proto: ProtoTCP}}), 30*time.Second, now); ok {
+	if _, ok := k.covers(g, attestElements(g, ip, 30*time.Second, []netpolicy.PortSpec{{Port: 443, Proto: netpolicy.ProtoTCP}}), 30*time.Second, now); ok {
 		t.Error("a port-constrained element covered by a port-less one")
 	}
 	// A batch in flight while a forget runs learns nothing.

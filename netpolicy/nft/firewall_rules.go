@@ -1,4 +1,4 @@
-package netpolicy
+package nft
 
 import (
 	"net/netip"
@@ -8,6 +8,8 @@ import (
 	"github.com/google/nftables/binaryutil"
 	"github.com/google/nftables/expr"
 	"golang.org/x/sys/unix"
+
+	"github.com/enforcerd/enforcerd/netpolicy"
 )
 
 // Registers. A 16-byte value (an interface name) loaded into NFT_REG_1 fills
@@ -31,15 +33,10 @@ const connlimitOver = 1
 // resolverPorts are the destination ports no session reaches through a
 // port-less entry or public mode: DNS and DNS over TLS, which only the
 // anycast proxy serves.
-var resolverPorts = []PortSpec{
-	{Port: 53, Proto: ProtoUDP}, {Port: 53, Proto: ProtoTCP},
-	{Port: 853, Proto: ProtoTCP}, {Port: 853, Proto: ProtoUDP},
+var resolverPorts = []netpolicy.PortSpec{
+	{Port: 53, Proto: netpolicy.ProtoUDP}, {Port: 53, Proto: netpolicy.ProtoTCP},
+	{Port: 853, Proto: netpolicy.ProtoTCP}, {Port: 853, Proto: netpolicy.ProtoUDP},
 }
-
-// IsResolverPort reports whether port is DNS (53) or DNS over TLS (853):
-// a port-less allow or scope entry never opens them; only an entry that
-// names the port does.
-func IsResolverPort(port uint16) bool { return port == 53 || port == 853 }
 
 // ruleSpec is one rule of one chain, as plain data.
 type ruleSpec struct {
@@ -127,7 +124,7 @@ type ruleEnv struct {
 //	drop_spoofed:   update @acct_reason { iifname map @ifaces . 5 }; LOG(spoofed); drop
 //	drop_inbound:   oifname . ip daddr != @sessions drop
 //	                update @acct_reason { ip daddr . 6 }; LOG(inbound); drop
-//	  LOG(reason) is the log budget and the NFLOG line of reasonRules (droplog.go)
+//	  LOG(reason) is the log budget and the NFLOG line of reasonRules (droprules.go)
 //	input (filter hook input, policy accept)
 //	  iifname "P*" goto input_session
 //	  ip daddr DNS drop                                    # the anycast address answers session veths only
@@ -188,7 +185,7 @@ func buildRules(env ruleEnv) []ruleSpec {
 	v4 := nfprotoIs(true)
 	toDNS := append(loadDaddr(reg1), cmpEq(reg1, ipKey(env.dns)))
 	fromDNS := append(loadSaddr(reg1), cmpEq(reg1, ipKey(env.dns)))
-	dnsPort := func(proto Proto, dport bool) []expr.Any {
+	dnsPort := func(proto netpolicy.Proto, dport bool) []expr.Any {
 		port := loadDport(reg1)
 		if !dport {
 			port = loadSport(reg1)
@@ -199,9 +196,9 @@ func buildRules(env ruleEnv) []ruleSpec {
 	// raw_prerouting
 	add(chainRawPrerouting, fromSession, nfprotoIs(false), drop)
 	add(chainRawPrerouting, fromSession, v4, env.lookupSession(true), gotoC(chainDropSpoofed))
-	add(chainRawPrerouting, fromSession, v4, toDNS, dnsPort(ProtoUDP, true), []expr.Any{&expr.Notrack{}})
+	add(chainRawPrerouting, fromSession, v4, toDNS, dnsPort(netpolicy.ProtoUDP, true), []expr.Any{&expr.Notrack{}})
 	// raw_output
-	add(chainRawOutput, toSession, v4, fromDNS, dnsPort(ProtoUDP, false), []expr.Any{&expr.Notrack{}})
+	add(chainRawOutput, toSession, v4, fromDNS, dnsPort(netpolicy.ProtoUDP, false), []expr.Any{&expr.Notrack{}})
 
 	// forward
 	add(chainForward, fromSession, gotoC(chainFromSession))
@@ -287,13 +284,13 @@ func buildRules(env ruleEnv) []ruleSpec {
 		// (drop_policy); spoofed and inbound ones never are.
 		k, final := guestIsSaddr, gotoC(chainDropPolicy)
 		switch d.reason {
-		case ReasonSpoofed:
+		case netpolicy.ReasonSpoofed:
 			k, final = guestByIface, drop
-		case ReasonInbound:
+		case netpolicy.ReasonInbound:
 			k, final = guestIsDaddr, drop
 			add(d.chain, v4, env.lookupSessionOut(true), drop) // not a guest: nothing to count
 		}
-		for _, r := range env.reasonRules(d, k, d.reason != ReasonSpoofed, final) {
+		for _, r := range env.reasonRules(d, k, d.reason != netpolicy.ReasonSpoofed, final) {
 			add(d.chain, r)
 		}
 	}
@@ -311,7 +308,7 @@ func buildRules(env ruleEnv) []ruleSpec {
 	add(chainReject, v4, []expr.Any{&expr.Reject{Type: unix.NFT_REJECT_ICMP_UNREACH, Code: icmpAdminProhibited}})
 	// A rate-limited flow stays a silent drop: answering a flood would only
 	// add to it.
-	limited := env.reasonRules(dropCode{reason: ReasonRateLimit}, guestIsSaddr, true, gotoC(chainDrop))
+	limited := env.reasonRules(dropCode{reason: netpolicy.ReasonRateLimit}, guestIsSaddr, true, gotoC(chainDrop))
 	limited[0] = append(v4, env.update(setAcctLimited)...)
 	for _, r := range limited {
 		add(chainDropLimited, r)
@@ -320,11 +317,11 @@ func buildRules(env ruleEnv) []ruleSpec {
 	// input
 	add(chainInput, fromSession, gotoC(chainInputSession))
 	add(chainInput, v4, toDNS, drop)
-	add(chainInputSession, v4, toDNS, dnsPort(ProtoUDP, true), accept)
+	add(chainInputSession, v4, toDNS, dnsPort(netpolicy.ProtoUDP, true), accept)
 	add(chainInputSession, ctStateIn(expr.CtStateBitESTABLISHED), accept)
 	add(chainInputSession, ctStateIn(expr.CtStateBitRELATED), v4, icmp, env.lookupSessionQuoted(false), toDNS, accept)
-	add(chainInputSession, v4, toDNS, dnsPort(ProtoTCP, true), jump(chainFlowLimit))
-	add(chainInputSession, v4, toDNS, dnsPort(ProtoTCP, true), accept)
+	add(chainInputSession, v4, toDNS, dnsPort(netpolicy.ProtoTCP, true), jump(chainFlowLimit))
+	add(chainInputSession, v4, toDNS, dnsPort(netpolicy.ProtoTCP, true), accept)
 	add(chainInputSession, gotoC(chainDropNotAllowed))
 
 	// output: what the host itself sends into sessions (inbound.go)
@@ -369,7 +366,7 @@ func nfprotoIs(v4 bool) []expr.Any {
 	}
 }
 
-func l4protoIs(p Proto) []expr.Any { return l4protoNumIs(p.Number()) }
+func l4protoIs(p netpolicy.Proto) []expr.Any { return l4protoNumIs(p.Number()) }
 
 func l4protoNumIs(n uint8) []expr.Any { return l4protoCmp(expr.CmpOpEq, n) }
 

@@ -1,11 +1,13 @@
-package netpolicy
+package nft
 
 import (
 	"net/netip"
 	"testing"
+
+	"github.com/enforcerd/enforcerd/netpolicy"
 )
 
-func updRules(egress Mode, static []Target, peers ...netip.Addr) SessionRules {
+func updRules(egress netpolicy.Mode, static []netpolicy.Target, peers ...netip.Addr) SessionRules {
 	return SessionRules{Name: "s", HostIface: "enf1h", Guest: netip.MustParseAddr("10.20.0.6"), Egress: egress, Static: static, Peers: peers}
 }
 
@@ -18,10 +20,10 @@ func setsOf(ps []setElems) map[string]int {
 }
 
 func TestPlanUpdateTouchesOnlyTheDifference(t *testing.T) {
-	a := Target{Prefix: netip.MustParsePrefix("198.51.100.7/32")}
-	b := Target{Prefix: netip.MustParsePrefix("198.51.100.0/24"), Port: 443, Proto: ProtoTCP}
+	a := netpolicy.Target{Prefix: netip.MustParsePrefix("198.51.100.7/32")}
+	b := netpolicy.Target{Prefix: netip.MustParsePrefix("198.51.100.0/24"), Port: 443, Proto: netpolicy.ProtoTCP}
 	peer := netip.MustParseAddr("10.20.0.10")
-	u := SessionUpdate{Old: updRules(ModePublic, []Target{a}, peer), New: updRules(ModeAllowlist, []Target{b})}
+	u := SessionUpdate{Old: updRules(netpolicy.ModePublic, []netpolicy.Target{a}, peer), New: updRules(netpolicy.ModeAllowlist, []netpolicy.Target{b})}
 	p := planUpdate(u)
 	del, add := setsOf(p.del), setsOf(p.add)
 	if del[setPublic] != 1 || del[setStatic] != 1 || del[setPeers] != 1 || add[setStaticCIDRPorts] != 1 {
@@ -39,10 +41,10 @@ func TestPlanUpdateTouchesOnlyTheDifference(t *testing.T) {
 
 func TestPlanUpdateKeepsWhatAnotherNameAttested(t *testing.T) {
 	x, y := netip.MustParseAddr("198.51.100.1"), netip.MustParseAddr("198.51.100.2")
-	r := updRules(ModeAllowlist, nil)
+	r := updRules(netpolicy.ModeAllowlist, nil)
 	u := SessionUpdate{Old: r, New: r,
-		Stale: []Attestation{{Addrs: []netip.Addr{x, y}}},
-		Keep:  []Attestation{{Addrs: []netip.Addr{y}}}}
+		Stale: []netpolicy.Attestation{{Addrs: []netip.Addr{x, y}}},
+		Keep:  []netpolicy.Attestation{{Addrs: []netip.Addr{y}}}}
 	p := planUpdate(u)
 	if got := setsOf(p.unattest); got[setAttested] != 1 {
 		t.Fatalf("unattest %v: want only x's element removed", got)
@@ -51,22 +53,22 @@ func TestPlanUpdateKeepsWhatAnotherNameAttested(t *testing.T) {
 		t.Errorf("unattest removes %v, want %s", k, x)
 	}
 	// A port-constrained attestation removes its ported elements.
-	u.Stale = []Attestation{{Addrs: []netip.Addr{x}, Ports: []PortSpec{{Port: 443, Proto: ProtoTCP}}}}
+	u.Stale = []netpolicy.Attestation{{Addrs: []netip.Addr{x}, Ports: []netpolicy.PortSpec{{Port: 443, Proto: netpolicy.ProtoTCP}}}}
 	if got := setsOf(planUpdate(u).unattest); got[setAttestedPorts] != 1 {
 		t.Errorf("unattest %v: want the 443/tcp element", got)
 	}
 }
 
 func TestCutsFlow(t *testing.T) {
-	g := DefaultGuard()
+	g := netpolicy.DefaultGuard()
 	x, y := netip.MustParseAddr("198.51.100.1"), netip.MustParseAddr("198.51.100.2")
-	cidr := Target{Prefix: netip.MustParsePrefix("203.0.113.0/24"), Port: 443, Proto: ProtoTCP}
+	cidr := netpolicy.Target{Prefix: netip.MustParsePrefix("203.0.113.0/24"), Port: 443, Proto: netpolicy.ProtoTCP}
 	peer := netip.MustParseAddr("10.20.0.10")
 	u := SessionUpdate{
-		Old:   updRules(ModeAllowlist, []Target{cidr}, peer),
-		New:   updRules(ModeAllowlist, nil),
-		Stale: []Attestation{{Addrs: []netip.Addr{x, y}}},
-		Keep:  []Attestation{{Addrs: []netip.Addr{y}}},
+		Old:   updRules(netpolicy.ModeAllowlist, []netpolicy.Target{cidr}, peer),
+		New:   updRules(netpolicy.ModeAllowlist, nil),
+		Stale: []netpolicy.Attestation{{Addrs: []netip.Addr{x, y}}},
+		Keep:  []netpolicy.Attestation{{Addrs: []netip.Addr{y}}},
 	}
 	const tcp, udp = 6, 17
 	for _, c := range []struct {
@@ -88,7 +90,7 @@ func TestCutsFlow(t *testing.T) {
 	}
 	// public -> allowlist cuts every public destination the new rules lack.
 	pa, pb := netip.MustParseAddr("93.184.216.34"), netip.MustParseAddr("93.184.216.35")
-	u = SessionUpdate{Old: updRules(ModePublic, nil), New: updRules(ModeAllowlist, []Target{{Prefix: netip.PrefixFrom(pa, 32)}})}
+	u = SessionUpdate{Old: updRules(netpolicy.ModePublic, nil), New: updRules(netpolicy.ModeAllowlist, []netpolicy.Target{{Prefix: netip.PrefixFrom(pa, 32)}})}
 	if !u.cutsFlow(g, pb, tcp, 80) || u.cutsFlow(g, pa, tcp, 80) {
 		t.Error("public -> allowlist: want every public destination cut but the new static one")
 	}
@@ -98,28 +100,28 @@ func TestCutsFlow(t *testing.T) {
 // cutsFlow would cut, checked over a grid of destinations, protocols and
 // ports; each way of taking something away makes it walk the table.
 func TestWidensOnly(t *testing.T) {
-	g := DefaultGuard()
-	a := Target{Prefix: netip.MustParsePrefix("203.0.113.0/24"), Port: 443, Proto: ProtoTCP}
-	b := Target{Prefix: netip.MustParsePrefix("198.51.100.7/32")}
-	deny := Target{Prefix: netip.MustParsePrefix("203.0.113.66/32")}
+	g := netpolicy.DefaultGuard()
+	a := netpolicy.Target{Prefix: netip.MustParsePrefix("203.0.113.0/24"), Port: 443, Proto: netpolicy.ProtoTCP}
+	b := netpolicy.Target{Prefix: netip.MustParsePrefix("198.51.100.7/32")}
+	deny := netpolicy.Target{Prefix: netip.MustParsePrefix("203.0.113.66/32")}
 	peer, peer2 := netip.MustParseAddr("10.20.0.10"), netip.MustParseAddr("10.20.0.14")
-	att := []Attestation{{Addrs: []netip.Addr{netip.MustParseAddr("192.0.2.5")}}}
-	withDeny := func(r SessionRules, d ...Target) SessionRules { r.Deny = d; return r }
+	att := []netpolicy.Attestation{{Addrs: []netip.Addr{netip.MustParseAddr("192.0.2.5")}}}
+	withDeny := func(r SessionRules, d ...netpolicy.Target) SessionRules { r.Deny = d; return r }
 	for _, c := range []struct {
 		name  string
 		u     SessionUpdate
 		widen bool
 	}{
-		{"add a target", SessionUpdate{Old: updRules(ModeAllowlist, []Target{a}), New: updRules(ModeAllowlist, []Target{a, b})}, true},
-		{"add a peer, keep an attestation", SessionUpdate{Old: updRules(ModeAllowlist, nil, peer), New: updRules(ModeAllowlist, nil, peer, peer2), Keep: att}, true},
-		{"allowlist to public", SessionUpdate{Old: updRules(ModeAllowlist, []Target{a}), New: updRules(ModePublic, []Target{a})}, true},
-		{"drop a deny", SessionUpdate{Old: withDeny(updRules(ModePublic, nil), deny), New: updRules(ModePublic, nil)}, true},
-		{"no change", SessionUpdate{Old: updRules(ModeAllowlist, []Target{a}), New: updRules(ModeAllowlist, []Target{a})}, true},
-		{"revoke a target", SessionUpdate{Old: updRules(ModeAllowlist, []Target{a, b}), New: updRules(ModeAllowlist, []Target{a})}, false},
-		{"revoke a peer", SessionUpdate{Old: updRules(ModeAllowlist, nil, peer), New: updRules(ModeAllowlist, nil)}, false},
-		{"public to allowlist", SessionUpdate{Old: updRules(ModePublic, nil), New: updRules(ModeAllowlist, nil)}, false},
-		{"add a deny", SessionUpdate{Old: updRules(ModeAllowlist, []Target{a}), New: withDeny(updRules(ModeAllowlist, []Target{a}), deny)}, false},
-		{"a stale attestation", SessionUpdate{Old: updRules(ModeAllowlist, nil), New: updRules(ModeAllowlist, nil), Stale: att}, false},
+		{"add a target", SessionUpdate{Old: updRules(netpolicy.ModeAllowlist, []netpolicy.Target{a}), New: updRules(netpolicy.ModeAllowlist, []netpolicy.Target{a, b})}, true},
+		{"add a peer, keep an attestation", SessionUpdate{Old: updRules(netpolicy.ModeAllowlist, nil, peer), New: updRules(netpolicy.ModeAllowlist, nil, peer, peer2), Keep: att}, true},
+		{"allowlist to public", SessionUpdate{Old: updRules(netpolicy.ModeAllowlist, []netpolicy.Target{a}), New: updRules(netpolicy.ModePublic, []netpolicy.Target{a})}, true},
+		{"drop a deny", SessionUpdate{Old: withDeny(updRules(netpolicy.ModePublic, nil), deny), New: updRules(netpolicy.ModePublic, nil)}, true},
+		{"no change", SessionUpdate{Old: updRules(netpolicy.ModeAllowlist, []netpolicy.Target{a}), New: updRules(netpolicy.ModeAllowlist, []netpolicy.Target{a})}, true},
+		{"revoke a target", SessionUpdate{Old: updRules(netpolicy.ModeAllowlist, []netpolicy.Target{a, b}), New: updRules(netpolicy.ModeAllowlist, []netpolicy.Target{a})}, false},
+		{"revoke a peer", SessionUpdate{Old: updRules(netpolicy.ModeAllowlist, nil, peer), New: updRules(netpolicy.ModeAllowlist, nil)}, false},
+		{"public to allowlist", SessionUpdate{Old: updRules(netpolicy.ModePublic, nil), New: updRules(netpolicy.ModeAllowlist, nil)}, false},
+		{"add a deny", SessionUpdate{Old: updRules(netpolicy.ModeAllowlist, []netpolicy.Target{a}), New: withDeny(updRules(netpolicy.ModeAllowlist, []netpolicy.Target{a}), deny)}, false},
+		{"a stale attestation", SessionUpdate{Old: updRules(netpolicy.ModeAllowlist, nil), New: updRules(netpolicy.ModeAllowlist, nil), Stale: att}, false},
 	} {
 		if got := c.u.widensOnly(); got != c.widen {
 			t.Errorf("%s: widensOnly = %v, want %v", c.name, got, c.widen)

@@ -1,4 +1,4 @@
-package netpolicy
+package nft
 
 import (
 	"net/netip"
@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/google/nftables"
+
+	"github.com/enforcerd/enforcerd/netpolicy"
 )
 
 func keysOf(m map[string][]nftables.SetElement) map[string][]string {
@@ -28,14 +30,14 @@ func TestAttestIndexTake(t *testing.T) {
 	for _, se := range attestElements(g1, []netip.Addr{ip("1.1.1.1"), ip("2.2.2.2")}, time.Minute, nil) {
 		x.record(g1, se.set, se.elems, t0)
 	}
-	for _, se := range attestElements(g1, []netip.Addr{ip("3.3.3.3")}, 10*time.Second, []PortSpec{{Port: 443, Proto: ProtoTCP}}) {
+	for _, se := range attestElements(g1, []netip.Addr{ip("3.3.3.3")}, 10*time.Second, []netpolicy.PortSpec{{Port: 443, Proto: netpolicy.ProtoTCP}}) {
 		x.record(g1, se.set, se.elems, t0)
 	}
 	for _, se := range attestElements(g2, []netip.Addr{ip("1.1.1.1")}, time.Minute, nil) {
 		x.record(g2, se.set, se.elems, t0)
 	}
 	key := func(g netip.Addr, ip string) string { return string(concat(ipKey(g), ipKey(netip.MustParseAddr(ip)))) }
-	portKeyOf := string(concat(ipKey(g1), protoKey(ProtoTCP), ipKey(ip("3.3.3.3")), portKey(443)))
+	portKeyOf := string(concat(ipKey(g1), protoKey(netpolicy.ProtoTCP), ipKey(ip("3.3.3.3")), portKey(443)))
 
 	got, taken, complete := x.take(g1, t0.Add(20*time.Second)) // the ported one expired (10s + slack)
 	if complete {
@@ -105,7 +107,7 @@ func TestMergeAttests(t *testing.T) {
 	reqs := []attestReq{
 		{g1, attestElements(g1, []netip.Addr{a, b}, time.Minute, nil)},
 		{g1, attestElements(g1, []netip.Addr{a}, time.Hour, nil)},
-		{g2, attestElements(g2, []netip.Addr{a}, 30*time.Second, []PortSpec{{Port: 53, Proto: ProtoUDP}})},
+		{g2, attestElements(g2, []netip.Addr{a}, 30*time.Second, []netpolicy.PortSpec{{Port: 53, Proto: netpolicy.ProtoUDP}})},
 	}
 	got := mergeAttests(reqs)
 	type el struct {
@@ -121,7 +123,7 @@ func TestMergeAttests(t *testing.T) {
 	want := []el{
 		{setAttested, string(concat(ipKey(g1), ipKey(a))), time.Hour},
 		{setAttested, string(concat(ipKey(g1), ipKey(b))), time.Minute},
-		{setAttestedPorts, string(concat(ipKey(g2), protoKey(ProtoUDP), ipKey(a), portKey(53))), 30 * time.Second},
+		{setAttestedPorts, string(concat(ipKey(g2), protoKey(netpolicy.ProtoUDP), ipKey(a), portKey(53))), 30 * time.Second},
 		{setPortAttested, string(concat(ipKey(g2), ipKey(a))), 30 * time.Second},
 	}
 	if !slices.Equal(flat, want) {

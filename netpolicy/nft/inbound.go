@@ -1,14 +1,11 @@
-package netpolicy
+package nft
 
 import (
-	"fmt"
-	"slices"
-	"strconv"
-	"strings"
-
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
 	"golang.org/x/sys/unix"
+
+	"github.com/enforcerd/enforcerd/netpolicy"
 )
 
 // Inbound from the host. A packet the host itself sends to a session (from
@@ -55,8 +52,8 @@ func inboundRules(env ruleEnv, add func(chain string, parts ...[]expr.Any)) {
 	add(chainOutputSession, nfprotoIs(false), verdict(expr.VerdictDrop, ""))
 	add(chainOutputSession, ctStateIn(expr.CtStateBitESTABLISHED|expr.CtStateBitRELATED), accept)
 	add(chainOutputSession, nfprotoIs(true), loadSaddr(reg1), []expr.Any{cmpEq(reg1, ipKey(env.dns))},
-		l4protoIs(ProtoUDP), loadSport(reg1), []expr.Any{cmpEq(reg1, portKey(53)[:2])}, accept)
-	add(chainOutputSession, l4protoIs(ProtoTCP), []expr.Any{
+		l4protoIs(netpolicy.ProtoUDP), loadSport(reg1), []expr.Any{cmpEq(reg1, portKey(53)[:2])}, accept)
+	add(chainOutputSession, l4protoIs(netpolicy.ProtoTCP), []expr.Any{
 		&expr.Payload{DestRegister: reg1, Base: expr.PayloadBaseTransportHeader, Offset: 13, Len: 1},
 		&expr.Bitwise{SourceRegister: reg1, DestRegister: reg1, Len: 1, Mask: []byte{0x04}, Xor: []byte{0}},
 		&expr.Cmp{Op: expr.CmpOpNeq, Register: reg1, Data: []byte{0}},
@@ -80,7 +77,7 @@ func inboundRules(env ruleEnv, add func(chain string, parts ...[]expr.Any)) {
 func inboundElements(r SessionRules) []setElems {
 	g := ipKey(r.Guest)
 	var elems []nftables.SetElement
-	for _, p := range NormalizeInbound(r.InboundFromHost) {
+	for _, p := range netpolicy.NormalizeInbound(r.InboundFromHost) {
 		for _, proto := range protosOf(p.Proto) {
 			elems = append(elems, nftables.SetElement{Key: concat(g, protoKey(proto), portKey(p.Port))})
 		}
@@ -89,55 +86,4 @@ func inboundElements(r SessionRules) []setElems {
 		return nil
 	}
 	return []setElems{{setInboundHost, elems}}
-}
-
-// ParseInboundPort parses one port the host may open connections to in a
-// session: PORT (TCP and UDP, as an allow entry's port) or PORT/tcp,
-// PORT/udp.
-func ParseInboundPort(s string) (PortSpec, error) {
-	portStr, protoStr, hasProto := strings.Cut(s, "/")
-	n, err := strconv.ParseUint(portStr, 10, 16)
-	if err != nil || n == 0 {
-		return PortSpec{}, fmt.Errorf("inbound from host %q: port %q: want PORT or PORT/tcp or PORT/udp, PORT from 1 to 65535", s, portStr)
-	}
-	ps := PortSpec{Port: uint16(n)}
-	if hasProto {
-		switch p := Proto(strings.ToLower(protoStr)); p {
-		case ProtoTCP, ProtoUDP:
-			ps.Proto = p
-		default:
-			return PortSpec{}, fmt.Errorf("inbound from host %q: protocol %q: want tcp or udp", s, protoStr)
-		}
-	}
-	return ps, nil
-}
-
-// NormalizeInbound sorts inbound ports and drops those another one covers
-// (80/tcp when 80 is there).
-func NormalizeInbound(ps []PortSpec) []PortSpec {
-	both := map[uint16]bool{}
-	for _, p := range ps {
-		if p.Proto == ProtoAny {
-			both[p.Port] = true
-		}
-	}
-	var out []PortSpec
-	for _, p := range ps {
-		if p.Proto != ProtoAny && both[p.Port] {
-			continue
-		}
-		out = append(out, p)
-	}
-	slices.SortFunc(out, func(a, b PortSpec) int {
-		if a.Port != b.Port {
-			return int(a.Port) - int(b.Port)
-		}
-		return strings.Compare(string(a.Proto), string(b.Proto))
-	})
-	return slices.Compact(out)
-}
-
-// InboundString is how a port is written back: PORT or PORT/PROTO.
-func InboundString(p PortSpec) string {
-	return strings.TrimPrefix(p.String(), ":")
 }

@@ -1,4 +1,4 @@
-package netpolicy
+package nft
 
 import (
 	"errors"

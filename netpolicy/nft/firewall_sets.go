@@ -1,4 +1,4 @@
-package netpolicy
+package nft
 
 import (
 	"net/netip"
@@ -143,7 +143,7 @@ func newSchema(tableName string, pool netip.Prefix) *schema {
 	// limit state); RemoveSession deletes them.
 	add(&nftables.Set{Name: setFlows, KeyType: nftables.TypeIPAddr, Dynamic: true, Size: size})
 	add(&nftables.Set{Name: setFlowRate, KeyType: nftables.TypeIPAddr, Dynamic: true, Size: size})
-	// The drop reasons (see droplog.go). ifaces maps a host veth to its
+	// The drop reasons (see droprules.go). ifaces maps a host veth to its
 	// guest, so a spoofed packet is counted and logged for the session whose
 	// interface it came in on. The three port_* sets hold, without the port,
 	// the addresses a session may reach on some port only, so a drop can say

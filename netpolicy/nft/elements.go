@@ -1,4 +1,4 @@
-package netpolicy
+package nft
 
 import (
 	"encoding/binary"
@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/google/nftables"
+
+	"github.com/enforcerd/enforcerd/netpolicy"
 )
 
 // This file turns desired state into set elements: pure functions, unit
@@ -23,7 +25,7 @@ func ipKey(a netip.Addr) []byte {
 	return b[:]
 }
 
-func protoKey(p Proto) []byte { return []byte{p.Number(), 0, 0, 0} }
+func protoKey(p netpolicy.Proto) []byte { return []byte{p.Number(), 0, 0, 0} }
 
 func portKey(port uint16) []byte {
 	b := make([]byte, 4)
@@ -56,12 +58,12 @@ type setElems struct {
 // last is 255.255.255.255, an interval-end element at last+1 (the kernel's
 // rbtree interval encoding: an address is in the set when the greatest
 // element at or below it is not an interval end).
-func blockedElements(g *Guard) []nftables.SetElement {
+func blockedElements(g *netpolicy.Guard) []nftables.SetElement {
 	var out []nftables.SetElement
-	for _, iv := range g.mergedBlocked() {
-		out = append(out, nftables.SetElement{Key: ipKey(u32ToAddr(iv.first))})
-		if iv.last != ^uint32(0) {
-			out = append(out, nftables.SetElement{Key: ipKey(u32ToAddr(iv.last + 1)), IntervalEnd: true})
+	for _, r := range g.BlockedRanges() {
+		out = append(out, nftables.SetElement{Key: ipKey(r.First)})
+		if r.Last != netip.AddrFrom4([4]byte{255, 255, 255, 255}) {
+			out = append(out, nftables.SetElement{Key: ipKey(r.Last.Next()), IntervalEnd: true})
 		}
 	}
 	return out
@@ -69,8 +71,8 @@ func blockedElements(g *Guard) []nftables.SetElement {
 
 // prefixBounds returns the first and last address of p.
 func prefixBounds(p netip.Prefix) (netip.Addr, netip.Addr) {
-	iv := toInterval(p)
-	return u32ToAddr(iv.first), u32ToAddr(iv.last)
+	r := netpolicy.PrefixRange(p)
+	return r.First, r.Last
 }
 
 // sessionElements returns every element AddSession inserts for r, grouped by
@@ -83,7 +85,7 @@ func sessionElements(r SessionRules) []setElems {
 		{set: setSessions, elems: []nftables.SetElement{{Key: concat(ifnameKey(r.HostIface), g)}}},
 		{set: setIfaces, elems: []nftables.SetElement{{Key: ifnameKey(r.HostIface), Val: g}}},
 	}
-	if r.Egress == ModePublic {
+	if r.Egress == netpolicy.ModePublic {
 		out = append(out, setElems{setPublic, []nftables.SetElement{{Key: g}}})
 	}
 	var peers []nftables.SetElement
@@ -95,7 +97,7 @@ func sessionElements(r SessionRules) []setElems {
 	var static, staticPorts, cidr, cidrPorts, portHosts []nftables.SetElement
 	var portCIDRs []netip.Prefix
 	seenHost := map[netip.Addr]bool{}
-	for _, t := range expandProto(r.Static) {
+	for _, t := range netpolicy.ExpandProto(r.Static) {
 		first, last := prefixBounds(t.Prefix)
 		single := t.Prefix.IsSingleIP()
 		switch {
@@ -124,7 +126,7 @@ func sessionElements(r SessionRules) []setElems {
 		portCIDR = append(portCIDR, nftables.SetElement{Key: concat(g, ipKey(first)), KeyEnd: concat(g, ipKey(last))})
 	}
 	var denied, deniedPorts []nftables.SetElement
-	for _, t := range expandProto(r.Deny) {
+	for _, t := range netpolicy.ExpandProto(r.Deny) {
 		first, last := prefixBounds(t.Prefix)
 		if t.Port == 0 {
 			denied = append(denied, nftables.SetElement{Key: concat(g, ipKey(first)), KeyEnd: concat(g, ipKey(last))})
@@ -137,7 +139,7 @@ func sessionElements(r SessionRules) []setElems {
 	if r.OnDeny.Answers() {
 		reject = []nftables.SetElement{{Key: g}}
 	}
-	if r.OnDeny == DenyReset {
+	if r.OnDeny == netpolicy.DenyReset {
 		reset = []nftables.SetElement{{Key: g}}
 	}
 	for _, se := range []setElems{{setPeers, peers}, {setStatic, static}, {setStaticPorts, staticPorts}, {setStaticCIDR, cidr}, {setStaticCIDRPorts, cidrPorts},
@@ -163,7 +165,7 @@ func sessionElements(r SessionRules) []setElems {
 // otherwise one guest . proto . ip . port element per (ip, port, protocol)
 // in "attested_ports". Non-IPv4 addresses are skipped (IPv6 is not
 // supported).
-func attestElements(guest netip.Addr, ips []netip.Addr, timeout time.Duration, ports []PortSpec) []setElems {
+func attestElements(guest netip.Addr, ips []netip.Addr, timeout time.Duration, ports []netpolicy.PortSpec) []setElems {
 	g := ipKey(guest)
 	anyPort := len(ports) == 0
 	for _, p := range ports {
@@ -181,7 +183,7 @@ func attestElements(guest netip.Addr, ips []netip.Addr, timeout time.Duration, p
 			// Any port but the resolver ports: those an entry names
 			// beside the port-less one are attested on their own.
 			for _, p := range ports {
-				if !IsResolverPort(p.Port) {
+				if !netpolicy.IsResolverPort(p.Port) {
 					continue
 				}
 				for _, proto := range protosOf(p.Proto) {
@@ -220,24 +222,24 @@ func attestElements(guest netip.Addr, ips []netip.Addr, timeout time.Duration, p
 	return []setElems{{setAttestedPorts, elems}, {setPortAttested, hosts}}
 }
 
-func protosOf(p Proto) []Proto {
-	if p == ProtoAny {
-		return []Proto{ProtoTCP, ProtoUDP}
+func protosOf(p netpolicy.Proto) []netpolicy.Proto {
+	if p == netpolicy.ProtoAny {
+		return []netpolicy.Proto{netpolicy.ProtoTCP, netpolicy.ProtoUDP}
 	}
-	return []Proto{p}
+	return []netpolicy.Proto{p}
 }
 
 // decodeGuestPort splits a guest . proto . ip . port key.
-func decodeGuestPort(key []byte) (guest, ip netip.Addr, proto Proto, port uint16, ok bool) {
+func decodeGuestPort(key []byte) (guest, ip netip.Addr, proto netpolicy.Proto, port uint16, ok bool) {
 	if len(key) != 16 {
 		return
 	}
 	guest = netip.AddrFrom4([4]byte(key[0:4]))
 	switch key[4] {
 	case 6:
-		proto = ProtoTCP
+		proto = netpolicy.ProtoTCP
 	case 17:
-		proto = ProtoUDP
+		proto = netpolicy.ProtoUDP
 	}
 	ip = netip.AddrFrom4([4]byte(key[8:12]))
 	port = binary.BigEndian.Uint16(key[12:14])

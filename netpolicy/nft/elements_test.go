@@ -1,4 +1,4 @@
-package netpolicy
+package nft
 
 import (
 	"bytes"
@@ -8,6 +8,8 @@ import (
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
+
+	"github.com/enforcerd/enforcerd/netpolicy"
 )
 
 func b(parts ...[]byte) []byte { return concat(parts...) }
@@ -16,8 +18,8 @@ func TestSessionElements(t *testing.T) {
 	guest := netip.MustParseAddr("10.20.0.6")
 	g := []byte{10, 20, 0, 6}
 	r := SessionRules{
-		Name: "s", HostIface: "enf1h", Guest: guest, Egress: ModePublic,
-		Static: []Target{
+		Name: "s", HostIface: "enf1h", Guest: guest, Egress: netpolicy.ModePublic,
+		Static: []netpolicy.Target{
 			{Prefix: netip.MustParsePrefix("8.8.8.0/24")},
 			{Prefix: netip.MustParsePrefix("1.2.3.4/32"), Port: 443},
 			{Prefix: netip.MustParsePrefix("8.8.8.8/32")}, // covered by the /24
@@ -72,7 +74,7 @@ func TestSessionElements(t *testing.T) {
 
 	// A CIDR with a port goes to the interval set with ports.
 	r2 := r
-	r2.Static = []Target{{Prefix: netip.MustParsePrefix("8.8.8.0/24"), Port: 53, Proto: ProtoUDP},
+	r2.Static = []netpolicy.Target{{Prefix: netip.MustParsePrefix("8.8.8.0/24"), Port: 53, Proto: netpolicy.ProtoUDP},
 		{Prefix: netip.MustParsePrefix("8.8.8.128/25"), Port: 443},
 		{Prefix: netip.MustParsePrefix("7.0.0.0/8"), Port: 443}}
 	for _, se := range sessionElements(r2) {
@@ -114,7 +116,7 @@ func TestSessionElements(t *testing.T) {
 	}
 
 	// Allowlist mode: no public element, and no empty sets in the batch.
-	r.Egress, r.Static, r.Peers = ModeAllowlist, nil, nil
+	r.Egress, r.Static, r.Peers = netpolicy.ModeAllowlist, nil, nil
 	var sets []string
 	for _, se := range sessionElements(r) {
 		sets = append(sets, se.set)
@@ -137,18 +139,18 @@ func TestAttestElements(t *testing.T) {
 		t.Errorf("mapped address element = %+v", e)
 	}
 	// A port-less spec among others means every port.
-	if any := attestElements(guest, ips[:1], time.Second, []PortSpec{{443, ProtoTCP}, {}}); len(any) != 1 || any[0].set != setAttested {
+	if any := attestElements(guest, ips[:1], time.Second, []netpolicy.PortSpec{{Port: 443, Proto: netpolicy.ProtoTCP}, {}}); len(any) != 1 || any[0].set != setAttested {
 		t.Errorf("port-less spec: %+v", any)
 	}
 	// ... but the resolver ports, which a port-less element never opens:
 	// those named beside it are attested with their ports.
-	res := attestElements(guest, ips[:1], time.Second, []PortSpec{{}, {53, ProtoUDP}, {853, ProtoAny}, {443, ProtoTCP}})
+	res := attestElements(guest, ips[:1], time.Second, []netpolicy.PortSpec{{}, {Port: 53, Proto: netpolicy.ProtoUDP}, {Port: 853, Proto: netpolicy.ProtoAny}, {Port: 443, Proto: netpolicy.ProtoTCP}})
 	if len(res) != 2 || res[0].set != setAttested || res[1].set != setAttestedPorts || len(res[1].elems) != 3 ||
 		!bytes.Equal(res[1].elems[0].Key, b(g, []byte{17, 0, 0, 0}, []byte{1, 2, 3, 4}, []byte{0, 53, 0, 0})) {
 		t.Errorf("port-less spec with resolver ports: %+v", res)
 	}
 
-	ported := attestElements(guest, ips[:1], time.Minute, []PortSpec{{53, ProtoAny}, {443, ProtoTCP}})
+	ported := attestElements(guest, ips[:1], time.Minute, []netpolicy.PortSpec{{Port: 53, Proto: netpolicy.ProtoAny}, {Port: 443, Proto: netpolicy.ProtoTCP}})
 	if len(ported) != 2 || ported[0].set != setAttestedPorts || len(ported[0].elems) != 3 {
 		t.Fatalf("ported attest = %+v", ported)
 	}
@@ -165,7 +167,7 @@ func TestAttestElements(t *testing.T) {
 			t.Errorf("ported[%d] = %v, want %v", i, ported[0].elems[i].Key, w)
 		}
 		gg, ip, proto, port, ok := decodeGuestPort(ported[0].elems[i].Key)
-		if !ok || gg != guest || ip != ips[0] || port != []uint16{53, 53, 443}[i] || proto != []Proto{ProtoTCP, ProtoUDP, ProtoTCP}[i] {
+		if !ok || gg != guest || ip != ips[0] || port != []uint16{53, 53, 443}[i] || proto != []netpolicy.Proto{netpolicy.ProtoTCP, netpolicy.ProtoUDP, netpolicy.ProtoTCP}[i] {
 			t.Errorf("decode %d: %s %s %s %d %v", i, gg, ip, proto, port, ok)
 		}
 	}

@@ -1,17 +1,16 @@
-package netpolicy
+package nft
 
 import (
-	"encoding/binary"
-	"errors"
 	"fmt"
 	"net/netip"
 	"runtime"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/enforcerd/enforcerd/internal/nfnetlink"
 )
 
 // flowTable deletes conntrack entries of the daemon's netns over netlink
@@ -30,7 +29,7 @@ import (
 // masqueraded or not) or original destination (flows a lab peer opened into
 // it) is a queued guest.
 type flowTable struct {
-	nfnlConn
+	nfnetlink.Conn
 
 	pmu     sync.Mutex // guards pending, flushErr and the flusher's start
 	pending map[netip.Addr]bool
@@ -143,23 +142,6 @@ func (t *flowTable) flusher() {
 	}
 }
 
-// ctnetlink message and attribute numbers (linux/netfilter/nfnetlink_conntrack.h).
-const (
-	ctMsgGet        = unix.NFNL_SUBSYS_CTNETLINK<<8 | 1 // IPCTNL_MSG_CT_GET
-	ctMsgDelete     = unix.NFNL_SUBSYS_CTNETLINK<<8 | 2 // IPCTNL_MSG_CT_DELETE
-	ctaTupleOrig    = 1
-	ctaZone         = 18
-	ctaTupleIP      = 1
-	ctaTupleProto   = 2
-	ctaProtoNum     = 1
-	ctaProtoSrcPort = 2
-	ctaProtoDstPort = 3
-	ctaIPv4Src      = 1
-	ctaIPv4Dst      = 2
-	nfnetlinkV0     = 0
-	nestedAttribute = unix.NLA_F_NESTED
-)
-
 // close stops the flusher (what is still queued is pruned by the next
 // start's reconcile) and closes the connection.
 func (t *flowTable) close() {
@@ -171,7 +153,7 @@ func (t *flowTable) close() {
 		close(t.stop)
 		<-t.stopped
 	}
-	t.closeConn()
+	t.Close()
 }
 
 // prune deletes every IPv4 conntrack entry whose original source or
@@ -180,16 +162,16 @@ func (t *flowTable) close() {
 // only by address).
 func (t *flowTable) prune(drop func(netip.Addr) bool) (int, error) {
 	n := 0
-	err := t.do(func(c *netlink.Conn) error {
-		entries, err := dumpFlows(c, nil)
+	err := t.Do(func(c *netlink.Conn) error {
+		entries, err := nfnetlink.DumpFlows(c, nil)
 		if err != nil {
 			return err
 		}
 		for _, e := range entries {
-			if !drop(e.src) && !drop(e.dst) {
+			if !drop(e.Src) && !drop(e.Dst) {
 				continue
 			}
-			if err := deleteFlow(c, e); err != nil {
+			if err := nfnetlink.DeleteFlow(c, e); err != nil {
 				return err
 			}
 			n++
@@ -200,126 +182,4 @@ func (t *flowTable) prune(drop func(netip.Addr) bool) (int, error) {
 		return n, fmt.Errorf("prune conntrack entries: %w", err)
 	}
 	return n, nil
-}
-
-// flowEntry is what deleting one entry needs: its original tuple exactly as
-// the kernel sent it, and its zone if it has one; src and dst are the
-// tuple's addresses.
-type flowEntry struct {
-	tuple    []byte
-	zone     []byte
-	src, dst netip.Addr
-	proto    uint8  // the protocol number
-	sport    uint16 // the source port of a port protocol, else 0
-	dport    uint16 // the destination port of a port protocol (TCP, UDP, ...), else 0
-}
-
-func nfgenmsg() []byte { return []byte{unix.AF_INET, nfnetlinkV0, 0, 0} }
-
-// dumpFlows lists the IPv4 entries matching attrs (nil: all of them).
-func dumpFlows(c *netlink.Conn, attrs []byte) ([]flowEntry, error) {
-	msgs, err := c.Execute(netlink.Message{
-		Header: netlink.Header{Type: netlink.HeaderType(ctMsgGet), Flags: netlink.Request | netlink.Dump},
-		Data:   append(nfgenmsg(), attrs...),
-	})
-	if err != nil {
-		return nil, fmt.Errorf("dump conntrack table: %w", err)
-	}
-	out := make([]flowEntry, 0, len(msgs))
-	for _, m := range msgs {
-		if len(m.Data) < 4 {
-			continue
-		}
-		e, err := parseFlow(m.Data[4:])
-		if err != nil {
-			return nil, err
-		}
-		if e.tuple != nil {
-			out = append(out, e)
-		}
-	}
-	return out, nil
-}
-
-func parseFlow(b []byte) (flowEntry, error) {
-	var e flowEntry
-	ad, err := netlink.NewAttributeDecoder(b)
-	if err != nil {
-		return e, fmt.Errorf("parse conntrack entry: %w", err)
-	}
-	for ad.Next() {
-		switch ad.Type() {
-		case ctaTupleOrig:
-			e.tuple = append([]byte(nil), ad.Bytes()...)
-			e.src, e.dst, e.proto, e.sport, e.dport = parseTuple(e.tuple)
-		case ctaZone:
-			e.zone = append([]byte(nil), ad.Bytes()...)
-		}
-	}
-	return e, ad.Err()
-}
-
-// parseTuple reads an encoded tuple once: its IPv4 source and destination,
-// its protocol number and, for a port protocol, its ports.
-func parseTuple(tuple []byte) (src, dst netip.Addr, proto uint8, sport, dport uint16) {
-	ad, err := netlink.NewAttributeDecoder(tuple)
-	if err != nil {
-		return
-	}
-	for ad.Next() {
-		inner, err := netlink.NewAttributeDecoder(ad.Bytes())
-		if err != nil {
-			return
-		}
-		switch ad.Type() {
-		case ctaTupleIP:
-			for inner.Next() {
-				v := inner.Bytes()
-				if len(v) != 4 {
-					continue
-				}
-				switch inner.Type() {
-				case ctaIPv4Src:
-					src = netip.AddrFrom4([4]byte(v))
-				case ctaIPv4Dst:
-					dst = netip.AddrFrom4([4]byte(v))
-				}
-			}
-		case ctaTupleProto:
-			for inner.Next() {
-				v := inner.Bytes()
-				switch {
-				case inner.Type() == ctaProtoNum && len(v) == 1:
-					proto = v[0]
-				case inner.Type() == ctaProtoSrcPort && len(v) == 2:
-					sport = binary.BigEndian.Uint16(v)
-				case inner.Type() == ctaProtoDstPort && len(v) == 2:
-					dport = binary.BigEndian.Uint16(v)
-				}
-			}
-		}
-	}
-	return
-}
-
-// deleteFlow deletes one entry by its original tuple; an entry that went
-// away meanwhile (it expired) counts as deleted.
-func deleteFlow(c *netlink.Conn, e flowEntry) error {
-	ae := netlink.NewAttributeEncoder()
-	ae.Bytes(nestedAttribute|ctaTupleOrig, e.tuple)
-	if e.zone != nil {
-		ae.Bytes(ctaZone, e.zone)
-	}
-	attrs, err := ae.Encode()
-	if err != nil {
-		return err
-	}
-	_, err = c.Execute(netlink.Message{
-		Header: netlink.Header{Type: netlink.HeaderType(ctMsgDelete), Flags: netlink.Request | netlink.Acknowledge},
-		Data:   append(nfgenmsg(), attrs...),
-	})
-	if err != nil && !errors.Is(err, syscall.ENOENT) {
-		return fmt.Errorf("delete conntrack entry %s -> %s: %w", e.src, e.dst, err)
-	}
-	return nil
 }

@@ -1,4 +1,4 @@
-package netpolicy
+package nft
 
 import (
 	"errors"
@@ -11,6 +11,9 @@ import (
 	"github.com/google/nftables"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
+
+	"github.com/enforcerd/enforcerd/internal/nfnetlink"
+	"github.com/enforcerd/enforcerd/netpolicy"
 )
 
 const (
@@ -52,7 +55,7 @@ type FirewallConfig struct {
 	DNSAddr netip.Addr
 	// Guard defines the blocked destinations; nil means NewGuard(Pool, nil).
 	// Its pool must be Pool.
-	Guard *Guard
+	Guard *netpolicy.Guard
 	// AttestFloor is the minimum attest timeout (0: DefaultAttestFloor).
 	AttestFloor time.Duration
 	// AttestMaxLifetime turns on the refresh of attested elements: a new
@@ -94,14 +97,14 @@ type SessionRules struct {
 	Name      string     // for messages only
 	HostIface string     // host-side veth; must start with the firewall prefix
 	Guest     netip.Addr // the session's address, inside the pool
-	Egress    Mode
-	Static    []Target     // CIDR entries and pinned addresses (see StaticTargets)
-	Peers     []netip.Addr // guest addresses of the lab peers this session may reach
-	Deny      []Target     // denied addresses and CIDRs (DenyTargets): dropped before any accept
-	OnDeny    DenyAnswer   // what policy drops get: silence, ICMP admin-prohibited, or a TCP reset for TCP
+	Egress    netpolicy.Mode
+	Static    []netpolicy.Target   // CIDR entries and pinned addresses (see StaticTargets)
+	Peers     []netip.Addr         // guest addresses of the lab peers this session may reach
+	Deny      []netpolicy.Target   // denied addresses and CIDRs (DenyTargets): dropped before any accept
+	OnDeny    netpolicy.DenyAnswer // what policy drops get: silence, ICMP admin-prohibited, or a TCP reset for TCP
 	// InboundFromHost are the ports the host (the daemon's netns: the node)
 	// may open connections to in the session; none by default (inbound.go).
-	InboundFromHost []PortSpec
+	InboundFromHost []netpolicy.PortSpec
 }
 
 // SessionKey identifies a session in the kernel's "sessions" set.
@@ -113,8 +116,8 @@ type SessionKey struct {
 // AttestedAddr is one live attested destination of a session.
 type AttestedAddr struct {
 	IP      netip.Addr
-	Port    uint16 // 0: any port and protocol
-	Proto   Proto  // with Port: ProtoTCP or ProtoUDP
+	Port    uint16          // 0: any port and protocol
+	Proto   netpolicy.Proto // with Port: ProtoTCP or ProtoUDP
 	Expires time.Duration
 }
 
@@ -154,7 +157,7 @@ type Counters struct {
 // need not dump them.
 type Firewall struct {
 	cfg      FirewallConfig
-	guard    *Guard
+	guard    *netpolicy.Guard
 	floor    time.Duration
 	nsFd     int // our duplicate of cfg.NetNS, closed by Close
 	schema   *schema
@@ -162,11 +165,11 @@ type Firewall struct {
 	attest   connSlot // Attest only, used by attests' leader
 	attests  *groupCommit[attestReq]
 	attested attestIndex
-	known    knownIndex    // what Attest may skip the kernel for (attestknown.go)
-	monitor  attestMonitor // forgets what others delete (attestmonitor.go)
-	flushes  atomic.Uint64 // attest batches sent to the kernel
-	flows    flowTable     // conntrack entries of removed sessions
-	reads    nfnlConn      // single-element reads (one session's counters)
+	known    knownIndex     // what Attest may skip the kernel for (attestknown.go)
+	monitor  attestMonitor  // forgets what others delete (attestmonitor.go)
+	flushes  atomic.Uint64  // attest batches sent to the kernel
+	flows    flowTable      // conntrack entries of removed sessions
+	reads    nfnetlink.Conn // single-element reads (one session's counters)
 }
 
 // OpenFirewall validates cfg and opens the netlink connections. It changes
@@ -186,7 +189,8 @@ func OpenFirewall(cfg FirewallConfig) (*Firewall, error) {
 		nsFd:   fd,
 		schema: newSchema(cfg.Prefix, cfg.Pool),
 	}
-	f.admin.nsFd, f.attest.nsFd, f.flows.nsFd, f.reads.nsFd = fd, fd, fd, fd
+	f.admin.nsFd, f.attest.nsFd, f.flows.NetNS, f.reads.NetNS = fd, fd, fd, fd
+	f.flows.Closed, f.reads.Closed = ErrClosed, ErrClosed
 	f.flows.onError = cfg.OnFlowFlushError
 	f.attests = newGroupCommit(attestBatchMax, f.flushAttests)
 	if cfg.AttestMaxLifetime > 0 {
@@ -213,7 +217,7 @@ func checkConfig(cfg *FirewallConfig) error {
 		return fmt.Errorf("dns address %q: want an IPv4 address", cfg.DNSAddr)
 	}
 	if cfg.Guard == nil {
-		g, err := NewGuard(cfg.Pool, nil)
+		g, err := netpolicy.NewGuard(cfg.Pool, nil)
 		if err != nil {
 			return err
 		}
@@ -260,7 +264,7 @@ func (f *Firewall) Close() error {
 	f.admin.close()
 	f.attest.close()
 	f.flows.close()
-	f.reads.closeConn()
+	f.reads.Close()
 	if f.nsFd > 0 {
 		err := unix.Close(f.nsFd)
 		f.nsFd = -1

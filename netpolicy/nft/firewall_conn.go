@@ -1,4 +1,4 @@
-package netpolicy
+package nft
 
 import (
 	"errors"
@@ -26,7 +26,7 @@ const sockBufBytes = 8 << 20
 type connSlot struct {
 	mu   sync.Mutex
 	nsFd int
-	shut bool // closed: nsFd is no longer ours (see nfnlConn)
+	shut bool // closed: nsFd is no longer ours (see nfnetlink.Conn)
 	conn *nftables.Conn
 }
 

@@ -1,4 +1,4 @@
-package netpolicy
+package nft
 
 import (
 	"fmt"
@@ -7,16 +7,10 @@ import (
 
 	"github.com/google/nftables"
 	"github.com/mdlayher/netlink"
-)
 
-// Attestation is what one DNS answer attested for a session: its addresses
-// with the port constraint they were attested with (the arguments of
-// Attest). The DNS proxy keeps them per name, so that an update can tell
-// which attested elements its new policy no longer justifies.
-type Attestation struct {
-	Addrs []netip.Addr
-	Ports []PortSpec
-}
+	"github.com/enforcerd/enforcerd/internal/nfnetlink"
+	"github.com/enforcerd/enforcerd/netpolicy"
+)
 
 // SessionUpdate is one change of a running session's rules: the rules it
 // was added (or last updated) with, the rules it gets, and the attestations
@@ -29,7 +23,7 @@ type Attestation struct {
 // create.
 type SessionUpdate struct {
 	Old, New    SessionRules
-	Stale, Keep []Attestation
+	Stale, Keep []netpolicy.Attestation
 }
 
 func (u SessionUpdate) check(f *Firewall) error {
@@ -38,7 +32,7 @@ func (u SessionUpdate) check(f *Firewall) error {
 			u.Old.HostIface, u.Old.Guest, u.New.HostIface, u.New.Guest)
 	}
 	for _, r := range []SessionRules{u.Old, u.New} {
-		if r.Egress == ModeNone {
+		if r.Egress == netpolicy.ModeNone {
 			return fmt.Errorf("egress none: a session's egress cannot change to or from none")
 		}
 		if err := f.checkRules(r); err != nil {
@@ -215,7 +209,7 @@ func (f *Firewall) updateByDumpLocked(c *nftables.Conn, u SessionUpdate, p updat
 	// The sets every session holds the same elements in whatever its
 	// policy (interface, address, counters) are never touched.
 	base := map[string]bool{}
-	for _, se := range sessionElements(SessionRules{Guest: u.New.Guest, HostIface: u.New.HostIface, Egress: ModeAllowlist}) {
+	for _, se := range sessionElements(SessionRules{Guest: u.New.Guest, HostIface: u.New.HostIface, Egress: netpolicy.ModeAllowlist}) {
 		base[se.set] = true
 	}
 	want := map[elemID]bool{}
@@ -271,7 +265,7 @@ func (f *Firewall) updateByDumpLocked(c *nftables.Conn, u SessionUpdate, p updat
 // too). A flow no update step ever allowed (an attestation that expired
 // long before, the DNS proxy, a destination the old rules denied) is left
 // alone: its fate is not the update's.
-func (u SessionUpdate) cutsFlow(g *Guard, dst netip.Addr, proto uint8, dport uint16) bool {
+func (u SessionUpdate) cutsFlow(g *netpolicy.Guard, dst netip.Addr, proto uint8, dport uint16) bool {
 	was := !rulesDeny(u.Old, dst, proto, dport) && (rulesAllow(u.Old, g, dst, proto, dport) ||
 		attestAllow(u.Stale, dst, proto, dport) || attestAllow(u.Keep, dst, proto, dport))
 	now := !rulesDeny(u.New, dst, proto, dport) && (rulesAllow(u.New, g, dst, proto, dport) || attestAllow(u.Keep, dst, proto, dport))
@@ -291,7 +285,7 @@ func (u SessionUpdate) widensOnly() bool {
 	switch {
 	case len(u.Stale) > 0:
 		return false
-	case u.Old.Egress == ModePublic && u.New.Egress != ModePublic:
+	case u.Old.Egress == netpolicy.ModePublic && u.New.Egress != netpolicy.ModePublic:
 		return false
 	}
 	for _, p := range u.Old.Peers {
@@ -321,20 +315,20 @@ func rulesDeny(r SessionRules, dst netip.Addr, proto uint8, dport uint16) bool {
 	return false
 }
 
-func portAllows(port uint16, p Proto, proto uint8, dport uint16) bool {
-	portProto := proto == ProtoTCP.Number() || proto == ProtoUDP.Number()
+func portAllows(port uint16, p netpolicy.Proto, proto uint8, dport uint16) bool {
+	portProto := proto == netpolicy.ProtoTCP.Number() || proto == netpolicy.ProtoUDP.Number()
 	if port == 0 {
 		// Every port but the resolver ports (the resolver chain).
-		return !portProto || !IsResolverPort(dport)
+		return !portProto || !netpolicy.IsResolverPort(dport)
 	}
 	if !portProto {
 		return false
 	}
-	return port == dport && (p == ProtoAny || p.Number() == proto)
+	return port == dport && (p == netpolicy.ProtoAny || p.Number() == proto)
 }
 
-func rulesAllow(r SessionRules, g *Guard, dst netip.Addr, proto uint8, dport uint16) bool {
-	if r.Egress == ModePublic && g.IsPublicUnicast(dst) {
+func rulesAllow(r SessionRules, g *netpolicy.Guard, dst netip.Addr, proto uint8, dport uint16) bool {
+	if r.Egress == netpolicy.ModePublic && g.IsPublicUnicast(dst) {
 		return true
 	}
 	if slices.Contains(r.Peers, dst) {
@@ -348,7 +342,7 @@ func rulesAllow(r SessionRules, g *Guard, dst netip.Addr, proto uint8, dport uin
 	return false
 }
 
-func attestAllow(as []Attestation, dst netip.Addr, proto uint8, dport uint16) bool {
+func attestAllow(as []netpolicy.Attestation, dst netip.Addr, proto uint8, dport uint16) bool {
 	for _, a := range as {
 		if !slices.Contains(a.Addrs, dst) {
 			continue
@@ -386,22 +380,22 @@ func (f *Firewall) CutFlows(u SessionUpdate) ([]CutFlow, error) {
 	}
 	guest := u.New.Guest
 	var cut []CutFlow
-	err := f.flows.do(func(c *netlink.Conn) error {
-		entries, err := dumpFlows(c, nil)
+	err := f.flows.Do(func(c *netlink.Conn) error {
+		entries, err := nfnetlink.DumpFlows(c, nil)
 		if err != nil {
 			return err
 		}
 		for _, e := range entries {
-			if e.src != guest {
+			if e.Src != guest {
 				continue
 			}
-			if !u.cutsFlow(f.guard, e.dst, e.proto, e.dport) {
+			if !u.cutsFlow(f.guard, e.Dst, e.Proto, e.Dport) {
 				continue
 			}
-			if err := deleteFlow(c, e); err != nil {
+			if err := nfnetlink.DeleteFlow(c, e); err != nil {
 				return err
 			}
-			cut = append(cut, CutFlow{Proto: e.proto, Src: netip.AddrPortFrom(e.src, e.sport), Dst: netip.AddrPortFrom(e.dst, e.dport)})
+			cut = append(cut, CutFlow{Proto: e.Proto, Src: netip.AddrPortFrom(e.Src, e.Sport), Dst: netip.AddrPortFrom(e.Dst, e.Dport)})
 		}
 		return nil
 	})

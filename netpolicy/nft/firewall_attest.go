@@ -1,12 +1,13 @@
-package netpolicy
+package nft
 
 import (
-	"errors"
 	"fmt"
 	"net/netip"
 	"time"
 
 	"github.com/google/nftables"
+
+	"github.com/enforcerd/enforcerd/netpolicy"
 )
 
 // attestBatchMax bounds the Attest calls coalesced into one batch (each
@@ -44,7 +45,7 @@ type attestReq struct {
 // elements are retried in a batch of their own, so one call's failure is
 // never another's. When two coalesced calls attest the same element, it is
 // inserted once with the longer of their timeouts.
-func (f *Firewall) Attest(guest netip.Addr, ips []netip.Addr, ttl time.Duration, ports []PortSpec) (time.Duration, error) {
+func (f *Firewall) Attest(guest netip.Addr, ips []netip.Addr, ttl time.Duration, ports []netpolicy.PortSpec) (time.Duration, error) {
 	timeout := min(max(ttl, f.floor), MaxAttestTimeout)
 	if err := f.checkGuest(guest); err != nil {
 		return 0, fmt.Errorf("attest for %s: %w", guest, err)
@@ -62,7 +63,7 @@ func (f *Firewall) Attest(guest netip.Addr, ips []netip.Addr, ttl time.Duration,
 		return left, nil
 	}
 	if !f.attested.admits(guest, plan, f.cfg.MaxAttested, time.Now()) {
-		return 0, fmt.Errorf("attest %d addresses for %s: %w (%d)", len(ips), guest, ErrAttestCap, f.cfg.MaxAttested)
+		return 0, fmt.Errorf("attest %d addresses for %s: %w (%d)", len(ips), guest, netpolicy.ErrAttestCap, f.cfg.MaxAttested)
 	}
 	if err := f.attests.do(attestReq{guest: guest, plan: plan}); err != nil {
 		return 0, fmt.Errorf("attest %d addresses for %s: %w", len(ips), guest, err)
@@ -148,12 +149,6 @@ func (f *Firewall) AttestRoundTrips() uint64 { return f.flushes.Load() }
 
 // AttestSkipped: see AttestRoundTrips.
 func (f *Firewall) AttestSkipped() uint64 { return f.known.skips() }
-
-// ErrAttestCap is wrapped by Attest's error when the session already holds
-// FirewallConfig.MaxAttested live attested elements and the call would add
-// more: the answer must fail (SERVFAIL), never pass unattested, and the cap
-// is reported (an event and a metric), never silent.
-var ErrAttestCap = errors.New("per-session cap on attested addresses reached")
 
 // RefreshSweepPeriod is how often SweepRefreshed should run: a quarter of
 // the maximum lifetime, at most 30 s; 0 without the refresh.

@@ -1,4 +1,4 @@
-package netpolicy
+package nft
 
 import (
 	"encoding/binary"
@@ -7,6 +7,9 @@ import (
 	"testing"
 
 	"github.com/mdlayher/netlink"
+
+	"github.com/enforcerd/enforcerd/internal/nfnetlink"
+	"github.com/enforcerd/enforcerd/netpolicy"
 )
 
 // recordedLine is one NFULNL_MSG_PACKET message as the kernel (6.18) sent
@@ -17,7 +20,7 @@ import (
 const recordedLine = "02009502080001000800020016000a0074313833653a6e6f742d616c6c6f776564000000080004000000000408000500000000021000080000060000e2ca91880521000006000f000001000006001100000e0000120010001eb3b27536ede2ca918805210800000014000300000000006b0ed18b00000000000353c9400009004500003c58a040003f0610ea0a140002c612020adf2e0050c4c08b0a00000000a002faf0d2600000020405b40402080a7ba8a8c0000000000103030a"
 
 func packetMsg(data []byte) netlink.Message {
-	return netlink.Message{Header: netlink.Header{Type: netlink.HeaderType(nfnlSubsysULOG<<8 | nfulnlMsgPacket)}, Data: data}
+	return netlink.Message{Header: netlink.Header{Type: nfnetlink.NfulnlMsgPacketType}, Data: data}
 }
 
 func TestParseDropLineRecorded(t *testing.T) {
@@ -26,7 +29,7 @@ func TestParseDropLineRecorded(t *testing.T) {
 		t.Fatal(err)
 	}
 	fl, ok := parseDropLine("t183e", packetMsg(data))
-	want := DroppedFlow{Reason: ReasonNotAllowed, Proto: "tcp",
+	want := DroppedFlow{Reason: netpolicy.ReasonNotAllowed, Proto: "tcp",
 		Src: netip.MustParseAddr("10.20.0.2"), Dst: netip.MustParseAddr("198.18.2.10"),
 		SrcPort: 57134, DstPort: 80, Guest: netip.MustParseAddr("10.20.0.2"), inIndex: 4}
 	if !ok || fl != want {
@@ -54,13 +57,13 @@ func line(t *testing.T, prefix string, mark uint32, payload []byte) netlink.Mess
 	t.Helper()
 	ae := netlink.NewAttributeEncoder()
 	ae.ByteOrder = binary.BigEndian
-	ae.Bytes(nfulaPacketHdr, []byte{0x08, 0x00, 0, 0})
+	ae.Bytes(nfnetlink.NfulaPacketHdr, []byte{0x08, 0x00, 0, 0})
 	if mark != 0 {
-		ae.Uint32(nfulaMark, mark)
+		ae.Uint32(nfnetlink.NfulaMark, mark)
 	}
-	ae.Bytes(nfulaPrefix, append([]byte(prefix), 0))
-	ae.Uint32(nfulaIfindexIndev, 7)
-	ae.Bytes(nfulaPayload, payload)
+	ae.Bytes(nfnetlink.NfulaPrefix, append([]byte(prefix), 0))
+	ae.Uint32(nfnetlink.NfulaIfindexIndev, 7)
+	ae.Bytes(nfnetlink.NfulaPayload, payload)
 	b, err := ae.Encode()
 	if err != nil {
 		t.Fatal(err)
@@ -89,19 +92,19 @@ func TestParseDropLine(t *testing.T) {
 		ok   bool
 	}{
 		{"resolver", line(t, "enf:resolver", 0, ipv4(17, "10.20.0.6", "198.18.0.53", 20, udp)),
-			DroppedFlow{Reason: ReasonResolver, Proto: "udp", Src: guest, Dst: netip.MustParseAddr("198.18.0.53"), SrcPort: 12345, DstPort: 53, Guest: guest}, true},
+			DroppedFlow{Reason: netpolicy.ReasonResolver, Proto: "udp", Src: guest, Dst: netip.MustParseAddr("198.18.0.53"), SrcPort: 12345, DstPort: 53, Guest: guest}, true},
 		{"ip options", line(t, "enf:port", 0, ipv4(6, "10.20.0.6", "1.2.3.4", 24, udp[:4])),
-			DroppedFlow{Reason: ReasonPort, Proto: "tcp", Src: guest, Dst: netip.MustParseAddr("1.2.3.4"), SrcPort: 12345, DstPort: 53, Guest: guest}, true},
+			DroppedFlow{Reason: netpolicy.ReasonPort, Proto: "tcp", Src: guest, Dst: netip.MustParseAddr("1.2.3.4"), SrcPort: 12345, DstPort: 53, Guest: guest}, true},
 		{"icmp", line(t, "enf:special-purpose", 0, ipv4(1, "10.20.0.6", "169.254.169.254", 20, []byte{8, 0, 0, 0})),
-			DroppedFlow{Reason: ReasonSpecialPurpose, Proto: "icmp", Src: guest, Dst: netip.MustParseAddr("169.254.169.254"), Guest: guest}, true},
+			DroppedFlow{Reason: netpolicy.ReasonSpecialPurpose, Proto: "icmp", Src: guest, Dst: netip.MustParseAddr("169.254.169.254"), Guest: guest}, true},
 		{"other protocol", line(t, "enf:not-allowed", 0, ipv4(47, "10.20.0.6", "1.2.3.4", 20, nil)),
-			DroppedFlow{Reason: ReasonNotAllowed, Proto: "47", Src: guest, Dst: netip.MustParseAddr("1.2.3.4"), Guest: guest}, true},
+			DroppedFlow{Reason: netpolicy.ReasonNotAllowed, Proto: "47", Src: guest, Dst: netip.MustParseAddr("1.2.3.4"), Guest: guest}, true},
 		{"inbound: the guest is the destination", line(t, "enf:inbound", 0, ipv4(6, "198.18.1.1", "10.20.0.6", 20, udp[:4])),
-			DroppedFlow{Reason: ReasonInbound, Proto: "tcp", Src: netip.MustParseAddr("198.18.1.1"), Dst: guest, SrcPort: 12345, DstPort: 53, Guest: guest}, true},
+			DroppedFlow{Reason: netpolicy.ReasonInbound, Proto: "tcp", Src: netip.MustParseAddr("198.18.1.1"), Dst: guest, SrcPort: 12345, DstPort: 53, Guest: guest}, true},
 		{"spoofed: the guest is the mark", line(t, "enf:spoofed", binary.NativeEndian.Uint32(g[:]), ipv4(17, "10.20.0.2", "1.2.3.4", 20, udp)),
-			DroppedFlow{Reason: ReasonSpoofed, Proto: "udp", Src: netip.MustParseAddr("10.20.0.2"), Dst: netip.MustParseAddr("1.2.3.4"), SrcPort: 12345, DstPort: 53, Guest: guest}, true},
+			DroppedFlow{Reason: netpolicy.ReasonSpoofed, Proto: "udp", Src: netip.MustParseAddr("10.20.0.2"), Dst: netip.MustParseAddr("1.2.3.4"), SrcPort: 12345, DstPort: 53, Guest: guest}, true},
 		{"rate-limit", line(t, "enf:rate-limit", 0, ipv4(17, "10.20.0.6", "1.2.3.4", 20, udp)),
-			DroppedFlow{Reason: ReasonRateLimit, Proto: "udp", Src: guest, Dst: netip.MustParseAddr("1.2.3.4"), SrcPort: 12345, DstPort: 53, Guest: guest}, true},
+			DroppedFlow{Reason: netpolicy.ReasonRateLimit, Proto: "udp", Src: guest, Dst: netip.MustParseAddr("1.2.3.4"), SrcPort: 12345, DstPort: 53, Guest: guest}, true},
 		{"unknown reason", line(t, "enf:whatever", 0, ipv4(17, "10.20.0.6", "1.2.3.4", 20, udp)), DroppedFlow{}, false},
 		{"IPv6 payload", line(t, "enf:port", 0, append([]byte{0x60}, make([]byte, 39)...)), DroppedFlow{}, false},
 		{"no payload", line(t, "enf:port", 0, nil), DroppedFlow{}, false},
