@@ -262,9 +262,9 @@ func (e *Engine) whyAddr(s *liveSession, d whyDest, a netip.Addr, attested []nft
 		}
 	}
 	if !e.guard.IsPublicUnicast(a) {
-		detail := "special-purpose address: dropped in every mode"
+		detail := "special-purpose address: refused in every mode"
 		if rg, ok := e.guard.BlockedBy(a); ok {
-			detail = fmt.Sprintf("special-purpose: %s, dropped in every mode", rg)
+			detail = fmt.Sprintf("special-purpose: %s, refused in every mode", rg)
 		}
 		return set(refused, "special-purpose", detail)
 	}
@@ -274,6 +274,20 @@ func (e *Engine) whyAddr(s *liveSession, d whyDest, a netip.Addr, attested []nft
 			if t.Prefix.Contains(a) && t.Port == d.port && (t.Proto == netpolicy.ProtoAny || t.Proto == d.proto) {
 				r.entry = targetString(t)
 				return set(api.WhyAllowed, "static", fmt.Sprintf("an entry names the resolver port: %s", targetString(t)))
+			}
+		}
+		// (an allowed name with the port, --allow NAME:53, attests its
+		// addresses with it: the resolver chain accepts those too)
+		for _, at := range attested {
+			if at.IP == a && at.Port == d.port && (at.Proto == netpolicy.ProtoAny || at.Proto == d.proto) {
+				exp := time.Now().UTC().Add(at.Expires).Truncate(time.Second)
+				r.Expires = &exp
+				detail := fmt.Sprintf("an allowed name names the resolver port: %s, attested until %s", attestedString(at), exp.Format(time.RFC3339))
+				if q, ok := e.names.lookupRecord(s.rec.Name, a); ok {
+					r.AttestedName, r.AttestedType = q.name, q.qtype
+					detail = fmt.Sprintf("an allowed name names the resolver port: %s, attested by the %s answer for %s until %s", attestedString(at), q.qtype, q.name, exp.Format(time.RFC3339))
+				}
+				return set(api.WhyAllowed, "attested", detail)
 			}
 		}
 		return set(refused, "resolver", "DNS and DoT go to the proxy only; no entry names this port")

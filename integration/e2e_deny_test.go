@@ -53,8 +53,8 @@ func TestE2EDenyAllowlist(t *testing.T) {
 	if a := e.why("agent", "docs.e2e.test"); a.Verdict != api.WhyNXDomain || a.Reason != "denied" || a.Entry != "docs.e2e.test" {
 		t.Errorf("why docs.e2e.test: %+v, want nxdomain, denied, entry docs.e2e.test", a)
 	}
-	if a := e.why("agent", "198.18.2.10:7"); a.Verdict != api.WhyDropped || a.Reason != "denied" || a.Entry != "198.18.2.10" {
-		t.Errorf("why 198.18.2.10:7: %+v, want dropped, denied, entry 198.18.2.10", a)
+	if a := e.why("agent", "198.18.2.10:7"); a.Verdict != api.WhyRejected || a.Reason != "denied" || a.Entry != "198.18.2.10" {
+		t.Errorf("why 198.18.2.10:7: %+v, want rejected (the default on-deny), denied, entry 198.18.2.10", a)
 	}
 	if n := e.inspect("agent").Counters.DroppedByReason["denied"]; n == 0 {
 		t.Error("no packet counted with reason denied")

@@ -22,7 +22,7 @@ import (
 // 198.18.0.53:53 beside the scope opens it, over UDP and TCP. By name
 // (the scope's name resolves to the resolver): the port-less scope alone
 // keeps 53 closed (the control), a scope with --allow NAME:53 beside it
-// opens it once the name is resolved.
+// opens it once the name is resolved, and why says so for each.
 func TestE2EResolverPortsOfScopedHosts(t *testing.T) {
 	e := newE2E(t)
 	resolver := e.w.DNS.Addr() // 198.18.0.53:53
@@ -64,4 +64,12 @@ func TestE2EResolverPortsOfScopedHosts(t *testing.T) {
 		e2eDNS(e.nsPath("byname"), resolver, "api.e2e.test", e2eRejected),
 		e2eDNS(e.nsPath("byname53"), resolver, "api.e2e.test", e2eReach),
 	)
+	// why says what the table does: the name's port-53 entry opens it
+	// (attested, naming the answer), the port-less scope alone does not.
+	if a := e.why("byname53", resolver.String()); a.Verdict != "allowed" || a.Reason != "attested" {
+		t.Errorf("why %s in byname53: %+v, want allowed, attested (--allow ns.e2e.test:53)", resolver, a)
+	}
+	if a := e.why("byname", resolver.String()); a.Verdict != "rejected" || a.Reason != "resolver" {
+		t.Errorf("why %s in byname: %+v, want rejected, resolver (control)", resolver, a)
+	}
 }

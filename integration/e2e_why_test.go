@@ -21,6 +21,7 @@ func TestE2ESessionWhy(t *testing.T) {
 	e := newE2E(t)
 	e.createNetOnly("agent", "--allow", "api.e2e.test", "--allow", "198.18.1.11/32:7")
 	e.createNetOnly("open", "--egress", "public")
+	e.createNetOnly("quiet", "--allow", "api.e2e.test", "--on-deny", "drop")
 	e.create("sealed")
 	why := func(session, dest string) api.WhyAnswer {
 		t.Helper()
@@ -37,10 +38,14 @@ func TestE2ESessionWhy(t *testing.T) {
 		detailHas       string
 	}{
 		{"agent", "198.18.1.11:7", api.WhyAllowed, "static", "198.18.1.11:7"},
-		{"agent", "198.18.1.11:80", api.WhyDropped, "port", "198.18.1.11:7"},
-		{"agent", "198.18.2.10:80", api.WhyDropped, "not-allowed", ""},
-		{"agent", "169.254.169.254:80", api.WhyDropped, "special-purpose", "169.254.0.0/16"},
-		{"agent", "198.18.0.53:53/udp", api.WhyDropped, "resolver", ""},
+		// (agent answers its policy's drops: reject is the default on-deny)
+		{"agent", "198.18.1.11:80", api.WhyRejected, "port", "198.18.1.11:7"},
+		{"agent", "198.18.2.10:80", api.WhyRejected, "not-allowed", ""},
+		{"agent", "169.254.169.254:80", api.WhyRejected, "special-purpose", "169.254.0.0/16"},
+		{"agent", "198.18.0.53:53/udp", api.WhyRejected, "resolver", ""},
+		// (quiet asked for silence: the same refusals are drops)
+		{"quiet", "198.18.2.10:80", api.WhyDropped, "not-allowed", ""},
+		{"quiet", "169.254.169.254:80", api.WhyDropped, "special-purpose", "169.254.0.0/16"},
 		{"agent", "other.e2e.test", api.WhyNXDomain, "not-allowed", "never asks upstream"},
 		{"open", "198.18.2.10:80", api.WhyAllowed, "public", ""},
 		{"sealed", "198.18.1.10", api.WhyDropped, "no-network", ""},
