@@ -7,12 +7,12 @@ import (
 	"io/fs"
 	"net/netip"
 	"os"
-	"os/user"
 	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
 
+	"github.com/enforcerd/enforcerd/api"
 	"github.com/enforcerd/enforcerd/nsmgr"
 )
 
@@ -245,25 +245,9 @@ func sameGroup(a, b string) bool {
 	if a == "" || b == "" {
 		return (a == "" || a == "root" || a == "0") && (b == "" || b == "root" || b == "0")
 	}
-	ga, erra := GroupID(a)
-	gb, errb := GroupID(b)
+	ga, erra := api.LookupGroupID(a)
+	gb, errb := api.LookupGroupID(b)
 	return erra == nil && errb == nil && ga == gb
-}
-
-// GroupID resolves a group name or a numeric gid.
-func GroupID(group string) (uint32, error) {
-	if n, err := strconv.ParseUint(group, 10, 32); err == nil {
-		return uint32(n), nil
-	}
-	g, err := user.LookupGroup(group)
-	if err != nil {
-		return 0, fmt.Errorf("socket group %q: %w", group, err)
-	}
-	n, err := strconv.ParseUint(g.Gid, 10, 32)
-	if err != nil {
-		return 0, fmt.Errorf("socket group %q: gid %q: %w", group, g.Gid, err)
-	}
-	return uint32(n), nil
 }
 
 func groupShown(g string) string {

@@ -18,6 +18,7 @@ import (
 	"github.com/coreos/go-systemd/v22/activation"
 	"golang.org/x/sys/unix"
 
+	"github.com/enforcerd/enforcerd/api"
 	"github.com/enforcerd/enforcerd/doctor"
 )
 
@@ -131,7 +132,7 @@ func checkAPISocket(path, wantPath, group string) error {
 		}
 		return nil
 	}
-	gid, err := doctor.GroupID(group)
+	gid, err := api.LookupGroupID(group)
 	if err != nil {
 		return err
 	}
