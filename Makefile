@@ -22,10 +22,11 @@ CNIBIN    := bin/enforcerd-cni
 ROOTFS    ?= $(CURDIR)/.cache/rootfs
 FUZZTIME  ?= 30000x
 # Debian packages the build, the tests and the demo need (podman: the CNI
-# plugin's real-runtime test, with its CNI backend; tar: its image import).
-PKGS      := gcc libc6-dev pkg-config libseccomp-dev busybox-static iproute2 util-linux nftables podman tar
+# plugin's real-runtime test, with its CNI backend; runc: the OCI runtime that test
+# names, as podman would pick crun, which refuses hybrid cgroups; tar: its image import).
+PKGS      := gcc libc6-dev pkg-config libseccomp-dev busybox-static iproute2 util-linux nftables podman runc tar
 # Extra packages only the benchmarks need (the peers we compare with).
-BENCHPKGS := dnsperf dnsmasq-base iperf3 runc containernetworking-plugins
+BENCHPKGS := dnsperf dnsmasq-base iperf3 containernetworking-plugins
 
 .PHONY: all build deps bench-deps test unit fuzz live demo bench rootfs clean vet
 
