@@ -4,7 +4,8 @@
 SHELL := /bin/bash
 export CGO_ENABLED := 1
 # GO: a go at least as new as go.mod's, found once per make: go on PATH, /usr/local/go, or the
-# toolchain scripts/ensure-go.sh downloads from the Go module proxy into .cache/go (verified).
+# toolchain scripts/ensure-go.sh fetches into .cache/go with Debian's golang-go (`go mod
+# download` of go.mod's toolchain module, verified by the go command's checksum database).
 # make GO=/path/to/go overrides it; `make clean` alone looks for none. Its directory goes first
 # on PATH so that scripts and tests which run plain `go` (scripts/fuzz.sh) get the same one.
 ifeq ($(origin GO),undefined)
@@ -50,8 +51,10 @@ build: deps
 	$(GO) build $(STATIC) -o $(BIN) ./cmd/enforcerd
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-X main.pluginVersion=$(VERSION)" -o $(CNIBIN) ./cmd/enforcerd-cni
 
+# go vet, and no package registry host name in any tracked file.
 vet: deps
 	$(GO) vet -tags $(TAGS) ./...
+	@scripts/check-registry-hosts.sh
 
 rootfs: deps
 	scripts/mkrootfs.sh $(ROOTFS)
