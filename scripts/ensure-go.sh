@@ -94,13 +94,16 @@ printf 'module fetch.example.org/toolchain\n\ngo 1.19\n' >"$tmp/work/go.mod"
 say "no go >= $want found; fetching $mod (about 70 MB) with $fetcher ($(version "$fetcher"))"
 
 # Run in that module's directory, with a clean environment: only the proxy
-# setting (a mirror, if the operator has one) survives from the caller's.
+# setting (a mirror, if the operator has one), the HTTP proxy and the TLS roots
+# (SSL_CERT_FILE, SSL_CERT_DIR) survive from the caller's. None of them can weaken the
+# checksum database's check.
 fetchenv=(env -i PATH=/usr/bin:/bin HOME="$tmp/home" GOENV=off GO111MODULE=on GOTOOLCHAIN=local
 	GOPATH="$tmp/gopath" GOMODCACHE="$tmp/gopath/pkg/mod" GOCACHE="$tmp/gocache" GOFLAGS=
 	${GOPROXY:+GOPROXY="$GOPROXY"}
 	${http_proxy:+http_proxy="$http_proxy"} ${https_proxy:+https_proxy="$https_proxy"}
 	${HTTP_PROXY:+HTTP_PROXY="$HTTP_PROXY"} ${HTTPS_PROXY:+HTTPS_PROXY="$HTTPS_PROXY"}
-	${NO_PROXY:+NO_PROXY="$NO_PROXY"} ${no_proxy:+no_proxy="$no_proxy"})
+	${NO_PROXY:+NO_PROXY="$NO_PROXY"} ${no_proxy:+no_proxy="$no_proxy"}
+	${SSL_CERT_FILE:+SSL_CERT_FILE="$SSL_CERT_FILE"} ${SSL_CERT_DIR:+SSL_CERT_DIR="$SSL_CERT_DIR"})
 if ! json=$(cd "$tmp/work" && "${fetchenv[@]}" "$fetcher" mod download -json "$mod" 2>"$tmp/err"); then
 	cat "$tmp/err" >&2
 	err=$(sed -n 's/^[[:space:]]*"Error": "\(.*\)",\{0,1\}$/\1/p' <<<"$json")

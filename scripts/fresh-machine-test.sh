@@ -12,7 +12,8 @@
 #   reached through it; the tests make their own network namespaces), all capabilities,
 #   not registered with machined (the host may run no systemd), /proc/sys and /sys writable
 #   (SYSTEMD_NSPAWN_API_VFS_WRITABLE=1), REF as a bare repository bound read-only at /src.git
-#   and a results directory bound at /results.
+#   and a results directory bound at /results. The CA certificates the host added locally
+#   (/usr/local/share/ca-certificates) are added to the machine's: it is on the host's network.
 # - One unit runs the test, enforcerd-fresh-test.service (wanted by multi-user.target): it
 #   remounts the cgroup v1 controller hierarchies read-write (nspawn mounts them read-only; a
 #   booted host has them read-write), lists what is not installed, clones /src.git into a
@@ -79,6 +80,17 @@ debootstrap --variant=minbase --include=systemd,systemd-sysv,dbus,ca-certificate
 	"$suite" "$work/root" "$mirror" >"$work/debootstrap.log" 2>&1 ||
 	{ tail -n 20 "$work/debootstrap.log" >&2; die "debootstrap failed"; }
 say "debootstrap done in $(($(date +%s) - t0)) s"
+
+# The CA certificates this host added locally (a TLS-intercepting egress proxy's, on some
+# networks): the machine uses the host's network, so it trusts what the host trusts there.
+cas=0
+for c in $(find /usr/local/share/ca-certificates -name '*.crt' -type f 2>/dev/null); do
+	cp "$c" "$work/root/usr/local/share/ca-certificates/" && cas=$((cas + 1))
+done
+if [ "$cas" -gt 0 ]; then
+	chroot "$work/root" update-ca-certificates >/dev/null || die "update-ca-certificates in the machine failed"
+	say "the machine trusts the host's $cas local CA certificate(s) too"
+fi
 
 # The commit, alone, as a bare repository the machine clones from.
 git init -q --bare "$work/src.git"
