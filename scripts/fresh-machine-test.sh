@@ -11,7 +11,8 @@
 # - systemd-nspawn -b, sharing the host's network (apt and the go command's module proxy are
 #   reached through it; the tests make their own network namespaces), all capabilities,
 #   not registered with machined (the host may run no systemd), /proc/sys and /sys writable
-#   (SYSTEMD_NSPAWN_API_VFS_WRITABLE=1), REF as a bare repository bound read-only at /src.git
+#   (SYSTEMD_NSPAWN_API_VFS_WRITABLE=1), the keyring system calls allowed (nspawn's filter
+#   refuses them; libcontainer gives each sandbox a session keyring, as runc does), REF as a bare repository bound read-only at /src.git
 #   and a results directory bound at /results. The CA certificates the host added locally
 #   (/usr/local/share/ca-certificates) are added to the machine's: it is on the host's network.
 # - One unit runs the test, enforcerd-fresh-test.service (wanted by multi-user.target): it
@@ -152,7 +153,7 @@ t1=$(date +%s)
 set +e
 SYSTEMD_NSPAWN_API_VFS_WRITABLE=1 timeout --kill-after=60 "$limit" \
 	systemd-nspawn --quiet --directory="$work/root" --machine="$machine" --boot \
-	--register=no --keep-unit --capability=all --console=pipe \
+	--register=no --keep-unit --capability=all --system-call-filter=@keyring --console=pipe \
 	--bind-ro="$work/src.git:/src.git" --bind="$work/results:/results" \
 	</dev/null >"$work/console.log" 2>&1
 nspawn_rc=$?
