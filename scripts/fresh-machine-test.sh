@@ -109,11 +109,16 @@ for m in /sys/fs/cgroup/*/; do
 	# (nspawn mounts the v1 controllers read-only; a booted host has them read-write)
 	mount -o remount,bind,rw "$m" || echo "== could not remount $m read-write"
 done
-echo "== not installed beforehand:"
+ver() { # the installed version of package $1, or -
+	local v
+	v=$(dpkg-query -W -f '${db:Status-Abbrev}${Version}' "$1" 2>/dev/null)
+	case "$v" in ii*) echo "${v#ii }" ;; *) echo - ;; esac
+}
+echo "== installed beforehand (- is not):"
 for p in runc crun podman golang-go gcc nftables iproute2 busybox-static libseccomp-dev util-linux; do
-	printf '   %-16s %s\n' "$p" "$(dpkg-query -W -f '${Status} ${Version}' "$p" 2>/dev/null || echo "not installed")"
+	printf '==   %-16s %s\n' "$p" "$(ver "$p")"
 done
-echo "   go on PATH: $(command -v go || echo none); runc: $(command -v runc || echo none); crun: $(command -v crun || echo none)"
+echo "==   go on PATH: $(command -v go || echo none); runc: $(command -v runc || echo none); crun: $(command -v crun || echo none)"
 dir=$(mktemp -d)
 echo "== clone into $dir ($(stat -c %a "$dir"))"
 cd "$dir" && git clone -q /src.git enforcerd && cd enforcerd || exit 1
@@ -122,7 +127,7 @@ start=$(date +%s)
 CI=true make test
 rc=$?
 echo "== make test: exit $rc after $(($(date +%s) - start)) s, $(date -u +%FT%TZ)"
-echo "== installed now: runc $(dpkg-query -W -f '${Version}' runc 2>/dev/null || echo -), crun $(dpkg-query -W -f '${Version}' crun 2>/dev/null || echo -), podman $(dpkg-query -W -f '${Version}' podman 2>/dev/null || echo -), golang-go $(dpkg-query -W -f '${Version}' golang-go 2>/dev/null || echo -)"
+echo "== installed now: runc $(ver runc), crun $(ver crun), podman $(ver podman), golang-go $(ver golang-go)"
 echo "$rc" >/results/rc
 systemctl poweroff --no-block
 EOF
