@@ -3,7 +3,8 @@
 # on a fresh Debian 12 machine: a bookworm root made with debootstrap (minbase, plus only what
 # booting needs - systemd, systemd-sysv, dbus - and git, ca-certificates, make), booted with
 # systemd-nspawn. Nothing else is installed beforehand: no Go, no runc, no crun, none of the
-# Makefile's PKGS; make test installs what it needs as it would on any machine. Root only.
+# Makefile's PKGS but util-linux (essential in Debian); make test installs what it needs as
+# it would on any machine. Root only.
 #
 # The machine:
 # - debootstrap's mirror is the one this host's apt uses (read from /etc/apt/sources.list and
