@@ -4,7 +4,8 @@
 SHELL := /bin/bash
 export CGO_ENABLED := 1
 # GO: a go at least as new as go.mod's, found once per make: go on PATH, /usr/local/go, or the
-# toolchain scripts/ensure-go.sh downloads from the Go module proxy into .cache/go (verified).
+# toolchain scripts/ensure-go.sh fetches into .cache/go with Debian's golang-go (`go mod
+# download` of go.mod's toolchain module, verified by the go command's checksum database).
 # make GO=/path/to/go overrides it; `make clean` alone looks for none. Its directory goes first
 # on PATH so that scripts and tests which run plain `go` (scripts/fuzz.sh) get the same one.
 ifeq ($(origin GO),undefined)
@@ -22,9 +23,10 @@ CNIBIN    := bin/enforcerd-cni
 ROOTFS    ?= $(CURDIR)/.cache/rootfs
 FUZZTIME  ?= 30000x
 # Debian packages the build, the tests and the demo need (podman: the CNI
-# plugin's real-runtime test, with its CNI backend; tar: its image import;
-# containerd, runc and containernetworking-plugins' loopback: the kubelet
-# path, containerd's CRI plugin driven by crictl).
+# plugin's real-runtime test, with its CNI backend; runc: the OCI runtime the
+# runtime tests name, as podman would pick crun, which refuses hybrid cgroups;
+# tar: its image import; containerd and containernetworking-plugins' loopback:
+# the kubelet path, containerd's CRI plugin driven by crictl).
 PKGS      := gcc libc6-dev pkg-config libseccomp-dev busybox-static iproute2 util-linux nftables podman tar \
              containerd runc containernetworking-plugins
 # Extra packages only the benchmarks need (the peers we compare with).
@@ -77,6 +79,7 @@ vet: deps $(STATICCHECK) $(DEADCODE)
 	$(STATICCHECK) -tags $(TAGS) ./...
 	@out=$$($(DEADCODE) -test -tags $(TAGS) ./...) || exit 1; \
 	  if [ -n "$$out" ]; then echo "$$out"; echo "deadcode: the functions above are unreachable"; exit 1; fi
+	@scripts/check-registry-hosts.sh
 
 # Rewrite cmd/*/depaware.txt, the packages each binary links (the unit
 # tests fail while one is stale: review the diff, then commit it).

@@ -67,10 +67,12 @@ func (e *e2eEnv) doctorIn(prelude string, uid int, args ...string) doctorRun {
 	ctx, cancel := context.WithTimeout(context.Background(), e2eCommandTimeout)
 	defer cancel()
 	argv := []string{"--net=" + e.w.HostPath}
+	bin := e.bin
 	if uid != 0 {
 		argv = append(argv, "--setuid="+strconv.Itoa(uid), "--setgid="+strconv.Itoa(uid))
+		bin = e2eCopyForOtherUsers(e.t, e.bin) // (the clone may live in a 0700 directory)
 	}
-	argv = append(argv, e.bin, "doctor",
+	argv = append(argv, bin, "doctor",
 		"--name-prefix", e.d.Prefix, "--state-dir", e.d.StateDir, "--socket", e.d.Socket,
 		"--upstream", e.w.DNS.Addr().String(), "--public-override", e.w.PublicOverride.String())
 	if !slices.Contains(args, "--units-dir") {

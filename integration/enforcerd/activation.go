@@ -17,7 +17,7 @@ func (d *Daemon) StartActivated(files []*os.File, names []string) error {
 	// nsenter execs sh, sh execs the daemon: all three are one pid.
 	args := append([]string{"--net=" + d.World.HostPath, "sh", "-c", `LISTEN_PID=$$ exec "$0" "$@"`, d.Bin}, d.ServeArgs()...)
 	cmd := exec.Command("nsenter", args...)
-	cmd.Env = append(os.Environ(), "LISTEN_FDS="+strconv.Itoa(len(files)), "LISTEN_FDNAMES="+strings.Join(names, ":"))
+	cmd.Env = append(Environ(), "LISTEN_FDS="+strconv.Itoa(len(files)), "LISTEN_FDNAMES="+strings.Join(names, ":"))
 	cmd.ExtraFiles = files
 	return d.run(cmd)
 }

@@ -114,9 +114,27 @@ func (d *Daemon) Start() error {
 	return d.run(exec.Command("nsenter", args...))
 }
 
+// Environ is the test process's environment without the markers of a
+// systemd service (INVOCATION_ID, JOURNAL_STREAM): a test run by a service
+// (a CI runner's unit) would hand them down, and the daemon it starts,
+// which is no service, would take json for its default log format.
+func Environ() []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "INVOCATION_ID=") && !strings.HasPrefix(kv, "JOURNAL_STREAM=") {
+			env = append(env, kv)
+		}
+	}
+	return env
+}
+
 // run starts cmd (the daemon, however it is wrapped) with its output in the
-// log, in a process group of its own, and waits until its API answers.
+// log, in a process group of its own, and waits until its API answers. A
+// cmd without an environment of its own gets Environ().
 func (d *Daemon) run(cmd *exec.Cmd) error {
+	if cmd.Env == nil {
+		cmd.Env = Environ()
+	}
 	logf, err := os.OpenFile(d.LogPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return err
