@@ -4,7 +4,8 @@
 SHELL := /bin/bash
 export CGO_ENABLED := 1
 # GO: a go at least as new as go.mod's, found once per make: go on PATH, /usr/local/go, or the
-# toolchain scripts/ensure-go.sh downloads from the Go module proxy into .cache/go (verified).
+# toolchain scripts/ensure-go.sh fetches into .cache/go with Debian's golang-go (`go mod
+# download` of go.mod's toolchain module, verified by the go command's checksum database).
 # make GO=/path/to/go overrides it; `make clean` alone looks for none. Its directory goes first
 # on PATH so that scripts and tests which run plain `go` (scripts/fuzz.sh) get the same one.
 ifeq ($(origin GO),undefined)
@@ -23,11 +24,12 @@ ROOTFS    ?= $(CURDIR)/.cache/rootfs
 GUEST     ?= $(CURDIR)/.cache/guest
 FUZZTIME  ?= 30000x
 # Debian packages the build, the tests and the demo need (podman: the CNI
-# plugin's real-runtime test, with its CNI backend; tar: its image import;
-# containerd, runc and containernetworking-plugins' loopback: the kubelet
-# path, containerd's CRI plugin driven by crictl; qemu-system-x86 and cpio:
-# the VM guest test, whose guest scripts/mkguest.sh builds from Debian's
-# kernel package, downloaded and extracted, never installed).
+# plugin's real-runtime test, with its CNI backend; runc: the OCI runtime the
+# runtime tests name, as podman would pick crun, which refuses hybrid cgroups;
+# tar: its image import; containerd and containernetworking-plugins' loopback:
+# the kubelet path, containerd's CRI plugin driven by crictl; qemu-system-x86
+# and cpio: the VM guest tests, whose guest scripts/mkguest.sh builds from
+# Debian's kernel package, downloaded and extracted, never installed).
 PKGS      := gcc libc6-dev pkg-config libseccomp-dev busybox-static iproute2 util-linux nftables podman tar \
              containerd runc containernetworking-plugins qemu-system-x86 cpio
 # Extra packages only the benchmarks need (the peers we compare with).
@@ -37,7 +39,7 @@ BENCHPKGS := dnsperf dnsmasq-base iperf3
 CRICTL    := .cache/crictl/crictl
 CRICTL_VERSION := v1.37.0
 
-.PHONY: all build deps bench-deps test unit fuzz live demo bench rootfs guest clean vet crictl
+.PHONY: all build deps bench-deps test unit fuzz live demo bench rootfs guest clean vet crictl depaware
 
 all: build
 
@@ -59,8 +61,33 @@ build: deps
 	$(GO) build $(STATIC) -o $(BIN) ./cmd/enforcerd
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-X main.pluginVersion=$(VERSION)" -o $(CNIBIN) ./cmd/enforcerd-cni
 
-vet: deps
+# The linters, built by go install at pinned versions into .cache (a new
+# version is a new directory, so bumping one here rebuilds it).
+STATICCHECK_VERSION := v0.8.2
+DEADCODE_VERSION    := v0.52.0
+STATICCHECK := .cache/tools/staticcheck-$(STATICCHECK_VERSION)/staticcheck
+DEADCODE    := .cache/tools/deadcode-$(DEADCODE_VERSION)/deadcode
+
+$(STATICCHECK):
+	GOBIN=$(CURDIR)/$(dir $@) $(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
+
+$(DEADCODE):
+	GOBIN=$(CURDIR)/$(dir $@) $(GO) install golang.org/x/tools/cmd/deadcode@$(DEADCODE_VERSION)
+
+# go vet, staticcheck, and deadcode with every main and every test as a root
+# (a function only tests call is a test helper, not dead): each prints
+# nothing on a clean tree. Then the linked-package lists (depaware.txt).
+vet: deps $(STATICCHECK) $(DEADCODE)
 	$(GO) vet -tags $(TAGS) ./...
+	$(STATICCHECK) -tags $(TAGS) ./...
+	@out=$$($(DEADCODE) -test -tags $(TAGS) ./...) || exit 1; \
+	  if [ -n "$$out" ]; then echo "$$out"; echo "deadcode: the functions above are unreachable"; exit 1; fi
+	@scripts/check-registry-hosts.sh
+
+# Rewrite cmd/*/depaware.txt, the packages each binary links (the unit
+# tests fail while one is stale: review the diff, then commit it).
+depaware:
+	$(GO) test -count=1 -run '^TestDepaware$$' ./internal/depaware -update
 
 rootfs: deps
 	scripts/mkrootfs.sh $(ROOTFS)
@@ -74,8 +101,12 @@ crictl: $(CRICTL)
 $(CRICTL):
 	GOBIN=$(CURDIR)/$(dir $(CRICTL)) $(GO) install sigs.k8s.io/cri-tools/cmd/crictl@$(CRICTL_VERSION)
 
+# The packages that need no privilege run a second time as nobody
+# (scripts/nonroot-tests.sh), so that none of them comes to need root.
+NONROOT   := daemon daemon/eventlog daemon/metrics api
 unit: deps
 	$(GO) test -tags $(TAGS) -count=1 $$($(GO) list ./... | grep -v /integration)
+	@if [ "$$(id -u)" = 0 ]; then scripts/nonroot-tests.sh $(NONROOT); fi
 
 # A short fuzz run of every fuzz target (the seed corpus is committed).
 fuzz: deps

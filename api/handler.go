@@ -232,7 +232,7 @@ func labelFilter(r *http.Request) (key, value string, ok bool, err error) {
 		return "", "", false, nil
 	}
 	if len(vals) != 1 {
-		return "", "", false, errors.New("label: give one KEY=VALUE filter")
+		return "", "", false, errors.New("label: want one KEY=VALUE filter")
 	}
 	key, value, err = ParseLabel(vals[0])
 	if err != nil {

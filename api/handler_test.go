@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"reflect"
@@ -75,7 +74,7 @@ func TestAPIStatusCodes(t *testing.T) {
 		{"POST", "/v1/sessions/taken/exec", `{"args":["id"],"timeout":"soon"}`, 400, errorJSON("bad_request", `timeout "soon": want a positive duration such as 30s`)},
 		{"POST", "/v1/sessions/taken/exec", `{"args":["id"],"tty":true}`, 400, errorJSON("bad_request", `unknown field "tty"`)},
 		{"GET", "/v1/sessions?label=novalue", "", 400, errorJSON("bad_request", `label "novalue": want KEY=VALUE with a non-empty KEY`)},
-		{"GET", "/v1/sessions?label=a=1&label=b=2", "", 400, errorJSON("bad_request", `label: give one KEY=VALUE filter`)},
+		{"GET", "/v1/sessions?label=a=1&label=b=2", "", 400, errorJSON("bad_request", `label: want one KEY=VALUE filter`)},
 		{"DELETE", "/v1/sessions", "", 400, errorJSON("bad_request", `label: deleting sessions in bulk needs ?label=KEY=VALUE`)},
 		{"PUT", "/v1/sessions", "", 405, errorJSON("no_route", `method PUT not allowed on /v1/sessions (allowed: GET, POST, DELETE)`)},
 		{"POST", "/v1/sessions/taken", "", 405, errorJSON("no_route", `method POST not allowed on /v1/sessions/taken (allowed: GET, DELETE)`)},
@@ -448,8 +447,6 @@ func TestStatusOf(t *testing.T) {
 		}
 	}
 }
-
-func discardLogger() *slog.Logger { return slog.New(slog.DiscardHandler) }
 
 // TestAPIErrorCodes: an engine error wrapping each sentinel is answered
 // with the sentinel's status and code and the error's own one line;

@@ -211,8 +211,9 @@ func (p AccessPolicy) authorize(next http.Handler, log *slog.Logger, groupsOf fu
 	})
 }
 
-// lookupGroupID resolves a group name or numeric gid.
-func lookupGroupID(group string) (uint32, error) {
+// LookupGroupID resolves a group name or a numeric gid (the socket group:
+// serve, its socket activation check and doctor resolve it the same way).
+func LookupGroupID(group string) (uint32, error) {
 	if n, err := strconv.ParseUint(group, 10, 32); err == nil {
 		return uint32(n), nil
 	}
@@ -331,7 +332,7 @@ func ListenerFrom(ln net.Listener, cfg ListenConfig) (*Listener, error) {
 func accessPolicyFor(cfg ListenConfig) (AccessPolicy, error) {
 	pol := AccessPolicy{OwnerUID: uint32(os.Geteuid()), Group: cfg.Group}
 	if cfg.Group != "" {
-		gid, err := lookupGroupID(cfg.Group)
+		gid, err := LookupGroupID(cfg.Group)
 		if err != nil {
 			return AccessPolicy{}, err
 		}

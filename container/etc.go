@@ -71,11 +71,11 @@ func validatePinned(pinned map[string][]netip.Addr) error {
 			return fmt.Errorf("pinned host %q: not a DNS name; use letters, digits, '-', '_' and dots", n)
 		}
 		if len(addrs) == 0 {
-			return fmt.Errorf("pinned host %q: no address; give at least one", n)
+			return fmt.Errorf("pinned host %q: no address; want at least one", n)
 		}
 		for _, a := range addrs {
 			if !a.IsValid() {
-				return fmt.Errorf("pinned host %q: invalid address; give IPv4 or IPv6 addresses", n)
+				return fmt.Errorf("pinned host %q: invalid address; want IPv4 or IPv6 addresses", n)
 			}
 		}
 	}

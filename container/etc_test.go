@@ -61,8 +61,8 @@ func TestValidatePinned(t *testing.T) {
 		{map[string][]netip.Addr{"ok.test": {ip}}, ""},
 		{map[string][]netip.Addr{"bad name": {ip}}, `pinned host "bad name": not a DNS name; use letters, digits, '-', '_' and dots`},
 		{map[string][]netip.Addr{"x.test\n1.2.3.4 evil": {ip}}, `pinned host "x.test\n1.2.3.4 evil": not a DNS name; use letters, digits, '-', '_' and dots`},
-		{map[string][]netip.Addr{"x.test": nil}, `pinned host "x.test": no address; give at least one`},
-		{map[string][]netip.Addr{"x.test": {{}}}, `pinned host "x.test": invalid address; give IPv4 or IPv6 addresses`},
+		{map[string][]netip.Addr{"x.test": nil}, `pinned host "x.test": no address; want at least one`},
+		{map[string][]netip.Addr{"x.test": {{}}}, `pinned host "x.test": invalid address; want IPv4 or IPv6 addresses`},
 	}
 	for _, tt := range tests {
 		err := validatePinned(tt.in)

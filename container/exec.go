@@ -35,7 +35,7 @@ const drainGrace = 500 * time.Millisecond
 // for a *PidsLimitError: the command failed while the sandbox refused forks, with its status.
 func (m *Manager) Exec(ctx context.Context, name string, p ExecSpec) (exitCode int, err error) {
 	if len(p.Args) == 0 || p.Args[0] == "" {
-		return -1, errors.New("exec: no command; give at least the program to run")
+		return -1, errors.New("exec: no command; want at least the program to run")
 	}
 	uid, gid, err := parseUser(p.User)
 	if err != nil {

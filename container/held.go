@@ -121,7 +121,7 @@ const (
 // returns the holder's process, which the caller waits on while it is its child.
 func (m *Manager) StartHeld(dir string, spec HeldSpec) (*os.Process, error) {
 	if len(spec.Args) == 0 || spec.Args[0] == "" {
-		return nil, invalidExec{errors.New("exec: no command; give at least the program to run")}
+		return nil, invalidExec{errors.New("exec: no command; want at least the program to run")}
 	}
 	if _, _, err := parseUser(spec.User); err != nil {
 		return nil, invalidExec{err}

@@ -49,7 +49,7 @@ func resolveImage(rootfs string, imagesDirs []string, trusted func(uid uint32) b
 		return "", fmt.Errorf("rootfs %q: no image directory is configured; the operator must start serve with --images-dir DIR to allow sandboxes", rootfs)
 	}
 	if !filepath.IsAbs(rootfs) {
-		return "", fmt.Errorf("rootfs %q: not an absolute path; give the image directory's absolute path", rootfs)
+		return "", fmt.Errorf("rootfs %q: not an absolute path; want the image directory's absolute path", rootfs)
 	}
 	// Lexically outside every image directory: refused before the path is
 	// looked at, so a caller learns nothing about directories not granted
@@ -58,7 +58,7 @@ func resolveImage(rootfs string, imagesDirs []string, trusted func(uid uint32) b
 		return "", fmt.Errorf("rootfs %q: the host's root directory is never an image", rootfs)
 	}
 	if !lexicallyInside(filepath.Clean(rootfs), imagesDirs) {
-		return "", fmt.Errorf("rootfs %q: not inside an image directory (%s); import an image (enforcerd image import) or give a directory under serve's --images-dir", rootfs, strings.Join(imagesDirs, ", "))
+		return "", fmt.Errorf("rootfs %q: not inside an image directory (%s); want an image imported (enforcerd image import) or a directory under serve's --images-dir", rootfs, strings.Join(imagesDirs, ", "))
 	}
 	real, err := filepath.EvalSymlinks(rootfs)
 	if err != nil {
@@ -67,15 +67,13 @@ func resolveImage(rootfs string, imagesDirs []string, trusted func(uid uint32) b
 	if real == "/" {
 		return "", fmt.Errorf("rootfs %q: the host's root directory is never an image", rootfs)
 	}
-	var roots []string
 	for _, d := range imagesDirs {
 		root, err := filepath.EvalSymlinks(d)
 		if err != nil {
 			continue // a missing image directory grants nothing
 		}
-		roots = append(roots, root)
 		if real == root {
-			return "", fmt.Errorf("rootfs %q: is the image directory %s itself; give an image inside it", rootfs, d)
+			return "", fmt.Errorf("rootfs %q: is the image directory %s itself; want an image inside it", rootfs, d)
 		}
 		rel, err := filepath.Rel(root, real)
 		if err != nil || rel == ".." || strings.HasPrefix(rel, "../") {
@@ -86,7 +84,7 @@ func resolveImage(rootfs string, imagesDirs []string, trusted func(uid uint32) b
 		}
 		return real, nil
 	}
-	return "", fmt.Errorf("rootfs %q: not inside an image directory (%s); import an image (enforcerd image import) or give a directory under serve's --images-dir", rootfs, strings.Join(imagesDirs, ", "))
+	return "", fmt.Errorf("rootfs %q: not inside an image directory (%s); want an image imported (enforcerd image import) or a directory under serve's --images-dir", rootfs, strings.Join(imagesDirs, ", "))
 }
 
 // checkImageChain checks the directories from / down to real (root is an ancestor of real, both

@@ -59,11 +59,11 @@ func TestResolveImage(t *testing.T) {
 		{images + "/good/../../images/good", realImages + "/good", ""}, // and back in
 		{"/", "", "the host's root directory is never an image"},
 		{images + "/toroot", "", "the host's root directory is never an image"},
-		{images + "/good/../..", "", "not inside an image directory (" + images + "); import an image (enforcerd image import) or give a directory under serve's --images-dir"},
+		{images + "/good/../..", "", "not inside an image directory (" + images + "); want an image imported (enforcerd image import) or a directory under serve's --images-dir"},
 		{images + "/up", "", "not inside an image directory"},
 		{images + "/out", "", "not inside an image directory"},
 		{"/etc", "", "not inside an image directory"},
-		{images, "", "is the image directory " + images + " itself; give an image inside it"},
+		{images, "", "is the image directory " + images + " itself; want an image inside it"},
 		{images + "/good/..", "", "is the image directory"},
 		{images + "/groupw", "", realImages + "/groupw is writable by group or others (mode 0775); an image and its image directory must be writable by root only"},
 		{images + "/otherw", "", "writable by group or others (mode 0757)"},

@@ -389,7 +389,7 @@ func extractLayout(file, dir string) error {
 			return err
 		}
 		name := path2Rel(hdr.Name)
-		if hdr.Typeflag != tar.TypeReg && hdr.Typeflag != tar.TypeRegA {
+		if hdr.Typeflag != tar.TypeReg {
 			continue
 		}
 		if name != "oci-layout" && name != "index.json" && !isLayoutBlob(name) {

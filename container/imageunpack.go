@@ -146,7 +146,7 @@ func (u *unpacker) applyEntry(hdr *tar.Header, body io.Reader) error {
 	case tar.TypeChar, tar.TypeBlock:
 		u.devices++
 		return nil
-	case tar.TypeReg, tar.TypeRegA, tar.TypeDir, tar.TypeSymlink, tar.TypeLink, tar.TypeFifo:
+	case tar.TypeReg, tar.TypeDir, tar.TypeSymlink, tar.TypeLink, tar.TypeFifo:
 	default:
 		return fmt.Errorf("entry type %q: not supported in an image layer", hdr.Typeflag)
 	}
@@ -184,7 +184,7 @@ func (u *unpacker) applyEntry(hdr *tar.Header, body io.Reader) error {
 		}
 		defer unix.Close(fd)
 		return setOwnerModeTimes(fd, hdr, mode)
-	case tar.TypeReg, tar.TypeRegA:
+	case tar.TypeReg:
 		if hdr.Size > u.limits.MaxBytes-u.bytes {
 			return fmt.Errorf("%d bytes, the image would unpack to more than %d bytes: %w", hdr.Size, u.limits.MaxBytes, errOverLimit)
 		}

@@ -144,10 +144,10 @@ func validName(s string, max int, dash bool) bool {
 
 func validateConfig(c Config) error {
 	if !filepath.IsAbs(c.StateDir) {
-		return fmt.Errorf("state dir %q: not an absolute path; give an absolute directory", c.StateDir)
+		return fmt.Errorf("state dir %q: not an absolute path; want an absolute directory", c.StateDir)
 	}
 	if !filepath.IsAbs(c.LayerDir) {
-		return fmt.Errorf("layer dir %q: not an absolute path; give an absolute directory", c.LayerDir)
+		return fmt.Errorf("layer dir %q: not an absolute path; want an absolute directory", c.LayerDir)
 	}
 	if !validName(c.Prefix, maxPrefixLen, false) {
 		return fmt.Errorf("prefix %q: use 1 to %d lower-case letters and digits", c.Prefix, maxPrefixLen)
@@ -167,10 +167,10 @@ func validateSpec(s Spec) error {
 		return fmt.Errorf("sandbox name %q: use 1 to %d of [a-z0-9-], starting with a letter or digit", s.Name, maxNameLen)
 	}
 	if !filepath.IsAbs(s.Rootfs) {
-		return fmt.Errorf("rootfs %q: not an absolute path; give the image directory's absolute path", s.Rootfs)
+		return fmt.Errorf("rootfs %q: not an absolute path; want the image directory's absolute path", s.Rootfs)
 	}
 	if s.NetnsPath != "" && !filepath.IsAbs(s.NetnsPath) {
-		return fmt.Errorf("netns path %q: not an absolute path; give e.g. /run/netns/NAME", s.NetnsPath)
+		return fmt.Errorf("netns path %q: not an absolute path; want e.g. /run/netns/NAME", s.NetnsPath)
 	}
 	if err := CheckResources(s.MemoryBytes, s.PidsMax, s.CPUs); err != nil {
 		return err

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/enforcerd/enforcerd/api"
+	"github.com/enforcerd/enforcerd/daemon/eventlog"
 	"github.com/enforcerd/enforcerd/dnsproxy"
 	"github.com/enforcerd/enforcerd/netpolicy"
 )
@@ -19,6 +20,9 @@ import (
 // restartPersisted is restart with the events persisted under the state
 // dir, as Open wires them; the previous daemon's log is shut down first,
 // as serve's exit does.
+// eventsNow is the persisted events' clock: now, moved on by eventsSkew.
+func (w *world) eventsNow() time.Time { return time.Now().Add(time.Duration(w.eventsSkew.Load())) }
+
 func (w *world) restartPersisted(retention time.Duration) {
 	w.t.Helper()
 	if w.d != nil {
@@ -32,7 +36,7 @@ func (w *world) restartPersisted(retention time.Duration) {
 	if err != nil {
 		w.t.Fatal(err)
 	}
-	events, err := OpenEventLog(filepath.Join(w.stateDir, "events"), 0, EventStoreOptions{Retention: retention})
+	events, err := eventlog.Open(filepath.Join(w.stateDir, "events"), 0, eventlog.StoreOptions{Retention: retention, Now: w.eventsNow})
 	if err != nil {
 		w.t.Fatal(err)
 	}
@@ -54,13 +58,13 @@ func asCaller(uid uint32) context.Context {
 
 // eventsOf returns a session's events without their last line, the
 // counts (required).
-func eventsOf(t *testing.T, d *Daemon, name string) []api.Event {
+func eventsOf(t *testing.T, d *Engine, name string) []api.Event {
 	t.Helper()
 	evs, _, err := d.Events(context.Background(), name, false)
 	if err != nil {
 		t.Fatalf("events of %s: %v", name, err)
 	}
-	if n := len(evs); n == 0 || evs[n-1].Kind != api.EventKindSummary || evs[n-1].Action != SummaryActionCounts {
+	if n := len(evs); n == 0 || evs[n-1].Kind != api.EventKindSummary || evs[n-1].Action != eventlog.SummaryActionCounts {
 		t.Fatalf("events of %s do not end with the counts: %s", name, actionsOf(evs))
 	}
 	return evs[:len(evs)-1]
@@ -97,7 +101,7 @@ func TestAuditTrail(t *testing.T) {
 	if _, err := w.d.Exec(asCaller(1002), "b1", api.ExecRequest{Args: []string{"id", "-u"}}); err == nil {
 		t.Fatal("the fake exec ran")
 	}
-	w.d.Record(dnsproxy.Event{Time: time.Now(), Session: "a1", Name: "api.example.com.", Type: "A", Verdict: dnsproxy.VerdictAllowed,
+	w.d.recordDNSDecision(dnsproxy.Event{Time: time.Now(), Session: "a1", Name: "api.example.com.", Type: "A", Verdict: dnsproxy.VerdictAllowed,
 		Dropped: []netip.Addr{netip.MustParseAddr("10.0.0.1")}})
 
 	evs := eventsOf(t, w.d, "a1")
@@ -148,7 +152,7 @@ func TestAuditTrail(t *testing.T) {
 		t.Error("follow of a removed session: channel open")
 	}
 	last := evs[len(evs)-3 : len(evs)-1]
-	if actionsOf(last) != "deleted delete_failed" || evs[len(evs)-1].Action != SummaryActionCounts || last[0].Caller == nil || last[0].Caller.UID != 1003 ||
+	if actionsOf(last) != "deleted delete_failed" || evs[len(evs)-1].Action != eventlog.SummaryActionCounts || last[0].Caller == nil || last[0].Caller.UID != 1003 ||
 		last[1].Detail["error"] != `session "a1": unknown session` {
 		t.Errorf("removed a1: %s %+v", actionsOf(evs), last)
 	}
@@ -171,7 +175,7 @@ func TestAuditTrail(t *testing.T) {
 	}
 
 	// The retention passed: the next prune removes a1's files, not b1's.
-	w.d.events.store.now = func() time.Time { return time.Now().Add(2 * time.Hour) }
+	w.eventsSkew.Store(int64(2 * time.Hour))
 	w.d.events.Prune()
 	if _, _, err := w.d.Events(context.Background(), "a1", false); !errors.Is(err, api.ErrNotFound) {
 		t.Errorf("a1 past its retention: %v", err)
@@ -217,43 +221,5 @@ func TestAllEventsByLabel(t *testing.T) {
 	}
 	cancel()
 	for range ch {
-	}
-}
-
-// TestEventStoreRotates: a file past its bound becomes .1 (one kept), and
-// reading gives the newest events of both in order.
-func TestEventStoreRotates(t *testing.T) {
-	dir := t.TempDir()
-	l, err := OpenEventLog(dir, 0, EventStoreOptions{MaxBytes: 1000, Retention: time.Hour})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Shutdown()
-	l.Open("r", nil)
-	for i := range 100 {
-		l.Record(testEvent("r", i+1))
-	}
-	l.Record(api.Event{Session: "r", Kind: api.EventKindLifecycle, Action: "created", Time: time.Unix(0, 1).UTC()})
-	for _, f := range []string{"r.ndjson", "r.ndjson.1"} {
-		fi, err := os.Stat(filepath.Join(dir, f))
-		if err != nil || fi.Size() > 1000 {
-			t.Errorf("%s: %v", f, err)
-		}
-	}
-	evs, _ := l.store.read("r")
-	if len(evs) < 10 || len(evs) >= 100 || evs[len(evs)-1].Action != "100" {
-		t.Fatalf("read %d events, last %+v", len(evs), evs[len(evs)-1])
-	}
-	for i := 1; i < len(evs); i++ {
-		if !evs[i-1].Time.Before(evs[i].Time) {
-			t.Fatalf("out of order at %d: %v", i, actionsOf(evs))
-		}
-	}
-	// A torn last line (a machine crash mid-write) is skipped.
-	f, _ := os.OpenFile(filepath.Join(dir, "r.ndjson"), os.O_APPEND|os.O_WRONLY, 0)
-	f.WriteString(`{"time":"2025-`)
-	f.Close()
-	if again, _ := l.store.read("r"); len(again) != len(evs) {
-		t.Errorf("with a torn line: %d events, want %d", len(again), len(evs))
 	}
 }

@@ -3,7 +3,7 @@ package daemon
 import (
 	"testing"
 
-	"github.com/enforcerd/enforcerd/netpolicy"
+	"github.com/enforcerd/enforcerd/netpolicy/nft"
 )
 
 // dropped_no_reason is what the session's own reasons leave of its dropped
@@ -11,12 +11,12 @@ import (
 // ahead of the total gives 0, never a wrapped count.
 func TestDroppedNoReason(t *testing.T) {
 	for _, c := range []struct {
-		c    netpolicy.Counters
+		c    nft.Counters
 		want uint64
 	}{
-		{netpolicy.Counters{DroppedPackets: 10, ByReason: map[string]uint64{"not-allowed": 4, "rate-limit": 1, "spoofed": 7, "inbound": 9}}, 5},
-		{netpolicy.Counters{DroppedPackets: 3}, 3},
-		{netpolicy.Counters{DroppedPackets: 3, ByReason: map[string]uint64{"port": 4}}, 0},
+		{nft.Counters{DroppedPackets: 10, ByReason: map[string]uint64{"not-allowed": 4, "rate-limit": 1, "spoofed": 7, "inbound": 9}}, 5},
+		{nft.Counters{DroppedPackets: 3}, 3},
+		{nft.Counters{DroppedPackets: 3, ByReason: map[string]uint64{"port": 4}}, 0},
 	} {
 		if got := droppedNoReason(c.c); got != c.want {
 			t.Errorf("droppedNoReason(%+v) = %d, want %d", c.c, got, c.want)

@@ -9,8 +9,11 @@ import (
 	"time"
 
 	"github.com/enforcerd/enforcerd/container"
+	"github.com/enforcerd/enforcerd/daemon/eventlog"
+	"github.com/enforcerd/enforcerd/daemon/metrics"
 	"github.com/enforcerd/enforcerd/dnsproxy"
 	"github.com/enforcerd/enforcerd/netpolicy"
+	"github.com/enforcerd/enforcerd/netpolicy/nft"
 	"github.com/enforcerd/enforcerd/nsmgr"
 )
 
@@ -41,7 +44,7 @@ type Config struct {
 
 // The daemon consumes the four domain packages through these interfaces,
 // declared here, where they are used: the production parts are
-// *nsmgr.Manager, *netpolicy.Firewall, *dnsproxy.Proxy and
+// *nsmgr.Manager, *nft.Firewall, *dnsproxy.Proxy and
 // *container.Manager (Open wires them); the engine's state-machine test
 // drives recording fakes.
 
@@ -67,22 +70,22 @@ type Network interface {
 
 // Firewall holds the sessions' rules in the host's nftables table.
 type Firewall interface {
-	AddSession(r netpolicy.SessionRules) error
+	AddSession(r nft.SessionRules) error
 	// UpdateSession changes a session's elements in one batch.
-	UpdateSession(u netpolicy.SessionUpdate) error
+	UpdateSession(u nft.SessionUpdate) error
 	// CutFlows deletes the conntrack entries of flows an update revoked
 	// and returns them.
-	CutFlows(u netpolicy.SessionUpdate) ([]netpolicy.CutFlow, error)
-	RemoveSession(r netpolicy.SessionRules) error
+	CutFlows(u nft.SessionUpdate) ([]nft.CutFlow, error)
+	RemoveSession(r nft.SessionRules) error
 	// Sessions lists the sessions the table holds rules for.
-	Sessions() ([]netpolicy.SessionKey, error)
+	Sessions() ([]nft.SessionKey, error)
 	// PruneGuests removes every element and conntrack entry of the
 	// addresses gone says are no live session's.
 	PruneGuests(gone func(netip.Addr) bool) (int, error)
-	Attested(guest netip.Addr) ([]netpolicy.AttestedAddr, error)
-	AllAttested() (map[netip.Addr][]netpolicy.AttestedAddr, error)
-	Counters(guest netip.Addr) (netpolicy.Counters, error)
-	AllCounters() (map[netip.Addr]netpolicy.Counters, error)
+	Attested(guest netip.Addr) ([]nft.AttestedAddr, error)
+	AllAttested() (map[netip.Addr][]nft.AttestedAddr, error)
+	Counters(guest netip.Addr) (nft.Counters, error)
+	AllCounters() (map[netip.Addr]nft.Counters, error)
 	Check() error
 }
 
@@ -124,10 +127,10 @@ type Parts struct {
 	Pin       PinResolver
 	DNSAddr   netip.Addr // the anycast address sessions resolve through
 	Store     *StateStore
-	Log       *slog.Logger // nil: discard
-	Metrics   *Metrics     // nil: none
-	Events    *EventLog    // nil: in memory only
-	// Close, when set, releases what Open opened (called by Daemon.Close).
+	Log       *slog.Logger      // nil: discard
+	Metrics   *metrics.Registry // nil: none
+	Events    *eventlog.Log     // nil: in memory only
+	// Close, when set, releases what Open opened (called by Engine.Close).
 	Close func()
 	// Images is the image store (nil: image calls fail, --image is refused).
 	Images *container.ImageStore
@@ -136,7 +139,7 @@ type Parts struct {
 	StartLease StartLease
 }
 
-// Daemon composes the four packages into the session lifecycle the API
+// Engine composes the four packages into the session lifecycle the API
 // serves (it implements api.Engine). It owns the order of every
 // multi-package operation:
 //
@@ -147,7 +150,7 @@ type Parts struct {
 // The record is written last, so a crash in the middle of a create leaves
 // kernel objects without a record, and the next start reaps them as
 // orphans: a create is complete or it is gone.
-type Daemon struct {
+type Engine struct {
 	cfg     Config
 	log     *slog.Logger
 	nets    Network
@@ -156,8 +159,8 @@ type Daemon struct {
 	dns     Resolver
 	boxes   Sandboxes
 	state   *StateStore
-	events  *EventLog
-	metrics *Metrics
+	events  *eventlog.Log
+	metrics *metrics.Registry
 	dnsAddr netip.Addr
 	pin     PinResolver
 	closeFn func()
@@ -187,16 +190,16 @@ type Daemon struct {
 
 // New returns a daemon over the given parts. It changes nothing: call
 // Reconcile before serving.
-func New(cfg Config, p Parts) *Daemon {
+func New(cfg Config, p Parts) *Engine {
 	log := p.Log
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
 	events := p.Events
 	if events == nil {
-		events = NewEventLog(0)
+		events = eventlog.New(0)
 	}
-	return &Daemon{
+	return &Engine{
 		cfg: cfg, log: log, nets: p.Network, guard: p.Guard, fw: p.Firewall,
 		dns: p.Resolver, boxes: p.Sandboxes, state: p.Store, events: events,
 		metrics: p.Metrics, dnsAddr: p.DNSAddr, pin: p.Pin, closeFn: p.Close,
@@ -209,7 +212,7 @@ func New(cfg Config, p Parts) *Daemon {
 }
 
 // Close releases the parts (the sessions stay up, enforced by the kernel).
-func (e *Daemon) Close() {
+func (e *Engine) Close() {
 	e.stopLeases()
 	e.shutdownDNS()
 	e.events.Shutdown()
@@ -219,4 +222,4 @@ func (e *Daemon) Close() {
 }
 
 // DNSAddr is the anycast address the sessions resolve through.
-func (e *Daemon) DNSAddr() netip.Addr { return e.dnsAddr }
+func (e *Engine) DNSAddr() netip.Addr { return e.dnsAddr }

@@ -6,25 +6,18 @@ import (
 	"time"
 
 	"github.com/enforcerd/enforcerd/api"
+	"github.com/enforcerd/enforcerd/daemon/eventlog"
 	"github.com/enforcerd/enforcerd/netpolicy"
+	"github.com/enforcerd/enforcerd/netpolicy/nft"
 )
 
-// DropSource is the table's drop log (*netpolicy.DropLog): each line is the
+// DropSource is the table's drop log (*nft.DropLog): each line is the
 // first packet of a flow the table dropped, with its reason. Close ends a
 // blocked Read.
 type DropSource interface {
-	Read() ([]netpolicy.DroppedFlow, error)
+	Read() ([]nft.DroppedFlow, error)
 	Close() error
 }
-
-// Flow event actions: a flow dropped in silence, a flow the session's
-// --on-deny answered (reject, reset: detail "answer" says with what), and
-// the summary of the lines the kernel's per-session log budget suppressed.
-const (
-	FlowActionDropped  = "dropped"
-	FlowActionRejected = "rejected"
-	FlowActionUnlogged = "unlogged"
-)
 
 // Answers of a rejected flow (the event's detail "answer").
 const (
@@ -43,7 +36,7 @@ const unloggedPoll = time.Second
 // it suppresses are counted in the kernel and reported here as one summary
 // event per poll. mu guards everything below it.
 type dropEvents struct {
-	d *Daemon
+	d *Engine
 
 	mu       sync.Mutex
 	byGuest  map[netip.Addr]string // guest -> session name; a cache of d.sessions
@@ -55,7 +48,7 @@ type dropEvents struct {
 
 // serveDrops reads src until it is closed, recording a flow event per line
 // and the summary events, in goroutines of its own.
-func (e *Daemon) serveDrops(src DropSource) {
+func (e *Engine) serveDrops(src DropSource) {
 	de := &dropEvents{d: e, unlogged: map[string]uint64{}, start: time.Now()}
 	stop := make(chan struct{})
 	go func() {
@@ -102,7 +95,7 @@ func (de *dropEvents) session(g netip.Addr) (string, bool) {
 	return name, ok
 }
 
-func (de *dropEvents) record(fl netpolicy.DroppedFlow) {
+func (de *dropEvents) record(fl nft.DroppedFlow) {
 	de.mu.Lock()
 	de.lastLine = time.Now()
 	de.mu.Unlock()
@@ -123,9 +116,9 @@ func (de *dropEvents) record(fl netpolicy.DroppedFlow) {
 			detail["entry"] = ent.String()
 		}
 	}
-	action := FlowActionDropped
+	action := eventlog.FlowActionDropped
 	if answer := de.d.denyAnswer(name, fl); answer != "" {
-		action, detail["answer"] = FlowActionRejected, answer
+		action, detail["answer"] = eventlog.FlowActionRejected, answer
 	}
 	ev := api.Event{Time: time.Now().UTC(), Session: name, Kind: api.EventKindFlow, Action: action, Detail: detail}
 	de.d.events.RecordAsync(ev)
@@ -137,7 +130,7 @@ func (de *dropEvents) record(fl netpolicy.DroppedFlow) {
 // denyAnswer is what the named session's table answered the dropped flow
 // with (AnswerAdminProhibited, AnswerTCPReset), or "" for silence: the
 // session's --on-deny, for the reasons the table answers at all.
-func (e *Daemon) denyAnswer(name string, fl netpolicy.DroppedFlow) string {
+func (e *Engine) denyAnswer(name string, fl nft.DroppedFlow) string {
 	e.mu.Lock()
 	s, ok := e.sessions[name]
 	e.mu.Unlock()
@@ -152,7 +145,7 @@ func (e *Daemon) denyAnswer(name string, fl netpolicy.DroppedFlow) string {
 
 // denyEntry is the deny entry of the named session's policy that denies
 // dst (on dport/proto), if any.
-func (e *Daemon) denyEntry(name string, dst netip.Addr, dport uint16, proto netpolicy.Proto) (netpolicy.Entry, bool) {
+func (e *Engine) denyEntry(name string, dst netip.Addr, dport uint16, proto netpolicy.Proto) (netpolicy.Entry, bool) {
 	e.mu.Lock()
 	s, ok := e.sessions[name]
 	e.mu.Unlock()
@@ -165,7 +158,7 @@ func (e *Daemon) denyEntry(name string, dst netip.Addr, dport uint16, proto netp
 // flowDetail is a dropped flow as its event shows it: proto, dst, dport
 // (TCP and UDP), reason; the range for special-purpose, the source for
 // spoofed and inbound flows.
-func flowDetail(fl netpolicy.DroppedFlow, g *netpolicy.Guard) map[string]any {
+func flowDetail(fl nft.DroppedFlow, g *netpolicy.Guard) map[string]any {
 	d := map[string]any{"proto": fl.Proto, "dst": fl.Dst.String(), "reason": fl.Reason}
 	if fl.Proto == "tcp" || fl.Proto == "udp" {
 		d["dport"] = fl.DstPort
@@ -241,7 +234,7 @@ func (de *dropEvents) pollUnlogged(stop <-chan struct{}) {
 		de.d.mu.Unlock()
 		de.mu.Unlock()
 		for _, r := range out {
-			ev := api.Event{Time: time.Now().UTC(), Session: r.name, Kind: api.EventKindFlow, Action: FlowActionUnlogged,
+			ev := api.Event{Time: time.Now().UTC(), Session: r.name, Kind: api.EventKindFlow, Action: eventlog.FlowActionUnlogged,
 				Detail: map[string]any{"count": r.n}}
 			de.d.events.RecordAsync(ev)
 			de.d.logEvent(ev)

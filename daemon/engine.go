@@ -18,21 +18,22 @@ import (
 	"github.com/enforcerd/enforcerd/dnsproxy"
 	"github.com/enforcerd/enforcerd/internal/txn"
 	"github.com/enforcerd/enforcerd/netpolicy"
+	"github.com/enforcerd/enforcerd/netpolicy/nft"
 	"github.com/enforcerd/enforcerd/nsmgr"
 )
 
 // liveSession is one adopted or created session. Immutable after it is
-// published in Daemon.sessions.
+// published in Engine.sessions.
 type liveSession struct {
 	rec    SessionRecord
 	policy netpolicy.Policy
-	rules  netpolicy.SessionRules
+	rules  nft.SessionRules
 }
 
 func (s *liveSession) hasNIC() bool { return s.rec.Slot >= 0 }
 
 // reserve claims a name for a create or delete; release gives it back.
-func (e *Daemon) reserve(name string, mustExist bool) (*liveSession, error) {
+func (e *Engine) reserve(name string, mustExist bool) (*liveSession, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.pending[name] {
@@ -49,7 +50,7 @@ func (e *Daemon) reserve(name string, mustExist bool) (*liveSession, error) {
 	return s, nil
 }
 
-func (e *Daemon) release(name string) {
+func (e *Engine) release(name string) {
 	e.mu.Lock()
 	delete(e.pending, name)
 	delete(e.creating, name)
@@ -61,7 +62,7 @@ func (e *Daemon) release(name string) {
 func badRequest(err error) error { return api.Classify(err, api.ErrBadRequest) }
 
 // buildPolicy turns a request into a validated policy. It touches nothing.
-func (e *Daemon) buildPolicy(req api.CreateRequest) (netpolicy.Policy, error) {
+func (e *Engine) buildPolicy(req api.CreateRequest) (netpolicy.Policy, error) {
 	var p netpolicy.Policy
 	for _, s := range req.Allow {
 		ent, err := netpolicy.ParseEntry(s, e.guard)
@@ -126,7 +127,7 @@ func (e *Daemon) buildPolicy(req api.CreateRequest) (netpolicy.Policy, error) {
 		p.Egress = netpolicy.ModeNone
 	}
 	if p.Egress == netpolicy.ModeNone && req.NetnsPath != "" {
-		return p, badRequest(fmt.Errorf("egress none: netns_path %q needs an interface, which egress none has not; give egress allowlist with no allow entries to let nothing out", req.NetnsPath))
+		return p, badRequest(fmt.Errorf("egress none: netns_path %q needs an interface, which egress none has not; want egress allowlist with no allow entries to let nothing out", req.NetnsPath))
 	}
 	if p.Egress == netpolicy.ModeNone && req.Lab {
 		return p, badRequest(errors.New("--lab needs a network: a lab target cannot have egress none"))
@@ -154,7 +155,7 @@ func (e *Daemon) buildPolicy(req api.CreateRequest) (netpolicy.Policy, error) {
 // validateRequest checks a create request before anything is made. It
 // replaces req.Rootfs by the image's real path, so the directory mounted is
 // the one checked.
-func (e *Daemon) validateRequest(req *api.CreateRequest) error {
+func (e *Engine) validateRequest(req *api.CreateRequest) error {
 	if err := nsmgr.ValidateSessionName(req.Name); err != nil {
 		return badRequest(err)
 	}
@@ -168,7 +169,7 @@ func (e *Daemon) validateRequest(req *api.CreateRequest) error {
 	}
 	if req.Image != "" {
 		if req.Rootfs != "" || req.NetworkOnly {
-			return badRequest(fmt.Errorf("image %q: give exactly one of --rootfs DIR, --image NAME or --network-only", req.Image))
+			return badRequest(fmt.Errorf("image %q: want exactly one of --rootfs DIR, --image NAME or --network-only", req.Image))
 		}
 		rootfs, err := e.imageRootfs(req.Image)
 		if err != nil {
@@ -177,7 +178,7 @@ func (e *Daemon) validateRequest(req *api.CreateRequest) error {
 		req.Rootfs = rootfs
 	}
 	if req.NetworkOnly == (req.Rootfs != "") {
-		return badRequest(errors.New("give exactly one of --rootfs DIR, --image NAME or --network-only"))
+		return badRequest(errors.New("want exactly one of --rootfs DIR, --image NAME or --network-only"))
 	}
 	if req.Rootfs != "" {
 		real, err := e.grantImage(req.Rootfs)
@@ -281,9 +282,9 @@ func sandboxOnlyField(req api.CreateRequest) error {
 // path, and the sandbox's root is root over what it mounts: a socket-group
 // member asking for / would read the host's /etc/shadow. So the grant
 // holds for root callers too, and without --images-dir nothing is granted.
-func (e *Daemon) grantImage(rootfs string) (string, error) {
+func (e *Engine) grantImage(rootfs string) (string, error) {
 	if !filepath.IsAbs(rootfs) {
-		return "", fmt.Errorf("rootfs %q: give an absolute directory", rootfs)
+		return "", fmt.Errorf("rootfs %q: want an absolute directory", rootfs)
 	}
 	// The grant first: a caller learns nothing about a directory the
 	// operator did not grant, not even whether DIR/bin exists.
@@ -299,7 +300,7 @@ func (e *Daemon) grantImage(rootfs string) (string, error) {
 
 // resolvePeers finds the lab targets a session names. Each must be a live
 // lab target.
-func (e *Daemon) resolvePeers(names []string) ([]PeerRecord, error) {
+func (e *Engine) resolvePeers(names []string) ([]PeerRecord, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	var out []PeerRecord
@@ -318,7 +319,7 @@ func (e *Daemon) resolvePeers(names []string) ([]PeerRecord, error) {
 
 // livePeers keeps the recorded peers that still exist as the very session
 // they were at create (same name, address and creation time).
-func (e *Daemon) livePeers(session string, recorded []PeerRecord) []PeerRecord {
+func (e *Engine) livePeers(session string, recorded []PeerRecord) []PeerRecord {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	var out []PeerRecord
@@ -343,9 +344,9 @@ func peerGuests(ps []PeerRecord) []netip.Addr {
 
 // Create provisions a session: network, rules, DNS registration, sandbox,
 // record. Any failure unwinds what was done, in reverse.
-func (e *Daemon) Create(ctx context.Context, req api.CreateRequest) (info api.SessionInfo, err error) {
+func (e *Engine) Create(ctx context.Context, req api.CreateRequest) (info api.SessionInfo, err error) {
 	start := time.Now()
-	defer func() { e.metrics.observeCreate(time.Since(start), err) }()
+	defer func() { e.metrics.ObserveCreate(time.Since(start), err) }()
 	defer func() {
 		// Runs last, after the undo joined its errors into err.
 		if err != nil {
@@ -481,8 +482,8 @@ func (e *Daemon) Create(ctx context.Context, req api.CreateRequest) (info api.Se
 	return e.summary(s), nil
 }
 
-func (e *Daemon) sessionRules(rec SessionRecord, p netpolicy.Policy, peers []netip.Addr) netpolicy.SessionRules {
-	return netpolicy.SessionRules{
+func (e *Engine) sessionRules(rec SessionRecord, p netpolicy.Policy, peers []netip.Addr) nft.SessionRules {
+	return nft.SessionRules{
 		Name:      rec.Name,
 		HostIface: rec.HostIface,
 		Guest:     rec.Guest,
@@ -496,7 +497,7 @@ func (e *Daemon) sessionRules(rec SessionRecord, p netpolicy.Policy, peers []net
 	}
 }
 
-func (e *Daemon) dnsPolicy(s *liveSession) dnsproxy.SessionPolicy {
+func (e *Engine) dnsPolicy(s *liveSession) dnsproxy.SessionPolicy {
 	return dnsproxy.SessionPolicy{
 		Name:   s.rec.Name,
 		Guest:  s.rec.Guest,
@@ -507,7 +508,7 @@ func (e *Daemon) dnsPolicy(s *liveSession) dnsproxy.SessionPolicy {
 	}
 }
 
-func (e *Daemon) sandboxSpec(s *liveSession) container.Spec {
+func (e *Engine) sandboxSpec(s *liveSession) container.Spec {
 	req := s.rec.Request
 	spec := container.Spec{
 		Name:        s.rec.Name,
@@ -529,7 +530,7 @@ func (e *Daemon) sandboxSpec(s *liveSession) container.Spec {
 
 // Delete tears a session down in the fixed order; every step tolerates
 // "already gone", so a partial failure never blocks the rest.
-func (e *Daemon) Delete(ctx context.Context, name string) (err error) {
+func (e *Engine) Delete(ctx context.Context, name string) (err error) {
 	defer func() {
 		if err != nil {
 			e.recordCall(ctx, name, "delete_failed", nil, err)
@@ -554,7 +555,7 @@ func (e *Daemon) Delete(ctx context.Context, name string) (err error) {
 
 // teardown removes every part of a session that may exist, in order, and
 // reports all failures together.
-func (e *Daemon) teardown(rec SessionRecord, rules netpolicy.SessionRules) error {
+func (e *Engine) teardown(rec SessionRecord, rules nft.SessionRules) error {
 	var errs []error
 	if rec.Sandbox {
 		if err := e.boxes.Destroy(rec.Name); err != nil {
@@ -588,7 +589,7 @@ func (e *Daemon) teardown(rec SessionRecord, rules netpolicy.SessionRules) error
 }
 
 // DeleteByLabel deletes every session carrying the label.
-func (e *Daemon) DeleteByLabel(ctx context.Context, key, value string) ([]string, error) {
+func (e *Engine) DeleteByLabel(ctx context.Context, key, value string) ([]string, error) {
 	var names []string
 	for _, s := range e.List(key, value) {
 		names = append(names, s.Name)
@@ -606,7 +607,7 @@ func (e *Daemon) DeleteByLabel(ctx context.Context, key, value string) ([]string
 }
 
 // List returns the sessions, filtered by a label when key is set, by name.
-func (e *Daemon) List(key, value string) []api.SessionInfo {
+func (e *Engine) List(key, value string) []api.SessionInfo {
 	e.mu.Lock()
 	var ss []*liveSession
 	for _, s := range e.sessions {
@@ -639,7 +640,7 @@ func (e *Daemon) List(key, value string) []api.SessionInfo {
 	return out
 }
 
-func attestedView(as []netpolicy.AttestedAddr) []api.AttestedAddr {
+func attestedView(as []nft.AttestedAddr) []api.AttestedAddr {
 	now := time.Now().UTC()
 	out := make([]api.AttestedAddr, 0, len(as))
 	for _, a := range as {
@@ -648,7 +649,7 @@ func attestedView(as []netpolicy.AttestedAddr) []api.AttestedAddr {
 	return out
 }
 
-func countersView(c netpolicy.Counters) api.Counters {
+func countersView(c nft.Counters) api.Counters {
 	return api.Counters{
 		AcceptedPackets: c.AcceptedPackets, AcceptedBytes: c.AcceptedBytes,
 		ReceivedPackets: c.ReceivedPackets, ReceivedBytes: c.ReceivedBytes,
@@ -664,7 +665,7 @@ func countersView(c netpolicy.Counters) api.Counters {
 // are the session's own drops are in DroppedPackets, spoofed and inbound
 // ones are not. The sets are read one after the other, so a packet counted
 // in between can make the reasons' sum briefly exceed the total: 0 then.
-func droppedNoReason(c netpolicy.Counters) uint64 {
+func droppedNoReason(c nft.Counters) uint64 {
 	var reasoned uint64
 	for r, n := range c.ByReason {
 		if r != netpolicy.ReasonSpoofed && r != netpolicy.ReasonInbound {
@@ -678,7 +679,7 @@ func droppedNoReason(c netpolicy.Counters) uint64 {
 }
 
 // Inspect returns a session with its attested set and counters.
-func (e *Daemon) Inspect(name string) (api.SessionInfo, error) {
+func (e *Engine) Inspect(name string) (api.SessionInfo, error) {
 	e.mu.Lock()
 	s, ok := e.sessions[name]
 	e.mu.Unlock()
@@ -689,7 +690,7 @@ func (e *Daemon) Inspect(name string) (api.SessionInfo, error) {
 }
 
 // summary is a session without kernel reads (for list).
-func (e *Daemon) summary(s *liveSession) api.SessionInfo {
+func (e *Engine) summary(s *liveSession) api.SessionInfo {
 	pinned := map[string][]string{}
 	for h, as := range s.rec.Pinned {
 		for _, a := range as {
@@ -765,7 +766,7 @@ func sandboxView(rec SessionRecord) *api.SandboxView {
 }
 
 // info is summary plus the kernel's view: attested set and counters.
-func (e *Daemon) info(s *liveSession) api.SessionInfo {
+func (e *Engine) info(s *liveSession) api.SessionInfo {
 	in := e.summary(s)
 	if !s.hasNIC() {
 		return in
@@ -786,13 +787,13 @@ func (e *Daemon) info(s *liveSession) api.SessionInfo {
 // Events returns a session's recorded events and, with follow, new ones.
 // A removed session's events are readable while its file is kept (serve
 // --events-retention).
-func (e *Daemon) Events(ctx context.Context, name string, follow bool) ([]api.Event, <-chan api.Event, error) {
+func (e *Engine) Events(ctx context.Context, name string, follow bool) ([]api.Event, <-chan api.Event, error) {
 	return e.events.Read(ctx, name, follow)
 }
 
 // AllEvents returns the live sessions' recorded events carrying the label
 // and, with follow, every later event of such a session.
-func (e *Daemon) AllEvents(ctx context.Context, key, value string, follow bool) ([]api.Event, <-chan api.Event, error) {
+func (e *Engine) AllEvents(ctx context.Context, key, value string, follow bool) ([]api.Event, <-chan api.Event, error) {
 	recorded, ch := e.events.ReadAll(ctx, key, value, follow)
 	return recorded, ch, nil
 }
@@ -802,7 +803,7 @@ func (e *Daemon) AllEvents(ctx context.Context, key, value string, follow bool) 
 // address, and the DNS proxy's serve loops run (checked on a daemon made
 // by Open; the process also ends when they stop, but a probe must not
 // answer ok in between).
-func (e *Daemon) Healthy() error {
+func (e *Engine) Healthy() error {
 	if err := e.fw.Check(); err != nil {
 		return err
 	}
@@ -816,7 +817,7 @@ func (e *Daemon) Healthy() error {
 }
 
 // lifecycle records an event the daemon made by itself (adopted, reaped).
-func (e *Daemon) lifecycle(name, action string, detail map[string]any) {
+func (e *Engine) lifecycle(name, action string, detail map[string]any) {
 	ev := api.Event{Time: time.Now().UTC(), Session: name, Kind: api.EventKindLifecycle, Action: action, Detail: detail}
 	e.events.Record(ev)
 	e.logEvent(ev)
@@ -826,7 +827,7 @@ func (e *Daemon) lifecycle(name, action string, detail map[string]any) {
 // socket's peer credentials), detail, and outcome: detail.outcome "ok",
 // or "error" with detail.error the call's one-line error. logAttrs go to
 // the log line only.
-func (e *Daemon) recordCall(ctx context.Context, name, action string, detail map[string]any, err error, logAttrs ...any) {
+func (e *Engine) recordCall(ctx context.Context, name, action string, detail map[string]any, err error, logAttrs ...any) {
 	if detail == nil {
 		detail = map[string]any{}
 	}
@@ -846,7 +847,7 @@ func (e *Daemon) recordCall(ctx context.Context, name, action string, detail map
 // fields (session, action, caller_uid, caller_gid, caller_pid, and the
 // detail's keys in order): under systemd the journal's record of every
 // change.
-func (e *Daemon) logEvent(ev api.Event, extra ...any) {
+func (e *Engine) logEvent(ev api.Event, extra ...any) {
 	attrs := []any{"session", ev.Session, "action", ev.Action}
 	if ev.Caller != nil {
 		attrs = append(attrs, "caller_uid", ev.Caller.UID, "caller_gid", ev.Caller.GID, "caller_pid", ev.Caller.PID)
@@ -917,8 +918,18 @@ func stripScopes(scopes []string) []string {
 	return out
 }
 
-// Record receives the DNS proxy's decisions (dnsproxy.EventSink).
-func (e *Daemon) Record(ev dnsproxy.Event) {
+// dnsEventSink is the DNS proxy's event sink (dnsproxy.EventSink): Open
+// hands it to the proxy, and every decision becomes a dns event of its
+// session.
+type dnsEventSink struct{ e *Engine }
+
+// Record is dnsproxy.EventSink's method: recordDNSDecision.
+func (s dnsEventSink) Record(ev dnsproxy.Event) { s.e.recordDNSDecision(ev) }
+
+// recordDNSDecision turns one of the DNS proxy's decisions into a dns
+// event of its session, remembering an allowed answer's names for the
+// flow events of its addresses.
+func (e *Engine) recordDNSDecision(ev dnsproxy.Event) {
 	detail := map[string]any{"name": ev.Name, "type": ev.Type}
 	if len(ev.Addrs) > 0 {
 		detail["addrs"] = addrStrings(ev.Addrs)
@@ -1004,7 +1015,7 @@ func entryStrings(es []netpolicy.Entry) []string {
 
 // attestedString renders an attested element: "198.18.1.10" or, for a
 // port-constrained name, "198.18.1.10:443/tcp".
-func attestedString(a netpolicy.AttestedAddr) string {
+func attestedString(a nft.AttestedAddr) string {
 	if a.Port == 0 {
 		return a.IP.String()
 	}
@@ -1012,18 +1023,18 @@ func attestedString(a netpolicy.AttestedAddr) string {
 }
 
 // SessionCount is the number of live sessions (for the metrics).
-func (e *Daemon) SessionCount() int {
+func (e *Engine) SessionCount() int {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return len(e.sessions)
 }
 
 // DNSStats are the DNS proxy's counters (for the metrics).
-func (e *Daemon) DNSStats() dnsproxy.Stats { return e.dns.Stats() }
+func (e *Engine) DNSStats() dnsproxy.Stats { return e.dns.Stats() }
 
 // SessionCounters reads every session's counters (for the metrics), in one
 // dump of the counter sets.
-func (e *Daemon) SessionCounters() map[string]netpolicy.Counters {
+func (e *Engine) SessionCounters() map[string]nft.Counters {
 	all, err := e.fw.AllCounters()
 	if err != nil {
 		e.log.Warn("read counters", "err", err)
@@ -1031,7 +1042,7 @@ func (e *Daemon) SessionCounters() map[string]netpolicy.Counters {
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	out := map[string]netpolicy.Counters{}
+	out := map[string]nft.Counters{}
 	for name, s := range e.sessions {
 		if s.hasNIC() {
 			out[name] = all[s.rec.Guest]

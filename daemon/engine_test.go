@@ -9,9 +9,11 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"strings"
 	"testing"
 
 	"github.com/enforcerd/enforcerd/api"
+	"github.com/enforcerd/enforcerd/daemon/metrics"
 )
 
 // TestValidateRequestRootfs: without --images-dir every rootfs is refused
@@ -21,11 +23,11 @@ func TestValidateRequestRootfs(t *testing.T) {
 	if err := os.Mkdir(filepath.Join(img, "bin"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	e := &Daemon{}
+	e := &Engine{}
 	for _, tc := range []struct{ rootfs, want string }{
 		{img, `rootfs "` + img + `": no image directory is configured; the operator must start serve with --images-dir DIR to allow sandboxes`},
 		{"/", `rootfs "/": no image directory is configured; the operator must start serve with --images-dir DIR to allow sandboxes`},
-		{"rel", `rootfs "rel": give an absolute directory`},
+		{"rel", `rootfs "rel": want an absolute directory`},
 		{"/nonexistent", `rootfs "/nonexistent": no image directory is configured; the operator must start serve with --images-dir DIR to allow sandboxes`},
 	} {
 		req := api.CreateRequest{Name: "s1", Rootfs: tc.rootfs}
@@ -43,12 +45,8 @@ func TestValidateRequestRootfs(t *testing.T) {
 // TestValidateRequestSandboxResources: a sandbox limit the container layer
 // would refuse is a bad request with its text, before anything is made.
 func TestValidateRequestSandboxResources(t *testing.T) {
-	images := t.TempDir()
-	img := filepath.Join(images, "img")
-	if err := os.MkdirAll(filepath.Join(img, "bin"), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	e := &Daemon{cfg: Config{ImagesDirs: []string{images}}}
+	images, img := testImage(t) // a root-owned image as any user
+	e := &Engine{cfg: Config{ImagesDirs: []string{images}}}
 	for _, tc := range []struct {
 		req  api.CreateRequest
 		want string
@@ -73,7 +71,7 @@ func TestValidateRequestSandboxResources(t *testing.T) {
 // TestValidateRequestNetworkOnlySandboxFields: the daemon refuses what the
 // CLI refuses, for API callers: a 400 naming the field and the flag.
 func TestValidateRequestNetworkOnlySandboxFields(t *testing.T) {
-	e := &Daemon{}
+	e := &Engine{}
 	for _, tc := range []struct {
 		req         api.CreateRequest
 		field, flag string
@@ -103,7 +101,7 @@ func TestValidateRequestNetworkOnlySandboxFields(t *testing.T) {
 // and the resolver of a session with a NIC; a --network-only session shows
 // no sandbox fields at all.
 func TestSummaryShowsWhatTheSessionHolds(t *testing.T) {
-	e := &Daemon{dnsAddr: netip.MustParseAddr("10.20.255.254")}
+	e := &Engine{dnsAddr: netip.MustParseAddr("10.20.255.254")}
 	render := func(rec SessionRecord) map[string]any {
 		t.Helper()
 		b, err := json.Marshal(e.summary(&liveSession{rec: rec}))
@@ -150,6 +148,7 @@ func TestSummaryShowsWhatTheSessionHolds(t *testing.T) {
 // retry, not api.ErrNameTaken; the create metric counts it as busy.
 func TestBusyIsNotNameTaken(t *testing.T) {
 	w := newWorld(t)
+	w.d.metrics = metrics.New("test", "")
 	if _, err := w.d.reserve("b1", false); err != nil {
 		t.Fatal(err)
 	}
@@ -157,8 +156,12 @@ func TestBusyIsNotNameTaken(t *testing.T) {
 	if !errors.Is(err, api.ErrBusy) || errors.Is(err, api.ErrNameTaken) || api.CodeOf(err) != api.CodeBusy {
 		t.Errorf("create during another operation on the name: %v (code %s), want api.ErrBusy only", err, api.CodeOf(err))
 	}
-	if got := failureReason(err); got != "busy" {
-		t.Errorf("failureReason = %q, want busy", got)
+	var scrape strings.Builder
+	if err := w.d.metrics.WriteText(&scrape); err != nil {
+		t.Fatal(err)
+	}
+	if line := `enforcerd_session_create_failures_total{reason="busy"} 1`; !strings.Contains(scrape.String(), line) {
+		t.Errorf("the scrape has no %s:\n%s", line, scrape.String())
 	}
 	w.d.release("b1")
 	if _, err := w.d.Create(context.Background(), api.CreateRequest{Name: "b1", NetworkOnly: true}); err != nil {

@@ -65,14 +65,14 @@ func (h *heldWatch) done(key string) {
 	h.mu.Unlock()
 }
 
-func (e *Daemon) execRoot() string               { return filepath.Join(e.cfg.StateDir, "execs") }
-func (e *Daemon) execDir(name, id string) string { return filepath.Join(e.execRoot(), name, id) }
+func (e *Engine) execRoot() string               { return filepath.Join(e.cfg.StateDir, "execs") }
+func (e *Engine) execDir(name, id string) string { return filepath.Join(e.execRoot(), name, id) }
 
 // Exec starts a command in a session's sandbox and returns at once. Its
 // end is an event with the caller, its args and exit status: exec (the
 // command ran, was killed or did not start), exec_timeout or oom; a start
 // refused is an exec event with the error.
-func (e *Daemon) Exec(ctx context.Context, name string, req api.ExecRequest) (info api.ExecInfo, err error) {
+func (e *Engine) Exec(ctx context.Context, name string, req api.ExecRequest) (info api.ExecInfo, err error) {
 	defer func() {
 		if err != nil {
 			e.recordCall(ctx, name, "exec", map[string]any{"args": req.Args, "exit": api.ExitEnforcerd}, err)
@@ -94,7 +94,7 @@ func (e *Daemon) Exec(ctx context.Context, name string, req api.ExecRequest) (in
 	if req.Timeout != "" {
 		d, err := time.ParseDuration(req.Timeout)
 		if err != nil || d <= 0 {
-			return info, badRequest(fmt.Errorf("timeout %q: give a positive duration such as 30s", req.Timeout))
+			return info, badRequest(fmt.Errorf("timeout %q: want a positive duration such as 30s", req.Timeout))
 		}
 		timeout = d
 	}
@@ -170,7 +170,7 @@ func lastFrame(st container.HeldStatus) api.ExecFrame {
 
 // finishExec records the end event of an exec once (a marker file keeps
 // a restarted daemon from recording it again).
-func (e *Daemon) finishExec(ctx context.Context, name, id string) {
+func (e *Engine) finishExec(ctx context.Context, name, id string) {
 	e.finishMu.Lock() // the holder's watcher and a stream's end may both get here
 	defer e.finishMu.Unlock()
 	key := name + "/" + id
@@ -213,7 +213,7 @@ func (e *Daemon) finishExec(ctx context.Context, name, id string) {
 // running execs of live sessions (their holders are no longer this
 // daemon's children), records the ends it missed while down, and stops
 // and removes the execs of sessions that are gone.
-func (e *Daemon) adoptExecs() {
+func (e *Engine) adoptExecs() {
 	sessions, err := os.ReadDir(e.execRoot())
 	if err != nil {
 		return
@@ -260,7 +260,7 @@ func (e *Daemon) adoptExecs() {
 
 // removeExecs stops the holders of a session's execs (their commands died
 // with the sandbox, or die now) and removes their directories.
-func (e *Daemon) removeExecs(name string) error {
+func (e *Engine) removeExecs(name string) error {
 	root := filepath.Join(e.execRoot(), name)
 	ids, err := os.ReadDir(root)
 	if errors.Is(err, os.ErrNotExist) {
@@ -280,7 +280,7 @@ func (e *Daemon) removeExecs(name string) error {
 }
 
 // execDirOf is the directory of a live session's exec.
-func (e *Daemon) execDirOf(name, id string) (string, error) {
+func (e *Engine) execDirOf(name, id string) (string, error) {
 	e.mu.Lock()
 	_, ok := e.sessions[name]
 	e.mu.Unlock()
@@ -297,7 +297,7 @@ func (e *Daemon) execDirOf(name, id string) (string, error) {
 	return dir, nil
 }
 
-func (e *Daemon) execInfo(name, id string) (api.ExecInfo, error) {
+func (e *Engine) execInfo(name, id string) (api.ExecInfo, error) {
 	dir, err := e.execDirOf(name, id)
 	if err != nil {
 		return api.ExecInfo{}, err
@@ -323,10 +323,10 @@ func (e *Daemon) execInfo(name, id string) (api.ExecInfo, error) {
 }
 
 // InspectExec is one exec of a session.
-func (e *Daemon) InspectExec(name, id string) (api.ExecInfo, error) { return e.execInfo(name, id) }
+func (e *Engine) InspectExec(name, id string) (api.ExecInfo, error) { return e.execInfo(name, id) }
 
 // ListExecs is every exec of a session, oldest first.
-func (e *Daemon) ListExecs(name string) ([]api.ExecInfo, error) {
+func (e *Engine) ListExecs(name string) ([]api.ExecInfo, error) {
 	e.mu.Lock()
 	_, ok := e.sessions[name]
 	e.mu.Unlock()
@@ -346,7 +346,7 @@ func (e *Daemon) ListExecs(name string) ([]api.ExecInfo, error) {
 
 // KillExec stops a running exec (its holder kills the command's process
 // group) and returns it ended.
-func (e *Daemon) KillExec(name, id string) (api.ExecInfo, error) {
+func (e *Engine) KillExec(name, id string) (api.ExecInfo, error) {
 	dir, err := e.execDirOf(name, id)
 	if err != nil {
 		return api.ExecInfo{}, err
@@ -357,7 +357,7 @@ func (e *Daemon) KillExec(name, id string) (api.ExecInfo, error) {
 
 // ExecOutput sends an exec's frames from offset on, then its last frame
 // once it ended; with follow it waits for more until then (or ctx ends).
-func (e *Daemon) ExecOutput(ctx context.Context, name, id string, offset int64, follow bool, fn func(api.ExecFrame) error) error {
+func (e *Engine) ExecOutput(ctx context.Context, name, id string, offset int64, follow bool, fn func(api.ExecFrame) error) error {
 	dir, err := e.execDirOf(name, id)
 	if err != nil {
 		return err
@@ -373,7 +373,7 @@ func (e *Daemon) ExecOutput(ctx context.Context, name, id string, offset int64, 
 			return fmt.Errorf("exec %q of session %q: %w", id, name, err)
 		}
 		if !ok {
-			return badRequest(fmt.Errorf("offset %d: not the offset of a frame of exec %s (give 0 or a frame's offset)", offset, id))
+			return badRequest(fmt.Errorf("offset %d: not the offset of a frame of exec %s (want 0 or a frame's offset)", offset, id))
 		}
 	}
 	off := offset

@@ -5,7 +5,7 @@ import (
 	"strings"
 	"sync"
 
-	"github.com/enforcerd/enforcerd/netpolicy"
+	"github.com/enforcerd/enforcerd/netpolicy/nft"
 )
 
 // ReasonExpired is the reason of a dropped flow (an event's detail.reason,
@@ -56,7 +56,7 @@ func (n *attestNames) remember(session, name, qtype string, addrs []netip.Addr) 
 	}
 	limit := n.max
 	if limit <= 0 {
-		limit = netpolicy.DefaultMaxAttested
+		limit = nft.DefaultMaxAttested
 	}
 	for _, a := range addrs {
 		a = a.Unmap()

@@ -21,6 +21,7 @@ import (
 	"github.com/enforcerd/enforcerd/container"
 	"github.com/enforcerd/enforcerd/dnsproxy"
 	"github.com/enforcerd/enforcerd/netpolicy"
+	"github.com/enforcerd/enforcerd/netpolicy/nft"
 	"github.com/enforcerd/enforcerd/nsmgr"
 )
 
@@ -231,16 +232,16 @@ func (f *fakeNetwork) render() []string {
 // that pointed at it, as the real table's RemoveSession does.
 type fakeFirewall struct {
 	in    *injector
-	rules map[netip.Addr]netpolicy.SessionRules
+	rules map[netip.Addr]nft.SessionRules
 	// attested is what Attested lists; lastUpdate the last UpdateSession's
 	// argument.
-	attested   map[netip.Addr][]netpolicy.AttestedAddr
-	lastUpdate netpolicy.SessionUpdate
+	attested   map[netip.Addr][]nft.AttestedAddr
+	lastUpdate nft.SessionUpdate
 	// cut is what CutFlows says it cut.
-	cut []netpolicy.CutFlow
+	cut []nft.CutFlow
 }
 
-func (f *fakeFirewall) AddSession(r netpolicy.SessionRules) error {
+func (f *fakeFirewall) AddSession(r nft.SessionRules) error {
 	if err := f.in.enter(callFwAdd); err != nil {
 		return err
 	}
@@ -251,7 +252,7 @@ func (f *fakeFirewall) AddSession(r netpolicy.SessionRules) error {
 	return nil
 }
 
-func (f *fakeFirewall) RemoveSession(r netpolicy.SessionRules) error {
+func (f *fakeFirewall) RemoveSession(r nft.SessionRules) error {
 	if err := f.in.enter(callFwRemove); err != nil {
 		return err
 	}
@@ -268,10 +269,10 @@ func (f *fakeFirewall) remove(guest netip.Addr) {
 	}
 }
 
-func (f *fakeFirewall) Sessions() ([]netpolicy.SessionKey, error) {
-	var out []netpolicy.SessionKey
+func (f *fakeFirewall) Sessions() ([]nft.SessionKey, error) {
+	var out []nft.SessionKey
 	for _, r := range f.rules {
-		out = append(out, netpolicy.SessionKey{HostIface: r.HostIface, Guest: r.Guest})
+		out = append(out, nft.SessionKey{HostIface: r.HostIface, Guest: r.Guest})
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Guest.Less(out[j].Guest) })
 	return out, nil
@@ -286,17 +287,17 @@ func (f *fakeFirewall) PruneGuests(gone func(netip.Addr) bool) (int, error) {
 	return 0, nil
 }
 
-func (f *fakeFirewall) Attested(g netip.Addr) ([]netpolicy.AttestedAddr, error) {
+func (f *fakeFirewall) Attested(g netip.Addr) ([]nft.AttestedAddr, error) {
 	return f.attested[g], nil
 }
-func (f *fakeFirewall) AllAttested() (map[netip.Addr][]netpolicy.AttestedAddr, error) {
+func (f *fakeFirewall) AllAttested() (map[netip.Addr][]nft.AttestedAddr, error) {
 	return nil, nil
 }
-func (f *fakeFirewall) Counters(netip.Addr) (netpolicy.Counters, error) {
-	return netpolicy.Counters{}, nil
+func (f *fakeFirewall) Counters(netip.Addr) (nft.Counters, error) {
+	return nft.Counters{}, nil
 }
-func (f *fakeFirewall) AllCounters() (map[netip.Addr]netpolicy.Counters, error) { return nil, nil }
-func (f *fakeFirewall) Check() error                                            { return nil }
+func (f *fakeFirewall) AllCounters() (map[netip.Addr]nft.Counters, error) { return nil, nil }
+func (f *fakeFirewall) Check() error                                      { return nil }
 
 func (f *fakeFirewall) render() []string {
 	var out []string

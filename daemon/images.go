@@ -29,7 +29,7 @@ const ImageStoreDir = "images"
 var errNoImageStore = errors.New("this daemon has no image store")
 
 // ImportImage unpacks an image archive into the store (container.ImageStore.Import).
-func (e *Daemon) ImportImage(ctx context.Context, name, source string, archive io.Reader) (api.ImageInfo, error) {
+func (e *Engine) ImportImage(ctx context.Context, name, source string, archive io.Reader) (api.ImageInfo, error) {
 	if e.images == nil {
 		return api.ImageInfo{}, errNoImageStore
 	}
@@ -67,7 +67,7 @@ func callerUID(ctx context.Context) any {
 }
 
 // ListImages lists the store's images with the sessions using each.
-func (e *Daemon) ListImages() ([]api.ImageInfo, error) {
+func (e *Engine) ListImages() ([]api.ImageInfo, error) {
 	if e.images == nil {
 		return []api.ImageInfo{}, nil
 	}
@@ -86,7 +86,7 @@ func (e *Daemon) ListImages() ([]api.ImageInfo, error) {
 
 // RemoveImage removes an image no session uses and no create in flight
 // names; the refusal names the sessions.
-func (e *Daemon) RemoveImage(ctx context.Context, name string) error {
+func (e *Engine) RemoveImage(ctx context.Context, name string) error {
 	if e.images == nil {
 		return errNoImageStore
 	}
@@ -118,7 +118,7 @@ func (e *Daemon) RemoveImage(ctx context.Context, name string) error {
 
 // imageRootfs resolves a create's image to its rootfs (the grant is
 // checked after, as for any rootfs).
-func (e *Daemon) imageRootfs(name string) (string, error) {
+func (e *Engine) imageRootfs(name string) (string, error) {
 	if e.images == nil {
 		return "", badRequest(fmt.Errorf("image %q: %w", name, errNoImageStore))
 	}
@@ -131,7 +131,7 @@ func (e *Daemon) imageRootfs(name string) (string, error) {
 // imageUsersLocked names the sessions (and creates in flight) whose
 // sandbox runs from the image: their rootfs is inside the image's
 // directory, however they named it (--image or --rootfs). e.mu held.
-func (e *Daemon) imageUsersLocked(name string) []string {
+func (e *Engine) imageUsersLocked(name string) []string {
 	dirs := []string{filepath.Join(e.images.Dir, name)}
 	if real, err := filepath.EvalSymlinks(dirs[0]); err == nil && real != dirs[0] {
 		dirs = append(dirs, real)
@@ -161,7 +161,7 @@ func (e *Daemon) imageUsersLocked(name string) []string {
 
 // claimRootfs records a create's rootfs as in use, once it is reserved: a
 // removal that came first has taken the image away, and the create fails.
-func (e *Daemon) claimRootfs(name, rootfs string) error {
+func (e *Engine) claimRootfs(name, rootfs string) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if _, err := filepath.EvalSymlinks(rootfs); err != nil {
@@ -171,7 +171,7 @@ func (e *Daemon) claimRootfs(name, rootfs string) error {
 	return nil
 }
 
-func (e *Daemon) imageInfo(m container.ImageMeta, users []string) api.ImageInfo {
+func (e *Engine) imageInfo(m container.ImageMeta, users []string) api.ImageInfo {
 	return api.ImageInfo{
 		Name: m.Name, Digest: m.Digest, Format: m.Format, Source: m.Source, Imported: m.Imported,
 		Layers: m.Layers, SizeBytes: m.SizeBytes, SkippedDevices: m.SkippedDevices,

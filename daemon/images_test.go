@@ -15,7 +15,7 @@ import (
 
 // imageDaemon is a daemon with an image store holding the image "box" (made
 // by hand: the import itself is the container package's, tested there).
-func imageDaemon(t *testing.T) *Daemon {
+func imageDaemon(t *testing.T) *Engine {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		if os.Getenv("CI") == "true" {
@@ -114,8 +114,8 @@ func TestValidateRequestImageExclusive(t *testing.T) {
 		req  api.CreateRequest
 		want string
 	}{
-		{api.CreateRequest{Name: "s1", Image: "box", Rootfs: "/x"}, `image "box": give exactly one of --rootfs DIR, --image NAME or --network-only`},
-		{api.CreateRequest{Name: "s1", Image: "box", NetworkOnly: true}, `image "box": give exactly one of --rootfs DIR, --image NAME or --network-only`},
+		{api.CreateRequest{Name: "s1", Image: "box", Rootfs: "/x"}, `image "box": want exactly one of --rootfs DIR, --image NAME or --network-only`},
+		{api.CreateRequest{Name: "s1", Image: "box", NetworkOnly: true}, `image "box": want exactly one of --rootfs DIR, --image NAME or --network-only`},
 		{api.CreateRequest{Name: "s1", Image: "box", NetnsPath: "/run/netns/x"}, `netns_path "/run/netns/x": a session attached to a netns has no sandbox; leave out rootfs and image`},
 		{api.CreateRequest{Name: "s1", Image: "Box"}, `image name "Box": want 1 to 63 of a-z, 0-9, '.', '_' and '-', starting with a letter or digit (e.g. python-3.12-slim)`},
 	} {

@@ -12,8 +12,12 @@ import (
 	"github.com/vishvananda/netns"
 
 	"github.com/enforcerd/enforcerd/container"
+	"github.com/enforcerd/enforcerd/daemon/eventlog"
+	"github.com/enforcerd/enforcerd/daemon/metrics"
 	"github.com/enforcerd/enforcerd/dnsproxy"
+	"github.com/enforcerd/enforcerd/doctor"
 	"github.com/enforcerd/enforcerd/netpolicy"
+	"github.com/enforcerd/enforcerd/netpolicy/nft"
 	"github.com/enforcerd/enforcerd/nsmgr"
 )
 
@@ -25,7 +29,7 @@ const upstreamTimeout = 2 * time.Second
 // order that changes nothing of a host it should not serve (foreign links
 // are refused before the first kernel change), and returns the daemon
 // over them. It does not reconcile: call Reconcile next.
-func Open(cfg Config, log *slog.Logger, metrics *Metrics) (_ *Daemon, err error) {
+func Open(cfg Config, log *slog.Logger, reg *metrics.Registry) (_ *Engine, err error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
@@ -35,8 +39,8 @@ func Open(cfg Config, log *slog.Logger, metrics *Metrics) (_ *Daemon, err error)
 	}
 	var (
 		nets         *nsmgr.Manager
-		fw           *netpolicy.Firewall
-		drops        *netpolicy.DropLog
+		fw           *nft.Firewall
+		drops        *nft.DropLog
 		sweep, swept chan struct{} // stop and done of sweepRefreshed
 	)
 	closeAll := func() {
@@ -66,7 +70,7 @@ func Open(cfg Config, log *slog.Logger, metrics *Metrics) (_ *Daemon, err error)
 	}
 	// What a `doctor --datapath` killed mid-way left (its own prefix, never
 	// this daemon's): not fatal, the next start or reap tries again.
-	runs, rerr := ReapDatapathRuns(cfg.StateDir, host)
+	runs, rerr := doctor.ReapDatapathRuns(cfg.StateDir, host)
 	for _, p := range runs {
 		log.Info("removed what a killed doctor --datapath left", "prefix", p)
 	}
@@ -93,7 +97,7 @@ func Open(cfg Config, log *slog.Logger, metrics *Metrics) (_ *Daemon, err error)
 	if err != nil {
 		return nil, err
 	}
-	fw, err = netpolicy.OpenFirewall(netpolicy.FirewallConfig{
+	fw, err = nft.OpenFirewall(nft.FirewallConfig{
 		NetNS: host, Prefix: cfg.NamePrefix, Pool: cfg.Pool, DNSAddr: dnsAddr,
 		Guard: guard, AttestFloor: cfg.DNSMinTTL, AttestMaxLifetime: cfg.AttestMaxLifetime,
 		MaxFlows: cfg.MaxFlows, FlowRate: cfg.FlowRate, MaxAttested: cfg.MaxAttested,
@@ -131,15 +135,15 @@ func Open(cfg Config, log *slog.Logger, metrics *Metrics) (_ *Daemon, err error)
 		return nil, err
 	}
 	cfg.ImagesDirs = append([]string{images.Dir}, cfg.ImagesDirs...)
-	events, err := OpenEventLog(filepath.Join(cfg.StateDir, "events"), 0,
-		EventStoreOptions{Retention: cfg.EventsRetention, Log: log})
+	events, err := eventlog.Open(filepath.Join(cfg.StateDir, "events"), 0,
+		eventlog.StoreOptions{Retention: cfg.EventsRetention, Log: log})
 	if err != nil {
 		return nil, err
 	}
 	d := New(cfg, Parts{
 		Network: nets, Firewall: fw, Sandboxes: boxes, Guard: guard,
 		Pin: upstreamResolver(cfg.Upstreams, upstreamTimeout), DNSAddr: dnsAddr,
-		Store: store, Events: events, Log: log, Metrics: metrics, Close: closeAll, Images: images,
+		Store: store, Events: events, Log: log, Metrics: reg, Close: closeAll, Images: images,
 	})
 	proxy, err := dnsproxy.New(dnsproxy.Config{
 		Upstreams: cfg.Upstreams,
@@ -147,7 +151,7 @@ func Open(cfg Config, log *slog.Logger, metrics *Metrics) (_ *Daemon, err error)
 		MinTTL:    cfg.DNSMinTTL,
 		Guard:     guard,
 		Attester:  fw,
-		Events:    d,
+		Events:    dnsEventSink{d},
 		Logger:    log,
 	})
 	if err != nil {
@@ -168,8 +172,8 @@ func Open(cfg Config, log *slog.Logger, metrics *Metrics) (_ *Daemon, err error)
 
 // sweepRefreshed ends, every period until stop is closed, the refreshes
 // of attested addresses past the maximum lifetime (or revoked, or of
-// removed sessions): see netpolicy.Firewall.SweepRefreshed.
-func sweepRefreshed(fw *netpolicy.Firewall, period time.Duration, stop <-chan struct{}, log *slog.Logger) {
+// removed sessions): see nft.Firewall.SweepRefreshed.
+func sweepRefreshed(fw *nft.Firewall, period time.Duration, stop <-chan struct{}, log *slog.Logger) {
 	t := time.NewTicker(period)
 	defer t.Stop()
 	for {
@@ -191,7 +195,7 @@ func sweepRefreshed(fw *netpolicy.Firewall, period time.Duration, stop <-chan st
 // sockets are bound here, on the anycast address, port 53; the service
 // manager passes its own (socket activation) so that queries sent while
 // the daemon restarts wait in them. Only a daemon made by Open has a proxy.
-func (e *Daemon) ListenDNS(udp net.PacketConn, tcp net.Listener) (serve func() error, err error) {
+func (e *Engine) ListenDNS(udp net.PacketConn, tcp net.Listener) (serve func() error, err error) {
 	if e.proxy == nil {
 		return nil, fmt.Errorf("listen dns: this daemon has no DNS proxy")
 	}
@@ -211,7 +215,7 @@ func (e *Daemon) ListenDNS(udp net.PacketConn, tcp net.Listener) (serve func() e
 }
 
 // shutdownDNS stops the proxy's listeners, waiting at most 2 s.
-func (e *Daemon) shutdownDNS() {
+func (e *Engine) shutdownDNS() {
 	if e.proxy == nil {
 		return
 	}

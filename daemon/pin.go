@@ -17,7 +17,7 @@ import (
 // upstream resolvers, IPv4 only (sessions are IPv4-only). A host with no
 // public IPv4 address fails the whole create, naming the host: pinning never
 // falls back to anything wider.
-func (e *Daemon) resolvePins(ctx context.Context, p netpolicy.Policy) (map[string][]netip.Addr, error) {
+func (e *Engine) resolvePins(ctx context.Context, p netpolicy.Policy) (map[string][]netip.Addr, error) {
 	pinned := map[string][]netip.Addr{}
 	for _, ent := range p.Allow {
 		if ent.Kind != netpolicy.KindHost {

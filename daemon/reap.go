@@ -12,7 +12,9 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/enforcerd/enforcerd/container"
+	"github.com/enforcerd/enforcerd/doctor"
 	"github.com/enforcerd/enforcerd/netpolicy"
+	"github.com/enforcerd/enforcerd/netpolicy/nft"
 	"github.com/enforcerd/enforcerd/nsmgr"
 )
 
@@ -28,7 +30,7 @@ func Reap(prefix, stateDir string, pool netip.Prefix, log *slog.Logger) error {
 	defer host.Close()
 	var errs []error
 	// What a `doctor --datapath` killed mid-way left (its own prefix).
-	runs, err := ReapDatapathRuns(stateDir, host)
+	runs, err := doctor.ReapDatapathRuns(stateDir, host)
 	for _, p := range runs {
 		log.Info("removed what a killed doctor --datapath left", "prefix", p)
 	}
@@ -61,7 +63,7 @@ func Reap(prefix, stateDir string, pool netip.Prefix, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	fw, err := netpolicy.OpenFirewall(netpolicy.FirewallConfig{NetNS: host, Prefix: prefix, Pool: pool, DNSAddr: nets.DNSAddr(), Guard: guard})
+	fw, err := nft.OpenFirewall(nft.FirewallConfig{NetNS: host, Prefix: prefix, Pool: pool, DNSAddr: nets.DNSAddr(), Guard: guard})
 	if err != nil {
 		errs = append(errs, err)
 	} else {

@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"net/netip"
 
-	"github.com/enforcerd/enforcerd/netpolicy"
+	"github.com/enforcerd/enforcerd/netpolicy/nft"
 	"github.com/enforcerd/enforcerd/nsmgr"
 )
 
@@ -12,7 +12,7 @@ import (
 // sandbox survived, and reaps everything partial or orphaned (one log line
 // each). It never flushes the table: adopted sessions keep their attested
 // elements.
-func (e *Daemon) Reconcile() error {
+func (e *Engine) Reconcile() error {
 	recs, bad, err := e.state.LoadAllReport()
 	if err != nil {
 		return err
@@ -49,7 +49,7 @@ func (e *Daemon) Reconcile() error {
 		if why != "" {
 			e.log.Warn("reaping partial session", "session", rec.Name, "reason", why)
 			e.lifecycle(rec.Name, "reaped", map[string]any{"reason": why})
-			if err := e.teardown(rec, netpolicy.SessionRules{Name: rec.Name, HostIface: rec.HostIface, Guest: rec.Guest}); err != nil {
+			if err := e.teardown(rec, nft.SessionRules{Name: rec.Name, HostIface: rec.HostIface, Guest: rec.Guest}); err != nil {
 				e.log.Error("reap partial session", "session", rec.Name, "err", err)
 			}
 			continue
@@ -102,7 +102,7 @@ func (e *Daemon) Reconcile() error {
 
 // missingPart names the part of a recorded session that is gone ("its
 // netns is gone"), or "" when every part survived.
-func (e *Daemon) missingPart(rec SessionRecord, nets map[string]nsmgr.Session, inTable map[netip.Addr]bool) string {
+func (e *Engine) missingPart(rec SessionRecord, nets map[string]nsmgr.Session, inTable map[netip.Addr]bool) string {
 	n, ok := nets[rec.Name]
 	switch {
 	case !ok:
@@ -120,7 +120,7 @@ func (e *Daemon) missingPart(rec SessionRecord, nets map[string]nsmgr.Session, i
 // adopt rebuilds a surviving session's in-memory state, re-applies its
 // static rules (idempotent) and registers it with the DNS proxy. Its error
 // says why the session cannot be kept.
-func (e *Daemon) adopt(rec SessionRecord) error {
+func (e *Engine) adopt(rec SessionRecord) error {
 	p, err := e.buildPolicy(rec.Request)
 	if err != nil {
 		return fmt.Errorf("its recorded policy no longer validates: %v", err)

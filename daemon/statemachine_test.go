@@ -20,12 +20,14 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/enforcerd/enforcerd/api"
 	"github.com/enforcerd/enforcerd/container"
 	"github.com/enforcerd/enforcerd/dnsproxy"
 	"github.com/enforcerd/enforcerd/netpolicy"
+	"github.com/enforcerd/enforcerd/netpolicy/nft"
 	"github.com/enforcerd/enforcerd/nsmgr"
 )
 
@@ -49,7 +51,9 @@ type world struct {
 	fw       *fakeFirewall
 	boxes    *fakeSandboxes
 	dns      *fakeResolver // the running daemon's (a restart gets a new one)
-	d        *Daemon
+	d        *Engine
+
+	eventsSkew atomic.Int64 // how far the persisted events' clock is ahead (restartPersisted)
 }
 
 func newWorld(t *testing.T) *world {
@@ -58,7 +62,7 @@ func newWorld(t *testing.T) *world {
 	w := &world{
 		t: t, stateDir: t.TempDir(), in: in,
 		nets:  &fakeNetwork{in: in, prefix: smPrefix, pool: smPool, netns: map[string]nsmgr.Session{}},
-		fw:    &fakeFirewall{in: in, rules: map[netip.Addr]netpolicy.SessionRules{}},
+		fw:    &fakeFirewall{in: in, rules: map[netip.Addr]nft.SessionRules{}},
 		boxes: &fakeSandboxes{in: in, boxes: map[string]container.Spec{}},
 	}
 	w.images, w.image = testImage(t)

@@ -9,14 +9,16 @@ import (
 	"slices"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/enforcerd/enforcerd/api"
 	"github.com/enforcerd/enforcerd/netpolicy"
+	"github.com/enforcerd/enforcerd/netpolicy/nft"
 	"github.com/enforcerd/enforcerd/nsmgr"
-	"golang.org/x/sys/unix"
 )
 
 // errEgressNoneUpdate refuses an update to egress none.
-var errEgressNoneUpdate = badRequest(errors.New("egress none: a session's egress cannot change to none (it has a network interface); give egress allowlist with no entries to cut all egress"))
+var errEgressNoneUpdate = badRequest(errors.New("egress none: a session's egress cannot change to none (it has a network interface); want egress allowlist with no entries to cut all egress"))
 
 // UpdatePolicy changes a running session's policy: PATCH (replace false)
 // adds and revokes entries, PUT (replace true) gives the whole new policy.
@@ -32,7 +34,7 @@ var errEgressNoneUpdate = badRequest(errors.New("egress none: a session's egress
 // A crash after the write-ahead record is completed by the next start's
 // adopt (it re-applies the update), so the restarted daemon enforces the
 // old policy (crash before the record) or the new one, never a mix.
-func (e *Daemon) UpdatePolicy(ctx context.Context, name string, u api.PolicyUpdate, replace bool) (info api.SessionInfo, err error) {
+func (e *Engine) UpdatePolicy(ctx context.Context, name string, u api.PolicyUpdate, replace bool) (info api.SessionInfo, err error) {
 	recorded := false
 	defer func() {
 		if err != nil && !recorded {
@@ -101,7 +103,7 @@ func (e *Daemon) UpdatePolicy(ctx context.Context, name string, u api.PolicyUpda
 	rec.Pending = &PendingUpdate{Request: s.rec.Request, Pinned: s.rec.Pinned, Peers: s.rec.Peers, KeepEstablished: u.KeepEstablished}
 	next := &liveSession{rec: rec, policy: policy}
 	next.rules = e.sessionRules(rec, policy, peerGuests(peers))
-	upd := netpolicy.SessionUpdate{Old: s.rules, New: next.rules}
+	upd := nft.SessionUpdate{Old: s.rules, New: next.rules}
 
 	if err := e.state.Save(rec); err != nil {
 		return info, fmt.Errorf("update policy of %s: write the record ahead: %w", name, err)
@@ -177,15 +179,15 @@ func (e *Daemon) UpdatePolicy(ctx context.Context, name string, u api.PolicyUpda
 // updatedRequest is the session's request with the update's policy
 // fields: the whole policy (replace) or the current one with additions and
 // revocations. A revocation of an entry the policy lacks is refused.
-func (e *Daemon) updatedRequest(s *liveSession, u api.PolicyUpdate, replace bool) (api.CreateRequest, error) {
+func (e *Engine) updatedRequest(s *liveSession, u api.PolicyUpdate, replace bool) (api.CreateRequest, error) {
 	req := s.rec.Request
 	if replace {
 		if len(u.RevokeInboundFromHost) > 0 {
-			return req, badRequest(errors.New("revoke_inbound_from_host has no meaning when the policy is replaced (PUT, --replace): give the whole new inbound_from_host"))
+			return req, badRequest(errors.New("revoke_inbound_from_host has no meaning when the policy is replaced (PUT, --replace): want the whole new inbound_from_host"))
 		}
 		req.InboundFromHost = slices.Clone(u.InboundFromHost)
 		if len(u.Revoke) > 0 || len(u.RevokeLabPeers) > 0 || len(u.RevokeDeny) > 0 {
-			return req, badRequest(errors.New("revoke, revoke_lab_peers and revoke_deny have no meaning when the policy is replaced (PUT, --replace): give the whole new policy"))
+			return req, badRequest(errors.New("revoke, revoke_lab_peers and revoke_deny have no meaning when the policy is replaced (PUT, --replace): want the whole new policy"))
 		}
 		req.Allow, req.Scope, req.LabPeers, req.Egress = slices.Clone(u.Allow), slices.Clone(u.Scope), slices.Clone(u.LabPeers), u.Egress
 		req.Deny, req.OnDeny = slices.Clone(u.Deny), u.OnDeny
@@ -269,7 +271,7 @@ func listOrNone(ss []string) string {
 
 // repin keeps the pinned addresses of the hosts the new policy still
 // names and resolves the hosts it adds.
-func (e *Daemon) repin(ctx context.Context, p netpolicy.Policy, old map[string][]netip.Addr) (map[string][]netip.Addr, error) {
+func (e *Engine) repin(ctx context.Context, p netpolicy.Policy, old map[string][]netip.Addr) (map[string][]netip.Addr, error) {
 	var fresh netpolicy.Policy
 	out := map[string][]netip.Addr{}
 	for _, ent := range p.Allow {
@@ -293,7 +295,7 @@ func (e *Daemon) repin(ctx context.Context, p netpolicy.Policy, old map[string][
 // What the old policy's names attested is unknown after a restart, so
 // every attested element of the session is removed (the new policy's
 // names attest again at their next query), and its flows are cut.
-func (e *Daemon) finishPending(s *liveSession) error {
+func (e *Engine) finishPending(s *liveSession) error {
 	p := s.rec.Pending
 	oldPolicy, err := e.buildPolicy(p.Request)
 	if err != nil {
@@ -301,7 +303,7 @@ func (e *Daemon) finishPending(s *liveSession) error {
 	}
 	oldRec := s.rec
 	oldRec.Request, oldRec.Pinned, oldRec.Peers = p.Request, p.Pinned, p.Peers
-	upd := netpolicy.SessionUpdate{Old: e.sessionRules(oldRec, oldPolicy, peerGuests(p.Peers)), New: s.rules}
+	upd := nft.SessionUpdate{Old: e.sessionRules(oldRec, oldPolicy, peerGuests(p.Peers)), New: s.rules}
 	if all, err := e.attestedElements(s.rec.Guest); err == nil {
 		upd.Stale = all
 	}
@@ -331,7 +333,7 @@ func (e *Daemon) finishPending(s *liveSession) error {
 // (ECONNABORTED) instead of waiting for its own timeout. An ICMP error
 // would not do: to an established Linux socket it is only a soft error.
 // It returns how many flows were cut and how many sockets aborted.
-func (e *Daemon) cutFlows(rec SessionRecord, upd netpolicy.SessionUpdate) (cut, aborted int, err error) {
+func (e *Engine) cutFlows(rec SessionRecord, upd nft.SessionUpdate) (cut, aborted int, err error) {
 	flows, err := e.fw.CutFlows(upd)
 	if err != nil {
 		err = fmt.Errorf("its established flows may survive: %w", err)
@@ -351,7 +353,7 @@ func (e *Daemon) cutFlows(rec SessionRecord, upd netpolicy.SessionUpdate) (cut, 
 
 // attestedElements returns every attested element the kernel holds for
 // guest, one attestation each.
-func (e *Daemon) attestedElements(guest netip.Addr) ([]netpolicy.Attestation, error) {
+func (e *Engine) attestedElements(guest netip.Addr) ([]netpolicy.Attestation, error) {
 	att, err := e.fw.Attested(guest)
 	if err != nil {
 		return nil, err
@@ -369,7 +371,7 @@ func (e *Daemon) attestedElements(guest netip.Addr) ([]netpolicy.Attestation, er
 
 // setHosts rewrites the /etc/hosts of rec's sandbox when its pinned names
 // differ from old's.
-func (e *Daemon) setHosts(rec SessionRecord, old map[string][]netip.Addr) error {
+func (e *Engine) setHosts(rec SessionRecord, old map[string][]netip.Addr) error {
 	if !rec.Sandbox || maps.EqualFunc(rec.Pinned, old, slices.Equal) {
 		return nil
 	}

@@ -12,11 +12,13 @@ import (
 	"strings"
 	"testing"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/enforcerd/enforcerd/api"
 	"github.com/enforcerd/enforcerd/dnsproxy"
 	"github.com/enforcerd/enforcerd/netpolicy"
+	"github.com/enforcerd/enforcerd/netpolicy/nft"
 	"github.com/enforcerd/enforcerd/nsmgr"
-	"golang.org/x/sys/unix"
 )
 
 // The policy update's calls, as the injector names them.
@@ -26,7 +28,7 @@ const (
 	callDNSUpdate = "dns.Update"
 )
 
-func (f *fakeFirewall) UpdateSession(u netpolicy.SessionUpdate) error {
+func (f *fakeFirewall) UpdateSession(u nft.SessionUpdate) error {
 	if err := f.in.enter(callFwUpdate); err != nil {
 		return err
 	}
@@ -38,7 +40,7 @@ func (f *fakeFirewall) UpdateSession(u netpolicy.SessionUpdate) error {
 	return nil
 }
 
-func (f *fakeFirewall) CutFlows(u netpolicy.SessionUpdate) ([]netpolicy.CutFlow, error) {
+func (f *fakeFirewall) CutFlows(u nft.SessionUpdate) ([]nft.CutFlow, error) {
 	if err := f.in.enter(callFwCut); err != nil {
 		return nil, err
 	}
@@ -260,7 +262,7 @@ func TestUpdateForgottenNamesAreStale(t *testing.T) {
 	w.mustCreate(api.CreateRequest{Name: "f1", NetworkOnly: true, Allow: []string{"a.example.com", "b.example.com"}})
 	in, _ := w.d.Inspect("f1")
 	guest := netip.MustParseAddr(in.GuestIP)
-	w.fw.attested = map[netip.Addr][]netpolicy.AttestedAddr{guest: {
+	w.fw.attested = map[netip.Addr][]nft.AttestedAddr{guest: {
 		{IP: netip.MustParseAddr("93.184.216.34")},
 		{IP: netip.MustParseAddr("93.184.216.35"), Port: 443, Proto: netpolicy.ProtoTCP},
 	}}
@@ -292,7 +294,7 @@ func TestRevokeAbortsTheGuestsTCPSockets(t *testing.T) {
 	w := newWorld(t)
 	info := w.create(api.CreateRequest{Name: "a1", NetworkOnly: true, Allow: []string{"93.184.216.7", "93.184.216.8"}})
 	guest := netip.MustParseAddr(info.GuestIP)
-	w.fw.cut = []netpolicy.CutFlow{
+	w.fw.cut = []nft.CutFlow{
 		{Proto: unix.IPPROTO_TCP, Src: netip.AddrPortFrom(guest, 40000), Dst: netip.MustParseAddrPort("93.184.216.7:443")},
 		{Proto: unix.IPPROTO_UDP, Src: netip.AddrPortFrom(guest, 40001), Dst: netip.MustParseAddrPort("93.184.216.7:443")},
 	}

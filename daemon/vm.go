@@ -63,7 +63,7 @@ func startDHCPResponder(netnsPath, tap string, l dhcpguest.Lease) (io.Closer, er
 // validateVM checks the VM fields of a request, implies network_only and
 // fills in the defaults (tap0, the derived MAC), so the record keeps the
 // values used.
-func (e *Daemon) validateVM(req *api.CreateRequest) error {
+func (e *Engine) validateVM(req *api.CreateRequest) error {
 	if !req.VM {
 		for _, f := range []struct {
 			set         bool
@@ -116,7 +116,7 @@ func vmConfig(req api.CreateRequest) (nsmgr.VMConfig, error) {
 }
 
 // createVMNetwork makes a VM session's network.
-func (e *Daemon) createVMNetwork(req api.CreateRequest) (nsmgr.Session, error) {
+func (e *Engine) createVMNetwork(req api.CreateRequest) (nsmgr.Session, error) {
 	vmn, ok := e.nets.(VMNetwork)
 	if !ok {
 		return nsmgr.Session{}, errors.New("this daemon's network makes no VM sessions")
@@ -129,7 +129,7 @@ func (e *Daemon) createVMNetwork(req api.CreateRequest) (nsmgr.Session, error) {
 }
 
 // vmLease is the lease of a VM session's guest.
-func (e *Daemon) vmLease(rec SessionRecord) (dhcpguest.Lease, error) {
+func (e *Engine) vmLease(rec SessionRecord) (dhcpguest.Lease, error) {
 	mac, err := net.ParseMAC(rec.Request.MAC)
 	if err != nil {
 		return dhcpguest.Lease{}, fmt.Errorf("recorded mac %q: %w", rec.Request.MAC, err)
@@ -141,7 +141,7 @@ func (e *Daemon) vmLease(rec SessionRecord) (dhcpguest.Lease, error) {
 }
 
 // startLease starts a VM session's responder (a no-op for other sessions).
-func (e *Daemon) startLease(rec SessionRecord) error {
+func (e *Engine) startLease(rec SessionRecord) error {
 	if !rec.Request.VM {
 		return nil
 	}
@@ -170,7 +170,7 @@ func (e *Daemon) startLease(rec SessionRecord) error {
 }
 
 // stopLease stops a session's responder, if it has one.
-func (e *Daemon) stopLease(name string) {
+func (e *Engine) stopLease(name string) {
 	e.leases.mu.Lock()
 	r := e.leases.by[name]
 	delete(e.leases.by, name)
@@ -181,7 +181,7 @@ func (e *Daemon) stopLease(name string) {
 }
 
 // stopLeases stops every responder (Close).
-func (e *Daemon) stopLeases() {
+func (e *Engine) stopLeases() {
 	e.leases.mu.Lock()
 	by := e.leases.by
 	e.leases.by = nil
@@ -192,7 +192,7 @@ func (e *Daemon) stopLeases() {
 }
 
 // vmView is inspect's view of a VM session.
-func (e *Daemon) vmView(rec SessionRecord) *api.VMView {
+func (e *Engine) vmView(rec SessionRecord) *api.VMView {
 	if !rec.Request.VM || !rec.Guest.IsValid() {
 		return nil
 	}
@@ -228,7 +228,7 @@ func KernelIPArg(guest netip.Addr, bits int, gw, dns netip.Addr) string {
 // source's request as recorded now, with the fork's name, and its mac, tap
 // and tap owner when given. Nothing of the source's kernel state is
 // copied: the create that follows makes everything new.
-func (e *Daemon) forkRequest(req api.CreateRequest) (api.CreateRequest, error) {
+func (e *Engine) forkRequest(req api.CreateRequest) (api.CreateRequest, error) {
 	rest := req
 	rest.Name, rest.ForkOf, rest.MAC, rest.Tap, rest.TapOwner = "", "", "", "", nil
 	if err := nsmgr.ValidateSessionName(req.ForkOf); err != nil {

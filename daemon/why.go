@@ -10,6 +10,7 @@ import (
 
 	"github.com/enforcerd/enforcerd/api"
 	"github.com/enforcerd/enforcerd/netpolicy"
+	"github.com/enforcerd/enforcerd/netpolicy/nft"
 )
 
 // why answers "what does this session's policy do with DEST now, and why"
@@ -56,7 +57,7 @@ func parseWhyDest(s string) (whyDest, error) {
 	}
 	if a, err := netip.ParseAddr(s); err == nil {
 		if !a.Is4() {
-			return d, fmt.Errorf("destination %q: sessions are IPv4 only; give an IPv4 address or a name", in)
+			return d, fmt.Errorf("destination %q: sessions are IPv4 only; want an IPv4 address or a name", in)
 		}
 		d.addr = a
 		return d, nil
@@ -69,15 +70,8 @@ func parseWhyDest(s string) (whyDest, error) {
 	return d, nil
 }
 
-func (d whyDest) portString() string {
-	if d.port == 0 {
-		return ""
-	}
-	return fmt.Sprintf(":%d/%s", d.port, d.proto)
-}
-
 // Why is GET /v1/sessions/{name}/why.
-func (e *Daemon) Why(ctx context.Context, name, dest string) (api.WhyAnswer, error) {
+func (e *Engine) Why(ctx context.Context, name, dest string) (api.WhyAnswer, error) {
 	d, err := parseWhyDest(dest)
 	if err != nil {
 		return api.WhyAnswer{}, badRequest(err)
@@ -106,7 +100,7 @@ func (e *Daemon) Why(ctx context.Context, name, dest string) (api.WhyAnswer, err
 	return e.whyName(ctx, s, d, ans)
 }
 
-func (e *Daemon) attestedOf(s *liveSession) ([]netpolicy.AttestedAddr, error) {
+func (e *Engine) attestedOf(s *liveSession) ([]nft.AttestedAddr, error) {
 	if s.policy.Egress != netpolicy.ModeAllowlist {
 		return nil, nil
 	}
@@ -119,7 +113,7 @@ func (e *Daemon) attestedOf(s *liveSession) ([]netpolicy.AttestedAddr, error) {
 
 // whyName answers for a name: does the policy allow it (else NXDOMAIN),
 // and what each of its addresses would meet.
-func (e *Daemon) whyName(ctx context.Context, s *liveSession, d whyDest, ans api.WhyAnswer) (api.WhyAnswer, error) {
+func (e *Engine) whyName(ctx context.Context, s *liveSession, d whyDest, ans api.WhyAnswer) (api.WhyAnswer, error) {
 	if den, ok := s.policy.DeniedName(d.name); ok {
 		ans.Verdict, ans.Reason, ans.Entry = api.WhyNXDomain, netpolicy.ReasonDenied, den.String()
 		ans.Detail = fmt.Sprintf("denied by %q: the proxy answers NXDOMAIN and never asks upstream", den.String())
@@ -230,7 +224,7 @@ func destVerdict(ans *api.WhyAnswer, d whyDest, given, removed []api.WhyAddr) {
 // accept: "dropped", or "rejected" when the session answers it (any
 // on-deny but drop: the kernel answers the session's own packets the
 // reason chains refuse, see netpolicy's drop_policy).
-func (e *Daemon) denyVerdict(s *liveSession) string {
+func (e *Engine) denyVerdict(s *liveSession) string {
 	if onDeny(s.policy) != "drop" {
 		return api.WhyRejected
 	}
@@ -243,7 +237,7 @@ type whyAddrResult struct {
 }
 
 // whyAddr is the verdict of the table for one address (and d's port).
-func (e *Daemon) whyAddr(s *liveSession, d whyDest, a netip.Addr, attested []netpolicy.AttestedAddr) whyAddrResult {
+func (e *Engine) whyAddr(s *liveSession, d whyDest, a netip.Addr, attested []nft.AttestedAddr) whyAddrResult {
 	r := whyAddrResult{WhyAddr: api.WhyAddr{IP: a.String()}}
 	refused := e.denyVerdict(s)
 	set := func(verdict, reason, detail string) whyAddrResult {

@@ -9,6 +9,7 @@ import (
 
 	"github.com/enforcerd/enforcerd/api"
 	"github.com/enforcerd/enforcerd/netpolicy"
+	"github.com/enforcerd/enforcerd/netpolicy/nft"
 )
 
 func TestParseWhyDest(t *testing.T) {
@@ -88,7 +89,7 @@ func TestWhyVerdictIsTheDestinations(t *testing.T) {
 		hint := netip.MustParseAddr("93.184.216.99")
 		guest := netip.MustParseAddr(info.GuestIP)
 		w.d.names.remember(name, "svc.example.com.", "HTTPS", []netip.Addr{hint})
-		w.fw.attested = map[netip.Addr][]netpolicy.AttestedAddr{guest: {{IP: hint, Port: 443, Proto: netpolicy.ProtoTCP, Expires: time.Minute}}}
+		w.fw.attested = map[netip.Addr][]nft.AttestedAddr{guest: {{IP: hint, Port: 443, Proto: netpolicy.ProtoTCP, Expires: time.Minute}}}
 		a = why(hint.String() + ":443")
 		if a.Verdict != api.WhyAllowed || a.Reason != "attested" || a.AttestedName != "svc.example.com" || a.AttestedType != "HTTPS" || !strings.Contains(a.Detail, "attested by the HTTPS answer for svc.example.com until") {
 			t.Errorf("%s: why %s:443 = %+v, want attested by the HTTPS answer for svc.example.com", name, hint, a)

@@ -11,8 +11,8 @@ import (
 )
 
 // matcher answers "is this name allowed, and on which ports" for one
-// session. It is a trie of reversed labels: "registry.npmjs.org" is stored
-// under org -> npmjs -> registry. It is immutable once built, so lookups
+// session. It is a trie of reversed labels: "registry.example.org" is stored
+// under org -> example -> registry. It is immutable once built, so lookups
 // need no lock.
 type matcher struct {
 	root trieNode

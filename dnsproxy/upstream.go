@@ -53,7 +53,6 @@ func (p *Proxy) forward(ctx context.Context, q dns.Question, fl queryFlags) (*dn
 	if &frame[2] != &wire[0] {
 		// The buffer was too small and PackBuffer allocated: frame it anew.
 		frame = append([]byte{0, 0}, wire...)
-		wire = frame[2:]
 	}
 
 	n := len(p.cfg.Upstreams)

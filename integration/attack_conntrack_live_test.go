@@ -10,6 +10,7 @@ import (
 
 	"github.com/enforcerd/enforcerd/integration/world"
 	"github.com/enforcerd/enforcerd/netpolicy"
+	"github.com/enforcerd/enforcerd/netpolicy/nft"
 	"github.com/enforcerd/enforcerd/nsmgr"
 )
 
@@ -177,7 +178,7 @@ func TestAttackConntrackInherited(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ra := netpolicy.SessionRules{Name: name, HostIface: a.HostIface, Guest: a.Guest, Egress: netpolicy.ModeAllowlist,
+	ra := nft.SessionRules{Name: name, HostIface: a.HostIface, Guest: a.Guest, Egress: netpolicy.ModeAllowlist,
 		Static: []netpolicy.Target{staticHost(w.Web[0])}}
 	removed := false
 	remove := func() {
@@ -260,7 +261,7 @@ func TestAttackConntrackInherited(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rn := netpolicy.SessionRules{Name: name2, HostIface: n.HostIface, Guest: n.Guest, Egress: netpolicy.ModeAllowlist}
+	rn := nft.SessionRules{Name: name2, HostIface: n.HostIface, Guest: n.Guest, Egress: netpolicy.ModeAllowlist}
 	t.Cleanup(func() {
 		if err := e.fw.RemoveSession(rn); err != nil {
 			t.Errorf("remove session %s: %v", name2, err)

@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/enforcerd/enforcerd/integration/daemon"
+	"github.com/enforcerd/enforcerd/integration/enforcerd"
 	"github.com/enforcerd/enforcerd/integration/world"
 	"github.com/vishvananda/netlink"
 )
@@ -23,7 +23,7 @@ func TestAttackPrefixCutsHost(t *testing.T) {
 	world.RequireRoot(t)
 	bin := atkDaemonBin(t)
 	w := world.New(t)
-	d := daemon.New(bin, w, t.TempDir())
+	d := enforcerd.New(bin, w, t.TempDir())
 	t.Cleanup(func() {
 		if err := d.Stop(); err != nil {
 			t.Errorf("stop enforcerd: %v", err)
@@ -78,7 +78,7 @@ func TestAttackPrefixCutsHost(t *testing.T) {
 	if atkLinkExists(t, w, link) {
 		t.Fatalf("link %s still exists", link)
 	}
-	d2 := daemon.New(bin, w, t.TempDir())
+	d2 := enforcerd.New(bin, w, t.TempDir())
 	t.Cleanup(func() {
 		if err := d2.Stop(); err != nil {
 			t.Errorf("stop enforcerd: %v", err)

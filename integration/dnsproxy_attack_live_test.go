@@ -18,6 +18,7 @@ import (
 	"github.com/enforcerd/enforcerd/dnsproxy"
 	"github.com/enforcerd/enforcerd/integration/world"
 	"github.com/enforcerd/enforcerd/netpolicy"
+	"github.com/enforcerd/enforcerd/netpolicy/nft"
 	"github.com/enforcerd/enforcerd/nsmgr"
 )
 
@@ -307,7 +308,7 @@ func TestDNSProxyAttackBoundedAttest(t *testing.T) {
 // nothing), and another session resolves the second name (the cap is per
 // session).
 func TestDNSProxyAttackAttestCap(t *testing.T) {
-	e := newDPEnvFirewall(t, func(c *netpolicy.FirewallConfig) { c.MaxAttested = 40 }, nil)
+	e := newDPEnvFirewall(t, func(c *nft.FirewallConfig) { c.MaxAttested = 40 }, nil)
 	id := e.w.ID
 	first, second := "one."+id+".test", "two."+id+".test"
 	for i := range 32 {

@@ -20,6 +20,7 @@ import (
 	"github.com/enforcerd/enforcerd/dnsproxy"
 	"github.com/enforcerd/enforcerd/integration/world"
 	"github.com/enforcerd/enforcerd/netpolicy"
+	"github.com/enforcerd/enforcerd/netpolicy/nft"
 	"github.com/enforcerd/enforcerd/nsmgr"
 )
 
@@ -38,7 +39,7 @@ const (
 type dpEnv struct {
 	w       *world.World
 	mgr     *nsmgr.Manager
-	fw      *netpolicy.Firewall
+	fw      *nft.Firewall
 	proxy   *dnsproxy.Proxy
 	anycast netip.AddrPort
 	events  *dpEvents
@@ -119,7 +120,7 @@ func newDPEnv(t *testing.T, mod func(*world.World, *dnsproxy.Config)) *dpEnv {
 
 // newDPEnvFirewall is newDPEnv with fwMod, if not nil, adjusting the
 // firewall's config.
-func newDPEnvFirewall(t *testing.T, fwMod func(*netpolicy.FirewallConfig), mod func(*world.World, *dnsproxy.Config)) *dpEnv {
+func newDPEnvFirewall(t *testing.T, fwMod func(*nft.FirewallConfig), mod func(*world.World, *dnsproxy.Config)) *dpEnv {
 	t.Helper()
 	w := world.New(t)
 	e := &dpEnv{w: w, events: &dpEvents{}}
@@ -148,13 +149,13 @@ func newDPEnvFirewall(t *testing.T, fwMod func(*netpolicy.FirewallConfig), mod f
 	if err != nil {
 		t.Fatalf("guard: %v", err)
 	}
-	fwCfg := netpolicy.FirewallConfig{
+	fwCfg := nft.FirewallConfig{
 		NetNS: w.Host, Prefix: prefix, Pool: pool, DNSAddr: dnsAddr, Guard: guard, AttestFloor: dpFloor,
 	}
 	if fwMod != nil {
 		fwMod(&fwCfg)
 	}
-	fw, err := netpolicy.OpenFirewall(fwCfg)
+	fw, err := nft.OpenFirewall(fwCfg)
 	if err != nil {
 		t.Fatalf("open firewall: %v", err)
 	}
@@ -232,7 +233,7 @@ func (e *dpEnv) session(t *testing.T, name string, mode netpolicy.Mode, allow ..
 // sessionWith is session with pinned names (their addresses become static
 // targets, as the daemon makes them with --pin); it also returns the
 // session's firewall rules, for a test that removes the session itself.
-func (e *dpEnv) sessionWith(t *testing.T, name string, mode netpolicy.Mode, pinned map[string][]netip.Addr, allow ...string) (nsmgr.Session, netpolicy.SessionRules) {
+func (e *dpEnv) sessionWith(t *testing.T, name string, mode netpolicy.Mode, pinned map[string][]netip.Addr, allow ...string) (nsmgr.Session, nft.SessionRules) {
 	t.Helper()
 	s, err := e.mgr.Create(name, true)
 	if err != nil {
@@ -246,7 +247,7 @@ func (e *dpEnv) sessionWith(t *testing.T, name string, mode netpolicy.Mode, pinn
 		}
 		entries = append(entries, en)
 	}
-	r := netpolicy.SessionRules{Name: name, HostIface: s.HostIface, Guest: s.Guest, Egress: mode,
+	r := nft.SessionRules{Name: name, HostIface: s.HostIface, Guest: s.Guest, Egress: mode,
 		Static: netpolicy.StaticTargets(netpolicy.Policy{Egress: mode, Allow: entries}, pinned)}
 	t.Cleanup(func() {
 		e.proxy.Unregister(s.Guest)

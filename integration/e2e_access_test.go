@@ -42,14 +42,7 @@ func (e *e2eEnv) asUser(client string, uid, gid uint32, groups []uint32, args ..
 func TestE2EAccessNotRootNotInGroup(t *testing.T) {
 	// The daemon's directory must be searchable by everyone, so that only
 	// the socket's own mode and the daemon's check decide.
-	dir, err := os.MkdirTemp("", "e2e-access-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	if err := os.Chmod(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
+	dir := e2eWorldSearchableDir(t, "e2e-access-")
 	e := prepareE2E(t, dir)
 	client := filepath.Join(dir, "enforcerd-client")
 	e2eCopyFile(t, e.bin, client, 0o755)

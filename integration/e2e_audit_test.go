@@ -216,13 +216,12 @@ func TestE2EAuditTrail(t *testing.T) {
 	}
 
 	for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGKILL} {
-		before := e2eAuditEvents(t, e.cli("session", "events", "aud"))
 		all := e.follow("events", "--follow")
 		one := e.follow("session", "events", "aud", "--follow")
 		e.cli("session", "exec", "aud", "--", "true") // an event both see
 		all.waitLine(t, `"action":"exec"`)
 		one.waitLine(t, `"action":"exec"`)
-		before = e2eAuditEvents(t, e.cli("session", "events", "aud"))
+		before := e2eAuditEvents(t, e.cli("session", "events", "aud"))
 
 		if err := e.d.Signal(sig); err != nil {
 			t.Fatalf("%s: %v", sig, err)

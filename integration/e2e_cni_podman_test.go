@@ -10,7 +10,10 @@ package integration
 // under the test's temporary directory, never /etc/cni, /etc/containers or
 // /var/lib/containers. Podman and everything it starts run in the world's
 // host netns (nsenter --net), where the daemon makes the host side of each
-// veth; the container's netns is podman's own.
+// veth; the container's netns is podman's own. The OCI runtime is named,
+// Debian's runc (make deps installs it): podman picks crun when it finds
+// one, and crun refuses to run on a host with hybrid cgroups ("cgroups in
+// hybrid mode not supported"), which Debian 12 with cgroup v1 is.
 
 import (
 	"bytes"
@@ -33,6 +36,7 @@ import (
 type podman struct {
 	t      *testing.T
 	bin    string
+	runc   string // the OCI runtime podman is told to use
 	hostNS string // the world's host netns path
 	varLib string // the test's /var/lib for podman (see podmanScript)
 	env    []string
@@ -57,6 +61,7 @@ func requireTool(t *testing.T, name, pkg string) string {
 func newPodman(t *testing.T, hostNS, pluginDir, network, conflist string) *podman {
 	t.Helper()
 	bin := requireTool(t, "podman", "podman")
+	runc := requireTool(t, "runc", "runc")
 	requireTool(t, "nsenter", "util-linux")
 	requireTool(t, "unshare", "util-linux")
 	requireTool(t, "findmnt", "util-linux")
@@ -74,18 +79,21 @@ func newPodman(t *testing.T, hostNS, pluginDir, network, conflist string) *podma
 default_ulimits = ["nofile=1024:1024", "nproc=1024:1024"]
 
 [engine]
-runtime = "runc"
 cgroup_manager = "cgroupfs"
 events_logger = "file"
 events_logfile_path = %[1]q
 tmp_dir = %[2]q
+runtime = "runc"
+
+[engine.runtimes]
+runc = [%[6]q]
 
 [network]
 network_backend = "cni"
 cni_plugin_dirs = [%[3]q]
 network_config_dir = %[4]q
 default_network = %[5]q
-`, filepath.Join(dir, "events.log"), filepath.Join(dir, "tmp"), pluginDir, filepath.Join(dir, "net"), network),
+`, filepath.Join(dir, "events.log"), filepath.Join(dir, "tmp"), pluginDir, filepath.Join(dir, "net"), network, runc),
 		"storage.conf": fmt.Sprintf("[storage]\ndriver = \"vfs\"\ngraphroot = %q\nrunroot = %q\n",
 			filepath.Join(dir, "root"), filepath.Join(dir, "run")),
 		"registries.conf":              "unqualified-search-registries = []\n",
@@ -96,7 +104,7 @@ default_network = %[5]q
 			t.Fatal(err)
 		}
 	}
-	p := &podman{t: t, bin: bin, hostNS: hostNS, varLib: filepath.Join(dir, "varlib"), env: append(os.Environ(),
+	p := &podman{t: t, bin: bin, runc: runc, hostNS: hostNS, varLib: filepath.Join(dir, "varlib"), env: append(os.Environ(),
 		"CONTAINERS_CONF="+filepath.Join(dir, "containers.conf"),
 		"CONTAINERS_STORAGE_CONF="+filepath.Join(dir, "storage.conf"),
 		"CONTAINERS_REGISTRIES_CONF="+filepath.Join(dir, "registries.conf"),
@@ -264,6 +272,10 @@ func TestE2ECNIPodman(t *testing.T) {
 	}
 	if i := strings.LastIndexByte(id, '\n'); i >= 0 {
 		id = id[i+1:] // (the id is the last line; warnings come first)
+	}
+	// The container runs under the runtime the test named.
+	if out, err := p.run("inspect", "--format", "{{.OCIRuntime}}", id); err != nil || out != "runc" {
+		t.Errorf("podman inspect: the container's OCI runtime is %q (%v), want runc (%s)", out, err, p.runc)
 	}
 
 	// The daemon made the container's session, in the netns podman made.

@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/enforcerd/enforcerd/daemon"
+	"github.com/enforcerd/enforcerd/doctor"
 )
 
 // startDoctorDatapath starts `enforcerd doctor --datapath` as e.doctor
@@ -78,8 +78,8 @@ func TestE2EDoctorDatapathKilled(t *testing.T) {
 		switch cleaner {
 		case "doctor":
 			r := e.doctor(0, "--datapath")
-			if r.rows[daemon.CheckDatapath] != daemon.StatusOK || !strings.Contains(r.out, "removed what the killed run "+killed+" left") {
-				t.Errorf("the run after a killed one: datapath %q, want ok naming %s\n%s", r.rows[daemon.CheckDatapath], killed, r.out)
+			if r.rows[doctor.CheckDatapath] != doctor.StatusOK || !strings.Contains(r.out, "removed what the killed run "+killed+" left") {
+				t.Errorf("the run after a killed one: datapath %q, want ok naming %s\n%s", r.rows[doctor.CheckDatapath], killed, r.out)
 			}
 			if m := throwawayRE.FindStringSubmatch(r.out); m == nil {
 				t.Errorf("no throwaway prefix in\n%s", r.out)

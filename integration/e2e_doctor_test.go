@@ -32,15 +32,15 @@ import (
 
 	"github.com/enforcerd/enforcerd/api"
 	"github.com/enforcerd/enforcerd/api/apitest"
-	"github.com/enforcerd/enforcerd/daemon"
+	"github.com/enforcerd/enforcerd/doctor"
 	"github.com/enforcerd/enforcerd/integration/world"
 )
 
 // doctorChecks are the checks doctor runs without --datapath, in order.
 var doctorChecks = []string{
-	daemon.CheckRoot, daemon.CheckNetnsVeth, daemon.CheckNftables, daemon.CheckProcSysNet, daemon.CheckOverlay, daemon.CheckSeccomp,
-	daemon.CheckCgroup, daemon.CheckPropagation, daemon.CheckForeignLinks, daemon.CheckPoolOverlap,
-	daemon.CheckForwardDrop, daemon.CheckLegacyTables, daemon.CheckUpstreams, daemon.CheckUnits, daemon.CheckRunning,
+	doctor.CheckRoot, doctor.CheckNetnsVeth, doctor.CheckNftables, doctor.CheckProcSysNet, doctor.CheckOverlay, doctor.CheckSeccomp,
+	doctor.CheckCgroup, doctor.CheckPropagation, doctor.CheckForeignLinks, doctor.CheckPoolOverlap,
+	doctor.CheckForwardDrop, doctor.CheckLegacyTables, doctor.CheckUpstreams, doctor.CheckUnits, doctor.CheckRunning,
 }
 
 // doctorRun is one run of enforcerd doctor.
@@ -67,10 +67,12 @@ func (e *e2eEnv) doctorIn(prelude string, uid int, args ...string) doctorRun {
 	ctx, cancel := context.WithTimeout(context.Background(), e2eCommandTimeout)
 	defer cancel()
 	argv := []string{"--net=" + e.w.HostPath}
+	bin := e.bin
 	if uid != 0 {
 		argv = append(argv, "--setuid="+strconv.Itoa(uid), "--setgid="+strconv.Itoa(uid))
+		bin = e2eCopyForOtherUsers(e.t, e.bin) // (the clone may live in a 0700 directory)
 	}
-	argv = append(argv, e.bin, "doctor",
+	argv = append(argv, bin, "doctor",
 		"--name-prefix", e.d.Prefix, "--state-dir", e.d.StateDir, "--socket", e.d.Socket,
 		"--upstream", e.w.DNS.Addr().String(), "--public-override", e.w.PublicOverride.String())
 	if !slices.Contains(args, "--units-dir") {
@@ -119,7 +121,7 @@ func (r doctorRun) expectPass(t *testing.T, what string, checks []string) {
 		t.Fatalf("%s: doctor exit %d, stderr %q, want 0 and nothing\n%s", what, r.code, r.errOut, r.out)
 	}
 	for _, c := range checks {
-		if st := r.rows[c]; st != daemon.StatusOK && st != daemon.StatusWarn {
+		if st := r.rows[c]; st != doctor.StatusOK && st != doctor.StatusWarn {
 			t.Errorf("%s: check %s is %q, want ok or warn\n%s", what, c, st, r.out)
 		}
 	}
@@ -137,8 +139,8 @@ func (r doctorRun) expectFail(t *testing.T, what string, failed ...string) {
 		t.Errorf("%s: stderr %q, want it to name %v", what, r.errOut, failed)
 	}
 	var got []string
-	for _, c := range append(doctorChecks, daemon.CheckDatapath) {
-		if r.rows[c] == daemon.StatusFail {
+	for _, c := range append(doctorChecks, doctor.CheckDatapath) {
+		if r.rows[c] == doctor.StatusFail {
 			got = append(got, c)
 		}
 	}
@@ -249,9 +251,9 @@ func TestE2EDoctorPasses(t *testing.T) {
 		t.Errorf("table has %d rows, want %d under a CHECK STATUS DETAIL header:\n%s", len(r.rows), len(doctorChecks), r.out)
 	}
 	// The world's host is fresh: every check is ok there, none only warns.
-	for _, c := range []string{daemon.CheckForwardDrop, daemon.CheckLegacyTables, daemon.CheckPropagation, daemon.CheckPoolOverlap, daemon.CheckUpstreams,
-		daemon.CheckProcSysNet, daemon.CheckCgroup, daemon.CheckUnits, daemon.CheckRunning} {
-		if r.rows[c] != daemon.StatusOK {
+	for _, c := range []string{doctor.CheckForwardDrop, doctor.CheckLegacyTables, doctor.CheckPropagation, doctor.CheckPoolOverlap, doctor.CheckUpstreams,
+		doctor.CheckProcSysNet, doctor.CheckCgroup, doctor.CheckUnits, doctor.CheckRunning} {
+		if r.rows[c] != doctor.StatusOK {
 			t.Errorf("check %s is %q in a fresh world host, want ok\n%s", c, r.rows[c], r.out)
 		}
 	}
@@ -259,7 +261,7 @@ func TestE2EDoctorPasses(t *testing.T) {
 	js := e.doctor(0, "--json")
 	var got struct {
 		Failed bool           `json:"failed"`
-		Checks []daemon.Check `json:"checks"`
+		Checks []doctor.Check `json:"checks"`
 	}
 	if js.code != 0 {
 		t.Fatalf("doctor --json: exit %d\n%s%s", js.code, js.out, js.errOut)
@@ -284,8 +286,8 @@ func TestE2EDoctorPasses(t *testing.T) {
 func TestE2EDoctorNotRoot(t *testing.T) {
 	e := prepareE2E(t, "")
 	r := e.doctor(65534)
-	r.expectFail(t, "as uid 65534", daemon.CheckRoot)
-	if r.rows[daemon.CheckNftables] != daemon.StatusWarn || !strings.Contains(r.out, "not checked: needs root") {
+	r.expectFail(t, "as uid 65534", doctor.CheckRoot)
+	if r.rows[doctor.CheckNftables] != doctor.StatusWarn || !strings.Contains(r.out, "not checked: needs root") {
 		t.Errorf("as uid 65534: the kernel checks should be skipped with a warning\n%s", r.out)
 	}
 }
@@ -298,9 +300,9 @@ func TestE2EDoctorFatalSeeds(t *testing.T) {
 		add   func() func()
 	}{
 		// An uplink named like the daemon's veths would be cut off.
-		{daemon.CheckForeignLinks, func() func() { return e.addSeedLink(e.d.Prefix+"up", "") }},
+		{doctor.CheckForeignLinks, func() func() { return e.addSeedLink(e.d.Prefix+"up", "") }},
 		// The host already numbers addresses of the default pool 10.20.0.0/16.
-		{daemon.CheckPoolOverlap, func() func() { return e.addSeedLink(e.w.UniqueName("xp"), "10.20.7.1/24") }},
+		{doctor.CheckPoolOverlap, func() func() { return e.addSeedLink(e.w.UniqueName("xp"), "10.20.7.1/24") }},
 	} {
 		remove := seed.add()
 		e.doctor(0).expectFail(t, "seeded "+seed.check, seed.check)
@@ -320,7 +322,7 @@ func TestE2EDoctorOtherSeeds(t *testing.T) {
 	// accepted packet go undelivered.
 	remove := e.addForwardDrop(e.w.UniqueName("xf"))
 	r := e.doctor(0, "--datapath")
-	r.expectFail(t, "forward drop", daemon.CheckForwardDrop, daemon.CheckDatapath)
+	r.expectFail(t, "forward drop", doctor.CheckForwardDrop, doctor.CheckDatapath)
 	if !strings.Contains(r.out, "never delivered") {
 		t.Errorf("datapath under a forward drop: want it to report the packet undelivered\n%s", r.out)
 	}
@@ -331,7 +333,7 @@ func TestE2EDoctorOtherSeeds(t *testing.T) {
 	// An upstream that does not answer (a port of the world's resolver
 	// nothing listens on).
 	silent := net.JoinHostPort(e.w.DNS.Addr().Addr().String(), "5353")
-	e.doctor(0, "--upstream", silent).expectFail(t, "silent upstream", daemon.CheckUpstreams)
+	e.doctor(0, "--upstream", silent).expectFail(t, "silent upstream", doctor.CheckUpstreams)
 }
 
 var throwawayRE = regexp.MustCompile(`nothing of prefix (dr[a-z0-9]{4}) left`)
@@ -343,9 +345,9 @@ func TestE2EDoctorDatapath(t *testing.T) {
 			e.start() // beside a live daemon: its table must not judge the throwaway sessions
 		}
 		r := e.doctor(0, "--datapath")
-		r.expectPass(t, "doctor --datapath", append(doctorChecks, daemon.CheckDatapath))
-		if r.rows[daemon.CheckDatapath] != daemon.StatusOK {
-			t.Fatalf("datapath %q, want ok\n%s", r.rows[daemon.CheckDatapath], r.out)
+		r.expectPass(t, "doctor --datapath", append(doctorChecks, doctor.CheckDatapath))
+		if r.rows[doctor.CheckDatapath] != doctor.StatusOK {
+			t.Fatalf("datapath %q, want ok\n%s", r.rows[doctor.CheckDatapath], r.out)
 		}
 		m := throwawayRE.FindStringSubmatch(r.out)
 		if m == nil {
@@ -405,15 +407,15 @@ func TestE2EDoctorReadOnlyKernelFiles(t *testing.T) {
 		remount = append(remount, "mount -o remount,ro,bind "+m)
 	}
 	r := e.doctorIn(strings.Join(remount, " && "), 0)
-	r.expectFail(t, "cgroups read-only", daemon.CheckCgroup)
-	if d := r.detail(daemon.CheckCgroup); !strings.Contains(d, "is on a read-only mount: sandboxes cannot be made") {
+	r.expectFail(t, "cgroups read-only", doctor.CheckCgroup)
+	if d := r.detail(doctor.CheckCgroup); !strings.Contains(d, "is on a read-only mount: sandboxes cannot be made") {
 		t.Errorf("cgroups read-only: detail %q, want it to say the cgroup dir is on a read-only mount", d)
 	}
 
 	const roProcSys = "mount --bind /proc/sys /proc/sys && mount -o remount,ro,bind /proc/sys"
 	r = e.doctorIn(roProcSys, 0)
-	r.expectFail(t, "/proc/sys read-only", daemon.CheckProcSysNet)
-	if d := r.detail(daemon.CheckProcSysNet); !strings.Contains(d, "write /proc/sys/net/ipv4/ip_forward in a throwaway netns: ") || !strings.Contains(d, "read-only") {
+	r.expectFail(t, "/proc/sys read-only", doctor.CheckProcSysNet)
+	if d := r.detail(doctor.CheckProcSysNet); !strings.Contains(d, "write /proc/sys/net/ipv4/ip_forward in a throwaway netns: ") || !strings.Contains(d, "read-only") {
 		t.Errorf("/proc/sys read-only: detail %q, want the refused write named", d)
 	}
 	// serve refuses on it too, before any kernel change.
@@ -463,9 +465,9 @@ func TestE2EDoctorUpstreamRcodes(t *testing.T) {
 		at := netip.AddrPortFrom(resolver, uint16(5400+i))
 		serveDNSRcode(t, e.w, at, rc)
 		r := e.doctor(0, "--upstream", at.String())
-		r.expectFail(t, "upstream answering "+dns.RcodeToString[rc], daemon.CheckUpstreams)
-		if want := fmt.Sprintf("upstream %s answered %s", at, dns.RcodeToString[rc]); !strings.Contains(r.detail(daemon.CheckUpstreams), want) {
-			t.Errorf("%s: detail %q, want %q", dns.RcodeToString[rc], r.detail(daemon.CheckUpstreams), want)
+		r.expectFail(t, "upstream answering "+dns.RcodeToString[rc], doctor.CheckUpstreams)
+		if want := fmt.Sprintf("upstream %s answered %s", at, dns.RcodeToString[rc]); !strings.Contains(r.detail(doctor.CheckUpstreams), want) {
+			t.Errorf("%s: detail %q, want %q", dns.RcodeToString[rc], r.detail(doctor.CheckUpstreams), want)
 		}
 	}
 }
@@ -483,32 +485,32 @@ func TestE2EDoctorUnits(t *testing.T) {
 		t.Fatal(err)
 	}
 	unit := strings.Replace(string(shipped), "ListenStream=/run/enforcerd/enforcerd.sock", "ListenStream="+e.d.Socket, 1)
-	if err := os.WriteFile(filepath.Join(dir, daemon.SocketUnitName), []byte(unit), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(dir, doctor.SocketUnitName), []byte(unit), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	r := e.doctor(0, "--units-dir", dir)
 	r.expectPass(t, "the shipped unit", doctorChecks)
-	if d := r.detail(daemon.CheckUnits); !strings.Contains(d, "matches the config") {
+	if d := r.detail(doctor.CheckUnits); !strings.Contains(d, "matches the config") {
 		t.Errorf("the shipped unit: units %q, want it to match", d)
 	}
 
 	r = e.doctor(0, "--units-dir", dir, "--socket-group", "65534")
-	r.expectFail(t, "socket-group only in the config", daemon.CheckUnits)
+	r.expectFail(t, "socket-group only in the config", doctor.CheckUnits)
 	for _, want := range []string{`SocketGroup=unset (root only), but the config's socket-group is "65534"`, `SocketMode=0600, but the config wants 0660 (socket-group "65534")`} {
-		if !strings.Contains(r.detail(daemon.CheckUnits), want) {
-			t.Errorf("socket-group: detail %q, want %q", r.detail(daemon.CheckUnits), want)
+		if !strings.Contains(r.detail(doctor.CheckUnits), want) {
+			t.Errorf("socket-group: detail %q, want %q", r.detail(doctor.CheckUnits), want)
 		}
 	}
 	r = e.doctor(0, "--units-dir", dir, "--pool", "10.21.0.0/16")
-	r.expectFail(t, "pool only in the config", daemon.CheckUnits)
-	if want := "ListenDatagram=10.20.255.254:53, but the pool 10.21.0.0/16 resolves through 10.21.255.254:53"; !strings.Contains(r.detail(daemon.CheckUnits), want) {
-		t.Errorf("pool: detail %q, want %q", r.detail(daemon.CheckUnits), want)
+	r.expectFail(t, "pool only in the config", doctor.CheckUnits)
+	if want := "ListenDatagram=10.20.255.254:53, but the pool 10.21.0.0/16 resolves through 10.21.255.254:53"; !strings.Contains(r.detail(doctor.CheckUnits), want) {
+		t.Errorf("pool: detail %q, want %q", r.detail(doctor.CheckUnits), want)
 	}
 
-	if err := os.MkdirAll(filepath.Join(dir, daemon.SocketUnitName+".d"), 0o755); err != nil {
+	if err := os.MkdirAll(filepath.Join(dir, doctor.SocketUnitName+".d"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(filepath.Join(dir, daemon.SocketUnitName+".d", "group.conf"), []byte("[Socket]\nSocketGroup=65534\nSocketMode=0660\n"), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(dir, doctor.SocketUnitName+".d", "group.conf"), []byte("[Socket]\nSocketGroup=65534\nSocketMode=0660\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	e.doctor(0, "--units-dir", dir, "--socket-group", "65534").expectPass(t, "the group granted by a drop-in", doctorChecks)
@@ -543,22 +545,22 @@ func TestE2EDoctorRunningDaemon(t *testing.T) {
 	e := prepareE2E(t, "")
 	r := e.doctor(0)
 	r.expectPass(t, "no daemon", doctorChecks)
-	if d := r.detail(daemon.CheckRunning); !strings.HasPrefix(d, "no daemon running") {
+	if d := r.detail(doctor.CheckRunning); !strings.HasPrefix(d, "no daemon running") {
 		t.Errorf("no daemon: detail %q", d)
 	}
 	e.start()
 	r = e.doctor(0)
 	r.expectPass(t, "the test daemon", doctorChecks)
-	if d := r.detail(daemon.CheckRunning); !strings.Contains(d, "is healthy and runs version ") || r.rows[daemon.CheckRunning] != daemon.StatusOK {
-		t.Errorf("the test daemon: %s %q, want ok and healthy", r.rows[daemon.CheckRunning], d)
+	if d := r.detail(doctor.CheckRunning); !strings.Contains(d, "is healthy and runs version ") || r.rows[doctor.CheckRunning] != doctor.StatusOK {
+		t.Errorf("the test daemon: %s %q, want ok and healthy", r.rows[doctor.CheckRunning], d)
 	}
 
 	// Another version, healthy: a warning, exit 0.
 	old := serveFakeDaemon(t, api.HandlerOptions{Version: "0.0.9-old"}, nil)
 	r = e.doctor(0, "--socket", old)
 	r.expectPass(t, "a daemon of another version", doctorChecks)
-	if d := r.detail(daemon.CheckRunning); r.rows[daemon.CheckRunning] != daemon.StatusWarn || !strings.Contains(d, "runs version 0.0.9-old, this binary is ") {
-		t.Errorf("version skew: %s %q, want warn naming both versions", r.rows[daemon.CheckRunning], d)
+	if d := r.detail(doctor.CheckRunning); r.rows[doctor.CheckRunning] != doctor.StatusWarn || !strings.Contains(d, "runs version 0.0.9-old, this binary is ") {
+		t.Errorf("version skew: %s %q, want warn naming both versions", r.rows[doctor.CheckRunning], d)
 	}
 
 	// The same version string built from another commit (two dev builds):
@@ -573,13 +575,13 @@ func TestE2EDoctorRunningDaemon(t *testing.T) {
 	}
 	otherCommit := serveFakeDaemon(t, api.HandlerOptions{Version: mine.Version, Commit: "feedfacecafe"}, nil)
 	r = e.doctor(0, "--socket", otherCommit)
-	if d := r.detail(daemon.CheckRunning); r.rows[daemon.CheckRunning] != daemon.StatusWarn || !strings.Contains(d, "built from commit feedfacecafe, this binary from "+mine.Commit) {
-		t.Errorf("commit skew: %s %q, want warn naming both commits", r.rows[daemon.CheckRunning], d)
+	if d := r.detail(doctor.CheckRunning); r.rows[doctor.CheckRunning] != doctor.StatusWarn || !strings.Contains(d, "built from commit feedfacecafe, this binary from "+mine.Commit) {
+		t.Errorf("commit skew: %s %q, want warn naming both commits", r.rows[doctor.CheckRunning], d)
 	}
 	sameBuild := serveFakeDaemon(t, api.HandlerOptions{Version: mine.Version, Commit: mine.Commit}, nil)
 	r = e.doctor(0, "--socket", sameBuild)
-	if r.rows[daemon.CheckRunning] != daemon.StatusOK {
-		t.Errorf("the same build: %s %q, want ok (control)", r.rows[daemon.CheckRunning], r.detail(daemon.CheckRunning))
+	if r.rows[doctor.CheckRunning] != doctor.StatusOK {
+		t.Errorf("the same build: %s %q, want ok (control)", r.rows[doctor.CheckRunning], r.detail(doctor.CheckRunning))
 	}
 
 	// The test daemon made unhealthy: its table removed behind its back.
@@ -592,8 +594,8 @@ func TestE2EDoctorRunningDaemon(t *testing.T) {
 		t.Fatalf("remove the daemon's table: %v", err)
 	}
 	r = e.doctor(0)
-	r.expectFail(t, "the daemon's table removed", daemon.CheckRunning)
-	if d := r.detail(daemon.CheckRunning); !strings.Contains(d, "is unhealthy: ") {
+	r.expectFail(t, "the daemon's table removed", doctor.CheckRunning)
+	if d := r.detail(doctor.CheckRunning); !strings.Contains(d, "is unhealthy: ") {
 		t.Errorf("unhealthy daemon: detail %q", d)
 	}
 	// Stopped here: the cleanup's check of a running daemon's objects

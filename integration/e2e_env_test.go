@@ -1,7 +1,7 @@
 package integration
 
 // End-to-end tests: the real enforcerd binary, started in a test world's
-// simulated host (integration/daemon) and driven through its command line
+// simulated host (integration/enforcerd) and driven through its command line
 // and its API client (api.Client), as an operator and their tools drive
 // it; raw HTTP only where a test sends what no client would (rawRequest). Every test
 // builds its own world and daemon with a prefix unique to the run, and at
@@ -25,7 +25,7 @@ import (
 	"time"
 
 	"github.com/enforcerd/enforcerd/api"
-	"github.com/enforcerd/enforcerd/integration/daemon"
+	"github.com/enforcerd/enforcerd/integration/enforcerd"
 	"github.com/enforcerd/enforcerd/integration/world"
 )
 
@@ -87,7 +87,7 @@ func e2eArtifacts(t *testing.T) (bin, rootfs string) {
 type e2eEnv struct {
 	t      *testing.T
 	w      *world.World
-	d      *daemon.Daemon
+	d      *enforcerd.Daemon
 	bin    string
 	rootfs string
 }
@@ -115,7 +115,7 @@ func prepareE2E(t *testing.T, dir string, extra ...string) *e2eEnv {
 		dir = t.TempDir()
 	}
 	e := &e2eEnv{t: t, w: w, bin: bin, rootfs: rootfs}
-	e.d = daemon.New(bin, w, dir, extra...)
+	e.d = enforcerd.New(bin, w, dir, extra...)
 	if left := e.objects(); !left.empty() {
 		t.Fatalf("objects of prefix %s exist before the test (a crashed run?): %s", e.d.Prefix, left)
 	}

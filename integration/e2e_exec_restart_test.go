@@ -155,7 +155,7 @@ func TestE2EExecOutlivesRestart(t *testing.T) {
 	// The control: an exec in a session deleted meanwhile ends, and its
 	// holder is gone with it.
 	e.create("gone")
-	id = strings.TrimSpace(e.cli("session", "exec", "gone", "--detach", "--", "sleep", "4244"))
+	e.cli("session", "exec", "gone", "--detach", "--", "sleep", "4244")
 	deadline := time.Now().Add(5 * time.Second)
 	for len(e2eProcesses("sleep", "4244")) == 0 {
 		if time.Now().After(deadline) {

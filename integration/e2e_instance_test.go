@@ -8,7 +8,7 @@ import (
 	"testing"
 
 	"github.com/enforcerd/enforcerd/api"
-	"github.com/enforcerd/enforcerd/integration/daemon"
+	"github.com/enforcerd/enforcerd/integration/enforcerd"
 )
 
 // TestE2ESecondInstanceRefused: a second `serve` started
@@ -36,7 +36,7 @@ func TestE2ESecondInstanceRefused(t *testing.T) {
 		t.Fatalf("control: the live daemon's blocked set lacks 100.64.0.0/10:\n%s", before)
 	}
 	pid := fmt.Sprint(e.d.PID())
-	second := func(what, want string, d *daemon.Daemon) {
+	second := func(what, want string, d *enforcerd.Daemon) {
 		t.Helper()
 		if err := d.Start(); err == nil {
 			d.Stop()
@@ -50,19 +50,19 @@ func TestE2ESecondInstanceRefused(t *testing.T) {
 		}
 		e2eOneLine(t, what, log)
 	}
-	same := daemon.New(e.bin, e.w, t.TempDir(), "--public-override", "100.64.0.0/10")
+	same := enforcerd.New(e.bin, e.w, t.TempDir(), "--public-override", "100.64.0.0/10")
 	same.StateDir, same.Prefix = e.d.StateDir, e.d.Prefix // its own socket: the live one would answer Start's probe
 	second("same state dir, weaker override", "state dir "+e.d.StateDir+" is in use", same)
 
-	prefix := daemon.New(e.bin, e.w, t.TempDir())
+	prefix := enforcerd.New(e.bin, e.w, t.TempDir())
 	prefix.Prefix = e.d.Prefix
 	second("same prefix", fmt.Sprintf("the name prefix %q", e.d.Prefix), prefix)
 
-	shorter := daemon.New(e.bin, e.w, t.TempDir())
+	shorter := enforcerd.New(e.bin, e.w, t.TempDir())
 	shorter.Prefix = e.d.Prefix[:len(e.d.Prefix)-1]
 	second("prefix extended by the live one", "extend each other", shorter)
 
-	pool := daemon.New(e.bin, e.w, t.TempDir())
+	pool := enforcerd.New(e.bin, e.w, t.TempDir())
 	pool.Prefix = "z" + e.w.ID[:5]
 	second("overlapping pool", "overlaps the pool", pool)
 
@@ -95,7 +95,7 @@ func TestE2ESecondInstanceRefused(t *testing.T) {
 	}
 
 	// Control: its own prefix and pool.
-	other := daemon.New(e.bin, e.w, t.TempDir(), "--pool", "10.30.0.0/16")
+	other := enforcerd.New(e.bin, e.w, t.TempDir(), "--pool", "10.30.0.0/16")
 	other.Prefix = "y" + e.w.ID[:5]
 	if err := other.Start(); err != nil {
 		t.Fatalf("control: a daemon with its own prefix and pool: %v", err)

@@ -11,7 +11,7 @@ import (
 
 	"github.com/vishvananda/netlink"
 
-	"github.com/enforcerd/enforcerd/netpolicy"
+	"github.com/enforcerd/enforcerd/netpolicy/nft"
 	"github.com/enforcerd/enforcerd/nsmgr"
 )
 
@@ -29,7 +29,7 @@ func TestE2ERestartPrunesOrphanedGuestState(t *testing.T) {
 	web := e.w.Web[0]
 
 	// The leftovers, planted the way the kernel would hold them.
-	fw, err := netpolicy.OpenFirewall(netpolicy.FirewallConfig{NetNS: e.w.Host, Prefix: e.d.Prefix,
+	fw, err := nft.OpenFirewall(nft.FirewallConfig{NetNS: e.w.Host, Prefix: e.d.Prefix,
 		Pool: nsmgr.DefaultPool, DNSAddr: netip.MustParseAddr("10.20.255.254")})
 	if err != nil {
 		t.Fatalf("open the daemon's table: %v", err)
@@ -63,7 +63,7 @@ func TestE2ERestartPrunesOrphanedGuestState(t *testing.T) {
 		}
 		attested = map[netip.Addr]bool{}
 		for g, as := range all {
-			attested[g] = slices.ContainsFunc(as, func(a netpolicy.AttestedAddr) bool { return a.IP == web })
+			attested[g] = slices.ContainsFunc(as, func(a nft.AttestedAddr) bool { return a.IP == web })
 		}
 		list, err := h.ConntrackTableList(netlink.ConntrackTable, netlink.FAMILY_V4)
 		if err != nil {

@@ -19,14 +19,14 @@ import (
 	"github.com/miekg/dns"
 
 	"github.com/enforcerd/enforcerd/api"
-	"github.com/enforcerd/enforcerd/integration/daemon"
+	"github.com/enforcerd/enforcerd/integration/enforcerd"
 	"github.com/enforcerd/enforcerd/integration/world"
 )
 
 func TestE2EReap(t *testing.T) {
 	e := newE2E(t)
 	other := &e2eEnv{t: t, w: e.w, bin: e.bin, rootfs: e.rootfs}
-	other.d = daemon.New(e.bin, e.w, t.TempDir(), "--pool", "10.21.0.0/16")
+	other.d = enforcerd.New(e.bin, e.w, t.TempDir(), "--pool", "10.21.0.0/16")
 	other.d.Prefix = "f" + e.w.ID[:5]
 	if left := other.objects(); !left.empty() {
 		t.Fatalf("objects of prefix %s exist before the test: %s", other.d.Prefix, left)

@@ -28,21 +28,6 @@ import (
 	"github.com/opencontainers/cgroups"
 )
 
-// e2eWorldSearchableDir makes a daemon directory every user may search, so
-// that only the daemon's own modes decide what a host user reaches.
-func e2eWorldSearchableDir(t *testing.T, pattern string) string {
-	t.Helper()
-	dir, err := os.MkdirTemp("", pattern)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	if err := os.Chmod(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	return dir
-}
-
 // e2eFakeImage makes dir/bin so that dir passes the "is a root filesystem"
 // check: every refusal below is then the image grant's, not that one's.
 func e2eFakeImage(t *testing.T, dir string, mode os.FileMode, uid int) {

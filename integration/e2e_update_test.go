@@ -151,7 +151,7 @@ func TestE2EUpdateRevoke(t *testing.T) {
 	if got := e2eNftAttested(t, e.w, e.d.Prefix, guest); !slices.Equal(got, []string{"198.18.1.11"}) {
 		t.Errorf("the kernel's attested set for agent after the revoke: %v, want [198.18.1.11]", got)
 	}
-	if a := e.why("agent", "198.18.1.10:7"); a.Verdict != api.WhyDropped || a.Reason != "not-allowed" {
+	if a := e.why("agent", "198.18.1.10:7"); a.Verdict != api.WhyRejected || a.Reason != "not-allowed" {
 		t.Errorf("why 198.18.1.10:7 after the revoke: %+v", a)
 	}
 	queried := len(e.w.DNS.Queries())
@@ -312,7 +312,7 @@ func TestE2EUpdateOverlappingCIDR(t *testing.T) {
 		e2eTCP(ns, "198.18.2.10:7", e2eRejected),
 	)
 	e2eCut(t, "198.18.2.10:7, outside the narrowed /24", conn)
-	if a := e.why("agent", "198.18.2.10:7"); a.Verdict != api.WhyDropped {
+	if a := e.why("agent", "198.18.2.10:7"); a.Verdict != api.WhyRejected {
 		t.Errorf("why 198.18.2.10:7 after narrowing: %+v", a)
 	}
 }
@@ -347,8 +347,8 @@ func TestE2EUpdateKillDuringUpdate(t *testing.T) {
 		if w := e.why("agent", static[a]); w.Verdict != api.WhyAllowed || w.Reason != "static" {
 			t.Errorf("%s: why %s: %+v, want allowed (static)", when, static[a], w)
 		}
-		if w := e.why("agent", static[!a]); w.Verdict != api.WhyDropped {
-			t.Errorf("%s: why %s: %+v, want dropped", when, static[!a], w)
+		if w := e.why("agent", static[!a]); w.Verdict != api.WhyRejected {
+			t.Errorf("%s: why %s: %+v, want rejected (the default on-deny)", when, static[!a], w)
 		}
 		if a {
 			e2eLookupWant(t, ns, when, "cdn.e2e.test", dns.RcodeSuccess, "198.18.2.10")

@@ -10,6 +10,7 @@ import (
 
 	"github.com/enforcerd/enforcerd/integration/world"
 	"github.com/enforcerd/enforcerd/netpolicy"
+	"github.com/enforcerd/enforcerd/netpolicy/nft"
 )
 
 // Live tests of the firewall's batching: group-committed attests and
@@ -31,7 +32,7 @@ func TestNetpolicyAttestGroupCommit(t *testing.T) {
 		}
 		return nil
 	}
-	fw, err := netpolicy.OpenFirewall(cfg)
+	fw, err := nft.OpenFirewall(cfg)
 	if err != nil {
 		t.Fatalf("open firewall: %v", err)
 	}
@@ -130,7 +131,7 @@ func TestNetpolicyRemoveSessionByKey(t *testing.T) {
 	present := func(g netip.Addr) bool {
 		return regexp.MustCompile(`(^|[^0-9.])` + regexp.QuoteMeta(g.String()) + `([^0-9]|$)`).MatchString(table())
 	}
-	rules := make([]netpolicy.SessionRules, 6)
+	rules := make([]nft.SessionRules, 6)
 	for i := range rules {
 		rules[i] = fakeSession(e.prefix, i)
 	}
@@ -161,7 +162,7 @@ func TestNetpolicyRemoveSessionByKey(t *testing.T) {
 			}
 		}
 	}
-	remove := func(step string, fw *netpolicy.Firewall, r netpolicy.SessionRules) {
+	remove := func(step string, fw *nft.Firewall, r nft.SessionRules) {
 		t.Helper()
 		if err := fw.RemoveSession(r); err != nil {
 			t.Fatalf("%s: %v", step, err)
@@ -184,7 +185,7 @@ func TestNetpolicyRemoveSessionByKey(t *testing.T) {
 	time.Sleep(1300 * time.Millisecond)
 	remove("remove after an attested element expired", e.fw, rules[2])
 
-	remove("remove an orphan by guest", e.fw, netpolicy.SessionRules{HostIface: rules[3].HostIface, Guest: rules[3].Guest})
+	remove("remove an orphan by guest", e.fw, nft.SessionRules{HostIface: rules[3].HostIface, Guest: rules[3].Guest})
 
 	// A restarted daemon: its index is seeded by Ensure.
 	e.reopenFirewall(t)

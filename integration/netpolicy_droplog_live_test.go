@@ -10,26 +10,27 @@ import (
 
 	"github.com/enforcerd/enforcerd/integration/world"
 	"github.com/enforcerd/enforcerd/netpolicy"
+	"github.com/enforcerd/enforcerd/netpolicy/nft"
 	"github.com/enforcerd/enforcerd/nsmgr"
 )
 
 // Live tests of the drop log: every drop reason of the table, triggered by
 // the attack or mistake behind it, read back from NFLOG by the firewall's
-// own reader (netpolicy.DropLog), with a control that logs nothing; the
+// own reader (nft.DropLog), with a control that logs nothing; the
 // per-reason counters, and the per-session log budget under a flood.
 
 // dropWatch collects what a DropLog reads.
 type dropWatch struct {
-	ch chan netpolicy.DroppedFlow
+	ch chan nft.DroppedFlow
 }
 
-func watchDrops(t *testing.T, fw *netpolicy.Firewall) *dropWatch {
+func watchDrops(t *testing.T, fw *nft.Firewall) *dropWatch {
 	t.Helper()
 	dl, err := fw.OpenDropLog()
 	if err != nil {
 		t.Fatalf("open drop log: %v", err)
 	}
-	w := &dropWatch{ch: make(chan netpolicy.DroppedFlow, 4096)}
+	w := &dropWatch{ch: make(chan nft.DroppedFlow, 4096)}
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -55,10 +56,10 @@ func watchDrops(t *testing.T, fw *netpolicy.Firewall) *dropWatch {
 
 // expect waits up to 2 s for a line matching want (zero fields match
 // anything) and fails the test without one.
-func (w *dropWatch) expect(t *testing.T, what string, want netpolicy.DroppedFlow) netpolicy.DroppedFlow {
+func (w *dropWatch) expect(t *testing.T, what string, want nft.DroppedFlow) nft.DroppedFlow {
 	t.Helper()
 	deadline := time.After(2 * time.Second)
-	var seen []netpolicy.DroppedFlow
+	var seen []nft.DroppedFlow
 	for {
 		select {
 		case fl := <-w.ch:
@@ -68,7 +69,7 @@ func (w *dropWatch) expect(t *testing.T, what string, want netpolicy.DroppedFlow
 			seen = append(seen, fl)
 		case <-deadline:
 			t.Errorf("%s: no drop line like %+v within 2s; saw %+v", what, want, seen)
-			return netpolicy.DroppedFlow{}
+			return nft.DroppedFlow{}
 		}
 	}
 }
@@ -93,7 +94,7 @@ func (w *dropWatch) drain() {
 	}
 }
 
-func dropMatches(fl, want netpolicy.DroppedFlow) bool {
+func dropMatches(fl, want nft.DroppedFlow) bool {
 	return fl.Reason == want.Reason &&
 		(want.Proto == "" || fl.Proto == want.Proto) &&
 		(!want.Src.IsValid() || fl.Src == want.Src) &&
@@ -122,28 +123,28 @@ func TestNetpolicyDropLogReasons(t *testing.T) {
 	drops.quiet(t, "allowed traffic", time.Second)
 
 	expectBlocked(t, "not allowed", tcpProbe(ns, netip.AddrPortFrom(web2, 80)))
-	drops.expect(t, "not allowed", netpolicy.DroppedFlow{Reason: netpolicy.ReasonNotAllowed, Proto: "tcp", Src: s.Guest, Dst: web2, DstPort: 80, Guest: s.Guest})
+	drops.expect(t, "not allowed", nft.DroppedFlow{Reason: netpolicy.ReasonNotAllowed, Proto: "tcp", Src: s.Guest, Dst: web2, DstPort: 80, Guest: s.Guest})
 	drops.drain() // the probe's retransmissions are not new flows, but its SYN retries may be logged once each
 
 	expectBlocked(t, "another port", tcpProbe(ns, netip.AddrPortFrom(web1, 7)))
-	drops.expect(t, "another port", netpolicy.DroppedFlow{Reason: netpolicy.ReasonPort, Proto: "tcp", Dst: web1, DstPort: 7, Guest: s.Guest})
+	drops.expect(t, "another port", nft.DroppedFlow{Reason: netpolicy.ReasonPort, Proto: "tcp", Dst: web1, DstPort: 7, Guest: s.Guest})
 	// An attested port-constrained address on another port says "port" too.
 	if _, err := e.fw.Attest(s.Guest, []netip.Addr{web2}, time.Minute, []netpolicy.PortSpec{{Port: 443, Proto: netpolicy.ProtoTCP}}); err != nil {
 		t.Fatal(err)
 	}
 	expectBlocked(t, "attested on another port", udpProbe(ns, netip.AddrPortFrom(web2, 9)))
-	drops.expect(t, "attested on another port", netpolicy.DroppedFlow{Reason: netpolicy.ReasonPort, Proto: "udp", Dst: web2, DstPort: 9})
+	drops.expect(t, "attested on another port", nft.DroppedFlow{Reason: netpolicy.ReasonPort, Proto: "udp", Dst: web2, DstPort: 9})
 	drops.drain()
 
 	expectBlocked(t, "metadata", tcpProbe(ns, netip.AddrPortFrom(w.Metadata, 80)))
-	fl := drops.expect(t, "metadata", netpolicy.DroppedFlow{Reason: netpolicy.ReasonSpecialPurpose, Proto: "tcp", Dst: w.Metadata, DstPort: 80})
+	fl := drops.expect(t, "metadata", nft.DroppedFlow{Reason: netpolicy.ReasonSpecialPurpose, Proto: "tcp", Dst: w.Metadata, DstPort: 80})
 	if r, ok := e.guard.BlockedBy(fl.Dst); !ok || r.Name != "link-local" {
 		t.Errorf("the guard names %s's range %v %v, want link-local", fl.Dst, r, ok)
 	}
 	drops.drain()
 
 	expectBlocked(t, "direct DNS", dnsProbe(ns, w.DNS.Addr(), false))
-	drops.expect(t, "direct DNS", netpolicy.DroppedFlow{Reason: netpolicy.ReasonResolver, Proto: "udp", Dst: w.DNS.Addr().Addr(), DstPort: 53})
+	drops.expect(t, "direct DNS", nft.DroppedFlow{Reason: netpolicy.ReasonResolver, Proto: "udp", Dst: w.DNS.Addr().Addr(), DstPort: 53})
 	drops.drain()
 
 	// Spoofed: a datagram with session b's address as its source, sent from
@@ -151,14 +152,14 @@ func TestNetpolicyDropLogReasons(t *testing.T) {
 	disableRPFilter(t, w, s.HostIface)
 	run(t, "ip", "netns", "exec", nsmgr.NetnsName(e.prefix, "a"), "ip", "addr", "add", other.Guest.String()+"/32", "dev", "eth0")
 	sendFrom(t, ns, other.Guest, netip.AddrPortFrom(web0, 9), "spoofed")
-	drops.expect(t, "spoofed", netpolicy.DroppedFlow{Reason: netpolicy.ReasonSpoofed, Proto: "udp", Src: other.Guest, Dst: web0, DstPort: 9, Guest: s.Guest})
+	drops.expect(t, "spoofed", nft.DroppedFlow{Reason: netpolicy.ReasonSpoofed, Proto: "udp", Src: other.Guest, Dst: web0, DstPort: 9, Guest: s.Guest})
 	drops.drain()
 
 	// Inbound: the world opens a connection towards the guest (given a
 	// route to the pool through the simulated host).
 	run(t, "ip", "netns", "exec", w.NetName, "ip", "route", "add", e.pool.String(), "via", w.Uplink.String())
 	expectBlocked(t, "inbound", tcpProbe(w.NetPath, netip.AddrPortFrom(s.Guest, 22)))
-	drops.expect(t, "inbound", netpolicy.DroppedFlow{Reason: netpolicy.ReasonInbound, Proto: "tcp", Dst: s.Guest, DstPort: 22, Guest: s.Guest})
+	drops.expect(t, "inbound", nft.DroppedFlow{Reason: netpolicy.ReasonInbound, Proto: "tcp", Dst: s.Guest, DstPort: 22, Guest: s.Guest})
 	drops.drain()
 
 	c, err := e.fw.Counters(s.Guest)
@@ -191,7 +192,7 @@ func TestNetpolicyDropLogReasons(t *testing.T) {
 	if c.AcceptedPackets == 0 || c.ReceivedPackets == 0 || c.DroppedPackets == 0 {
 		t.Errorf("counters by key did not move: %+v", c)
 	}
-	if none, err := e.fw.Counters(netip.MustParseAddr("10.255.255.254")); err != nil || !reflect.DeepEqual(none, netpolicy.Counters{}) {
+	if none, err := e.fw.Counters(netip.MustParseAddr("10.255.255.254")); err != nil || !reflect.DeepEqual(none, nft.Counters{}) {
 		t.Errorf("Counters of an address no session has = %+v, %v; want zero and no error", none, err)
 	}
 }
@@ -214,7 +215,7 @@ func TestNetpolicyDropLogRateLimit(t *testing.T) {
 	for i := 0; i < 40; i++ {
 		sendFrom(t, s.NetnsPath, s.Guest, netip.AddrPortFrom(w.Web[0], uint16(20000+i)), "x")
 	}
-	drops.expect(t, "over the flow rate", netpolicy.DroppedFlow{Reason: netpolicy.ReasonRateLimit, Proto: "udp", Dst: w.Web[0], Guest: s.Guest})
+	drops.expect(t, "over the flow rate", nft.DroppedFlow{Reason: netpolicy.ReasonRateLimit, Proto: "udp", Dst: w.Web[0], Guest: s.Guest})
 	time.Sleep(3 * time.Second) // the log budget refills
 	drops.drain()
 

@@ -10,9 +10,10 @@ import (
 
 	"github.com/enforcerd/enforcerd/integration/world"
 	"github.com/enforcerd/enforcerd/netpolicy"
+	"github.com/enforcerd/enforcerd/netpolicy/nft"
 )
 
-// Live tests of Attest's knowledge (netpolicy/attestknown.go): an element
+// Live tests of Attest's knowledge (netpolicy/nft/attestknown.go): an element
 // the Firewall inserted and nothing removed since, with enough life left,
 // is answered without a kernel round trip; an element removed in any way
 // is never vouched for again without one (the external delete within the
@@ -30,7 +31,7 @@ const liveCopyLife = 1500 * time.Millisecond
 
 // attestCounted attests ips for guest and reports whether it took a kernel
 // round trip, with the effective timeout.
-func attestCounted(t *testing.T, fw *netpolicy.Firewall, guest netip.Addr, ips []netip.Addr, ttl time.Duration, ports []netpolicy.PortSpec) (time.Duration, bool) {
+func attestCounted(t *testing.T, fw *nft.Firewall, guest netip.Addr, ips []netip.Addr, ttl time.Duration, ports []netpolicy.PortSpec) (time.Duration, bool) {
 	t.Helper()
 	before := fw.AttestRoundTrips()
 	eff, err := fw.Attest(guest, ips, ttl, ports)
@@ -42,7 +43,7 @@ func attestCounted(t *testing.T, fw *netpolicy.Firewall, guest netip.Addr, ips [
 
 // expiresOf returns the kernel's remaining life of guest's attested
 // element for ip (port 0: the port-less one).
-func expiresOf(t *testing.T, fw *netpolicy.Firewall, guest, ip netip.Addr, port uint16) (time.Duration, bool) {
+func expiresOf(t *testing.T, fw *nft.Firewall, guest, ip netip.Addr, port uint16) (time.Duration, bool) {
 	t.Helper()
 	list, err := fw.Attested(guest)
 	if err != nil {
@@ -58,7 +59,7 @@ func expiresOf(t *testing.T, fw *netpolicy.Firewall, guest, ip netip.Addr, port 
 
 // waitKnown attests until a call is answered without a round trip (the
 // monitor may still be joining right after Ensure).
-func waitKnown(t *testing.T, fw *netpolicy.Firewall, guest netip.Addr, ips []netip.Addr, ttl time.Duration, ports []netpolicy.PortSpec) time.Duration {
+func waitKnown(t *testing.T, fw *nft.Firewall, guest netip.Addr, ips []netip.Addr, ttl time.Duration, ports []netpolicy.PortSpec) time.Duration {
 	t.Helper()
 	deadline := time.Now().Add(5 * time.Second)
 	for {
@@ -184,7 +185,7 @@ func TestNetpolicyAttestKnown(t *testing.T) {
 	// A revoke by UpdateSession: blocked at once, and the next attest (a
 	// later policy allowing it again) is a round trip.
 	waitKnown(t, e.fw, s.Guest, []netip.Addr{web2}, ttl, nil)
-	if err := e.fw.UpdateSession(netpolicy.SessionUpdate{Old: r, New: r,
+	if err := e.fw.UpdateSession(nft.SessionUpdate{Old: r, New: r,
 		Stale: []netpolicy.Attestation{{Addrs: []netip.Addr{web2}}}}); err != nil {
 		t.Fatalf("update: %v", err)
 	}

@@ -18,6 +18,7 @@ import (
 
 	"github.com/enforcerd/enforcerd/integration/world"
 	"github.com/enforcerd/enforcerd/netpolicy"
+	"github.com/enforcerd/enforcerd/netpolicy/nft"
 	"github.com/enforcerd/enforcerd/nsmgr"
 )
 
@@ -32,11 +33,11 @@ type npEnv struct {
 	w      *world.World
 	prefix string
 	mgr    *nsmgr.Manager
-	fw     *netpolicy.Firewall
+	fw     *nft.Firewall
 	guard  *netpolicy.Guard
 	pool   netip.Prefix
 	dns    netip.Addr
-	cfg    netpolicy.FirewallConfig
+	cfg    nft.FirewallConfig
 }
 
 func newNPEnv(t *testing.T, floor time.Duration) *npEnv {
@@ -64,7 +65,7 @@ func newNPEnv(t *testing.T, floor time.Duration) *npEnv {
 	if e.guard, err = netpolicy.NewGuard(e.pool, []netip.Prefix{w.PublicOverride}); err != nil {
 		t.Fatalf("guard: %v", err)
 	}
-	e.cfg = netpolicy.FirewallConfig{NetNS: w.Host, Prefix: e.prefix, Pool: e.pool, DNSAddr: e.dns, Guard: e.guard, AttestFloor: floor,
+	e.cfg = nft.FirewallConfig{NetNS: w.Host, Prefix: e.prefix, Pool: e.pool, DNSAddr: e.dns, Guard: e.guard, AttestFloor: floor,
 		AttestMaxLifetime: time.Hour} // the daemon's default
 	e.fw = e.ensureFirewall(t)
 	// The current e.fw is closed after every session's cleanup (registered
@@ -73,7 +74,7 @@ func newNPEnv(t *testing.T, floor time.Duration) *npEnv {
 	t.Cleanup(func() { e.fw.Close() })
 	t.Cleanup(func() {
 		// A handle of its own: e.fw's Close may have been tested.
-		fw, err := netpolicy.OpenFirewall(e.cfg)
+		fw, err := nft.OpenFirewall(e.cfg)
 		if err != nil {
 			t.Errorf("delete table: open firewall: %v", err)
 			return
@@ -90,7 +91,7 @@ func newNPEnv(t *testing.T, floor time.Duration) *npEnv {
 
 // openFirewall opens a second Firewall on the simulated host's table (a
 // restarted daemon beside e.fw), closed when the test ends, and ensures it.
-func (e *npEnv) openFirewall(t *testing.T) *netpolicy.Firewall {
+func (e *npEnv) openFirewall(t *testing.T) *nft.Firewall {
 	t.Helper()
 	fw := e.ensureFirewall(t)
 	t.Cleanup(func() { fw.Close() })
@@ -109,9 +110,9 @@ func (e *npEnv) reopenFirewall(t *testing.T) {
 
 // ensureFirewall opens a Firewall with e.cfg and ensures the table; the
 // caller owns its Close.
-func (e *npEnv) ensureFirewall(t *testing.T) *netpolicy.Firewall {
+func (e *npEnv) ensureFirewall(t *testing.T) *nft.Firewall {
 	t.Helper()
-	fw, err := netpolicy.OpenFirewall(e.cfg)
+	fw, err := nft.OpenFirewall(e.cfg)
 	if err != nil {
 		t.Fatalf("open firewall: %v", err)
 	}
@@ -123,13 +124,13 @@ func (e *npEnv) ensureFirewall(t *testing.T) *netpolicy.Firewall {
 }
 
 // session creates a session network and registers its rules.
-func (e *npEnv) session(t *testing.T, name string, mode netpolicy.Mode, static []netpolicy.Target, peers ...netip.Addr) (nsmgr.Session, netpolicy.SessionRules) {
+func (e *npEnv) session(t *testing.T, name string, mode netpolicy.Mode, static []netpolicy.Target, peers ...netip.Addr) (nsmgr.Session, nft.SessionRules) {
 	t.Helper()
 	s, err := e.mgr.Create(name, mode != netpolicy.ModeNone)
 	if err != nil {
 		t.Fatalf("create session %s: %v", name, err)
 	}
-	r := netpolicy.SessionRules{Name: name, HostIface: s.HostIface, Guest: s.Guest, Egress: mode, Static: static, Peers: peers}
+	r := nft.SessionRules{Name: name, HostIface: s.HostIface, Guest: s.Guest, Egress: mode, Static: static, Peers: peers}
 	t.Cleanup(func() {
 		if err := e.fw.RemoveSession(r); err != nil {
 			t.Errorf("remove session %s: %v", name, err)
@@ -722,16 +723,16 @@ func TestNetpolicyRestartAndIdempotence(t *testing.T) {
 	expectBlocked(t, "daemon down", tcpProbe(a.NetnsPath, netip.AddrPortFrom(w.Web[1], 7)))
 	// A closed handle refuses everything, even an attest it could answer
 	// from memory (web2 was attested through it), and closes again quietly.
-	if err := closed.Ensure(); !errors.Is(err, netpolicy.ErrClosed) {
+	if err := closed.Ensure(); !errors.Is(err, nft.ErrClosed) {
 		t.Errorf("Ensure after Close = %v, want ErrClosed", err)
 	}
-	if _, err := closed.Attest(a.Guest, []netip.Addr{w.Web[2]}, time.Minute, nil); !errors.Is(err, netpolicy.ErrClosed) {
+	if _, err := closed.Attest(a.Guest, []netip.Addr{w.Web[2]}, time.Minute, nil); !errors.Is(err, nft.ErrClosed) {
 		t.Errorf("Attest after Close = %v, want ErrClosed", err)
 	}
-	if _, err := closed.Counters(a.Guest); !errors.Is(err, netpolicy.ErrClosed) {
+	if _, err := closed.Counters(a.Guest); !errors.Is(err, nft.ErrClosed) {
 		t.Errorf("Counters after Close = %v, want ErrClosed", err)
 	}
-	if _, err := closed.OpenDropLog(); !errors.Is(err, netpolicy.ErrClosed) {
+	if _, err := closed.OpenDropLog(); !errors.Is(err, nft.ErrClosed) {
 		t.Errorf("OpenDropLog after Close = %v, want ErrClosed", err)
 	}
 	if err := closed.Close(); err != nil {
@@ -749,7 +750,7 @@ func TestNetpolicyRestartAndIdempotence(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := map[netpolicy.SessionKey]bool{{HostIface: a.HostIface, Guest: a.Guest}: true, {HostIface: b.HostIface, Guest: b.Guest}: true}
+	want := map[nft.SessionKey]bool{{HostIface: a.HostIface, Guest: a.Guest}: true, {HostIface: b.HostIface, Guest: b.Guest}: true}
 	for _, k := range sessions {
 		delete(want, k)
 	}
@@ -779,7 +780,7 @@ func TestNetpolicyRestartAndIdempotence(t *testing.T) {
 	if list, err := fw2.Attested(a.Guest); err != nil || len(list) != 0 {
 		t.Errorf("attested after removal = %+v %v", list, err)
 	}
-	if c, err := fw2.Counters(a.Guest); err != nil || !reflect.DeepEqual(c, netpolicy.Counters{}) {
+	if c, err := fw2.Counters(a.Guest); err != nil || !reflect.DeepEqual(c, nft.Counters{}) {
 		t.Errorf("counters after removal = %+v %v", c, err)
 	}
 
@@ -874,9 +875,9 @@ func TestNetpolicyIPv6GoesNowhere(t *testing.T) {
 
 // fakeSession returns rules for slot i of the pool without a network: the
 // firewall only stores elements, so scale tests need no veths.
-func fakeSession(prefix string, i int) netpolicy.SessionRules {
+func fakeSession(prefix string, i int) nft.SessionRules {
 	g := netip.AddrFrom4([4]byte{10, 20, byte(i >> 6), byte(i&63)*4 + 2})
-	return netpolicy.SessionRules{Name: "fake", HostIface: prefix + strconv.Itoa(i) + "h", Guest: g, Egress: netpolicy.ModeAllowlist,
+	return nft.SessionRules{Name: "fake", HostIface: prefix + strconv.Itoa(i) + "h", Guest: g, Egress: netpolicy.ModeAllowlist,
 		Static: []netpolicy.Target{{Prefix: netip.MustParsePrefix("93.184.216.34/32")}, {Prefix: netip.MustParsePrefix("93.184.216.35/32"), Port: 443}}}
 }
 
@@ -937,7 +938,7 @@ func BenchmarkNetpolicyScaling(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			fw, err := netpolicy.OpenFirewall(netpolicy.FirewallConfig{NetNS: w.Host, Prefix: prefix, Pool: nsmgr.DefaultPool,
+			fw, err := nft.OpenFirewall(nft.FirewallConfig{NetNS: w.Host, Prefix: prefix, Pool: nsmgr.DefaultPool,
 				DNSAddr: netip.MustParseAddr("10.20.255.254"), Guard: g, AttestFloor: time.Minute})
 			if err != nil {
 				b.Fatal(err)
@@ -1032,7 +1033,7 @@ func TestNetpolicyConcurrentUse(t *testing.T) {
 				eff, err := e.fw.Attest(g, world.PublicAddrs(j + 1)[j:], 48*time.Hour, nil)
 				if err != nil {
 					errs <- err
-				} else if eff != netpolicy.MaxAttestTimeout {
+				} else if eff != nft.MaxAttestTimeout {
 					errs <- errors.New("attest timeout not clamped to the maximum: " + eff.String())
 				}
 			}

@@ -1184,3 +1184,61 @@ func TestNsmgrIPv6SysctlsHitTheRightNetns(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestNsmgrStepStarted: the StepStarted observer (the bench's step timer)
+// is told every step of a create with a NIC, in CreateSteps' order, each
+// after Fault passed it; a step Fault fails is never reported started
+// (the control: the same manager, a fault at add-veth).
+func TestNsmgrStepStarted(t *testing.T) {
+	w := world.New(t)
+	prefix := nsmgrPrefix(t, w)
+	checkNoLeftovers(t, prefix)
+	var (
+		mu               sync.Mutex
+		faulted, started []string
+		failAt           string
+	)
+	m, err := nsmgr.New(nsmgr.Config{
+		Prefix: prefix, Pool: netip.MustParsePrefix("10.20.0.0/16"), HostNS: w.Host, EtcNetnsDir: t.TempDir(),
+		Fault: func(step string) error {
+			mu.Lock()
+			defer mu.Unlock()
+			faulted = append(faulted, step)
+			if step == failAt {
+				return errors.New("injected")
+			}
+			return nil
+		},
+		StepStarted: func(step string) {
+			mu.Lock()
+			defer mu.Unlock()
+			if len(faulted) == 0 || faulted[len(faulted)-1] != step {
+				t.Errorf("step %s started before Fault passed it (Fault saw %v)", step, faulted)
+			}
+			started = append(started, step)
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := m.Close(); err != nil {
+			t.Errorf("Close: %v", err)
+		}
+	})
+	mustCreate(t, w, m, "s1", true)
+	mu.Lock()
+	if !slices.Equal(started, nsmgr.CreateSteps) {
+		t.Errorf("StepStarted saw %v, want CreateSteps %v", started, nsmgr.CreateSteps)
+	}
+	faulted, started, failAt = nil, nil, nsmgr.StepAddVeth
+	mu.Unlock()
+	if _, err := m.Create("s2", true); err == nil {
+		t.Fatal("create with a fault at add-veth succeeded")
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if slices.Contains(started, nsmgr.StepAddVeth) || !slices.Contains(faulted, nsmgr.StepAddVeth) {
+		t.Errorf("with a fault at add-veth: Fault saw %v, StepStarted %v; want add-veth faulted, never started", faulted, started)
+	}
+}

@@ -1,20 +1,26 @@
-// Package netpolicy owns the egress policy of a session network: the policy
-// language (modes, allow entries, scope URLs, lab peers) and its validation,
-// the SSRF guard (the single table of IPv4 special-purpose ranges), and the
-// nftables table that enforces all of it from the daemon's network namespace.
+// Package netpolicy is the egress policy of a session network as plain
+// values: the policy language (modes, allow and deny entries, scope URLs,
+// lab peers, inbound-from-host ports, the on-deny answer) and its
+// validation, the SSRF guard (the single table of IPv4 special-purpose
+// ranges), the targets a policy resolves to, the drop reasons, and the
+// attester's contract (Attestation, ErrAttestCap). It does no I/O and
+// links no nftables and no netlink (internal/depaware's
+// TestPolicyLanguageIsPure checks): the DNS proxy uses it without the
+// table.
 //
-// The package has a pure core and a thin kernel layer:
+// The nftables table that enforces it is package netpolicy/nft; the
+// netfilter netlink clients the table reads the kernel with (ctnetlink,
+// NFLOG, set-element reads) are internal/nfnetlink.
 //
-//   - policy.go, entry.go, name.go, scope.go, validate.go: parsing and
-//     validation, no I/O.
+//   - policy.go, entry.go, name.go, scope.go, validate.go, inbound_ports.go:
+//     parsing and validation.
 //   - ranges.go: the special-purpose table, the Guard built from it, and the
-//     interval arithmetic that turns it into the nftables drop set.
-//   - targets.go, elements.go, firewall_rules.go, firewall_sets.go: the
-//     desired kernel state (set elements and rule expressions) as plain
-//     values, unit-tested byte for byte.
-//   - firewall.go, firewall_conn.go, firewall_ensure.go, firewall_session.go:
-//     the only code that talks to the kernel, through google/nftables on
-//     netlink sockets bound to the daemon's netns by fd.
+//     interval arithmetic behind the table's drop set (BlockedRanges).
+//   - targets.go: the static and deny targets of a policy.
+//   - reasons.go: why the table drops a packet.
+//
+// The enforcement model below is netpolicy/nft's, described here because
+// it is what the policy means in the kernel.
 //
 // # Enforcement model
 //

@@ -8,7 +8,7 @@ import (
 )
 
 // entryGrammar is what error messages say an entry may look like.
-const entryGrammar = "expected HOST, *.HOST, **.HOST, A.B.C.D or A.B.C.D/N, optionally followed by :PORT or :PORT/tcp or :PORT/udp"
+const entryGrammar = "want HOST, *.HOST, **.HOST, A.B.C.D or A.B.C.D/N, optionally followed by :PORT or :PORT/tcp or :PORT/udp"
 
 // ParseEntry parses one allow entry:
 //
@@ -33,7 +33,7 @@ func ParseEntry(s string, g *Guard) (Entry, error) {
 func ParseDenyEntry(s string) (Entry, error) {
 	e, err := parseEntry(strings.TrimSpace(s), anyRange)
 	if err == nil && e.Kind != KindCIDR && e.Port != 0 {
-		err = fmt.Errorf("a name is denied on every port (the resolver knows no ports); give %s, or deny an address or CIDR with a port", e.Name)
+		err = fmt.Errorf("a name is denied on every port (the resolver knows no ports); want %s, or deny an address or CIDR with a port", e.Name)
 	}
 	if err != nil {
 		return Entry{}, fmt.Errorf("deny entry %q: %w", s, err)
@@ -63,7 +63,7 @@ func parseEntry(s string, g *Guard) (Entry, error) {
 		return Entry{}, fmt.Errorf("empty; %s", entryGrammar)
 	}
 	if strings.Contains(s, "://") {
-		return Entry{}, fmt.Errorf("a URL is not an allow entry; give its host, or list the URL as a scope")
+		return Entry{}, fmt.Errorf("a URL is not an allow entry; want its host, or list the URL as a scope")
 	}
 	if strings.ContainsAny(s, "[]") || strings.Count(s, ":") >= 2 {
 		return Entry{}, fmt.Errorf("IPv6 is not supported")
@@ -125,28 +125,28 @@ var errWildcardLabels = fmt.Errorf("a wildcard needs at least two labels after i
 func parsePortProto(s string) (PortSpec, error) {
 	portStr, protoStr, hasProto := strings.Cut(s, "/")
 	if portStr == "" {
-		return PortSpec{}, fmt.Errorf("empty port; expected a number from 1 to 65535")
+		return PortSpec{}, fmt.Errorf("empty port; want a number from 1 to 65535")
 	}
 	n, err := strconv.ParseUint(portStr, 10, 64)
 	if err != nil {
 		if strings.Trim(portStr, "0123456789") == "" {
-			return PortSpec{}, fmt.Errorf("port %s is out of range; expected 1 to 65535", portStr)
+			return PortSpec{}, fmt.Errorf("port %s is out of range; want 1 to 65535", portStr)
 		}
-		return PortSpec{}, fmt.Errorf("port %q is not a number; expected 1 to 65535", portStr)
+		return PortSpec{}, fmt.Errorf("port %q is not a number; want 1 to 65535", portStr)
 	}
 	if n == 0 || n > 65535 {
-		return PortSpec{}, fmt.Errorf("port %d is out of range; expected 1 to 65535", n)
+		return PortSpec{}, fmt.Errorf("port %d is out of range; want 1 to 65535", n)
 	}
 	ps := PortSpec{Port: uint16(n)}
 	if hasProto {
 		if protoStr == "" {
-			return PortSpec{}, fmt.Errorf("empty protocol after the port; expected tcp or udp")
+			return PortSpec{}, fmt.Errorf("empty protocol after the port; want tcp or udp")
 		}
 		switch p := Proto(strings.ToLower(protoStr)); p {
 		case ProtoTCP, ProtoUDP:
 			ps.Proto = p
 		default:
-			return PortSpec{}, fmt.Errorf("unknown protocol %q; expected tcp or udp", protoStr)
+			return PortSpec{}, fmt.Errorf("unknown protocol %q; want tcp or udp", protoStr)
 		}
 	}
 	return ps, nil
@@ -165,7 +165,7 @@ func parseCIDR(s string, g *Guard) (netip.Prefix, error) {
 	if strings.Contains(s, "/") {
 		var err error
 		if p, err = netip.ParsePrefix(s); err != nil || !p.Addr().Is4() {
-			return netip.Prefix{}, fmt.Errorf("invalid IPv4 CIDR %q; expected A.B.C.D/N with N from 0 to 32", s)
+			return netip.Prefix{}, fmt.Errorf("invalid IPv4 CIDR %q; want A.B.C.D/N with N from 0 to 32", s)
 		}
 		if p != p.Masked() {
 			return netip.Prefix{}, fmt.Errorf("host bits set in %s; did you mean %s?", p, p.Masked())
@@ -173,7 +173,7 @@ func parseCIDR(s string, g *Guard) (netip.Prefix, error) {
 	} else {
 		a, err := netip.ParseAddr(s)
 		if err != nil || !a.Is4() {
-			return netip.Prefix{}, fmt.Errorf("invalid IPv4 address %q; expected A.B.C.D", s)
+			return netip.Prefix{}, fmt.Errorf("invalid IPv4 address %q; want A.B.C.D", s)
 		}
 		p = netip.PrefixFrom(a, 32)
 	}

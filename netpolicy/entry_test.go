@@ -51,7 +51,7 @@ func TestParseEntryValid(t *testing.T) {
 
 // TestParseEntryErrors pins every validation message: they are user-facing.
 func TestParseEntryErrors(t *testing.T) {
-	const grammar = "expected HOST, *.HOST, **.HOST, A.B.C.D or A.B.C.D/N, optionally followed by :PORT or :PORT/tcp or :PORT/udp"
+	const grammar = "want HOST, *.HOST, **.HOST, A.B.C.D or A.B.C.D/N, optionally followed by :PORT or :PORT/tcp or :PORT/udp"
 	long63 := strings.Repeat("a", 63)
 	tooLongName := strings.Join([]string{long63, long63, long63, long63}, ".") // 255
 	tests := []struct{ in, want string }{
@@ -63,21 +63,21 @@ func TestParseEntryErrors(t *testing.T) {
 		{"[2001:db8::1]:443", `allow entry "[2001:db8::1]:443": IPv6 is not supported`},
 		{"2001:db8::/32", `allow entry "2001:db8::/32": IPv6 is not supported`},
 		// ports and protocols
-		{"a.com:", `allow entry "a.com:": empty port; expected a number from 1 to 65535`},
-		{"a.com:0", `allow entry "a.com:0": port 0 is out of range; expected 1 to 65535`},
-		{"a.com:65536", `allow entry "a.com:65536": port 65536 is out of range; expected 1 to 65535`},
-		{"a.com:99999999999999999999999", `allow entry "a.com:99999999999999999999999": port 99999999999999999999999 is out of range; expected 1 to 65535`},
-		{"a.com:http", `allow entry "a.com:http": port "http" is not a number; expected 1 to 65535`},
-		{"a.com:-1", `allow entry "a.com:-1": port "-1" is not a number; expected 1 to 65535`},
-		{"a.com:53/sctp", `allow entry "a.com:53/sctp": unknown protocol "sctp"; expected tcp or udp`},
-		{"a.com:53/", `allow entry "a.com:53/": empty protocol after the port; expected tcp or udp`},
+		{"a.com:", `allow entry "a.com:": empty port; want a number from 1 to 65535`},
+		{"a.com:0", `allow entry "a.com:0": port 0 is out of range; want 1 to 65535`},
+		{"a.com:65536", `allow entry "a.com:65536": port 65536 is out of range; want 1 to 65535`},
+		{"a.com:99999999999999999999999", `allow entry "a.com:99999999999999999999999": port 99999999999999999999999 is out of range; want 1 to 65535`},
+		{"a.com:http", `allow entry "a.com:http": port "http" is not a number; want 1 to 65535`},
+		{"a.com:-1", `allow entry "a.com:-1": port "-1" is not a number; want 1 to 65535`},
+		{"a.com:53/sctp", `allow entry "a.com:53/sctp": unknown protocol "sctp"; want tcp or udp`},
+		{"a.com:53/", `allow entry "a.com:53/": empty protocol after the port; want tcp or udp`},
 		{"a.com/udp", `allow entry "a.com/udp": protocol "udp" needs a port, as in HOST:PORT/udp`},
 		{"1.2.3.4/tcp", `allow entry "1.2.3.4/tcp": protocol "tcp" needs a port, as in HOST:PORT/tcp`},
 		// addresses and CIDRs
-		{"1.2.3", `allow entry "1.2.3": invalid IPv4 address "1.2.3"; expected A.B.C.D`},
-		{"1234", `allow entry "1234": invalid IPv4 address "1234"; expected A.B.C.D`},
-		{"01.2.3.4", `allow entry "01.2.3.4": invalid IPv4 address "01.2.3.4"; expected A.B.C.D`},
-		{"1.2.3.4/33", `allow entry "1.2.3.4/33": invalid IPv4 CIDR "1.2.3.4/33"; expected A.B.C.D/N with N from 0 to 32`},
+		{"1.2.3", `allow entry "1.2.3": invalid IPv4 address "1.2.3"; want A.B.C.D`},
+		{"1234", `allow entry "1234": invalid IPv4 address "1234"; want A.B.C.D`},
+		{"01.2.3.4", `allow entry "01.2.3.4": invalid IPv4 address "01.2.3.4"; want A.B.C.D`},
+		{"1.2.3.4/33", `allow entry "1.2.3.4/33": invalid IPv4 CIDR "1.2.3.4/33"; want A.B.C.D/N with N from 0 to 32`},
 		{"1.2.3.4/24", `allow entry "1.2.3.4/24": host bits set in 1.2.3.4/24; did you mean 1.2.3.0/24?`},
 		{"10.1.2.3", `allow entry "10.1.2.3": 10.1.2.3 is inside special-purpose range 10.0.0.0/8 (private-use); only public unicast IPv4 is accepted`},
 		{"169.254.169.254:80", `allow entry "169.254.169.254:80": 169.254.169.254 is inside special-purpose range 169.254.0.0/16 (link-local); only public unicast IPv4 is accepted`},
@@ -111,7 +111,7 @@ func TestParseEntryErrors(t *testing.T) {
 		{long63 + "a.com", `allow entry "` + long63 + `a.com": label "` + long63 + `a" is 64 characters long; at most 63 are allowed`},
 		{tooLongName, `allow entry "` + tooLongName + `": name is 255 characters long; at most 253 are allowed`},
 		{"ä_ö.com", `allow entry "ä_ö.com": invalid internationalised name "ä_ö.com": idna: disallowed rune U+005F`},
-		{"http://a.com", `allow entry "http://a.com": a URL is not an allow entry; give its host, or list the URL as a scope`},
+		{"http://a.com", `allow entry "http://a.com": a URL is not an allow entry; want its host, or list the URL as a scope`},
 	}
 	for _, tt := range tests {
 		_, err := ParseEntry(tt.in, nil)

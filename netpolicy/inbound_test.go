@@ -1,7 +1,6 @@
 package netpolicy
 
 import (
-	"net/netip"
 	"slices"
 	"testing"
 )
@@ -45,28 +44,5 @@ func TestNormalizeInbound(t *testing.T) {
 	}
 	if !slices.Equal(strs, []string{"53/udp", "80", "8080/tcp"}) {
 		t.Errorf("InboundString = %v", strs)
-	}
-}
-
-// A session's inbound ports are guest . proto . port elements, both
-// protocols for a bare port; none without any.
-func TestInboundElements(t *testing.T) {
-	g := netip.MustParseAddr("10.20.0.2")
-	if got := inboundElements(SessionRules{Guest: g}); got != nil {
-		t.Errorf("no ports: %v", got)
-	}
-	got := inboundElements(SessionRules{Guest: g, InboundFromHost: []PortSpec{{Port: 8080}, {Port: 53, Proto: ProtoUDP}}})
-	if len(got) != 1 || got[0].set != setInboundHost || len(got[0].elems) != 3 {
-		t.Fatalf("elements = %+v", got)
-	}
-	want := [][]byte{
-		{10, 20, 0, 2, 17, 0, 0, 0, 0, 53, 0, 0},
-		{10, 20, 0, 2, 6, 0, 0, 0, 0x1f, 0x90, 0, 0},
-		{10, 20, 0, 2, 17, 0, 0, 0, 0x1f, 0x90, 0, 0},
-	}
-	for i, e := range got[0].elems {
-		if !slices.Equal(e.Key, want[i]) {
-			t.Errorf("element %d = %v, want %v", i, e.Key, want[i])
-		}
 	}
 }

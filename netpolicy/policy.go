@@ -26,7 +26,7 @@ func ParseMode(s string) (Mode, error) {
 	case ModeNone, ModeAllowlist, ModePublic:
 		return m, nil
 	}
-	return "", fmt.Errorf("egress mode %q: expected none, allowlist or public", s)
+	return "", fmt.Errorf("egress mode %q: want none, allowlist or public", s)
 }
 
 // Proto is a transport protocol of a port constraint.
@@ -213,3 +213,8 @@ func (p Policy) DeniedAddr(a netip.Addr, port uint16, proto Proto) (Entry, bool)
 	}
 	return Entry{}, false
 }
+
+// IsResolverPort reports whether port is DNS (53) or DNS over TLS (853):
+// a port-less allow or scope entry never opens them; only an entry that
+// names the port does.
+func IsResolverPort(port uint16) bool { return port == 53 || port == 853 }

@@ -239,6 +239,26 @@ func (g *Guard) Blocked() []netip.Prefix {
 
 // mergedBlocked returns the blocked intervals with adjacent ones joined, the
 // shape an nftables interval set needs (224/4 and 240/4 become one interval).
+// AddrRange is an inclusive range of IPv4 addresses.
+type AddrRange struct{ First, Last netip.Addr }
+
+// BlockedRanges is the blocked ranges merged (overlapping and adjacent ones
+// joined), in address order: what the table's interval set of blocked
+// destinations holds.
+func (g *Guard) BlockedRanges() []AddrRange {
+	var out []AddrRange
+	for _, iv := range g.mergedBlocked() {
+		out = append(out, AddrRange{u32ToAddr(iv.first), u32ToAddr(iv.last)})
+	}
+	return out
+}
+
+// PrefixRange is the first and last address of p (masked).
+func PrefixRange(p netip.Prefix) AddrRange {
+	iv := toInterval(p)
+	return AddrRange{u32ToAddr(iv.first), u32ToAddr(iv.last)}
+}
+
 func (g *Guard) mergedBlocked() []interval {
 	var out []interval
 	for _, b := range g.blocked {

@@ -36,7 +36,7 @@ var specialSchemes = map[string]bool{"http": true, "https": true, "ws": true, "w
 
 func parseScope(s string, g *Guard) (Entry, error) {
 	if s == "" {
-		return Entry{}, fmt.Errorf("empty; expected a URL such as https://example.com:8443/path or a host")
+		return Entry{}, fmt.Errorf("empty; want a URL such as https://example.com:8443/path or a host")
 	}
 	if strings.ContainsAny(s, "\t\r\n") {
 		return Entry{}, fmt.Errorf("a tab or newline in the URL; browsers delete them, which can join two words into one host")

@@ -38,13 +38,13 @@ func TestParseScope(t *testing.T) {
 
 func TestParseScopeErrors(t *testing.T) {
 	tests := []struct{ in, want string }{
-		{"", `scope "": empty; expected a URL such as https://example.com:8443/path or a host`},
+		{"", `scope "": empty; want a URL such as https://example.com:8443/path or a host`},
 		{"https://", `scope "https://": no host`},
 		{"https:///path", `scope "https:///path": no host`},
 		{"http://[::1]:80/", `scope "http://[::1]:80/": IPv6 is not supported`},
 		{"https://*.a.com/", `scope "https://*.a.com/": a scope names one host; wildcards belong in allow entries`},
 		{"http://10.0.0.1/", `scope "http://10.0.0.1/": 10.0.0.1 is inside special-purpose range 10.0.0.0/8 (private-use); only public unicast IPv4 is accepted`},
-		{"a.com:0/x", `scope "a.com:0/x": port 0 is out of range; expected 1 to 65535`},
+		{"a.com:0/x", `scope "a.com:0/x": port 0 is out of range; want 1 to 65535`},
 		{"https://a_b.com/", `scope "https://a_b.com/": bad character '_' in label "a_b"; labels use a-z, 0-9 and '-'`},
 	}
 	for _, tt := range tests {

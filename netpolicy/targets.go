@@ -124,8 +124,8 @@ func normalizeTargets(in []Target) []Target {
 	return out
 }
 
-// expandProto splits a ProtoAny port target into its TCP and UDP halves.
-func expandProto(ts []Target) []Target {
+// ExpandProto splits a ProtoAny port target into its TCP and UDP halves.
+func ExpandProto(ts []Target) []Target {
 	var out []Target
 	for _, t := range ts {
 		if t.Port != 0 && t.Proto == ProtoAny {

@@ -75,9 +75,9 @@ func TestExpandProto(t *testing.T) {
 		{Prefix: netip.MustParsePrefix("8.8.8.8/32"), Port: 53, Proto: ProtoUDP}, // covered by the /24's udp half
 		{Prefix: netip.MustParsePrefix("9.9.9.9/32")},
 	}
-	got := targetStrings(expandProto(in))
+	got := targetStrings(ExpandProto(in))
 	want := []string{"8.8.8.0/24:53/tcp", "8.8.8.0/24:53/udp", "9.9.9.9/32"}
 	if !slices.Equal(got, want) {
-		t.Errorf("expandProto = %v, want %v", got, want)
+		t.Errorf("ExpandProto = %v, want %v", got, want)
 	}
 }

@@ -66,7 +66,7 @@ func (e Entry) check() error {
 		return fmt.Errorf("protocol %q without a port", e.Proto)
 	}
 	if e.Proto != ProtoAny && e.Proto != ProtoTCP && e.Proto != ProtoUDP {
-		return fmt.Errorf("unknown protocol %q; expected tcp or udp", e.Proto)
+		return fmt.Errorf("unknown protocol %q; want tcp or udp", e.Proto)
 	}
 	switch e.Kind {
 	case KindCIDR:

@@ -13,7 +13,7 @@ func TestParseMode(t *testing.T) {
 	}
 	for _, s := range []string{"", "Public", "all"} {
 		_, err := ParseMode(s)
-		if want := `egress mode "` + s + `": expected none, allowlist or public`; err == nil || err.Error() != want {
+		if want := `egress mode "` + s + `": want none, allowlist or public`; err == nil || err.Error() != want {
 			t.Errorf("ParseMode(%q) = %v, want %q", s, err, want)
 		}
 	}
@@ -32,8 +32,8 @@ func TestPolicyValidate(t *testing.T) {
 		{"allowlist", Policy{Egress: ModeAllowlist, Allow: []Entry{host, cidr}, LabPeers: []string{"lab"}}, ""},
 		{"public with redundant entries", Policy{Egress: ModePublic, Allow: []Entry{host}}, ""},
 		{"lab target", Policy{Egress: ModeAllowlist, Lab: true}, ""},
-		{"unknown mode", Policy{Egress: "open"}, `egress mode "open": expected none, allowlist or public`},
-		{"empty mode", Policy{}, `egress mode "": expected none, allowlist or public`},
+		{"unknown mode", Policy{Egress: "open"}, `egress mode "open": want none, allowlist or public`},
+		{"empty mode", Policy{}, `egress mode "": want none, allowlist or public`},
 		{"none with entries", Policy{Egress: ModeNone, Allow: []Entry{host, cidr}},
 			"egress none takes no allow entries (got 2); use allowlist or public"},
 		{"none with peers", Policy{Egress: ModeNone, LabPeers: []string{"x"}},
@@ -51,7 +51,7 @@ func TestPolicyValidate(t *testing.T) {
 		}}, `allow entry "Upper.com": malformed name entry; build entries with ParseEntry` + "\n" +
 			`allow entry "8.8.8.8/24": malformed CIDR entry` + "\n" +
 			`allow entry "a.com": protocol "tcp" without a port` + "\n" +
-			`allow entry "a.com:1/sctp": unknown protocol "sctp"; expected tcp or udp` + "\n" +
+			`allow entry "a.com:1/sctp": unknown protocol "sctp"; want tcp or udp` + "\n" +
 			`allow entry "": unknown entry kind 9`},
 	}
 	for _, tt := range tests {

@@ -125,7 +125,7 @@ func (c *creation) openNetns() error {
 	_, err = c.guest.LinkByName(c.ifname)
 	switch {
 	case err == nil:
-		return &RefusedError{fmt.Sprintf("interface %s exists in netns %s: give another interface name", c.ifname, path)}
+		return &RefusedError{fmt.Sprintf("interface %s exists in netns %s: want another interface name", c.ifname, path)}
 	case !isNotFound(err):
 		return fmt.Errorf("find %s in netns %s: %w", c.ifname, path, err)
 	}

@@ -13,9 +13,9 @@ import (
 	"github.com/enforcerd/enforcerd/internal/txn"
 )
 
-// The steps of Create, in order; Config.Fault is called with each name
-// before the step runs. A session without NIC runs only StepCreateNetns,
-// StepDisableIPv6 and StepLoUp.
+// The steps of Create, in order; Config.Fault and Config.StepStarted are
+// called with each name before the step runs. A session without NIC runs
+// only StepCreateNetns, StepDisableIPv6 and StepLoUp.
 const (
 	StepAllocateSlot = "allocate-slot" // take a /30 slot
 	StepCreateNetns  = "create-netns"  // netns file, new netns bind-mounted on it
@@ -152,6 +152,9 @@ func (c *creation) step(name string, fn func() error) error {
 		if err := f(name); err != nil {
 			return fmt.Errorf("%s: %w", name, err)
 		}
+	}
+	if s := c.m.cfg.StepStarted; s != nil {
+		s(name)
 	}
 	return fn()
 }

@@ -42,6 +42,10 @@ type Config struct {
 	// Fault is a test seam: when set, Create calls it before each step
 	// (see CreateSteps) and a non-nil error fails that step.
 	Fault func(step string) error
+	// StepStarted, when set, is told as each step of Create starts (after
+	// Fault passed it): an observer for timing the steps (the bench), it
+	// cannot fail one.
+	StepStarted func(step string)
 	// Prepared is how many netns the Manager keeps made and configured
 	// ahead of demand once StartPrepared is called, for Create to claim
 	// (see prepared.go); 0 disables the pool. The daemon's default is

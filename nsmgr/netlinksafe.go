@@ -33,6 +33,11 @@ func retryDump[T any](what string, dump func() (T, error)) (T, error) {
 	return v, nil
 }
 
+// HandleIn is handleIn for the packages that probe the kernel beside the
+// daemon (the doctor): the one safe way to a rtnetlink socket in another
+// netns, where netlink.NewHandleAt is refused.
+func HandleIn(ns netns.NsHandle) (*netlink.Handle, error) { return handleIn(ns) }
+
 // handleIn returns a rtnetlink handle whose socket lives in ns. The socket
 // is created inside Do; netlink.NewHandleAt would do the same switch, but
 // unlocks its thread even when switching back failed.

@@ -1,31 +1,27 @@
 #!/usr/bin/env bash
 # ensure-go.sh: print the path of a go binary at least as new as go.mod's `go` line, and
-# download that toolchain first when this machine has none. Only the path goes to stdout
+# fetch that toolchain first when this machine has none. Only the path goes to stdout
 # (the Makefile sets GO from it); progress and errors go to stderr.
 #
 # Looked at in this order, the first new enough wins:
 #   1. `go` on PATH
 #   2. /usr/local/go/bin/go (the official tarball's place; sudo's PATH lacks it)
-#   3. the toolchain this script downloaded before, .cache/go/<version>/...
-#   4. a fresh download into that place.
+#   3. the toolchain this script fetched before, .cache/go/<version>/bin/go
+#   4. a fresh fetch into that place.
 #
-# The download is the toolchain module zip that `GOTOOLCHAIN=goX.Y.Z` itself fetches:
-#   $GOPROXY/golang.org/toolchain/@v/v0.0.1-goX.Y.Z.linux-<arch>.zip
-# Debian 12's golang-go (1.19) predates GOTOOLCHAIN (1.21), so we fetch it with curl instead.
-# The zip is unpacked into a temporary directory and its module hash (the "h1:" dirhash that
-# go.sum and the checksum database hold: base64 of the SHA-256 of the `sha256sum` lines of
-# every file, sorted by name) is computed here with coreutils and compared with:
-#   - the hash pinned below for this version and arch, when there is one. The pinned hashes
-#     were obtained with `go mod download -json golang.org/toolchain@v0.0.1-goX.Y.Z.linux-ARCH`,
-#     which checks them against sum.golang.org with its signed tree proofs; or else
-#   - the hash the checksum database returns for it (through the proxy's sumdb endpoint, as
-#     the go command does, else sum.golang.org directly). That lookup is authenticated by TLS
-#     only: this script cannot check the database's signature and inclusion proofs, so a
-#     warning asks to pin the hash.
-# Only a verified tree is moved into .cache/go/<version> (.cache is gitignored; make clean
-# removes it), so a directory there is a verified toolchain and a second run downloads nothing.
-# The download needs curl, ca-certificates and unzip; missing ones are apt-get installed
-# through scripts/ensure-packages.sh (root only).
+# The fetch is the toolchain module that `GOTOOLCHAIN=goX.Y.Z` itself uses,
+# golang.org/toolchain@v0.0.1-goX.Y.Z.linux-<arch>, downloaded by an older go (the one on
+# PATH, else Debian's golang-go, apt-get installed through scripts/ensure-packages.sh) with
+#   go mod download -json golang.org/toolchain@v0.0.1-goX.Y.Z.linux-<arch>
+# That is the go command's own module download: from its default module proxy (or the
+# mirror GOPROXY names) and checked against its default checksum database, signed tree
+# proofs included. This script names no server and pins no hash; it clears every setting
+# that would skip or redirect that check (GOSUMDB, GONOSUMDB, GONOSUMCHECK, GOPRIVATE,
+# GOINSECURE, GOFLAGS, the user's go env file). The download goes to a module cache under
+# .cache/go (nothing outside the checkout is written); the verified module directory it
+# prints (`Dir`) is copied to .cache/go/<version>, its programs made executable (a module
+# zip keeps no modes, as the go command does for toolchains), and the module cache removed.
+# .cache is gitignored and kept by make clean, so a second run fetches nothing.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cache="$root/.cache/go"
@@ -33,15 +29,7 @@ cache="$root/.cache/go"
 say() { echo "ensure-go: $*" >&2; }
 die() { say "$*"; exit 1; }
 
-# Pinned module hashes: "<version>-<arch>) echo h1:...;;". Add a line per go.mod bump.
-pinned() {
-	case "$1" in
-	go1.26.8-amd64) echo 'h1:ZOmGe1OnfREDMIdb1Qi4G9JSuDPBLGExZMQ4nis1RXM=' ;;
-	go1.26.8-arm64) echo 'h1:sYL/O6MqS68ML0kjsQ36WoYIpJqkw60TxizWUYUKQMc=' ;;
-	esac
-}
-
-# The version go.mod needs (`go` line) and the one to download (`toolchain` line if newer).
+# The version go.mod needs (`go` line) and the one to fetch (`toolchain` line if newer).
 norm() { # 1.26 -> go1.26.0 (from 1.21 on, a two-part version names the .0 release)
 	local v=${1#go}
 	[[ $v =~ ^[0-9]+\.[0-9]+$ ]] && v=$v.0
@@ -59,23 +47,18 @@ if [ -n "$gomod_tc" ] && [ "$gomod_tc" != default ] && ge "$(norm "$gomod_tc")" 
 	get=$(norm "$gomod_tc")
 fi
 
-# usable BIN: BIN runs and reports a release at least $want. Run from / with
-# GOTOOLCHAIN=local so that a go >= 1.21 neither reads our go.mod nor switches toolchains.
+# version BIN: the release BIN reports, run from / with GOTOOLCHAIN=local so that a
+# go >= 1.21 neither reads our go.mod nor switches toolchains.
+version() { (cd / && GOTOOLCHAIN=local "$1" env GOVERSION 2>/dev/null); }
+# usable BIN: BIN runs and reports a release at least $want.
 usable() {
 	local v
 	[ -x "$1" ] || return 1
-	v=$(cd / && GOTOOLCHAIN=local "$1" env GOVERSION 2>/dev/null) || return 1
+	v=$(version "$1") || return 1
 	[[ $v =~ ^go[0-9] ]] && ge "$v" "$want"
 }
 
-case "$(uname -m)" in
-x86_64 | amd64) arch=amd64 ;;
-aarch64 | arm64) arch=arm64 ;;
-*) arch="" ;;
-esac
-mod="golang.org/toolchain@v0.0.1-$get.linux-$arch"
-cached="$cache/$get/$mod/bin/go"
-
+cached="$cache/$get/bin/go"
 for cand in "$(command -v go || true)" /usr/local/go/bin/go "$cached"; do
 	if [ -n "$cand" ] && usable "$cand"; then
 		echo "$cand"
@@ -83,60 +66,61 @@ for cand in "$(command -v go || true)" /usr/local/go/bin/go "$cached"; do
 	fi
 done
 
+case "$(uname -m)" in
+x86_64 | amd64) arch=amd64 ;;
+aarch64 | arm64) arch=arm64 ;;
+*) arch="" ;;
+esac
 if [ "$(uname -s)" != Linux ] || [ -z "$arch" ]; then
-	die "no go >= $want here and no download for $(uname -s)/$(uname -m); install Go $want"
+	die "no go >= $want here and no toolchain module for $(uname -s)/$(uname -m); install Go $want"
 fi
 
-# The proxy: GOPROXY's first entry when it is a URL (a mirror), else the public one.
-proxy=${GOPROXY:-}
-proxy=${proxy%%[,|]*}
-[[ $proxy =~ ^https?:// ]] || proxy=https://proxy.golang.org
-proxy=${proxy%/}
-
-need=()
-command -v curl >/dev/null || need+=(curl)
-command -v unzip >/dev/null || need+=(unzip)
-[ -e /etc/ssl/certs/ca-certificates.crt ] || need+=(ca-certificates)
-if [ ${#need[@]} -gt 0 ]; then
-	"$root/scripts/ensure-packages.sh" curl ca-certificates unzip >&2 ||
-		die "need ${need[*]} to download Go $get"
+# The go that fetches: any go that runs (the one on PATH), else Debian's golang-go.
+fetcher=$(command -v go || true)
+if [ -z "$fetcher" ] || ! version "$fetcher" >/dev/null; then
+	"$root/scripts/ensure-packages.sh" golang-go ca-certificates >&2 || die "need a go (Debian's golang-go) to fetch Go $get"
+	fetcher=/usr/bin/go
 fi
+[ -x "$fetcher" ] || die "no go to fetch Go $get with: $fetcher is missing after installing golang-go"
 
+mod="golang.org/toolchain@v0.0.1-$get.linux-$arch"
 mkdir -p "$cache"
-tmp=$(mktemp -d "$cache/.download.XXXXXX")
-trap 'rm -rf "$tmp"' EXIT
-url="$proxy/golang.org/toolchain/@v/v0.0.1-$get.linux-$arch.zip"
-say "no go >= $want found; downloading $get (linux-$arch, about 70 MB) from $url"
-curl -fsSL --retry 3 -o "$tmp/go.zip" "$url" || die "download of $url failed (is $get a Go release for linux-$arch?)"
+tmp=$(mktemp -d "$cache/.fetch.XXXXXX")
+# The module cache's files are read-only; make them writable to remove them.
+trap 'chmod -R u+w "$tmp" 2>/dev/null; rm -rf "$tmp"' EXIT
+mkdir "$tmp/gopath" "$tmp/gocache" "$tmp/home" "$tmp/work"
+# (a module of its own, so that the fetching go, older than ours, never reads our go.mod)
+printf 'module fetch.example.org/toolchain\n\ngo 1.19\n' >"$tmp/work/go.mod"
+say "no go >= $want found; fetching $mod (about 70 MB) with $fetcher ($(version "$fetcher"))"
 
-# Every entry must be a plain file under the module's prefix (no directories, no ..).
-unzip -Z1 "$tmp/go.zip" >"$tmp/files" || die "$url is not a zip"
-if awk -v p="$mod/" 'index($0, p) != 1 || /\/$/ || /\\/ || /\/\.\.\// { bad = 1 } END { exit !bad }' "$tmp/files"; then
-	die "$url has entries outside $mod/ (or directories, .. or backslashes)"
+# Run in that module's directory, with a clean environment: only the proxy
+# setting (a mirror, if the operator has one), the HTTP proxy and the TLS roots
+# (SSL_CERT_FILE, SSL_CERT_DIR) survive from the caller's. None of them can weaken the
+# checksum database's check.
+fetchenv=(env -i PATH=/usr/bin:/bin HOME="$tmp/home" GOENV=off GO111MODULE=on GOTOOLCHAIN=local
+	GOPATH="$tmp/gopath" GOMODCACHE="$tmp/gopath/pkg/mod" GOCACHE="$tmp/gocache" GOFLAGS=
+	${GOPROXY:+GOPROXY="$GOPROXY"}
+	${http_proxy:+http_proxy="$http_proxy"} ${https_proxy:+https_proxy="$https_proxy"}
+	${HTTP_PROXY:+HTTP_PROXY="$HTTP_PROXY"} ${HTTPS_PROXY:+HTTPS_PROXY="$HTTPS_PROXY"}
+	${NO_PROXY:+NO_PROXY="$NO_PROXY"} ${no_proxy:+no_proxy="$no_proxy"}
+	${SSL_CERT_FILE:+SSL_CERT_FILE="$SSL_CERT_FILE"} ${SSL_CERT_DIR:+SSL_CERT_DIR="$SSL_CERT_DIR"})
+if ! json=$(cd "$tmp/work" && "${fetchenv[@]}" "$fetcher" mod download -json "$mod" 2>"$tmp/err"); then
+	cat "$tmp/err" >&2
+	err=$(sed -n 's/^[[:space:]]*"Error": "\(.*\)",\{0,1\}$/\1/p' <<<"$json")
+	die "go mod download $mod failed${err:+: $err} (is $get a Go release for linux-$arch?)"
 fi
-mkdir "$tmp/root"
-unzip -q "$tmp/go.zip" -d "$tmp/root" || die "unzip of $url failed"
+field() { sed -n 's/^[[:space:]]*"'"$1"'": "\(.*\)",\{0,1\}$/\1/p' <<<"$json" | head -n1; }
+dir=$(field Dir)
+sum=$(field Sum)
+[ -n "$dir" ] && [ -d "$dir" ] || die "go mod download $mod printed no module directory"
+[ -x "$dir/bin/go" ] || [ -f "$dir/bin/go" ] || die "$dir has no bin/go: not a Go toolchain"
+say "downloaded and verified $mod ($sum)"
 
-# The h1: dirhash (golang.org/x/mod/sumdb/dirhash.Hash1) of the zip's files.
-hex=$(cd "$tmp/root" && LC_ALL=C sort "$tmp/files" | xargs -d '\n' sha256sum | sha256sum | cut -d' ' -f1)
-esc=""
-for ((i = 0; i < ${#hex}; i += 2)); do esc+="\\x${hex:i:2}"; done
-# shellcheck disable=SC2059 # the format is the \xNN escapes of the digest's bytes
-got="h1:$(printf "$esc" | base64)"
-
-expect=$(pinned "$get-$arch")
-source="pinned in scripts/ensure-go.sh"
-if [ -z "$expect" ]; then
-	line="golang.org/toolchain v0.0.1-$get.linux-$arch h1:"
-	for db in "$proxy/sumdb/sum.golang.org" https://sum.golang.org; do
-		expect=$(curl -fsS --retry 2 "$db/lookup/$mod" 2>/dev/null | grep -F "$line" | awk '{ print $3 }' || true)
-		[ -n "$expect" ] && source="the checksum database at $db, over TLS only, not its signed proofs" && break
-	done
-	[ -n "$expect" ] || die "go.mod wants $get; no hash is pinned for linux-$arch and the checksum database is unreachable: add its h1 to scripts/ensure-go.sh"
-	say "warning: no hash pinned for $get-$arch; add \"$get-$arch) echo '$expect' ;;\" to pinned() in scripts/ensure-go.sh"
-fi
-[ "$got" = "$expect" ] || die "$url: module hash $got, want $expect ($source); nothing installed"
-say "verified $got ($source)"
+# Copy the module's tree, then give the programs back their modes (the go command does
+# the same for a toolchain it switches to).
+cp -a "$dir" "$tmp/root"
+chmod -R u+w "$tmp/root"
+find "$tmp/root/bin" "$tmp/root/pkg/tool" -type f -exec chmod 0755 {} +
 
 # An atomic rename: a make running in parallel that won the race leaves its tree in place.
 mv -T "$tmp/root" "$cache/$get" 2>/dev/null || [ -x "$cached" ] ||

@@ -18,7 +18,8 @@ import (
 	"github.com/coreos/go-systemd/v22/activation"
 	"golang.org/x/sys/unix"
 
-	"github.com/enforcerd/enforcerd/daemon"
+	"github.com/enforcerd/enforcerd/api"
+	"github.com/enforcerd/enforcerd/doctor"
 )
 
 // inheritedSockets are the sockets passed by the service manager, sorted
@@ -93,7 +94,7 @@ func (s *inheritedSockets) checkConfig(cfg ServeConfig) error {
 			return err
 		}
 	}
-	want, err := daemon.DNSAddrOf(cfg.Pool)
+	want, err := doctor.DNSAddrOf(cfg.Pool)
 	if err != nil {
 		return err
 	}
@@ -123,7 +124,7 @@ func checkAPISocket(path, wantPath, group string) error {
 	if !ok {
 		return fmt.Errorf("socket activation: stat %s: no owner", path)
 	}
-	mode, wantMode := fi.Mode().Perm(), daemon.SocketModeFor(group)
+	mode, wantMode := fi.Mode().Perm(), doctor.SocketModeFor(group)
 	have := fmt.Sprintf("group %s, mode %04o", groupName(st.Gid), mode)
 	if group == "" {
 		if mode != wantMode {
@@ -131,7 +132,7 @@ func checkAPISocket(path, wantPath, group string) error {
 		}
 		return nil
 	}
-	gid, err := daemon.GroupID(group)
+	gid, err := api.LookupGroupID(group)
 	if err != nil {
 		return err
 	}

@@ -9,7 +9,6 @@ import (
 	"net/netip"
 	"os"
 	"os/signal"
-	"sort"
 	"strconv"
 	"strings"
 	"syscall"
@@ -484,19 +483,6 @@ func splitKV(v string) (string, string, error) {
 		return "", "", fmt.Errorf("want KEY=VALUE with a non-empty KEY")
 	}
 	return key, val, nil
-}
-
-// sortedKV renders a map as "k=v,k=v" in key order.
-func sortedKV(m map[string]string) string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	for i, k := range keys {
-		keys[i] = k + "=" + m[k]
-	}
-	return strings.Join(keys, ",")
 }
 
 // ---- serve and reap -------------------------------------------------------

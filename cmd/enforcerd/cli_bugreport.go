@@ -11,7 +11,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/enforcerd/enforcerd/api"
-	"github.com/enforcerd/enforcerd/daemon"
+	"github.com/enforcerd/enforcerd/doctor"
 	"github.com/enforcerd/enforcerd/internal/bugreport"
 )
 
@@ -120,10 +120,10 @@ func (c *cli) gatherBugreport(cmd *cobra.Command, flags *serveFlags, now time.Ti
 	}
 
 	if cfgOK {
-		report := daemon.Doctor(cfg.daemonConfig(), daemon.DoctorOptions{})
-		checks := []daemon.Check(report)
+		report := doctor.Run(cfg.doctorConfig(), doctor.Options{})
+		checks := []doctor.Check(report)
 		if checks == nil {
-			checks = []daemon.Check{}
+			checks = []doctor.Check{}
 		}
 		rep.AddJSON("doctor", "doctor.json", doctorJSON{Failed: report.Failed(), Checks: checks}, nil)
 	} else {

@@ -9,7 +9,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/enforcerd/enforcerd/daemon"
+	"github.com/enforcerd/enforcerd/doctor"
 )
 
 const doctorLong = `Check this host for what the daemon needs, before and after installing:
@@ -69,7 +69,7 @@ func (c *cli) doctorCommand(glob *globalOpts) *cobra.Command {
 					return usageErr(name, "--units-dir %q: want an absolute directory", d)
 				}
 			}
-			opts := daemon.DoctorOptions{Datapath: datapath, Socket: cfg.Socket, SocketGroup: cfg.SocketGroup,
+			opts := doctor.Options{Datapath: datapath, Socket: cfg.Socket, SocketGroup: cfg.SocketGroup,
 				ConfigFile: cfg.ConfigFile, UnitDirs: unitsDirs, Version: version, Commit: commit}
 			if datapathPool != "" {
 				if opts.DatapathPool, err = parsePool("--datapath-pool", datapathPool); err != nil {
@@ -81,8 +81,8 @@ func (c *cli) doctorCommand(glob *globalOpts) *cobra.Command {
 	}
 	flags = defineServeFlags(cmd.Flags())
 	cmd.Flags().BoolVar(&datapath, "datapath", false, "also prove enforcement with two throwaway sessions (one packet accepted, one dropped, nothing sent beyond the host)")
-	cmd.Flags().StringVar(&datapathPool, "datapath-pool", "", "throwaway pool `CIDR` of --datapath (default "+daemon.DefaultDatapathPool.String()+")")
-	cmd.Flags().StringArrayVar(&unitsDirs, "units-dir", nil, "look for "+daemon.SocketUnitName+" and its drop-ins only in `DIR`, repeatable, highest precedence first (default: systemd's "+strings.Join(daemon.DefaultUnitDirs, ", ")+")")
+	cmd.Flags().StringVar(&datapathPool, "datapath-pool", "", "throwaway pool `CIDR` of --datapath (default "+doctor.DefaultDatapathPool.String()+")")
+	cmd.Flags().StringArrayVar(&unitsDirs, "units-dir", nil, "look for "+doctor.SocketUnitName+" and its drop-ins only in `DIR`, repeatable, highest precedence first (default: systemd's "+strings.Join(doctor.DefaultUnitDirs, ", ")+")")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the checks as JSON")
 	return cmd
 }
@@ -90,13 +90,13 @@ func (c *cli) doctorCommand(glob *globalOpts) *cobra.Command {
 // doctorJSON is what doctor --json prints.
 type doctorJSON struct {
 	Failed bool           `json:"failed"`
-	Checks []daemon.Check `json:"checks"`
+	Checks []doctor.Check `json:"checks"`
 }
 
 // runDoctor runs the checks for cfg and writes them to w; a failed check
 // is an exit-1 error naming the failed checks.
-func runDoctor(w io.Writer, cfg ServeConfig, opts daemon.DoctorOptions, asJSON bool) error {
-	report := daemon.Doctor(cfg.daemonConfig(), opts)
+func runDoctor(w io.Writer, cfg ServeConfig, opts doctor.Options, asJSON bool) error {
+	report := doctor.Run(cfg.doctorConfig(), opts)
 	if err := writeDoctorReport(w, report, asJSON); err != nil {
 		return err
 	}
@@ -105,11 +105,11 @@ func runDoctor(w io.Writer, cfg ServeConfig, opts daemon.DoctorOptions, asJSON b
 
 // writeDoctorReport writes the checks as a table (CHECK STATUS DETAIL) or
 // as JSON.
-func writeDoctorReport(w io.Writer, report daemon.Report, asJSON bool) error {
+func writeDoctorReport(w io.Writer, report doctor.Report, asJSON bool) error {
 	if asJSON {
-		checks := []daemon.Check(report)
+		checks := []doctor.Check(report)
 		if checks == nil {
-			checks = []daemon.Check{}
+			checks = []doctor.Check{}
 		}
 		return writeJSON(w, doctorJSON{Failed: report.Failed(), Checks: checks})
 	}
@@ -122,10 +122,10 @@ func writeDoctorReport(w io.Writer, report daemon.Report, asJSON bool) error {
 }
 
 // doctorResult is nil, or the exit-1 error naming the failed checks.
-func doctorResult(report daemon.Report) error {
+func doctorResult(report doctor.Report) error {
 	var failed []string
 	for _, c := range report {
-		if c.Status == daemon.StatusFail {
+		if c.Status == doctor.StatusFail {
 			failed = append(failed, c.Name)
 		}
 	}
@@ -142,7 +142,7 @@ func doctorResult(report daemon.Report) error {
 // preflight runs the checks serve refuses to start on; the error names
 // the first that failed.
 func preflight(cfg ServeConfig) error {
-	c, failed := daemon.Doctor(cfg.daemonConfig(), daemon.DoctorOptions{FatalOnly: true}).FatalFailure()
+	c, failed := doctor.Run(cfg.doctorConfig(), doctor.Options{FatalOnly: true}).FatalFailure()
 	if !failed {
 		return nil
 	}

@@ -6,11 +6,11 @@ import (
 	"errors"
 	"testing"
 
-	"github.com/enforcerd/enforcerd/daemon"
+	"github.com/enforcerd/enforcerd/doctor"
 )
 
 func TestDoctorReportRendering(t *testing.T) {
-	report := daemon.Report{
+	report := doctor.Report{
 		{Name: "root", Status: "ok", Detail: "euid 0", Fatal: true},
 		{Name: "upstreams", Status: "fail", Detail: "upstream 192.0.2.53:53 did not answer"},
 		{Name: "iptables-legacy", Status: "warn", Detail: "legacy filter table"},

@@ -568,7 +568,7 @@ func (c *cli) sessionExec(glob *globalOpts) *cobra.Command {
 		}
 		if attach != "" {
 			if len(command) > 0 || detach {
-				return usageErr(name, "--attach %s: give no command and no --detach (it follows an exec already started)", attach)
+				return usageErr(name, "--attach %s: want no command and no --detach (it follows an exec already started)", attach)
 			}
 			return c.attachExec(glob, name, sessionName, attach)
 		}

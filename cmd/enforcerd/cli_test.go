@@ -124,7 +124,7 @@ func TestCLIUsageErrors(t *testing.T) {
 		{[]string{"session", "why"}, "enforcerd session why: missing session NAME and DEST, e.g. enforcerd session why agent api.example.com:443"},
 		{[]string{"session", "why", "s1"}, `enforcerd session why: missing DEST after NAME "s1", e.g. enforcerd session why s1 api.example.com:443`},
 		{[]string{"session", "why", "s1", "a.test", "b.test"}, `enforcerd session why: unexpected argument "b.test" after DEST "a.test"`},
-		{[]string{"session", "update", "s1", "--replace", "--allow", "a.test", "--revoke-deny", "b.test"}, `enforcerd session update: --revoke-deny "b.test" has no meaning with --replace: give the whole new policy`},
+		{[]string{"session", "update", "s1", "--replace", "--allow", "a.test", "--revoke-deny", "b.test"}, `enforcerd session update: --revoke-deny "b.test" has no meaning with --replace: want the whole new policy`},
 		{[]string{"session", "ls", "x"}, `enforcerd session ls: unexpected argument "x" (filter with --label KEY=VALUE)`},
 		{[]string{"session", "ls", "--label", "a"}, `enforcerd session ls: invalid value "a" for flag --label: want KEY=VALUE with a non-empty KEY`},
 		{[]string{"session", "ls", "--label", "a=1", "--label", "b=2"}, `enforcerd session ls: invalid value "b=2" for flag --label: given twice; only one KEY=VALUE filter is accepted`},

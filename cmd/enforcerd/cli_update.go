@@ -70,7 +70,7 @@ with --locked refuses every update.`,
 				values []string
 			}{{"revoke", u.Revoke}, {"revoke-lab-peer", revokeLP}, {"revoke-deny", u.RevokeDeny}, {"revoke-inbound-from-host", u.RevokeInboundFromHost}} {
 				if len(r.values) > 0 {
-					return usageErr(name, "--%s %q has no meaning with --replace: give the whole new policy", r.flag, r.values[0])
+					return usageErr(name, "--%s %q has no meaning with --replace: want the whole new policy", r.flag, r.values[0])
 				}
 			}
 		}

@@ -21,6 +21,8 @@ import (
 
 	"github.com/enforcerd/enforcerd/api"
 	"github.com/enforcerd/enforcerd/daemon"
+	"github.com/enforcerd/enforcerd/doctor"
+	"github.com/enforcerd/enforcerd/internal/gctune"
 	"github.com/enforcerd/enforcerd/nsmgr"
 )
 
@@ -50,7 +52,7 @@ type ServeConfig struct {
 	MaxAttested       int           // per-session cap on live DNS-attested elements (> 0)
 	EventsRetention   time.Duration // how long a removed session's events are kept (>= 0)
 	PreparedNetns     int           // session netns kept made ahead of demand (0: none)
-	HeapFloorMiB      int           // the collector's heap floor (daemon.SetHeapFloor; 0: none)
+	HeapFloorMiB      int           // the collector's heap floor (gctune.SetHeapFloor; 0: none)
 }
 
 // daemonConfig is the part of the configuration the session lifecycle uses.
@@ -61,6 +63,14 @@ func (c ServeConfig) daemonConfig() daemon.Config {
 		AttestMaxLifetime: c.AttestMaxLifetime,
 		ImagesDirs:        c.ImagesDirs, MaxFlows: c.MaxFlows, FlowRate: c.FlowRate, MaxAttested: c.MaxAttested,
 		EventsRetention: c.EventsRetention, PreparedNetns: c.PreparedNetns,
+	}
+}
+
+// doctorConfig is the part of the configuration the doctor's checks read.
+func (c ServeConfig) doctorConfig() doctor.Config {
+	return doctor.Config{
+		StateDir: c.StateDir, NamePrefix: c.NamePrefix, Pool: c.Pool, Upstreams: c.Upstreams, PublicOverrides: c.PublicOverrides,
+		MaxFlows: c.MaxFlows, FlowRate: c.FlowRate, MaxAttested: c.MaxAttested,
 	}
 }
 
@@ -244,7 +254,7 @@ func defineServeFlags(fs *pflag.FlagSet) *serveFlags {
 	f.single[optMaxAttested] = fs.String(optMaxAttested, "", "per-session cap on live DNS-attested addresses `N` (default "+strconv.Itoa(defaultMaxAttest)+")")
 	f.single[optRetention] = fs.String(optRetention, "", "keep a removed session's events for `DURATION` (0: remove them with it; default "+defaultRetention+")")
 	f.single[optPreparedNetns] = fs.String(optPreparedNetns, "", "keep `N` session netns made ahead of demand, off the create path (0: none; default "+strconv.Itoa(nsmgr.DefaultPrepared)+")")
-	f.single[optHeapFloor] = fs.String(optHeapFloor, "", "let the Go heap gather `MIB` MiB of garbage before each collection: fewer collections under a DNS flood, for up to that much more resident memory (0: none; default "+strconv.Itoa(daemon.DefaultHeapFloor>>20)+")")
+	f.single[optHeapFloor] = fs.String(optHeapFloor, "", "let the Go heap gather `MIB` MiB of garbage before each collection: fewer collections under a DNS flood, for up to that much more resident memory (0: none; default "+strconv.Itoa(gctune.DefaultHeapFloor>>20)+")")
 	return f
 }
 
@@ -410,7 +420,7 @@ func buildServeConfig(o serveOptions, getenv func(string) string, resolvConf str
 		return cfg, fmt.Errorf("%s %q: want a whole number from 0 (none) to 1024", origin, pn)
 	}
 
-	hf, origin := o.single(optHeapFloor, strconv.Itoa(daemon.DefaultHeapFloor>>20))
+	hf, origin := o.single(optHeapFloor, strconv.Itoa(gctune.DefaultHeapFloor>>20))
 	if cfg.HeapFloorMiB, err = strconv.Atoi(hf); err != nil || cfg.HeapFloorMiB < 0 || cfg.HeapFloorMiB > 4096 {
 		return cfg, fmt.Errorf("%s %q: want a whole number of MiB from 0 (none) to 4096", origin, hf)
 	}

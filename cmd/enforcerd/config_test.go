@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/enforcerd/enforcerd/api"
-	"github.com/enforcerd/enforcerd/daemon"
+	"github.com/enforcerd/enforcerd/internal/gctune"
 	"github.com/enforcerd/enforcerd/nsmgr"
 )
 
@@ -49,7 +49,7 @@ func TestServeDefaults(t *testing.T) {
 		AttestMaxLifetime: time.Hour,
 		LogFormat:         "text",
 		MaxFlows:          defaultMaxFlows, FlowRate: defaultFlowRate, MaxAttested: defaultMaxAttest,
-		EventsRetention: 24 * time.Hour, PreparedNetns: nsmgr.DefaultPrepared, HeapFloorMiB: daemon.DefaultHeapFloor >> 20,
+		EventsRetention: 24 * time.Hour, PreparedNetns: nsmgr.DefaultPrepared, HeapFloorMiB: gctune.DefaultHeapFloor >> 20,
 	}
 	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("got  %+v\nwant %+v", got, want)

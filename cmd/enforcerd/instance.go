@@ -158,7 +158,8 @@ func (i *instance) register(cfg ServeConfig, dir string) error {
 		return fmt.Errorf("instance record %s is held by another process: %w", path, err)
 	}
 	b, _ := json.Marshal(me)
-	if err := f.Truncate(0); err == nil {
+	err = f.Truncate(0)
+	if err == nil {
 		_, err = f.WriteAt(append(b, '\n'), 0)
 	}
 	if err != nil {

@@ -10,7 +10,8 @@ import (
 )
 
 func TestSDNotify(t *testing.T) {
-	if err := sdNotifyTo("", "READY=1"); err != nil {
+	t.Setenv("NOTIFY_SOCKET", "")
+	if err := sdNotify("READY=1"); err != nil {
 		t.Fatalf("unset: %v", err)
 	}
 	for _, addr := range []string{
@@ -21,7 +22,8 @@ func TestSDNotify(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := sdNotifyTo(addr, "READY=1"); err != nil {
+		t.Setenv("NOTIFY_SOCKET", addr)
+		if err := sdNotify("READY=1"); err != nil {
 			t.Fatalf("%s: %v", addr, err)
 		}
 		conn.SetReadDeadline(time.Now().Add(5 * time.Second))
@@ -32,10 +34,12 @@ func TestSDNotify(t *testing.T) {
 		}
 		conn.Close()
 	}
-	if err := sdNotifyTo("relative", "READY=1"); err == nil {
+	t.Setenv("NOTIFY_SOCKET", "relative")
+	if err := sdNotify("READY=1"); err == nil {
 		t.Fatal("relative path: no error")
 	}
-	if err := sdNotifyTo(filepath.Join(t.TempDir(), "none"), "READY=1"); err == nil {
+	t.Setenv("NOTIFY_SOCKET", filepath.Join(t.TempDir(), "none"))
+	if err := sdNotify("READY=1"); err == nil {
 		t.Fatal("missing socket: no error")
 	}
 }

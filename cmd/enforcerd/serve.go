@@ -13,6 +13,9 @@ import (
 
 	"github.com/enforcerd/enforcerd/api"
 	"github.com/enforcerd/enforcerd/daemon"
+	"github.com/enforcerd/enforcerd/daemon/metrics"
+	"github.com/enforcerd/enforcerd/doctor"
+	"github.com/enforcerd/enforcerd/internal/gctune"
 )
 
 // runServe is `enforcerd serve`: reconcile, then serve until SIGTERM. It
@@ -47,9 +50,9 @@ func runServe(cfg ServeConfig) error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 
-	daemon.SetHeapFloor(cfg.HeapFloorMiB << 20)
-	metrics := daemon.NewMetrics(version, commit)
-	d, err := daemon.Open(cfg.daemonConfig(), log, metrics)
+	gctune.SetHeapFloor(cfg.HeapFloorMiB << 20)
+	reg := metrics.New(version, commit)
+	d, err := daemon.Open(cfg.daemonConfig(), log, reg)
 	if err != nil {
 		return err
 	}
@@ -58,9 +61,9 @@ func runServe(cfg ServeConfig) error {
 	if err := d.Reconcile(); err != nil {
 		return fmt.Errorf("reconcile: %w", err)
 	}
-	metrics.SetSessionSource(d)
+	reg.SetSource(d)
 
-	if want, _ := daemon.DNSAddrOf(cfg.Pool); inherited.dnsUDP != nil && want.Addr() != d.DNSAddr() {
+	if want, _ := doctor.DNSAddrOf(cfg.Pool); inherited.dnsUDP != nil && want.Addr() != d.DNSAddr() {
 		return fmt.Errorf("socket activation: the daemon's DNS address %s is not the pool's %s", d.DNSAddr(), want) // checkConfig's arithmetic disagrees with nsmgr's
 	}
 	serveDNS, err := d.ListenDNS(inherited.dnsUDP, inherited.dnsTCP)
@@ -79,7 +82,7 @@ func runServe(cfg ServeConfig) error {
 			return fmt.Errorf("listen for metrics on %s: %w", cfg.MetricsListen, err)
 		}
 		go func() {
-			if err := metrics.Serve(ctx, ln); err != nil {
+			if err := reg.Serve(ctx, ln); err != nil {
 				log.Error("metrics listener", "addr", cfg.MetricsListen, "err", err)
 			}
 		}()
@@ -92,7 +95,7 @@ func runServe(cfg ServeConfig) error {
 	ready := func() {
 		sdNotify(fmt.Sprintf("READY=1\nSTATUS=serving %d sessions on %s, DNS on %s", d.SessionCount(), cfg.Socket, dnsAt))
 	}
-	h := api.NewHandler(d, api.HandlerOptions{Log: log, Version: version, Commit: commit, CreateRefused: metrics.CreateRefused})
+	h := api.NewHandler(d, api.HandlerOptions{Log: log, Version: version, Commit: commit, CreateRefused: reg.CreateRefused})
 	lcfg := api.ListenConfig{Socket: cfg.Socket, Group: cfg.SocketGroup}
 	var ln *api.Listener
 	if inherited.api != nil {

@@ -8,7 +8,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/enforcerd/enforcerd/integration/daemon"
+	"github.com/enforcerd/enforcerd/integration/enforcerd"
 	"github.com/enforcerd/enforcerd/integration/world"
 )
 
@@ -16,7 +16,7 @@ import (
 // 7, 8 and 9), driven through api.Client over its socket.
 type daemonEnv struct {
 	w *world.World
-	d *daemon.Daemon
+	d *enforcerd.Daemon
 	c *apiClient
 }
 
@@ -41,7 +41,7 @@ func startDaemonEnv(cfg *config, sub string) (de *daemonEnv, err error) {
 	if err := os.MkdirAll(dir, 0o711); err != nil {
 		return de, err
 	}
-	de.d = daemon.New(cfg.bin, w, dir)
+	de.d = enforcerd.New(cfg.bin, w, dir)
 	if err := de.d.Start(); err != nil {
 		return de, err
 	}

@@ -11,7 +11,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/enforcerd/enforcerd/integration/daemon"
+	"github.com/enforcerd/enforcerd/integration/enforcerd"
 	"github.com/enforcerd/enforcerd/integration/world"
 )
 
@@ -31,7 +31,7 @@ func figDaemon(ctx context.Context, cfg *config, rep *Report) error {
 	if err := os.MkdirAll(dir, 0o711); err != nil {
 		return err
 	}
-	d := daemon.New(cfg.bin, w, dir)
+	d := enforcerd.New(cfg.bin, w, dir)
 	if err := d.Start(); err != nil {
 		return err
 	}
@@ -65,7 +65,7 @@ type daemonFig struct {
 	cfg  *config
 	rep  *Report
 	w    *world.World
-	d    *daemon.Daemon
+	d    *enforcerd.Daemon
 	c    *apiClient
 	peer *ptpPeer
 	next int // ptp session index

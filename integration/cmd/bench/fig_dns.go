@@ -14,13 +14,19 @@ import (
 	"strings"
 	"time"
 
-	"github.com/enforcerd/enforcerd/integration/world"
 	"github.com/miekg/dns"
+
+	"github.com/enforcerd/enforcerd/api"
+	"github.com/enforcerd/enforcerd/integration/enforcerd"
+	"github.com/enforcerd/enforcerd/integration/world"
 )
 
 // upstreamAddr is where the upstream dnsmasq of figure 4 listens, in the
 // simulated internet (the world's own DNS server holds port 53 there).
 var upstreamAddr = netip.MustParseAddrPort("198.18.0.53:5353")
+
+// dnsZone is the zone every session of figure 4 may resolve.
+const dnsZone = "allowed.test"
 
 // dnsRun is one dnsperf measurement of one scenario.
 type dnsRun struct {
@@ -34,13 +40,14 @@ type dnsRun struct {
 
 // dnsBench holds figure 4's world: a session netns running dnsperf, an
 // upstream dnsmasq in the simulated internet, and the zone and query files.
+// The peer and the upstream queried directly are measured from a netns made
+// in-process (netEnv); enforcerd is measured as it runs: the real binary
+// serving in a world of its own (ourDNS), dnsperf inside one of its
+// sessions.
 type dnsBench struct {
 	cfg     *config
 	e       *netEnv
 	client  string // netns path of the dnsperf session
-	guest   netip.Addr
-	iface   string
-	slot    int
 	dnsAddr netip.Addr
 	queries string
 	nftTbl  string // the peer's table in the simulated host
@@ -66,9 +73,9 @@ func figDNS(ctx context.Context, cfg *config, rep *Report) error {
 	if err != nil {
 		return err
 	}
-	b.client, b.guest, b.iface, b.slot = s.NetnsPath, s.Guest, s.HostIface, s.Slot
-	// The helper process owns the table during our runs; none exists for the
-	// others (dnsmasq, direct).
+	b.client = s.NetnsPath
+	// No table of ours exists for the peer's runs and the direct ones
+	// (enforcerd is measured in a world of its own, ourDNS).
 	if err := e.fw.DeleteTable(); err != nil {
 		return err
 	}
@@ -82,11 +89,7 @@ func figDNS(ctx context.Context, cfg *config, rep *Report) error {
 	if err := b.writeZone(); err != nil {
 		return err
 	}
-	up, err := startProc("upstream dnsmasq", filepath.Join(cfg.tmp, "dns-upstream.log"), inNS(e.w.NetPath,
-		"dnsmasq", "--keep-in-foreground", "--conf-file=/dev/null", "--user=root", "--pid-file=",
-		"--no-hosts", "--bind-interfaces", "--no-resolv", "--addn-hosts="+filepath.Join(cfg.tmp, "zone.hosts"),
-		"--local=/"+dnsZone+"/", "--local-ttl=300", "--listen-address="+upstreamAddr.Addr().String(),
-		"--port="+strconv.Itoa(int(upstreamAddr.Port())), "--dns-forward-max=10000")...)
+	up, err := startUpstream(cfg, e.w, "dns-upstream.log")
 	if err != nil {
 		return err
 	}
@@ -99,43 +102,69 @@ func figDNS(ctx context.Context, cfg *config, rep *Report) error {
 	}
 	defer run(context.Background(), 10*time.Second, inNS(e.w.HostPath, "nft", "delete", "table", "inet", b.nftTbl)...)
 
-	scen := []string{"direct", "dnsmasq", "ours10", "oursHigh"}
-	if cfg.dnsPool > 0 {
-		scen = append(scen, "oursPool") // issue 14's whole-pool row
-	}
 	runs := map[string][]dnsRun{}
 	var peerElems, ourElems []string
+	keep := func(sc string, r int, res dnsRun, err error) error {
+		if err != nil {
+			return fmt.Errorf("%s: %w", sc, err)
+		}
+		if res.noerror < 0.99 {
+			return fmt.Errorf("%s: only %.1f%% NOERROR answers (%s)", sc, 100*res.noerror, res.rcodes)
+		}
+		logf("rep %d/%d %-8s: %8.0f q/s (lost %s) | at %d q/s p50 %.3f p99 %.3f ms (n=%d, %s)",
+			r+1, cfg.dnsReps, sc, res.qps, res.lost, cfg.dnsLatQPS, res.p50, res.p99, res.n, res.rcodes)
+		runs[sc] = append(runs[sc], res)
+		return nil
+	}
 	for r := 0; r < cfg.dnsReps; r++ {
-		for _, sc := range scen {
-			if err := ctx.Err(); err != nil {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		res, err := b.measure(ctx, upstreamAddr)
+		if err := keep("direct", r, res, err); err != nil {
+			return err
+		}
+		res, elems, err := b.dnsmasq(ctx)
+		peerElems = append(peerElems, strconv.Itoa(elems))
+		if err := keep("dnsmasq", r, res, err); err != nil {
+			return err
+		}
+	}
+	// enforcerd: the daemon itself, its live sessions grown from level to
+	// level (10, then dnsHigh, then the whole pool), every repetition of a
+	// level measured before the next (growing is slow, shrinking too).
+	type ourLevel struct {
+		sc   string
+		live int
+	}
+	ourLevels := []ourLevel{{"ours10", 10}, {"oursHigh", cfg.dnsHigh}}
+	if cfg.dnsPool > 0 {
+		ourLevels = append(ourLevels, ourLevel{"oursPool", cfg.dnsPool}) // issue 14's whole-pool row
+	}
+	err = b.ourDNS(ctx, func(o *ourDNS) error {
+		for _, lv := range ourLevels {
+			if err := o.grow(ctx, lv.live); err != nil {
 				return err
 			}
-			var res dnsRun
-			var err error
-			switch sc {
-			case "direct":
-				res, err = b.measure(ctx, upstreamAddr)
-			case "dnsmasq":
-				var elems int
-				res, elems, err = b.dnsmasq(ctx)
-				peerElems = append(peerElems, strconv.Itoa(elems))
-			case "ours10", "oursHigh", "oursPool":
-				extra := map[string]int{"ours10": 9, "oursHigh": cfg.dnsHigh - 1, "oursPool": cfg.dnsPool - 1}[sc]
-				var stats string
-				res, stats, err = b.ours(ctx, extra)
-				ourElems = append(ourElems, field(stats, "attested_elements"))
-				logf("helper %s", stats)
+			for r := 0; r < cfg.dnsReps; r++ {
+				if err := ctx.Err(); err != nil {
+					return err
+				}
+				res, err := o.b.measure(ctx, o.dns)
+				if err := keep(lv.sc, r, res, err); err != nil {
+					return err
+				}
+				attested, err := o.attested(ctx)
+				if err != nil {
+					return err
+				}
+				ourElems = append(ourElems, strconv.Itoa(attested))
 			}
-			if err != nil {
-				return fmt.Errorf("%s: %w", sc, err)
-			}
-			if res.noerror < 0.99 {
-				return fmt.Errorf("%s: only %.1f%% NOERROR answers (%s)", sc, 100*res.noerror, res.rcodes)
-			}
-			logf("rep %d/%d %-8s: %8.0f q/s (lost %s) | at %d q/s p50 %.3f p99 %.3f ms (n=%d, %s)",
-				r+1, cfg.dnsReps, sc, res.qps, res.lost, cfg.dnsLatQPS, res.p50, res.p99, res.n, res.rcodes)
-			runs[sc] = append(runs[sc], res)
 		}
+		return nil
+	})
+	if err != nil {
+		return err
 	}
 	med := func(sc string, f func(dnsRun) float64) float64 {
 		var v []float64
@@ -179,6 +208,16 @@ func figDNS(ctx context.Context, cfg *config, rep *Report) error {
 	return nil
 }
 
+// startUpstream starts figure 4's upstream, dnsmasq serving the zone
+// (writeZone) at upstreamAddr in w's simulated internet.
+func startUpstream(cfg *config, w *world.World, logName string) (*proc, error) {
+	return startProc("upstream dnsmasq", filepath.Join(cfg.tmp, logName), inNS(w.NetPath,
+		"dnsmasq", "--keep-in-foreground", "--conf-file=/dev/null", "--user=root", "--pid-file=",
+		"--no-hosts", "--bind-interfaces", "--no-resolv", "--addn-hosts="+filepath.Join(cfg.tmp, "zone.hosts"),
+		"--local=/"+dnsZone+"/", "--local-ttl=300", "--listen-address="+upstreamAddr.Addr().String(),
+		"--port="+strconv.Itoa(int(upstreamAddr.Port())), "--dns-forward-max=10000")...)
+}
+
 // writeZone writes the upstream's hosts file (hN.allowed.test -> 198.18/15
 // addresses, which the world's guard treats as public) and dnsperf's query
 // file.
@@ -204,18 +243,20 @@ func (b *dnsBench) writePeerTable() string {
 	return path
 }
 
-// waitAnswer waits until server answers a query sent from the session.
+// waitAnswer waits until server answers a query sent from the session;
+// p, when not nil, is the server's process (its exit ends the wait).
 func (b *dnsBench) waitAnswer(server netip.AddrPort, p *proc) error {
 	var last error
+	exited := func() bool { return p != nil && p.exited() }
 	ok := waitFor(10*time.Second, func() bool {
-		if p.exited() {
+		if exited() {
 			return true
 		}
 		var m *dns.Msg
 		m, last = world.Lookup(b.client, server, "h0."+dnsZone, dns.TypeA, false, 500*time.Millisecond)
 		return last == nil && m.Rcode == dns.RcodeSuccess
 	})
-	if p.exited() {
+	if exited() {
 		return fmt.Errorf("exited: %s", p.tail(10))
 	}
 	if !ok {
@@ -269,36 +310,94 @@ func (b *dnsBench) dnsmasq(ctx context.Context) (dnsRun, int, error) {
 	return res, elems, nil
 }
 
-// ours runs enforcerd's proxy (the helper process) with extra live
-// sessions besides the measured one, and returns its closing stats line.
-func (b *dnsBench) ours(ctx context.Context, extra int) (dnsRun, string, error) {
-	self, err := os.Executable()
+// ourDNS is enforcerd as it runs for figure 4: the real binary serving in
+// a world of its own (its upstream the same dnsmasq, on the same zone, as
+// the peer's), dnsperf inside "dnsperf", one of its sessions, and the
+// other live sessions made through its API.
+type ourDNS struct {
+	de   *daemonEnv
+	b    dnsBench       // the measuring side: the client is the dnsperf session's netns
+	dns  netip.AddrPort // the daemon's DNS address (the sessions' resolver)
+	live int            // live sessions
+}
+
+// ourDNS starts the upstream and the daemon in a world of their own,
+// creates the dnsperf session, runs fn, and stops both.
+func (b *dnsBench) ourDNS(ctx context.Context, fn func(*ourDNS) error) error {
+	if b.cfg.bin == "" {
+		return fmt.Errorf("no enforcerd binary: set ENFORCERD_BIN (make bench builds it)")
+	}
+	w, err := world.Build()
 	if err != nil {
-		return dnsRun{}, "", err
+		return fmt.Errorf("build world: %w", err)
 	}
-	log := filepath.Join(b.cfg.tmp, fmt.Sprintf("dns-ours-%d.log", extra))
-	os.Remove(log)
-	p, err := startProc("dnsproxy helper", log, inNS(b.e.w.HostPath, self, dnsHelperArg,
-		"-prefix", b.e.prefix, "-dns", b.dnsAddr.String(), "-upstream", upstreamAddr.String(),
-		"-override", b.e.w.PublicOverride.String(), "-iface", b.iface, "-guest", b.guest.String(),
-		"-slot", strconv.Itoa(b.slot), "-extra", strconv.Itoa(extra),
-		"-events", filepath.Join(b.cfg.tmp, fmt.Sprintf("events-%d", extra)))...)
+	de := &daemonEnv{w: w}
+	defer de.Close()
+	up, err := startUpstream(b.cfg, w, "dns-upstream-ours.log")
 	if err != nil {
-		return dnsRun{}, "", err
+		return err
 	}
-	defer p.stop(10 * time.Second)
-	ready := waitFor(2*time.Minute, func() bool { return p.exited() || strings.Contains(p.tail(50), "ready") })
-	if !ready || p.exited() {
-		return dnsRun{}, "", fmt.Errorf("helper not ready: %s", p.tail(10))
+	defer up.stop(5 * time.Second)
+	dir := filepath.Join(b.cfg.tmp, "dns-daemon")
+	if err := os.MkdirAll(dir, 0o711); err != nil {
+		return err
 	}
-	logf("helper: %s", strings.TrimSpace(grepLine(p.tail(50), "ready")))
-	if err := b.waitAnswer(netip.AddrPortFrom(b.dnsAddr, 53), p); err != nil {
-		return dnsRun{}, "", err
+	de.d = enforcerd.New(b.cfg.bin, w, dir)
+	de.d.Upstream = upstreamAddr.String()
+	if err := de.d.Start(); err != nil {
+		return fmt.Errorf("start enforcerd: %w", err)
 	}
-	res, err := b.measure(ctx, netip.AddrPortFrom(b.dnsAddr, 53))
-	p.stop(10 * time.Second)
-	stats := grepLine(p.tail(50), "stats ")
-	return res, stats, err
+	de.c = newAPIClient(de.d.Client())
+	info, err := de.c.c.Create(ctx, ourSession("dnsperf"))
+	if err != nil {
+		return fmt.Errorf("create the dnsperf session: %w\n%s", err, de.logTail())
+	}
+	o := &ourDNS{de: de, b: *b, live: 1}
+	o.b.client = "/run/netns/" + info.Netns
+	if o.dns, err = netip.ParseAddrPort(info.DNS + ":53"); err != nil {
+		return fmt.Errorf("the dnsperf session's resolver %q: %w", info.DNS, err)
+	}
+	if err := o.b.waitAnswer(o.dns, nil); err != nil {
+		return fmt.Errorf("enforcerd: %w\n%s", err, de.logTail())
+	}
+	if err := fn(o); err != nil {
+		return fmt.Errorf("%w\ndaemon log tail:\n%s", err, de.logTail())
+	}
+	return nil
+}
+
+// ourSession is the request of every session of figure 4: network-only,
+// allowlist, the zone's names.
+func ourSession(name string) api.CreateRequest {
+	return api.CreateRequest{Name: name, NetworkOnly: true, Allow: []string{"*." + dnsZone}}
+}
+
+// grow creates sessions x0, x1, ... (4 concurrent clients) until live
+// sessions are live.
+func (o *ourDNS) grow(ctx context.Context, live int) error {
+	if live <= o.live {
+		return nil
+	}
+	start, from := time.Now(), o.live
+	_, err := parallel(ctx, live-o.live, func(i int) error {
+		_, err := o.de.c.c.Create(ctx, ourSession(fmt.Sprintf("x%d", from-1+i)))
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("grow to %d live sessions: %w", live, err)
+	}
+	o.live = live
+	logf("enforcerd: %d live sessions (grown in %s)", live, time.Since(start).Round(time.Millisecond))
+	return nil
+}
+
+// attested is how many addresses the dnsperf session holds attested.
+func (o *ourDNS) attested(ctx context.Context) (int, error) {
+	info, err := o.de.c.c.Inspect(ctx, "dnsperf")
+	if err != nil {
+		return 0, err
+	}
+	return len(info.Attested), nil
 }
 
 func (b *dnsBench) measure(ctx context.Context, server netip.AddrPort) (dnsRun, error) {

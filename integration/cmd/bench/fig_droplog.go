@@ -11,9 +11,10 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/enforcerd/enforcerd/integration/world"
-	"github.com/enforcerd/enforcerd/netpolicy"
 	"golang.org/x/sys/unix"
+
+	"github.com/enforcerd/enforcerd/integration/world"
+	"github.com/enforcerd/enforcerd/netpolicy/nft"
 )
 
 // floodHelperArg makes this binary figure 7's flooding session: run in a
@@ -252,7 +253,7 @@ func figDropLogIn(ctx context.Context, cfg *config, rep *Report, de *daemonEnv) 
 	rep.Add(Result{Name: "droplog-flood-drops-per-s", Unit: "1/s", Ours: median(rd), Peer: median(ud),
 		Note: "peer = the same table, the daemon stopped (SIGSTOP) so nothing reads the drop log; no target in the issue",
 		Extra: append(append([]string{}, extra...), "ours_all="+joinInts(rd), "peer_all="+joinInts(ud),
-			"lines_logged_per_flood="+joinInts(lines), fmt.Sprintf("log_budget_per_s=%d", netpolicy.DefaultLogRate))})
+			"lines_logged_per_flood="+joinInts(lines), fmt.Sprintf("log_budget_per_s=%d", nft.DefaultLogRate))})
 	rep.Add(Result{Name: "droplog-flood-daemon-cpu", Unit: "%cpu", Ours: median(rcpu), Peer: median(icpu),
 		Note:  "daemon CPU (all threads) while it reads the log of a flood; peer = the same daemon idle as long; no target",
 		Extra: append(append([]string{}, extra...), "ours_all="+joinFloats(rcpu), "peer_all="+joinFloats(icpu))})

@@ -128,9 +128,6 @@ var figures = []figure{
 
 func main() {
 	container.MaybeInit() // libcontainer re-executes this binary as the sandbox init
-	if len(os.Args) > 1 && os.Args[1] == dnsHelperArg {
-		os.Exit(dnsHelperMain(os.Args[2:]))
-	}
 	if len(os.Args) > 1 && os.Args[1] == floodHelperArg {
 		os.Exit(floodHelperMain(os.Args[2:]))
 	}

@@ -9,11 +9,13 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/enforcerd/enforcerd/integration/world"
-	"github.com/enforcerd/enforcerd/netpolicy"
-	"github.com/enforcerd/enforcerd/nsmgr"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/enforcerd/enforcerd/integration/world"
+	"github.com/enforcerd/enforcerd/netpolicy"
+	"github.com/enforcerd/enforcerd/netpolicy/nft"
+	"github.com/enforcerd/enforcerd/nsmgr"
 )
 
 // netEnv is enforcerd's session network done in-process, as the daemon does
@@ -24,10 +26,10 @@ type netEnv struct {
 	prefix string
 	m      *nsmgr.Manager
 	guard  *netpolicy.Guard
-	fw     *netpolicy.Firewall
+	fw     *nft.Firewall
 	geo    *nsmgr.IPAM // address arithmetic for synthetic sessions
 	live   map[string]nsmgr.Session
-	clock  *stepClock // times nsmgr.Create's steps (through its Fault seam)
+	clock  *stepClock // times nsmgr.Create's steps (its StepStarted observer)
 }
 
 // newNetEnv builds a world and opens nsmgr and the firewall in its simulated
@@ -56,7 +58,7 @@ func newNetEnv(tag string) (e *netEnv, err error) {
 			return e, fmt.Errorf("BENCH_PREPARED_NETNS %q: want a number, 0 or more", v)
 		}
 	}
-	e.m, err = nsmgr.New(nsmgr.Config{Prefix: e.prefix, Pool: nsmgr.DefaultPool, HostNS: w.Host, Fault: e.clock.mark,
+	e.m, err = nsmgr.New(nsmgr.Config{Prefix: e.prefix, Pool: nsmgr.DefaultPool, HostNS: w.Host, StepStarted: e.clock.mark,
 		Prepared: prepared})
 	if err != nil {
 		return e, err
@@ -68,7 +70,7 @@ func newNetEnv(tag string) (e *netEnv, err error) {
 	if e.guard, err = netpolicy.NewGuard(nsmgr.DefaultPool, []netip.Prefix{w.PublicOverride}); err != nil {
 		return e, err
 	}
-	e.fw, err = netpolicy.OpenFirewall(netpolicy.FirewallConfig{NetNS: w.Host, Prefix: e.prefix,
+	e.fw, err = nft.OpenFirewall(nft.FirewallConfig{NetNS: w.Host, Prefix: e.prefix,
 		Pool: nsmgr.DefaultPool, DNSAddr: e.m.DNSAddr(), Guard: e.guard, AttestFloor: time.Minute})
 	if err != nil {
 		return e, err
@@ -78,8 +80,8 @@ func newNetEnv(tag string) (e *netEnv, err error) {
 
 // rules are a session's firewall rules: allowlist mode with the given static
 // targets.
-func (e *netEnv) rules(s nsmgr.Session, static ...netip.Prefix) netpolicy.SessionRules {
-	r := netpolicy.SessionRules{Name: s.Name, HostIface: s.HostIface, Guest: s.Guest, Egress: netpolicy.ModeAllowlist}
+func (e *netEnv) rules(s nsmgr.Session, static ...netip.Prefix) nft.SessionRules {
+	r := nft.SessionRules{Name: s.Name, HostIface: s.HostIface, Guest: s.Guest, Egress: netpolicy.ModeAllowlist}
 	for _, p := range static {
 		r.Static = append(r.Static, netpolicy.Target{Prefix: p})
 	}
@@ -144,9 +146,9 @@ func (ss *splits) parts(op string, p float64) []string {
 
 // synthetic returns the rules of a session that exists only in the
 // firewall (no netns, no veth): the address and interface name of slot.
-func (e *netEnv) synthetic(slot int) netpolicy.SessionRules {
+func (e *netEnv) synthetic(slot int) nft.SessionRules {
 	_, _, guest := e.geo.SlotAddrs(slot)
-	return netpolicy.SessionRules{Name: fmt.Sprintf("syn%d", slot), HostIface: nsmgr.HostIfaceName(e.prefix, slot),
+	return nft.SessionRules{Name: fmt.Sprintf("syn%d", slot), HostIface: nsmgr.HostIfaceName(e.prefix, slot),
 		Guest: guest, Egress: netpolicy.ModeAllowlist,
 		Static: []netpolicy.Target{{Prefix: netip.MustParsePrefix("93.184.216.34/32")}}}
 }
@@ -217,7 +219,7 @@ func ipNet(p netip.Prefix) *net.IPNet {
 }
 
 // stepClock attributes the time of one nsmgr.Create to its steps: Create
-// calls the Fault seam before each step, so a step lasts until the next
+// tells StepStarted as each step starts, so a step lasts until the next
 // mark (the last one until Create returns). Creates must not overlap.
 type stepClock struct {
 	last  time.Time
@@ -227,11 +229,10 @@ type stepClock struct {
 
 func (c *stepClock) begin() { c.step = "" }
 
-// mark is the Fault seam: it never fails a step.
-func (c *stepClock) mark(step string) error {
+// mark is the StepStarted observer.
+func (c *stepClock) mark(step string) {
 	c.end(time.Now())
 	c.step, c.last = step, time.Now()
-	return nil
 }
 
 func (c *stepClock) end(now time.Time) {

@@ -133,17 +133,6 @@ func (rp *Report) Table(w io.Writer) {
 	tw.Flush()
 }
 
-// Lines returns every RESULT line.
-func (rp *Report) Lines() []string {
-	rp.mu.Lock()
-	defer rp.mu.Unlock()
-	var out []string
-	for _, r := range rp.results {
-		out = append(out, r.Line())
-	}
-	return out
-}
-
 // Samples are durations of one operation.
 type Samples []time.Duration
 

@@ -10,7 +10,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/enforcerd/enforcerd/integration/daemon"
+	"github.com/enforcerd/enforcerd/integration/enforcerd"
 	"github.com/enforcerd/enforcerd/integration/world"
 	"github.com/enforcerd/enforcerd/nsmgr"
 	"github.com/vishvananda/netlink"
@@ -37,7 +37,7 @@ func (r residue) String() string {
 // countResidue counts d's leftovers, observed from outside the daemon (the
 // filesystem, netlink, and nft's own listing). The kernel removes a deleted
 // session's veth in the background, so links are polled for up to 20 s.
-func countResidue(ctx context.Context, w *world.World, d *daemon.Daemon) (residue, time.Duration, error) {
+func countResidue(ctx context.Context, w *world.World, d *enforcerd.Daemon) (residue, time.Duration, error) {
 	var r residue
 	ents, err := os.ReadDir(world.NetnsDir)
 	if err != nil {

@@ -19,7 +19,7 @@ import (
 	"text/tabwriter"
 
 	"github.com/enforcerd/enforcerd/api"
-	"github.com/enforcerd/enforcerd/integration/daemon"
+	"github.com/enforcerd/enforcerd/integration/enforcerd"
 	"github.com/enforcerd/enforcerd/integration/world"
 )
 
@@ -96,7 +96,7 @@ func run(bin, rootfs string) (err error) {
 		return err
 	}
 	defer os.RemoveAll(dir)
-	d := daemon.New(bin, w, dir)
+	d := enforcerd.New(bin, w, dir)
 	step("starting enforcerd in the simulated host: nsenter --net=%s %s %s", w.HostPath, bin, strings.Join(d.ServeArgs(), " "))
 	if err := d.Start(); err != nil {
 		return err
@@ -237,7 +237,7 @@ func run(bin, rootfs string) (err error) {
 	return nil
 }
 
-func guestIP(d *daemon.Daemon, name string) (string, error) {
+func guestIP(d *enforcerd.Daemon, name string) (string, error) {
 	out, _, err := d.CLI("session", "inspect", name)
 	if err != nil {
 		return "", err
@@ -251,7 +251,7 @@ func guestIP(d *daemon.Daemon, name string) (string, error) {
 
 // probe resolves (when the destination is a name) and connects from inside
 // the session's sandbox, and asks the daemon why (session why).
-func probe(d *daemon.Daemon, sess string, dst dest) verdict {
+func probe(d *enforcerd.Daemon, sess string, dst dest) verdict {
 	v := probeTraffic(d, sess, dst)
 	target := dst.addr
 	if dst.name != "" {
@@ -318,7 +318,7 @@ func word(ok bool) string {
 
 // probeTraffic resolves (when the destination is a name) and connects from
 // inside the session's sandbox.
-func probeTraffic(d *daemon.Daemon, sess string, dst dest) verdict {
+func probeTraffic(d *enforcerd.Daemon, sess string, dst dest) verdict {
 	if sess == "sealed" {
 		_, _, code, _ := d.CLIStatus(context.Background(), "session", "exec", sess, "--", "sh", "-c", "ip -o link | grep -v ' lo:' | grep -q .")
 		if code != 0 {

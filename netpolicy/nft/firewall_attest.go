@@ -1,0 +1,213 @@
+package nft
+
+import (
+	"fmt"
+	"net/netip"
+	"time"
+
+	"github.com/google/nftables"
+
+	"github.com/enforcerd/enforcerd/netpolicy"
+)
+
+// attestBatchMax bounds the Attest calls coalesced into one batch (each
+// call's elements are already chunked per message by addElements).
+const attestBatchMax = 128
+
+// attestReq is one Attest call's elements.
+type attestReq struct {
+	guest netip.Addr
+	plan  []setElems
+}
+
+// Attest makes ips reachable from the session whose guest address is guest
+// for ttl, clamped to [AttestFloor, MaxAttestTimeout]; it returns the
+// effective timeout: how long the elements are known to stay in the
+// kernel from now (what a DNS answer may promise). With no ports (or a
+// port-less spec) every port and protocol is allowed; otherwise only the
+// given ports (ProtoAny = TCP and UDP). It returns after the kernel
+// acknowledged the batch holding its elements, so a DNS answer released
+// afterwards can never race the rule. Attesting an address again refreshes
+// (sets) its expiry. Non-IPv4 addresses are ignored; attested addresses in
+// a blocked range stay unreachable (the guard is checked first).
+//
+// Every element already in the kernel with at least the clamped timeout
+// less knownSlack of life left (an eighth, at most 30 s), as far as this Firewall KNOWS (it inserted
+// it, nothing deleted it since; see knownIndex), needs no batch: Attest
+// then returns at once with the shortest remaining life, and the kernel
+// keeps the elements' expiry (only the refresh's maximum lifetime counts
+// from this answer). A call with any element not known so waits for a
+// batch with all of them.
+//
+// Concurrent calls are group-committed: a call that finds no batch in
+// flight sends its own at once; calls arriving meanwhile are sent together
+// as the next batch, one Flush for all. If that batch fails, each call's
+// elements are retried in a batch of their own, so one call's failure is
+// never another's. When two coalesced calls attest the same element, it is
+// inserted once with the longer of their timeouts.
+func (f *Firewall) Attest(guest netip.Addr, ips []netip.Addr, ttl time.Duration, ports []netpolicy.PortSpec) (time.Duration, error) {
+	timeout := min(max(ttl, f.floor), MaxAttestTimeout)
+	if err := f.checkGuest(guest); err != nil {
+		return 0, fmt.Errorf("attest for %s: %w", guest, err)
+	}
+	plan := attestElements(guest, ips, timeout, ports)
+	if len(plan) == 0 {
+		return timeout, nil
+	}
+	now := time.Now()
+	if left, ok := f.known.covers(guest, plan, timeout, now); ok {
+		// The answer justifies the refresh as a batch's would.
+		for _, se := range plan {
+			f.attested.noteAnswer(guest, se.set, se.elems, now)
+		}
+		return left, nil
+	}
+	if !f.attested.admits(guest, plan, f.cfg.MaxAttested, time.Now()) {
+		return 0, fmt.Errorf("attest %d addresses for %s: %w (%d)", len(ips), guest, netpolicy.ErrAttestCap, f.cfg.MaxAttested)
+	}
+	if err := f.attests.do(attestReq{guest: guest, plan: plan}); err != nil {
+		return 0, fmt.Errorf("attest %d addresses for %s: %w", len(ips), guest, err)
+	}
+	return timeout, nil
+}
+
+// flushAttests sends one batch with the elements of reqs on the attest
+// connection and, once the kernel acked it, records them in the index.
+func (f *Firewall) flushAttests(reqs []attestReq) error {
+	merged := mergeAttests(reqs)
+	epoch := f.known.begin()
+	var sent time.Time
+	err := f.attest.do(func(c *nftables.Conn) error {
+		if f.cfg.AttestFault != nil {
+			for _, r := range reqs {
+				if err := f.cfg.AttestFault(r.guest); err != nil {
+					return err
+				}
+			}
+		}
+		for _, se := range merged {
+			if err := addElements(c, f.schema.sets[se.set], se.elems, false); err != nil {
+				return err
+			}
+		}
+		// Before the send: the kernel stamps the expiries later, so
+		// sent+timeout is a lower bound of each.
+		sent = time.Now()
+		f.flushes.Add(1)
+		return c.Flush()
+	})
+	if err != nil {
+		return err
+	}
+	f.known.learn(epoch, merged, sent)
+	now := time.Now()
+	for _, r := range reqs {
+		for _, se := range r.plan {
+			f.attested.record(r.guest, se.set, se.elems, now)
+		}
+	}
+	return nil
+}
+
+// mergeAttests concatenates the requests' elements per set, each key once
+// with its longest timeout (the kernel would refresh a repeated key within
+// the batch anyway; one element per key keeps that out of the question).
+func mergeAttests(reqs []attestReq) []setElems {
+	if len(reqs) == 1 {
+		return reqs[0].plan
+	}
+	var out []setElems
+	for _, name := range attestedSets {
+		var elems []nftables.SetElement
+		at := map[string]int{}
+		for _, r := range reqs {
+			for _, se := range r.plan {
+				if se.set != name {
+					continue
+				}
+				for _, e := range se.elems {
+					if i, ok := at[string(e.Key)]; ok {
+						elems[i].Timeout = max(elems[i].Timeout, e.Timeout)
+						continue
+					}
+					at[string(e.Key)] = len(elems)
+					elems = append(elems, e)
+				}
+			}
+		}
+		if len(elems) > 0 {
+			out = append(out, setElems{name, elems})
+		}
+	}
+	return out
+}
+
+// AttestRoundTrips returns how many attest batches were sent to the kernel
+// (each one acked before its answers are released), and AttestSkipped how
+// many Attest calls needed none (every element known to be there).
+func (f *Firewall) AttestRoundTrips() uint64 { return f.flushes.Load() }
+
+// AttestSkipped: see AttestRoundTrips.
+func (f *Firewall) AttestSkipped() uint64 { return f.known.skips() }
+
+// RefreshSweepPeriod is how often SweepRefreshed should run: a quarter of
+// the maximum lifetime, at most 30 s; 0 without the refresh.
+func (f *Firewall) RefreshSweepPeriod() time.Duration {
+	return min(f.attested.maxLife/4, 30*time.Second)
+}
+
+// AttestMaxLifetime returns the refresh's maximum lifetime (0: no refresh).
+func (f *Firewall) AttestMaxLifetime() time.Duration { return f.attested.maxLife }
+
+// SweepRefreshed deletes every live element (see buildRules) the refresh no
+// longer justifies: its key was last attested more than the maximum
+// lifetime ago, an update revoked it, its session is gone, or this process
+// never attested it (a restart: refreshes end at the first sweep unless a
+// new answer attests the address again). It dumps the live sets, which
+// hold only the addresses sessions connected to, and deletes in one batch;
+// it returns how many elements it deleted. A live element thus outlives
+// the maximum by at most one period (plus its refresh timeout).
+func (f *Firewall) SweepRefreshed() (int, error) {
+	var n int
+	err := f.admin.do(func(c *nftables.Conn) error {
+		n = 0
+		now := time.Now()
+		queued := false
+		for _, name := range liveSets {
+			set := f.schema.sets[name]
+			elems, err := c.GetSetElements(set)
+			if err != nil {
+				return fmt.Errorf("list set %s: %w", name, err)
+			}
+			var del []nftables.SetElement
+			for _, e := range elems {
+				g, ok := keyGuest(name, e.Key)
+				if ok && f.attested.justified(g, name, e.Key, now) {
+					continue
+				}
+				del = append(del, nftables.SetElement{Key: e.Key})
+			}
+			if len(del) == 0 {
+				continue
+			}
+			// Added first: an element may expire between the dump and the
+			// batch, and a delete of a missing key fails the batch.
+			if err := addElements(c, set, del, false); err != nil {
+				return err
+			}
+			if err := addElements(c, set, del, true); err != nil {
+				return err
+			}
+			n += len(del)
+			queued = true
+		}
+		if !queued {
+			return nil
+		}
+		return c.Flush()
+	})
+	if err != nil {
+		return 0, fmt.Errorf("sweep refreshed attested elements of table inet %s: %w", f.cfg.Prefix, err)
+	}
+	return n, nil
+}

@@ -1,0 +1,543 @@
+package nft
+
+import (
+	"net/netip"
+	"time"
+
+	"github.com/google/nftables"
+	"github.com/google/nftables/binaryutil"
+	"github.com/google/nftables/expr"
+	"golang.org/x/sys/unix"
+
+	"github.com/enforcerd/enforcerd/netpolicy"
+)
+
+// Registers. A 16-byte value (an interface name) loaded into NFT_REG_1 fills
+// the 32-bit registers 0..3; concatenations put each following field in the
+// next 32-bit register, which is how the kernel reads a concatenated key.
+const (
+	reg1     = unix.NFT_REG_1
+	reg32_00 = unix.NFT_REG32_00
+)
+
+func reg32(n uint32) uint32 { return reg32_00 + n }
+
+// icmpAdminProhibited is ICMP destination unreachable code 13,
+// "communication administratively prohibited" (RFC 1812).
+const icmpAdminProhibited = 13
+
+// connlimitOver is NFT_CONNLIMIT_F_INV: "ct count over N" matches when the
+// count exceeds N (golang.org/x/sys/unix does not define it).
+const connlimitOver = 1
+
+// resolverPorts are the destination ports no session reaches through a
+// port-less entry or public mode: DNS and DNS over TLS, which only the
+// anycast proxy serves.
+var resolverPorts = []netpolicy.PortSpec{
+	{Port: 53, Proto: netpolicy.ProtoUDP}, {Port: 53, Proto: netpolicy.ProtoTCP},
+	{Port: 853, Proto: netpolicy.ProtoTCP}, {Port: 853, Proto: netpolicy.ProtoUDP},
+}
+
+// ruleSpec is one rule of one chain, as plain data.
+type ruleSpec struct {
+	chain string
+	exprs []expr.Any
+}
+
+// ruleEnv is what the rules depend on.
+type ruleEnv struct {
+	prefix   string        // interface name prefix of session veths
+	pool     netip.Prefix  // masquerade source range
+	dns      netip.Addr    // DNS anycast address
+	maxFlows uint32        // per-session concurrent flows
+	flowRate uint32        // per-session new flows per second
+	logRate  uint32        // per-session drop-log lines per second
+	logGroup uint16        // NFLOG group of the drop log
+	refresh  time.Duration // life of a live element after the flow that refreshed it; 0: no refresh
+	set      func(name string) *nftables.Set
+}
+
+// Every rule of the table, in order. The chains never change per session.
+//
+//	raw_prerouting (filter hook prerouting, priority raw: before conntrack)
+//	  iifname "P*" meta nfproto != ipv4 drop
+//	  iifname "P*" iifname . ip saddr != @sessions goto drop_spoofed  # anti-spoofing, before conntrack sees the packet
+//	  iifname "P*" ip daddr DNS udp dport 53 notrack       # queries to the proxy cost no conntrack entry
+//	raw_output (filter hook output, priority raw)
+//	  oifname "P*" ip saddr DNS udp sport 53 notrack       # the proxy's answers, likewise
+//	forward (filter hook forward, policy accept)
+//	  iifname "P*" goto from_session
+//	  oifname "P*" meta nfproto != ipv4 drop
+//	  oifname "P*" ct state established,related goto accept_return  # return traffic into a session
+//	  oifname "P*" goto drop_inbound                       # new connections into sessions
+//	from_session
+//	  ct state established goto accept_session
+//	  ct state related goto related_session
+//	  ct state invalid goto drop_session
+//	  goto policy
+//	related_session                                        # ICMP errors a session sends
+//	  meta l4proto != icmp goto drop_session               # nothing else is related (no helpers)
+//	  iifname . @th,192,32 != @sessions goto drop_session  # about anyone else's flow
+//	  ip daddr . ip saddr @peers goto accept_session       # back to a lab peer
+//	  goto policy                                          # about its own flow: judged like a new packet
+//	policy
+//	  ip saddr . ip daddr @denied goto drop_denied           # deny entries: before every accept
+//	  ip saddr . meta l4proto . ip daddr . th dport @denied_ports goto drop_denied
+//	  ip saddr . ip daddr @peers goto accept_new            # lab peers (before the guard: they are in the pool)
+//	  ip daddr @blocked goto drop_special                   # SSRF guard, every mode
+//	  meta l4proto {tcp,udp} th dport {53,853} goto resolver
+//	  ip saddr @public goto accept_new
+//	  ip saddr . ip daddr @attested update @attested_live { ip saddr . ip daddr timeout REFRESH }
+//	  ip saddr . ip daddr @attested goto accept_new
+//	  ip saddr . ip daddr @attested_live update @attested_live { ip saddr . ip daddr timeout REFRESH } goto accept_new
+//	  (the same three for the ports: KEY = ip saddr . meta l4proto . ip daddr . th dport)
+//	  KEY @attested_ports update @attested_ports_live { KEY timeout REFRESH }
+//	  KEY @attested_ports goto accept_new
+//	  KEY @attested_ports_live update @attested_ports_live { KEY timeout REFRESH } goto accept_new
+//	  ip saddr . ip daddr @static goto accept_new
+//	  ip saddr . meta l4proto . ip daddr . th dport @static_ports goto accept_new
+//	  ip saddr . ip daddr @static_cidr goto accept_new
+//	  ip saddr . meta l4proto . ip daddr . th dport @static_cidr_ports goto accept_new
+//	  ip saddr . ip daddr @port_hosts goto drop_port        # allowed on other ports only
+//	  ip saddr . ip daddr @port_attested goto drop_port
+//	  ip saddr . ip daddr @port_cidrs goto drop_port
+//	  goto drop_not_allowed
+//	resolver                                               # DNS and DoT: only entries that name the port
+//	  the three attested_ports rules of policy
+//	  ip saddr . meta l4proto . ip daddr . th dport @static_ports goto accept_new
+//	  ip saddr . meta l4proto . ip daddr . th dport @static_cidr_ports goto accept_new
+//	  goto drop_resolver
+//	flow_limit                                             # the session's conntrack budget
+//	  ct state new add @flows { ip saddr ct count over MAXFLOWS } goto drop_limited
+//	  ct state new update @flowrate { ip saddr limit rate over RATE/second burst 2*RATE packets } goto drop_limited
+//	accept_new:     jump flow_limit; goto accept_session
+//	accept_session: update @acct_accept { ip saddr }; accept
+//	accept_return:  update @acct_return { ip daddr }; accept  # counted: downloads are replies
+//	drop_session:   update @acct_drop { ip saddr }; drop
+//	drop_limited:   update @acct_limited { ip saddr }; LOG(rate-limit); goto drop_session
+//	drop_not_allowed, drop_port, drop_special, drop_resolver, drop_denied:
+//	                update @acct_reason { ip saddr . CODE }; LOG(reason); goto drop_policy
+//	drop_policy:    ip saddr @reject goto reject_session; goto drop_session
+//	reject_session: update @acct_drop { ip saddr }    # --on-deny reject or reset: the session's own packets only
+//	                ip saddr @reset meta l4proto tcp reject with tcp reset   # reset: connect says ECONNREFUSED
+//	                reject with icmp admin-prohibited      # reject (and reset's non-TCP): connect says EHOSTUNREACH
+//	drop_spoofed:   update @acct_reason { iifname map @ifaces . 5 }; LOG(spoofed); drop
+//	drop_inbound:   oifname . ip daddr != @sessions drop
+//	                update @acct_reason { ip daddr . 6 }; LOG(inbound); drop
+//	  LOG(reason) is the log budget and the NFLOG line of reasonRules (droprules.go)
+//	input (filter hook input, policy accept)
+//	  iifname "P*" goto input_session
+//	  ip daddr DNS drop                                    # the anycast address answers session veths only
+//	input_session
+//	  ip daddr DNS udp dport 53 accept                     # untracked (raw_prerouting)
+//	  ct state established accept                          # the session's own DNS over TCP
+//	  ct state related meta l4proto icmp iifname . @th,192,32 @sessions ip daddr DNS accept
+//	  ip daddr DNS tcp dport 53 jump flow_limit
+//	  ip daddr DNS tcp dport 53 accept
+//	  goto drop_not_allowed                                # the daemon's API, host services, other gateways
+//	postrouting (nat hook postrouting, srcnat)
+//	  meta nfproto ipv4 ip saddr POOL oifname != "P*" masquerade
+//
+// Why this order is sound: every packet from a session veth passes the
+// anti-spoofing check before conntrack looks at it, so the tuple conntrack
+// matches carries the session's own address: it can only ever hit the
+// session's own flows. The one exception is an ICMP error, whose conntrack
+// match is the flow its quoted header names (anyone's); related_session
+// accepts such an error only when that flow is the session's own (original
+// source) or one a lab peer opened into it (reply source), and then judges
+// its destination by the policy and the guard like a new packet.
+//
+// The accounting update and the verdict are separate rules: a dynset that
+// cannot insert (a full set) ends its rule, and the verdict must not depend on
+// accounting. The same holds for the refresh of an attested element: the
+// update of its live set is a rule of its own before the verdict.
+//
+// The refresh (REFRESH > 0, see FirewallConfig.AttestMaxLifetime): a new
+// flow accepted by a DNS-attested element creates or refreshes the same key
+// in the live set, with a timeout of REFRESH; a live element accepts new
+// flows and refreshes itself. The DNS answers' elements keep their own
+// expiry (a refresh never shortens what an answer allowed), and only new
+// flows pass here, so only they refresh. The datapath can only write keys it
+// just found in an attested set (or in the live set itself); the daemon's
+// sweep deletes every live element whose attestation is older than the
+// maximum lifetime, was revoked, or belongs to no session. A packet that
+// found a key just before its deletion may create it again after it: the
+// sweep removes such an element too.
+func buildRules(env ruleEnv) []ruleSpec {
+	var rs []ruleSpec
+	add := func(chain string, parts ...[]expr.Any) {
+		var ex []expr.Any
+		for _, p := range parts {
+			ex = append(ex, p...)
+		}
+		rs = append(rs, ruleSpec{chain, ex})
+	}
+	p := env.prefix
+	accept := verdict(expr.VerdictAccept, "")
+	drop := verdict(expr.VerdictDrop, "")
+	gotoC := func(c string) []expr.Any { return verdict(expr.VerdictGoto, c) }
+	jump := func(c string) []expr.Any { return verdict(expr.VerdictJump, c) }
+	fromSession := ifPrefix(expr.MetaKeyIIFNAME, p, true)
+	toSession := ifPrefix(expr.MetaKeyOIFNAME, p, true)
+	// Every rule reading IPv4 headers carries "meta nfproto ipv4" although
+	// raw_prerouting already dropped everything else from sessions: it costs
+	// one compare, and nft can then print the rules as ip saddr/daddr.
+	v4 := nfprotoIs(true)
+	toDNS := append(loadDaddr(reg1), cmpEq(reg1, ipKey(env.dns)))
+	fromDNS := append(loadSaddr(reg1), cmpEq(reg1, ipKey(env.dns)))
+	dnsPort := func(proto netpolicy.Proto, dport bool) []expr.Any {
+		port := loadDport(reg1)
+		if !dport {
+			port = loadSport(reg1)
+		}
+		return append(append(l4protoIs(proto), port...), cmpEq(reg1, portKey(53)[:2]))
+	}
+
+	// raw_prerouting
+	add(chainRawPrerouting, fromSession, nfprotoIs(false), drop)
+	add(chainRawPrerouting, fromSession, v4, env.lookupSession(true), gotoC(chainDropSpoofed))
+	add(chainRawPrerouting, fromSession, v4, toDNS, dnsPort(netpolicy.ProtoUDP, true), []expr.Any{&expr.Notrack{}})
+	// raw_output
+	add(chainRawOutput, toSession, v4, fromDNS, dnsPort(netpolicy.ProtoUDP, false), []expr.Any{&expr.Notrack{}})
+
+	// forward
+	add(chainForward, fromSession, gotoC(chainFromSession))
+	add(chainForward, toSession, nfprotoIs(false), drop)
+	add(chainForward, toSession, ctStateIn(expr.CtStateBitESTABLISHED|expr.CtStateBitRELATED), gotoC(chainAcceptReturn))
+	add(chainForward, toSession, gotoC(chainDropInbound))
+
+	// from_session
+	add(chainFromSession, ctStateIn(expr.CtStateBitESTABLISHED), gotoC(chainAccept))
+	add(chainFromSession, ctStateIn(expr.CtStateBitRELATED), gotoC(chainRelated))
+	add(chainFromSession, ctStateIn(expr.CtStateBitINVALID), gotoC(chainDrop))
+	add(chainFromSession, gotoC(chainPolicy))
+
+	// related_session: conntrack relates an ICMP error to the flow its
+	// quoted header names, whoever's it is; no helpers are assigned, so
+	// nothing else is related.
+	icmp := l4protoNumIs(unix.IPPROTO_ICMP)
+	// Each test once: not ICMP, or about another's flow, drop; back to a lab
+	// peer, accept; else the policy.
+	add(chainRelated, l4protoNumIsNot(unix.IPPROTO_ICMP), gotoC(chainDrop))
+	add(chainRelated, v4, env.lookupSessionQuoted(true), gotoC(chainDrop))
+	add(chainRelated, v4, env.lookupPeerOf(), gotoC(chainAccept))
+	add(chainRelated, gotoC(chainPolicy))
+
+	// policy. Deny entries first: a deny wins over every accept below (lab
+	// peers, public mode, attested and static elements).
+	add(chainPolicy, v4, env.lookupPair(setDenied), gotoC(chainDropDenied))
+	add(chainPolicy, v4, env.lookupPorts(setDeniedPorts), gotoC(chainDropDenied))
+	add(chainPolicy, v4, env.lookupPair(setPeers), gotoC(chainAcceptNew))
+	add(chainPolicy, v4, loadDaddr(reg1), env.lookup(setBlocked, reg1, false), gotoC(chainDropSpecial))
+	// DNS (53) and DNS over TLS (853) go to the anycast proxy only, in
+	// every mode, unless an entry names that port explicitly: a port-less
+	// address, CIDR or name that happens to be a resolver must not let the
+	// session resolve, or leak data through lookups, behind the proxy's back
+	// (PITFALLS 5 and 17).
+	for _, pp := range resolverPorts {
+		add(chainPolicy, v4, l4protoIs(pp.Proto), loadDport(reg1), []expr.Any{cmpEq(reg1, portKey(pp.Port)[:2])}, gotoC(chainResolver))
+	}
+	add(chainPolicy, v4, loadSaddr(reg1), env.lookup(setPublic, reg1, false), gotoC(chainAcceptNew))
+	env.attestedRules(func(parts ...[]expr.Any) { add(chainPolicy, parts...) }, false)
+	env.attestedRules(func(parts ...[]expr.Any) { add(chainPolicy, parts...) }, true)
+	add(chainPolicy, v4, env.lookupPair(setStatic), gotoC(chainAcceptNew))
+	add(chainPolicy, v4, env.lookupPorts(setStaticPorts), gotoC(chainAcceptNew))
+	add(chainPolicy, v4, env.lookupPair(setStaticCIDR), gotoC(chainAcceptNew))
+	add(chainPolicy, v4, env.lookupPorts(setStaticCIDRPorts), gotoC(chainAcceptNew))
+	// Nothing accepts it: "port" when some entry allows the address on
+	// other ports, else "not-allowed". Only dropped packets pay these
+	// lookups.
+	for _, set := range []string{setPortHosts, setPortAttested, setPortCIDRs} {
+		add(chainPolicy, v4, env.lookupPair(set), gotoC(chainDropPort))
+	}
+	add(chainPolicy, gotoC(chainDropNotAllowed))
+
+	// resolver
+	env.attestedRules(func(parts ...[]expr.Any) { add(chainResolver, parts...) }, true)
+	for _, set := range []string{setStaticPorts, setStaticCIDRPorts} {
+		add(chainResolver, v4, env.lookupPorts(set), gotoC(chainAcceptNew))
+	}
+	add(chainResolver, gotoC(chainDropResolver))
+
+	// flow_limit
+	isNew := ctStateIn(expr.CtStateBitNEW)
+	add(chainFlowLimit, isNew, v4, env.limitFlows(), gotoC(chainDropLimited))
+	add(chainFlowLimit, isNew, v4, env.limitRate(), gotoC(chainDropLimited))
+
+	// accounting chains
+	add(chainAcceptNew, jump(chainFlowLimit))
+	add(chainAcceptNew, gotoC(chainAccept))
+	add(chainAccept, v4, env.update(setAcctAccept))
+	add(chainAccept, accept)
+	// Replies into a session (a download is almost all replies): counted per
+	// guest, the destination here.
+	add(chainAcceptReturn, nfprotoIs(true), env.updateDaddr(setAcctReturn))
+	add(chainAcceptReturn, accept)
+	add(chainDrop, v4, env.update(setAcctDrop))
+	add(chainDrop, drop)
+	// The reason chains. rate-limit's count is acct_limited's.
+	for _, d := range dropCodes {
+		if d.chain == "" {
+			continue
+		}
+		// The session's own packets the policy drops may be answered
+		// (drop_policy); spoofed and inbound ones never are.
+		k, final := guestIsSaddr, gotoC(chainDropPolicy)
+		switch d.reason {
+		case netpolicy.ReasonSpoofed:
+			k, final = guestByIface, drop
+		case netpolicy.ReasonInbound:
+			k, final = guestIsDaddr, drop
+			add(d.chain, v4, env.lookupSessionOut(true), drop) // not a guest: nothing to count
+		}
+		for _, r := range env.reasonRules(d, k, d.reason != netpolicy.ReasonSpoofed, final) {
+			add(d.chain, r)
+		}
+	}
+	// drop_policy, reject_session: the session chose reject. Only the
+	// reason chains above reach here, and only with the session's own
+	// address as the source: raw_prerouting's anti-spoofing check passed,
+	// so the answer goes to the session that sent the packet, nowhere else.
+	add(chainDropPolicy, v4, loadSaddr(reg1), env.lookup(setReject, reg1, false), gotoC(chainReject))
+	add(chainDropPolicy, gotoC(chainDrop))
+	add(chainReject, v4, env.update(setAcctDrop))
+	// reset: TCP gets a reset (a closed port to a scanner); reject, and
+	// reset's other protocols, ICMP administratively prohibited (a
+	// connect fails with EHOSTUNREACH at once; a scanner says filtered).
+	add(chainReject, v4, loadSaddr(reg1), env.lookup(setReset, reg1, false), l4protoNumIs(unix.IPPROTO_TCP), []expr.Any{&expr.Reject{Type: unix.NFT_REJECT_TCP_RST}})
+	add(chainReject, v4, []expr.Any{&expr.Reject{Type: unix.NFT_REJECT_ICMP_UNREACH, Code: icmpAdminProhibited}})
+	// A rate-limited flow stays a silent drop: answering a flood would only
+	// add to it.
+	limited := env.reasonRules(dropCode{reason: netpolicy.ReasonRateLimit}, guestIsSaddr, true, gotoC(chainDrop))
+	limited[0] = append(v4, env.update(setAcctLimited)...)
+	for _, r := range limited {
+		add(chainDropLimited, r)
+	}
+
+	// input
+	add(chainInput, fromSession, gotoC(chainInputSession))
+	add(chainInput, v4, toDNS, drop)
+	add(chainInputSession, v4, toDNS, dnsPort(netpolicy.ProtoUDP, true), accept)
+	add(chainInputSession, ctStateIn(expr.CtStateBitESTABLISHED), accept)
+	add(chainInputSession, ctStateIn(expr.CtStateBitRELATED), v4, icmp, env.lookupSessionQuoted(false), toDNS, accept)
+	add(chainInputSession, v4, toDNS, dnsPort(netpolicy.ProtoTCP, true), jump(chainFlowLimit))
+	add(chainInputSession, v4, toDNS, dnsPort(netpolicy.ProtoTCP, true), accept)
+	add(chainInputSession, gotoC(chainDropNotAllowed))
+
+	// output: what the host itself sends into sessions (inbound.go)
+	inboundRules(env, add)
+
+	// postrouting
+	add(chainPostrouting, nfprotoIs(true), saddrIn(env.pool), ifPrefix(expr.MetaKeyOIFNAME, p, false),
+		[]expr.Any{&expr.Masq{}})
+	return rs
+}
+
+func verdict(kind expr.VerdictKind, chain string) []expr.Any {
+	return []expr.Any{&expr.Verdict{Kind: kind, Chain: chain}}
+}
+
+func cmpEq(reg uint32, data []byte) expr.Any {
+	return &expr.Cmp{Op: expr.CmpOpEq, Register: reg, Data: data}
+}
+
+// ifPrefix matches (eq) or excludes (!eq) interface names starting with
+// prefix: comparing only len(prefix) bytes is how nft encodes "P*".
+func ifPrefix(key expr.MetaKey, prefix string, eq bool) []expr.Any {
+	op := expr.CmpOpEq
+	if !eq {
+		op = expr.CmpOpNeq
+	}
+	return []expr.Any{
+		&expr.Meta{Key: key, Register: reg1},
+		&expr.Cmp{Op: op, Register: reg1, Data: []byte(prefix)},
+	}
+}
+
+// nfprotoIs matches IPv4 (v4) or anything but IPv4 (!v4).
+func nfprotoIs(v4 bool) []expr.Any {
+	op := expr.CmpOpEq
+	if !v4 {
+		op = expr.CmpOpNeq
+	}
+	return []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyNFPROTO, Register: reg1},
+		&expr.Cmp{Op: op, Register: reg1, Data: []byte{unix.NFPROTO_IPV4}},
+	}
+}
+
+func l4protoIs(p netpolicy.Proto) []expr.Any { return l4protoNumIs(p.Number()) }
+
+func l4protoNumIs(n uint8) []expr.Any { return l4protoCmp(expr.CmpOpEq, n) }
+
+func l4protoNumIsNot(n uint8) []expr.Any { return l4protoCmp(expr.CmpOpNeq, n) }
+
+func l4protoCmp(op expr.CmpOp, n uint8) []expr.Any {
+	return []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: reg1},
+		&expr.Cmp{Op: op, Register: reg1, Data: []byte{n}},
+	}
+}
+
+// ctStateIn matches packets whose conntrack state is one of bits.
+func ctStateIn(bits uint32) []expr.Any {
+	return []expr.Any{
+		&expr.Ct{Register: reg1, Key: expr.CtKeySTATE},
+		&expr.Bitwise{
+			SourceRegister: reg1, DestRegister: reg1, Len: 4,
+			Mask: binaryutil.NativeEndian.PutUint32(bits),
+			Xor:  binaryutil.NativeEndian.PutUint32(0),
+		},
+		&expr.Cmp{Op: expr.CmpOpNeq, Register: reg1, Data: []byte{0, 0, 0, 0}},
+	}
+}
+
+func loadSaddr(reg uint32) []expr.Any {
+	return []expr.Any{&expr.Payload{DestRegister: reg, Base: expr.PayloadBaseNetworkHeader, Offset: 12, Len: 4}}
+}
+
+func loadDaddr(reg uint32) []expr.Any {
+	return []expr.Any{&expr.Payload{DestRegister: reg, Base: expr.PayloadBaseNetworkHeader, Offset: 16, Len: 4}}
+}
+
+func loadSport(reg uint32) []expr.Any {
+	return []expr.Any{&expr.Payload{DestRegister: reg, Base: expr.PayloadBaseTransportHeader, Offset: 0, Len: 2}}
+}
+
+func loadDport(reg uint32) []expr.Any {
+	return []expr.Any{&expr.Payload{DestRegister: reg, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2}}
+}
+
+func saddrIn(p netip.Prefix) []expr.Any {
+	mask := make([]byte, 4)
+	bits := p.Bits()
+	for i := range mask {
+		switch {
+		case bits >= 8:
+			mask[i] = 0xff
+			bits -= 8
+		case bits > 0:
+			mask[i] = byte(0xff << (8 - bits))
+			bits = 0
+		}
+	}
+	return append(loadSaddr(reg1),
+		&expr.Bitwise{SourceRegister: reg1, DestRegister: reg1, Len: 4, Mask: mask, Xor: []byte{0, 0, 0, 0}},
+		cmpEq(reg1, ipKey(p.Masked().Addr())),
+	)
+}
+
+func (env ruleEnv) lookup(set string, reg uint32, invert bool) []expr.Any {
+	s := env.set(set)
+	return []expr.Any{&expr.Lookup{SourceRegister: reg, SetName: s.Name, SetID: s.ID, Invert: invert}}
+}
+
+// lookupSession matches iifname . ip saddr in (or, with invert, not in) @sessions.
+func (env ruleEnv) lookupSession(invert bool) []expr.Any {
+	ex := []expr.Any{&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: reg1}}
+	ex = append(ex, loadSaddr(reg32(4))...)
+	return append(ex, env.lookup(setSessions, reg1, invert)...)
+}
+
+// lookupSessionQuoted matches iifname . (the destination address quoted
+// in an ICMP error: the inner IPv4 header starts 8 bytes into the ICMP
+// message, its destination 16 bytes into that) in @sessions. An error a
+// session may send is about a packet it received, addressed to itself: with
+// the outer source pinned to the session (raw_prerouting) and the quoted
+// destination pinned too, the flow conntrack relates it to has the
+// session's address on its side, so it is the session's own. (Matching on
+// "ct original saddr" instead would work in the kernel, but in the inet
+// family it loads a 16-byte field whose 4-byte use nft cannot print.)
+//
+// With invert it matches when the pair is not in @sessions.
+func (env ruleEnv) lookupSessionQuoted(invert bool) []expr.Any {
+	ex := []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: reg1},
+		&expr.Payload{DestRegister: reg32(4), Base: expr.PayloadBaseTransportHeader, Offset: 8 + 16, Len: 4},
+	}
+	return append(ex, env.lookup(setSessions, reg1, invert)...)
+}
+
+// lookupPeerOf matches ip daddr . ip saddr in @peers: the destination is a
+// lab session that may open connections to this one.
+func (env ruleEnv) lookupPeerOf() []expr.Any {
+	ex := append(loadDaddr(reg32(0)), loadSaddr(reg32(1))...)
+	return append(ex, env.lookup(setPeers, reg32(0), false)...)
+}
+
+// limitFlows matches when the session already holds more than maxFlows
+// tracked flows: add @flows { ip saddr ct count over N }.
+func (env ruleEnv) limitFlows() []expr.Any {
+	s := env.set(setFlows)
+	return append(loadSaddr(reg1), &expr.Dynset{SrcRegKey: reg1, SetName: s.Name, SetID: s.ID,
+		Operation: unix.NFT_DYNSET_OP_ADD,
+		Exprs:     []expr.Any{&expr.Connlimit{Count: env.maxFlows, Flags: connlimitOver}}})
+}
+
+// limitRate matches when the session opens new flows faster than flowRate
+// per second (burst twice that): update @flowrate { ip saddr limit rate over R/second }.
+func (env ruleEnv) limitRate() []expr.Any {
+	s := env.set(setFlowRate)
+	return append(loadSaddr(reg1), &expr.Dynset{SrcRegKey: reg1, SetName: s.Name, SetID: s.ID,
+		Operation: unix.NFT_DYNSET_OP_UPDATE,
+		Exprs: []expr.Any{&expr.Limit{Type: expr.LimitTypePkts, Rate: uint64(env.flowRate), Over: true,
+			Unit: expr.LimitTimeSecond, Burst: 2 * env.flowRate}}})
+}
+
+// attestedRules adds the rules accepting new flows by an attested element
+// (attested, or with ports attested_ports) and, with a refresh, those
+// refreshing and accepting by its live element.
+func (env ruleEnv) attestedRules(add func(...[]expr.Any), ports bool) {
+	v4 := nfprotoIs(true)
+	lookup, set, live := env.lookupPair, setAttested, setAttestedLive
+	if ports {
+		lookup, set, live = env.lookupPorts, setAttestedPorts, setAttestedPortsLive
+	}
+	accept := verdict(expr.VerdictGoto, chainAcceptNew)
+	if env.refresh <= 0 {
+		add(v4, lookup(set), accept)
+		return
+	}
+	add(v4, lookup(set), env.refreshLive(live))
+	add(v4, lookup(set), accept)
+	add(v4, lookup(live), env.refreshLive(live), accept)
+}
+
+// refreshLive is "update @set { KEY timeout REFRESH }" for the key the
+// preceding lookup loaded (from register 32_00 on).
+func (env ruleEnv) refreshLive(set string) []expr.Any {
+	s := env.set(set)
+	return []expr.Any{&expr.Dynset{SrcRegKey: reg32(0), SetName: s.Name, SetID: s.ID,
+		Operation: unix.NFT_DYNSET_OP_UPDATE, Timeout: env.refresh}}
+}
+
+// lookupPair matches ip saddr . ip daddr in set.
+func (env ruleEnv) lookupPair(set string) []expr.Any {
+	ex := append(loadSaddr(reg32(0)), loadDaddr(reg32(1))...)
+	return append(ex, env.lookup(set, reg32(0), false)...)
+}
+
+// lookupPorts matches ip saddr . meta l4proto . ip daddr . th dport in set.
+func (env ruleEnv) lookupPorts(set string) []expr.Any {
+	ex := loadSaddr(reg32(0))
+	ex = append(ex, &expr.Meta{Key: expr.MetaKeyL4PROTO, Register: reg32(1)})
+	ex = append(ex, loadDaddr(reg32(2))...)
+	ex = append(ex, loadDport(reg32(3))...)
+	return append(ex, env.lookup(set, reg32(0), false)...)
+}
+
+// updateDaddr is update keyed by the destination: the guest of a packet
+// going into its session.
+func (env ruleEnv) updateDaddr(set string) []expr.Any {
+	s := env.set(set)
+	ex := loadDaddr(reg1)
+	return append(ex, &expr.Dynset{SrcRegKey: reg1, SetName: s.Name, SetID: s.ID, Operation: unix.NFT_DYNSET_OP_UPDATE})
+}
+
+// update runs "update @set { ip saddr }", creating the element (with the
+// set's per-element counter) if missing and counting the packet.
+func (env ruleEnv) update(set string) []expr.Any {
+	s := env.set(set)
+	ex := loadSaddr(reg1)
+	return append(ex, &expr.Dynset{SrcRegKey: reg1, SetName: s.Name, SetID: s.ID, Operation: unix.NFT_DYNSET_OP_UPDATE})
+}

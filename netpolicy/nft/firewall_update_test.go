@@ -1,0 +1,142 @@
+package nft
+
+import (
+	"net/netip"
+	"testing"
+
+	"github.com/enforcerd/enforcerd/netpolicy"
+)
+
+func updRules(egress netpolicy.Mode, static []netpolicy.Target, peers ...netip.Addr) SessionRules {
+	return SessionRules{Name: "s", HostIface: "enf1h", Guest: netip.MustParseAddr("10.20.0.6"), Egress: egress, Static: static, Peers: peers}
+}
+
+func setsOf(ps []setElems) map[string]int {
+	out := map[string]int{}
+	for _, se := range ps {
+		out[se.set] += len(se.elems)
+	}
+	return out
+}
+
+func TestPlanUpdateTouchesOnlyTheDifference(t *testing.T) {
+	a := netpolicy.Target{Prefix: netip.MustParsePrefix("198.51.100.7/32")}
+	b := netpolicy.Target{Prefix: netip.MustParsePrefix("198.51.100.0/24"), Port: 443, Proto: netpolicy.ProtoTCP}
+	peer := netip.MustParseAddr("10.20.0.10")
+	u := SessionUpdate{Old: updRules(netpolicy.ModePublic, []netpolicy.Target{a}, peer), New: updRules(netpolicy.ModeAllowlist, []netpolicy.Target{b})}
+	p := planUpdate(u)
+	del, add := setsOf(p.del), setsOf(p.add)
+	if del[setPublic] != 1 || del[setStatic] != 1 || del[setPeers] != 1 || add[setStaticCIDRPorts] != 1 {
+		t.Fatalf("del %v add %v: want public, static and peers deleted, the port CIDR added", del, add)
+	}
+	for _, s := range []string{setSessions, setAcctAccept, setAcctDrop, setAcctLimited} {
+		if del[s] != 0 || add[s] != 0 {
+			t.Errorf("%s touched (del %d, add %d): the session's own elements must stay", s, del[s], add[s])
+		}
+	}
+	if len(planUpdate(SessionUpdate{Old: u.New, New: u.New}).add) != 0 {
+		t.Error("an update to the same rules adds elements")
+	}
+}
+
+func TestPlanUpdateKeepsWhatAnotherNameAttested(t *testing.T) {
+	x, y := netip.MustParseAddr("198.51.100.1"), netip.MustParseAddr("198.51.100.2")
+	r := updRules(netpolicy.ModeAllowlist, nil)
+	u := SessionUpdate{Old: r, New: r,
+		Stale: []netpolicy.Attestation{{Addrs: []netip.Addr{x, y}}},
+		Keep:  []netpolicy.Attestation{{Addrs: []netip.Addr{y}}}}
+	p := planUpdate(u)
+	if got := setsOf(p.unattest); got[setAttested] != 1 {
+		t.Fatalf("unattest %v: want only x's element removed", got)
+	}
+	if k := p.unattest[0].elems[0].Key; netip.AddrFrom4([4]byte(k[4:8])) != x {
+		t.Errorf("unattest removes %v, want %s", k, x)
+	}
+	// A port-constrained attestation removes its ported elements.
+	u.Stale = []netpolicy.Attestation{{Addrs: []netip.Addr{x}, Ports: []netpolicy.PortSpec{{Port: 443, Proto: netpolicy.ProtoTCP}}}}
+	if got := setsOf(planUpdate(u).unattest); got[setAttestedPorts] != 1 {
+		t.Errorf("unattest %v: want the 443/tcp element", got)
+	}
+}
+
+func TestCutsFlow(t *testing.T) {
+	g := netpolicy.DefaultGuard()
+	x, y := netip.MustParseAddr("198.51.100.1"), netip.MustParseAddr("198.51.100.2")
+	cidr := netpolicy.Target{Prefix: netip.MustParsePrefix("203.0.113.0/24"), Port: 443, Proto: netpolicy.ProtoTCP}
+	peer := netip.MustParseAddr("10.20.0.10")
+	u := SessionUpdate{
+		Old:   updRules(netpolicy.ModeAllowlist, []netpolicy.Target{cidr}, peer),
+		New:   updRules(netpolicy.ModeAllowlist, nil),
+		Stale: []netpolicy.Attestation{{Addrs: []netip.Addr{x, y}}},
+		Keep:  []netpolicy.Attestation{{Addrs: []netip.Addr{y}}},
+	}
+	const tcp, udp = 6, 17
+	for _, c := range []struct {
+		dst   string
+		proto uint8
+		port  uint16
+		cut   bool
+	}{
+		{"198.51.100.1", tcp, 80, true},  // a revoked name's address
+		{"198.51.100.2", tcp, 80, false}, // another allowed name attested it too
+		{"203.0.113.9", tcp, 443, true},  // a revoked CIDR entry
+		{"203.0.113.9", udp, 443, false}, // never allowed by the update's old side
+		{"10.20.0.10", tcp, 22, true},    // a revoked lab peer
+		{"192.0.2.99", tcp, 80, false},   // nothing the update took away
+	} {
+		if got := u.cutsFlow(g, netip.MustParseAddr(c.dst), c.proto, c.port); got != c.cut {
+			t.Errorf("cutsFlow(%s %d/%d) = %v, want %v", c.dst, c.port, c.proto, got, c.cut)
+		}
+	}
+	// public -> allowlist cuts every public destination the new rules lack.
+	pa, pb := netip.MustParseAddr("93.184.216.34"), netip.MustParseAddr("93.184.216.35")
+	u = SessionUpdate{Old: updRules(netpolicy.ModePublic, nil), New: updRules(netpolicy.ModeAllowlist, []netpolicy.Target{{Prefix: netip.PrefixFrom(pa, 32)}})}
+	if !u.cutsFlow(g, pb, tcp, 80) || u.cutsFlow(g, pa, tcp, 80) {
+		t.Error("public -> allowlist: want every public destination cut but the new static one")
+	}
+}
+
+// TestWidensOnly: an update CutFlows skips (widensOnly) cuts no flow
+// cutsFlow would cut, checked over a grid of destinations, protocols and
+// ports; each way of taking something away makes it walk the table.
+func TestWidensOnly(t *testing.T) {
+	g := netpolicy.DefaultGuard()
+	a := netpolicy.Target{Prefix: netip.MustParsePrefix("203.0.113.0/24"), Port: 443, Proto: netpolicy.ProtoTCP}
+	b := netpolicy.Target{Prefix: netip.MustParsePrefix("198.51.100.7/32")}
+	deny := netpolicy.Target{Prefix: netip.MustParsePrefix("203.0.113.66/32")}
+	peer, peer2 := netip.MustParseAddr("10.20.0.10"), netip.MustParseAddr("10.20.0.14")
+	att := []netpolicy.Attestation{{Addrs: []netip.Addr{netip.MustParseAddr("192.0.2.5")}}}
+	withDeny := func(r SessionRules, d ...netpolicy.Target) SessionRules { r.Deny = d; return r }
+	for _, c := range []struct {
+		name  string
+		u     SessionUpdate
+		widen bool
+	}{
+		{"add a target", SessionUpdate{Old: updRules(netpolicy.ModeAllowlist, []netpolicy.Target{a}), New: updRules(netpolicy.ModeAllowlist, []netpolicy.Target{a, b})}, true},
+		{"add a peer, keep an attestation", SessionUpdate{Old: updRules(netpolicy.ModeAllowlist, nil, peer), New: updRules(netpolicy.ModeAllowlist, nil, peer, peer2), Keep: att}, true},
+		{"allowlist to public", SessionUpdate{Old: updRules(netpolicy.ModeAllowlist, []netpolicy.Target{a}), New: updRules(netpolicy.ModePublic, []netpolicy.Target{a})}, true},
+		{"drop a deny", SessionUpdate{Old: withDeny(updRules(netpolicy.ModePublic, nil), deny), New: updRules(netpolicy.ModePublic, nil)}, true},
+		{"no change", SessionUpdate{Old: updRules(netpolicy.ModeAllowlist, []netpolicy.Target{a}), New: updRules(netpolicy.ModeAllowlist, []netpolicy.Target{a})}, true},
+		{"revoke a target", SessionUpdate{Old: updRules(netpolicy.ModeAllowlist, []netpolicy.Target{a, b}), New: updRules(netpolicy.ModeAllowlist, []netpolicy.Target{a})}, false},
+		{"revoke a peer", SessionUpdate{Old: updRules(netpolicy.ModeAllowlist, nil, peer), New: updRules(netpolicy.ModeAllowlist, nil)}, false},
+		{"public to allowlist", SessionUpdate{Old: updRules(netpolicy.ModePublic, nil), New: updRules(netpolicy.ModeAllowlist, nil)}, false},
+		{"add a deny", SessionUpdate{Old: updRules(netpolicy.ModeAllowlist, []netpolicy.Target{a}), New: withDeny(updRules(netpolicy.ModeAllowlist, []netpolicy.Target{a}), deny)}, false},
+		{"a stale attestation", SessionUpdate{Old: updRules(netpolicy.ModeAllowlist, nil), New: updRules(netpolicy.ModeAllowlist, nil), Stale: att}, false},
+	} {
+		if got := c.u.widensOnly(); got != c.widen {
+			t.Errorf("%s: widensOnly = %v, want %v", c.name, got, c.widen)
+		}
+		if !c.u.widensOnly() {
+			continue
+		}
+		for _, dst := range []string{"203.0.113.9", "203.0.113.66", "198.51.100.7", "192.0.2.5", "10.20.0.10", "10.20.0.14", "93.184.216.34", "100.64.0.1"} {
+			for _, proto := range []uint8{1, 6, 17} {
+				for _, port := range []uint16{0, 53, 80, 443} {
+					if c.u.cutsFlow(g, netip.MustParseAddr(dst), proto, port) {
+						t.Errorf("%s: widensOnly, yet cutsFlow(%s %d/%d)", c.name, dst, port, proto)
+					}
+				}
+			}
+		}
+	}
+}
