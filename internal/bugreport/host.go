@@ -21,7 +21,7 @@ var Packages = []string{
 	"gcc", "libc6-dev", "pkg-config", "libseccomp-dev", "libseccomp2", "busybox-static",
 	"iproute2", "util-linux", "nftables", "podman", "tar",
 	"runc", "crun", "containernetworking-plugins", "systemd", "systemd-container",
-	"debootstrap", "skopeo", "iptables", "golang-go", "containerd",
+	"debootstrap", "skopeo", "iptables", "golang-go", "containerd", "qemu-system-x86", "cpio",
 }
 
 // Kernel is the kernel's uname (sysname, release, version, machine) and
