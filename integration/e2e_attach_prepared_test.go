@@ -9,11 +9,15 @@ package integration
 
 import (
 	"context"
+	"fmt"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/enforcerd/enforcerd/api"
 	"github.com/enforcerd/enforcerd/integration/world"
@@ -57,4 +61,37 @@ func TestE2EAttachRefusesPreparedNetns(t *testing.T) {
 		t.Fatalf("attach the public session into a runtime's netns: %v", err)
 	}
 	e2eExpect(t, e2eHTTP(fresh, "198.18.1.10", e2eReach))
+}
+
+// TestE2EAttachRefusesAliasPath: the refusal knows a netns by what it is,
+// not by the path it is named by: a session's netns named through
+// /proc/PID/task/TID/ns/net of a thread that sits in it (a sandbox
+// process's path would be the same kind) is refused naming the session.
+// Control: the same alias of a runtime's netns is taken.
+func TestE2EAttachRefusesAliasPath(t *testing.T) {
+	e := newE2E(t)
+	client := e.d.Client()
+	ctx := context.Background()
+	own := e.createNetOnly("own", "--allow", "api.e2e.test")
+	attachVia := func(ns, name string) (string, error) {
+		var alias string
+		var cerr error
+		err := world.DoPath(ns, func() error {
+			alias = fmt.Sprintf("/proc/%d/task/%d/ns/net", os.Getpid(), unix.Gettid())
+			_, cerr = client.Create(ctx, api.CreateRequest{Name: name, NetnsPath: alias, IfName: "eth7", Egress: "public"})
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return alias, cerr
+	}
+	alias, err := attachVia(e.nsPath("own"), "pub")
+	want := `invalid netns path "` + alias + `": it is the netns of session ` + own.Netns + `, not a container's`
+	if err == nil || !strings.Contains(err.Error(), want) {
+		t.Errorf("attach a public session into session own's netns through %s: %v, want %q", alias, err, want)
+	}
+	if _, err := attachVia(runtimeNetns(t, e.w, "al"), "pub2"); err != nil {
+		t.Errorf("attach through the same kind of alias of a runtime's netns: %v", err)
+	}
 }
