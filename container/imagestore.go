@@ -102,6 +102,13 @@ func ValidateImageName(name string) error {
 
 // OpenImageStore makes dir (root's, 0700) when it is missing, refuses one anybody but root
 // could write to, and removes what an import or a removal cut short by a crash left in it.
+//
+// An image keeps its setuid-root programs (every distribution image has su, mount and passwd;
+// a hostile one has whatever its author put there) on a host filesystem mounted without
+// nosuid, so no host user may reach into the store: a store that pre-exists searchable by
+// others (an operator's mkdir, a package's default) is made 0700, and so is every image's
+// directory (also those imported before this rule), as the layer root is (see privateDir).
+// Only the daemon reads an image: it bind-mounts the rootfs into a sandbox's layer dir.
 func OpenImageStore(dir string, limits UnpackLimits) (*ImageStore, error) {
 	if !filepath.IsAbs(dir) {
 		return nil, fmt.Errorf("image store %q: want an absolute directory", dir)
@@ -120,16 +127,28 @@ func OpenImageStore(dir string, limits UnpackLimits) (*ImageStore, error) {
 	case st == nil || st.Uid != 0:
 		return nil, fmt.Errorf("image store %s: not owned by root; it must be root's, writable by root only", dir)
 	case fi.Mode().Perm()&0o022 != 0:
-		return nil, fmt.Errorf("image store %s: writable by group or others (mode %#o); want root-only write (0700 or 0755)", dir, fi.Mode().Perm())
+		return nil, fmt.Errorf("image store %s: writable by group or others (mode %#o); want root-only write (0700)", dir, fi.Mode().Perm())
+	}
+	if fi.Mode().Perm() != 0o700 {
+		if err := os.Chmod(dir, 0o700); err != nil {
+			return nil, fmt.Errorf("image store: %w", err)
+		}
 	}
 	entries, err := os.ReadDir(dir)
 	if err != nil {
 		return nil, fmt.Errorf("image store: %w", err)
 	}
 	for _, e := range entries {
+		p := filepath.Join(dir, e.Name())
 		if strings.HasPrefix(e.Name(), ".import-") || strings.HasPrefix(e.Name(), ".rm-") {
-			if err := os.RemoveAll(filepath.Join(dir, e.Name())); err != nil {
+			if err := os.RemoveAll(p); err != nil {
 				return nil, fmt.Errorf("image store: remove leftover %s: %w", e.Name(), err)
+			}
+			continue
+		}
+		if _, err := os.Lstat(filepath.Join(p, imageMetaFile)); e.IsDir() && err == nil {
+			if err := os.Chmod(p, 0o700); err != nil {
+				return nil, fmt.Errorf("image store: %w", err)
 			}
 		}
 	}
@@ -255,7 +274,7 @@ func (s *ImageStore) Import(name, source string, r io.Reader) (meta ImageMeta, e
 	if err := os.WriteFile(filepath.Join(tmp, imageMetaFile), append(data, '\n'), 0o644); err != nil {
 		return meta, fmt.Errorf("image %q: %w", name, err)
 	}
-	if err := os.Chmod(tmp, 0o755); err != nil {
+	if err := os.Chmod(tmp, 0o700); err != nil { // root's only: see OpenImageStore
 		return meta, fmt.Errorf("image %q: %w", name, err)
 	}
 	if err := unix.Renameat2(unix.AT_FDCWD, tmp, unix.AT_FDCWD, final, unix.RENAME_NOREPLACE); err != nil {

@@ -19,9 +19,16 @@ type TCPConn struct {
 
 func (c TCPConn) String() string { return c.Local.String() + " -> " + c.Remote.String() }
 
-// sockDestroy is SOCK_DESTROY (linux/sock_diag.h): the sock_diag request
-// that aborts the socket an inet_diag_req_v2 names by its exact tuple.
-const sockDestroy = 21
+// sockDiagByFamily and sockDestroy are SOCK_DIAG_BY_FAMILY and
+// SOCK_DESTROY (linux/sock_diag.h): the sock_diag requests that describe
+// and abort the socket an inet_diag_req_v2 names.
+const (
+	sockDiagByFamily = 20
+	sockDestroy      = 21
+)
+
+// tcpListen is TCP_LISTEN (include/net/tcp_states.h).
+const tcpListen = 10
 
 // inetDiagNoCookie is INET_DIAG_NOCOOKIE: match the socket by tuple alone.
 const inetDiagNoCookie = ^uint32(0)
@@ -33,8 +40,9 @@ const inetDiagNoCookie = ^uint32(0)
 // write, a poll all see ECONNABORTED ("Software caused connection
 // abort"), and the kernel sends the peer a reset. A connection no socket
 // of the netns holds (it ended meanwhile, or the guest opened it from a
-// netns of its own inside this one) is skipped. It returns how many
-// sockets it aborted; an error names the first connection that failed.
+// netns of its own inside this one) is skipped, and a listening socket of
+// its port is never touched. It returns how many sockets it aborted; an
+// error names the first connection that failed.
 func AbortTCP(netnsPath string, conns []TCPConn) (int, error) {
 	if len(conns) == 0 {
 		return 0, nil
@@ -54,10 +62,24 @@ func AbortTCP(netnsPath string, conns []TCPConn) (int, error) {
 		if !conn.Local.Addr().Is4() || !conn.Remote.Addr().Is4() {
 			continue
 		}
-		_, err := c.Execute(netlink.Message{
-			Header: netlink.Header{Type: sockDestroy, Flags: netlink.Request | netlink.Acknowledge},
-			Data:   inetDiagReq(conn),
-		})
+		// The kernel's lookup by tuple falls back to the socket listening on
+		// the local port when no connection matches (the connection ended,
+		// its conntrack entry outlives it): a destroy by tuple alone would
+		// hit the guest's listener. So the socket is looked up first, taken
+		// only when it is that connection's own, and destroyed by its
+		// cookie, which no other socket has.
+		cookie, found, err := connCookie(c, conn)
+		if err == nil && !found {
+			continue
+		}
+		if err == nil {
+			req := inetDiagReq(conn)
+			copy(req[48:56], cookie)
+			_, err = c.Execute(netlink.Message{
+				Header: netlink.Header{Type: sockDestroy, Flags: netlink.Request | netlink.Acknowledge},
+				Data:   req,
+			})
+		}
 		switch {
 		case err == nil:
 			n++
@@ -69,6 +91,37 @@ func AbortTCP(netnsPath string, conns []TCPConn) (int, error) {
 		}
 	}
 	return n, nil
+}
+
+// connCookie looks up the socket of conn (SOCK_DIAG_BY_FAMILY, exact) and
+// returns its cookie, or found false when the socket the kernel finds is
+// not a connection of exactly that tuple (none, or the listener of the
+// local port).
+func connCookie(c *netlink.Conn, conn TCPConn) (cookie []byte, found bool, err error) {
+	msgs, err := c.Execute(netlink.Message{
+		Header: netlink.Header{Type: sockDiagByFamily, Flags: netlink.Request},
+		Data:   inetDiagReq(conn),
+	})
+	if errors.Is(err, syscall.ENOENT) {
+		return nil, false, nil
+	}
+	if err != nil {
+		return nil, false, err
+	}
+	want := inetDiagReq(conn)
+	for _, m := range msgs {
+		// struct inet_diag_msg: family, state, timer, retrans, then
+		// inet_diag_sockid as in the request (ports, addresses, interface,
+		// cookie).
+		d := m.Data
+		if len(d) < 52 || d[0] != unix.AF_INET || d[1] == tcpListen {
+			continue
+		}
+		if string(d[4:8]) == string(want[8:12]) && string(d[8:12]) == string(want[12:16]) && string(d[24:28]) == string(want[28:32]) {
+			return append([]byte(nil), d[44:52]...), true, nil
+		}
+	}
+	return nil, false, nil
 }
 
 // inetDiagReq encodes struct inet_diag_req_v2 (linux/inet_diag.h) naming

@@ -64,9 +64,9 @@ func ValidateAttachment(at Attachment) error {
 // (synchronously: the kernel would keep it as long as the runtime keeps its
 // netns) and never the netns. A failure unwinds like Create's.
 //
-// It refuses the daemon's own netns, init's, and the netns of any session
-// of this Manager, made or attached: a veth there would give the caller a route out of, or
-// into, what enforcerd confines.
+// It refuses the daemon's own netns, init's, the netns of any session
+// of this Manager, made (or being made) or attached, and its prepared netns: a veth there would
+// give the caller a route out of, or into, what enforcerd confines.
 func (m *Manager) Attach(name string, at Attachment) (Session, error) {
 	if err := ValidateAttachment(at); err != nil {
 		return Session{}, fmt.Errorf("create session %s: %w", name, err)
@@ -147,23 +147,35 @@ func (m *Manager) refuseTarget(ns netns.NsHandle, path string) error {
 			return refusal(path, "the host's netns (init's)", err)
 		}
 	}
+	// The netns this Manager made: its sessions', those of the Creates in
+	// flight (no veth of ours in them yet), and the prepared ones (no
+	// session's yet: an interface attached there would be in the netns
+	// the next Create claims).
+	type madeNetns struct{ path, what string }
 	m.mu.Lock()
-	var own []string
+	var own []madeNetns
 	for _, s := range m.sessions {
 		if !s.Attached {
-			own = append(own, s.NetnsPath)
+			own = append(own, madeNetns{s.NetnsPath, "the netns of session " + filepath.Base(s.NetnsPath)})
 		}
 	}
+	for name := range m.creating {
+		p := m.NetnsPath(name) // an Attach in flight has no file there: skipped below
+		own = append(own, madeNetns{p, "the netns of session " + filepath.Base(p)})
+	}
+	for name := range m.prep.names {
+		own = append(own, madeNetns{filepath.Join(m.cfg.NetnsDir, name), "a netns the daemon prepared for its own sessions"})
+	}
 	m.mu.Unlock()
-	for _, p := range own {
-		sns, err := netns.GetFromPath(p)
+	for _, o := range own {
+		sns, err := netns.GetFromPath(o.path)
 		if err != nil {
-			continue // deleted meanwhile
+			continue // deleted meanwhile, or not made yet
 		}
 		same, err := sameNetns(ns, sns)
 		sns.Close()
 		if err != nil || same {
-			return refusal(path, "the netns of session "+filepath.Base(p), err)
+			return refusal(path, o.what, err)
 		}
 	}
 	session, err := m.sessionWithPeerIn(ns)

@@ -288,6 +288,13 @@ func (u SessionUpdate) widensOnly() bool {
 	case u.Old.Egress == netpolicy.ModePublic && u.New.Egress != netpolicy.ModePublic:
 		return false
 	}
+	for _, p := range u.Old.InboundFromHost {
+		for _, proto := range protosOf(p.Proto) {
+			if !inboundNames(u.New, proto.Number(), p.Port) {
+				return false
+			}
+		}
+	}
 	for _, p := range u.Old.Peers {
 		if !slices.Contains(u.New.Peers, p) {
 			return false
@@ -359,15 +366,40 @@ func attestAllow(as []netpolicy.Attestation, dst netip.Addr, proto uint8, dport 
 	return false
 }
 
-// CutFlow is one flow CutFlows cut, by its original tuple: Src is the
-// guest's end (its address and port as the guest's socket sees them).
+// inboundNames reports whether r's --inbound-from-host names proto and port.
+func inboundNames(r SessionRules, proto uint8, port uint16) bool {
+	for _, p := range r.InboundFromHost {
+		if p.Port == port && (p.Proto == netpolicy.ProtoAny || p.Proto.Number() == proto) {
+			return true
+		}
+	}
+	return false
+}
+
+// cutsInbound reports whether u takes away the port of a connection the
+// host opened to the guest (src is its end): the host's, as the output
+// hook's inbound_host admitted it, not another session's (a lab peer's
+// flow is its policy's, judged in forward). A session's address is the
+// third of its /30 (see nsmgr's IPAM); the host's addresses in the pool
+// are the gateways and the DNS address.
+func (u SessionUpdate) cutsInbound(pool netip.Prefix, src netip.Addr, proto uint8, dport uint16) bool {
+	if pool.Contains(src) && src.As4()[3]%4 == 2 {
+		return false
+	}
+	return inboundNames(u.Old, proto, dport) && !inboundNames(u.New, proto, dport)
+}
+
+// CutFlow is one flow CutFlows cut: Src is the guest's end (its address
+// and port as the guest's socket sees them), Dst the other end, also for
+// a connection the host opened to the guest (its server's socket).
 type CutFlow struct {
 	Proto    uint8 // the protocol number (unix.IPPROTO_TCP, ...)
 	Src, Dst netip.AddrPort
 }
 
 // CutFlows deletes the conntrack entries of the guest's flows that u takes
-// away (see cutsFlow), over netlink, and returns them: the reply direction
+// away (see cutsFlow), and of the host's connections to it on the ports u
+// no longer names in --inbound-from-host (cutsInbound), over netlink, and returns them: the reply direction
 // of an established flow no longer passes the policy's "established"
 // accept, since there is no entry left to be established. (The guest's own
 // socket learns nothing from this: the caller aborts it, see
@@ -386,16 +418,20 @@ func (f *Firewall) CutFlows(u SessionUpdate) ([]CutFlow, error) {
 			return err
 		}
 		for _, e := range entries {
-			if e.Src != guest {
-				continue
-			}
-			if !u.cutsFlow(f.guard, e.Dst, e.Proto, e.Dport) {
+			var flow CutFlow
+			switch {
+			case e.Src == guest && u.cutsFlow(f.guard, e.Dst, e.Proto, e.Dport):
+				flow = CutFlow{Proto: e.Proto, Src: netip.AddrPortFrom(e.Src, e.Sport), Dst: netip.AddrPortFrom(e.Dst, e.Dport)}
+			case e.Dst == guest && u.cutsInbound(f.cfg.Pool, e.Src, e.Proto, e.Dport):
+				// A connection the host opened under a revoked --inbound-from-host port.
+				flow = CutFlow{Proto: e.Proto, Src: netip.AddrPortFrom(e.Dst, e.Dport), Dst: netip.AddrPortFrom(e.Src, e.Sport)}
+			default:
 				continue
 			}
 			if err := nfnetlink.DeleteFlow(c, e); err != nil {
 				return err
 			}
-			cut = append(cut, CutFlow{Proto: e.Proto, Src: netip.AddrPortFrom(e.Src, e.Sport), Dst: netip.AddrPortFrom(e.Dst, e.Dport)})
+			cut = append(cut, flow)
 		}
 		return nil
 	})

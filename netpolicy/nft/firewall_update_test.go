@@ -107,6 +107,8 @@ func TestWidensOnly(t *testing.T) {
 	peer, peer2 := netip.MustParseAddr("10.20.0.10"), netip.MustParseAddr("10.20.0.14")
 	att := []netpolicy.Attestation{{Addrs: []netip.Addr{netip.MustParseAddr("192.0.2.5")}}}
 	withDeny := func(r SessionRules, d ...netpolicy.Target) SessionRules { r.Deny = d; return r }
+	withInbound := func(r SessionRules, p ...netpolicy.PortSpec) SessionRules { r.InboundFromHost = p; return r }
+	in8080, in8080tcp := netpolicy.PortSpec{Port: 8080, Proto: netpolicy.ProtoAny}, netpolicy.PortSpec{Port: 8080, Proto: netpolicy.ProtoTCP}
 	for _, c := range []struct {
 		name  string
 		u     SessionUpdate
@@ -122,12 +124,22 @@ func TestWidensOnly(t *testing.T) {
 		{"public to allowlist", SessionUpdate{Old: updRules(netpolicy.ModePublic, nil), New: updRules(netpolicy.ModeAllowlist, nil)}, false},
 		{"add a deny", SessionUpdate{Old: updRules(netpolicy.ModeAllowlist, []netpolicy.Target{a}), New: withDeny(updRules(netpolicy.ModeAllowlist, []netpolicy.Target{a}), deny)}, false},
 		{"a stale attestation", SessionUpdate{Old: updRules(netpolicy.ModeAllowlist, nil), New: updRules(netpolicy.ModeAllowlist, nil), Stale: att}, false},
+		{"add an inbound port", SessionUpdate{Old: updRules(netpolicy.ModeAllowlist, nil), New: withInbound(updRules(netpolicy.ModeAllowlist, nil), in8080)}, true},
+		{"revoke an inbound port", SessionUpdate{Old: withInbound(updRules(netpolicy.ModeAllowlist, nil), in8080), New: updRules(netpolicy.ModeAllowlist, nil)}, false},
+		{"narrow an inbound port to tcp", SessionUpdate{Old: withInbound(updRules(netpolicy.ModeAllowlist, nil), in8080), New: withInbound(updRules(netpolicy.ModeAllowlist, nil), in8080tcp)}, false},
 	} {
 		if got := c.u.widensOnly(); got != c.widen {
 			t.Errorf("%s: widensOnly = %v, want %v", c.name, got, c.widen)
 		}
 		if !c.u.widensOnly() {
 			continue
+		}
+		for _, src := range []string{"10.20.0.1", "198.18.0.2", "10.20.0.6"} {
+			for _, proto := range []uint8{6, 17} {
+				if c.u.cutsInbound(netip.MustParsePrefix("10.20.0.0/16"), netip.MustParseAddr(src), proto, 8080) {
+					t.Errorf("%s: widensOnly, yet cutsInbound(%s %d/8080)", c.name, src, proto)
+				}
+			}
 		}
 		for _, dst := range []string{"203.0.113.9", "203.0.113.66", "198.51.100.7", "192.0.2.5", "10.20.0.10", "10.20.0.14", "93.184.216.34", "100.64.0.1"} {
 			for _, proto := range []uint8{1, 6, 17} {
@@ -137,6 +149,36 @@ func TestWidensOnly(t *testing.T) {
 					}
 				}
 			}
+		}
+	}
+}
+
+// TestCutsInbound: a revoked --inbound-from-host port cuts the host's
+// connections to it (from a gateway or any host address), not a lab
+// peer's (a session's address: the third of its /30), nor a port kept.
+func TestCutsInbound(t *testing.T) {
+	pool := netip.MustParsePrefix("10.20.0.0/16")
+	r := func(p ...netpolicy.PortSpec) SessionRules {
+		x := updRules(netpolicy.ModeAllowlist, nil)
+		x.InboundFromHost = p
+		return x
+	}
+	u := SessionUpdate{Old: r(netpolicy.PortSpec{Port: 8080}, netpolicy.PortSpec{Port: 9090, Proto: netpolicy.ProtoTCP}), New: r(netpolicy.PortSpec{Port: 9090, Proto: netpolicy.ProtoTCP})}
+	for _, c := range []struct {
+		src   string
+		proto uint8
+		port  uint16
+		want  bool
+	}{
+		{"10.20.0.1", 6, 8080, true},   // the session's gateway: the host
+		{"10.20.0.5", 17, 8080, true},  // another slot's gateway: the host too
+		{"198.18.0.2", 6, 8080, true},  // a host address outside the pool
+		{"10.20.0.6", 6, 8080, false},  // a session's address: a lab peer's flow
+		{"10.20.0.1", 6, 9090, false},  // a port the update keeps
+		{"10.20.0.1", 17, 7070, false}, // a port never named
+	} {
+		if got := u.cutsInbound(pool, netip.MustParseAddr(c.src), c.proto, c.port); got != c.want {
+			t.Errorf("cutsInbound(%s %d/%d) = %v, want %v", c.src, c.proto, c.port, got, c.want)
 		}
 	}
 }
