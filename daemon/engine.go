@@ -376,6 +376,9 @@ func (e *Engine) Create(ctx context.Context, req api.CreateRequest) (info api.Se
 	if err != nil {
 		return info, err
 	}
+	if req.KeepEstablished && req.AllowFor == "" {
+		return info, badRequest(errKeepWithoutGrant)
+	}
 	grant, err := newGrant(req.Allow, req.AllowFor, req.KeepEstablished, time.Now())
 	if err != nil {
 		return info, badRequest(err)

@@ -30,13 +30,15 @@ type GrantRecord struct {
 	Ended           *time.Time `json:"ended,omitempty"`
 }
 
+// errKeepWithoutGrant refuses keep_established at create without
+// allow_for: there it only applies to a grant's end (an update's
+// keep_established also applies to its own revocations).
+var errKeepWithoutGrant = errors.New("keep_established at create only applies to a grant's end: want it with allow_for (--for)")
+
 // newGrant returns the grant of a call's allow entries given with
 // allowFor (a Go duration), or nil without allowFor.
 func newGrant(allow []string, allowFor string, keep bool, now time.Time) (*GrantRecord, error) {
 	if allowFor == "" {
-		if keep {
-			return nil, errors.New("keep_established at create only applies to a grant's end: want it with allow_for (--for)")
-		}
 		return nil, nil
 	}
 	d, err := time.ParseDuration(allowFor)

@@ -19,8 +19,12 @@ func TestGrantParse(t *testing.T) {
 	if err != nil || g == nil || !g.Deadline.Equal(now.Add(10*time.Minute)) || !g.KeepEstablished || !slices.Equal(g.Entries, []string{"a.example.com:443"}) {
 		t.Fatalf("10m: %+v, %v", g, err)
 	}
-	if g, err := newGrant([]string{"a.example.com"}, "", false, now); g != nil || err != nil {
-		t.Fatalf("no allow_for: %+v, %v", g, err)
+	if g, err := newGrant([]string{"a.example.com"}, "", true, now); g != nil || err != nil {
+		t.Fatalf("no allow_for (keep_established is an update's own then): %+v, %v", g, err)
+	}
+	w := newWorld(t)
+	if _, err := w.d.Create(context.Background(), api.CreateRequest{Name: "k1", NetworkOnly: true, Allow: []string{"a.example.com"}, KeepEstablished: true}); err == nil || err.Error() != errKeepWithoutGrant.Error() || api.StatusOf(err) != 400 {
+		t.Errorf("create with keep_established and no allow_for: %v", err)
 	}
 	for _, tc := range []struct {
 		allow    []string
@@ -32,7 +36,6 @@ func TestGrantParse(t *testing.T) {
 		{[]string{"a.example.com"}, "0s", false, `allow_for "0s": want a positive duration such as 90s, 10m or 2h`},
 		{[]string{"a.example.com"}, "-1m", false, `allow_for "-1m": want a positive duration such as 90s, 10m or 2h`},
 		{nil, "10m", false, `allow_for "10m" with no allow entries: want --allow ENTRY --for DURATION (it applies to the allow entries of the same call)`},
-		{[]string{"a.example.com"}, "", true, `keep_established at create only applies to a grant's end: want it with allow_for (--for)`},
 	} {
 		if _, err := newGrant(tc.allow, tc.allowFor, tc.keep, now); err == nil || err.Error() != tc.want {
 			t.Errorf("%q %v: %v, want %s", tc.allowFor, tc.allow, err, tc.want)
