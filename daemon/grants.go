@@ -20,6 +20,9 @@ const ReasonGrantExpired = "grant-expired"
 // operation on it in progress) tries again.
 const grantRetry = time.Second
 
+// grantErrorRetry is how soon an expiry whose update failed tries again.
+const grantErrorRetry = 10 * time.Second
+
 // GrantRecord is one grant with an end in a session's record: the allow
 // entries of one create or update call given with allow_for, and the
 // deadline computed then. Ended is set by the update that revoked them.
@@ -161,11 +164,7 @@ func (e *Engine) expireGrants(name string) {
 		err = e.markGrantsEnded(name, now)
 	}
 	if errors.Is(err, api.ErrBusy) {
-		e.mu.Lock()
-		if !e.grantsStopped {
-			e.grantTimers[name] = time.AfterFunc(grantRetry, func() { e.expireGrants(name) })
-		}
-		e.mu.Unlock()
+		e.retryGrants(name, grantRetry)
 		return
 	}
 	for _, i := range due {
@@ -176,11 +175,30 @@ func (e *Engine) expireGrants(name string) {
 		}
 		e.recordCall(ctx, name, "grant_expired", d, err)
 	}
+	if err != nil {
+		// The grant is still open (the update changed nothing): try
+		// again, without an event a second.
+		e.log.Error("a grant's end failed; retrying", "session", name, "err", err)
+		e.retryGrants(name, grantErrorRetry)
+		return
+	}
 	e.mu.Lock()
 	s, ok = e.sessions[name]
 	e.mu.Unlock()
 	if ok {
 		e.scheduleGrants(s.rec)
+	}
+}
+
+// retryGrants runs the session's grant expiry again after d.
+func (e *Engine) retryGrants(name string, d time.Duration) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if t := e.grantTimers[name]; t != nil {
+		t.Stop()
+	}
+	if !e.grantsStopped {
+		e.grantTimers[name] = time.AfterFunc(d, func() { e.expireGrants(name) })
 	}
 }
 

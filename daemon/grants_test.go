@@ -182,3 +182,17 @@ func TestGrantEndsAcrossRestart(t *testing.T) {
 		t.Errorf("control (deadline ahead): %+v", in.Policy)
 	}
 }
+
+// TestGrantRevokedBeforeItsEnd: a grant whose entries a caller revoked
+// before the deadline ends without another update (the generation stays).
+func TestGrantRevokedBeforeItsEnd(t *testing.T) {
+	w := newWorld(t)
+	w.mustCreate(api.CreateRequest{Name: "g4", NetworkOnly: true, Allow: []string{"93.184.216.9"}, AllowFor: "400ms"})
+	if _, err := w.d.UpdatePolicy(context.Background(), "g4", api.PolicyUpdate{Revoke: []string{"93.184.216.9"}, Allow: []string{"93.184.216.10"}}, false); err != nil {
+		t.Fatal(err)
+	}
+	in := waitGrantEnded(t, w.d, "g4", 0)
+	if in.Policy.Generation != 2 || !slices.Equal(in.Policy.Allow, []string{"93.184.216.10"}) {
+		t.Errorf("after the grant's end: generation %d, allow %v; want 2 and the caller's entry kept", in.Policy.Generation, in.Policy.Allow)
+	}
+}
