@@ -214,6 +214,7 @@ var schemaTypes = map[string]reflect.Type{
 	"PolicyView":     reflect.TypeFor[api.PolicyView](),
 	"PolicyUpdate":   reflect.TypeFor[api.PolicyUpdate](),
 	"PolicyChange":   reflect.TypeFor[api.PolicyChange](),
+	"GrantView":      reflect.TypeFor[api.GrantView](),
 	"AttestedAddr":   reflect.TypeFor[api.AttestedAddr](),
 	"Counters":       reflect.TypeFor[api.Counters](),
 	"ExecRequest":    reflect.TypeFor[api.ExecRequest](),

@@ -40,6 +40,10 @@ type PolicyUpdate struct {
 	// open connections to, as CreateRequest.InboundFromHost.
 	InboundFromHost       []string `json:"inbound_from_host,omitempty"`
 	RevokeInboundFromHost []string `json:"revoke_inbound_from_host,omitempty"`
+	// AllowFor makes this update's Allow entries a grant with an end, as
+	// CreateRequest.AllowFor; KeepEstablished then also applies to the
+	// grant's end.
+	AllowFor string `json:"allow_for,omitempty"`
 }
 
 // PolicyEngine is the part of the Engine that changes a running

@@ -70,6 +70,25 @@ type CreateRequest struct {
 	// addresses or flows. With it only name, mac, tap and tap_owner may
 	// be given.
 	ForkOf string `json:"fork_of,omitempty"`
+	// AllowFor makes this call's Allow entries a grant with an end: a Go
+	// duration ("10m", "90s"); when it has passed the daemon revokes them
+	// as an update's revoke does (their static and attested addresses
+	// leave the kernel, the DNS proxy refuses the names, established
+	// flows under them are cut unless KeepEstablished). The deadline is in
+	// the session's record, so it holds across a restart.
+	AllowFor string `json:"allow_for,omitempty"`
+	// KeepEstablished (with AllowFor only): the grant's end leaves the
+	// established flows under its entries alone.
+	KeepEstablished bool `json:"keep_established,omitempty"`
+}
+
+// GrantView is one grant with an end (PolicyView.Grants): the entries,
+// when they expire, and, once they did, when.
+type GrantView struct {
+	Entries         []string   `json:"entries"`
+	Deadline        time.Time  `json:"deadline"`
+	KeepEstablished bool       `json:"keep_established,omitempty"`
+	Ended           *time.Time `json:"ended,omitempty"`
 }
 
 // VMView is how a VM guest joins its session (SessionInfo.VM): the VMM
@@ -151,6 +170,8 @@ type PolicyView struct {
 	Locked     bool   `json:"locked,omitempty"`
 	// Updated is the last update, absent until the first.
 	Updated *PolicyChange `json:"updated,omitempty"`
+	// Grants are the grants with an end (allow_for), ended ones included.
+	Grants []GrantView `json:"grants,omitempty"`
 }
 
 // SandboxView is what a session's sandbox holds, the defaults filled in

@@ -186,6 +186,11 @@ type Engine struct {
 
 	startLeaseFn StartLease // Parts.StartLease
 	leases       leases     // the VM sessions' DHCP responders (vm.go)
+
+	// grantTimers (guarded by mu) fire at each session's next grant
+	// deadline (grants.go); grantsStopped is set by Close.
+	grantTimers   map[string]*time.Timer
+	grantsStopped bool
 }
 
 // New returns a daemon over the given parts. It changes nothing: call
@@ -207,12 +212,15 @@ func New(cfg Config, p Parts) *Engine {
 		images: p.Images,
 		names:  attestNames{max: cfg.MaxAttested},
 
+		grantTimers: map[string]*time.Timer{},
+
 		startLeaseFn: p.StartLease,
 	}
 }
 
 // Close releases the parts (the sessions stay up, enforced by the kernel).
 func (e *Engine) Close() {
+	e.stopGrants()
 	e.stopLeases()
 	e.shutdownDNS()
 	e.events.Shutdown()

@@ -353,10 +353,21 @@ func (e *Engine) Create(ctx context.Context, req api.CreateRequest) (info api.Se
 			e.recordCall(ctx, req.Name, "create_failed", createEssentials(req), err)
 		}
 	}()
+	var inherited []GrantRecord
 	if req.ForkOf != "" {
 		if req, err = e.forkRequest(req); err != nil {
 			return info, err
 		}
+		// The source's open grants end in the fork at their deadlines too.
+		e.mu.Lock()
+		if src, ok := e.sessions[req.ForkOf]; ok {
+			for _, g := range src.rec.Grants {
+				if g.Ended == nil {
+					inherited = append(inherited, g)
+				}
+			}
+		}
+		e.mu.Unlock()
 	}
 	if err := e.validateRequest(&req); err != nil {
 		return info, err
@@ -365,6 +376,16 @@ func (e *Engine) Create(ctx context.Context, req api.CreateRequest) (info api.Se
 	if err != nil {
 		return info, err
 	}
+	if req.KeepEstablished && req.AllowFor == "" {
+		return info, badRequest(errKeepWithoutGrant)
+	}
+	grant, err := newGrant(req.Allow, req.AllowFor, req.KeepEstablished, time.Now())
+	if err != nil {
+		return info, badRequest(err)
+	}
+	// The grant is the record's; the stored request does not ask again
+	// (a fork or a re-adopt would otherwise grant anew).
+	req.AllowFor, req.KeepEstablished = "", false
 	defaultOnDeny(&req, &policy)
 	// Parsed as given, stored without the credentials a scope URL may
 	// carry: the record, the events and the logs never hold them.
@@ -443,6 +464,10 @@ func (e *Engine) Create(ctx context.Context, req api.CreateRequest) (info api.Se
 		Sandbox:   !req.NetworkOnly,
 		Peers:     peers,
 	}
+	rec.Grants = inherited
+	if grant != nil {
+		rec.Grants = append(rec.Grants, *grant)
+	}
 	s := &liveSession{rec: rec, policy: policy}
 	if nicNeeded {
 		s.rules = e.sessionRules(rec, policy, peerGuests(peers))
@@ -472,8 +497,12 @@ func (e *Engine) Create(ctx context.Context, req api.CreateRequest) (info api.Se
 	e.mu.Lock()
 	e.sessions[req.Name] = s
 	e.mu.Unlock()
+	e.scheduleGrants(rec)
 	e.events.Open(req.Name, req.Labels)
 	detail := createEssentials(req)
+	if grant != nil {
+		detail["grant_deadline"] = grant.Deadline
+	}
 	detail["egress"], detail["allow"] = string(policy.Egress), entryStrings(policy.Allow)
 	detail["guest_ip"], detail["sandbox"] = addrString(rec.Guest), rec.Sandbox
 	e.recordCall(ctx, req.Name, "created", detail, nil, "pinned", len(pinned), "took", time.Since(start))
@@ -547,6 +576,7 @@ func (e *Engine) Delete(ctx context.Context, name string) (err error) {
 	e.mu.Lock()
 	delete(e.sessions, name)
 	e.mu.Unlock()
+	e.scheduleGrants(SessionRecord{Name: name}) // stops its grant timer
 	e.names.drop(name)
 	e.recordCall(ctx, name, "deleted", nil, nil)
 	e.events.Close(name)
@@ -726,6 +756,7 @@ func (e *Engine) summary(s *liveSession) api.SessionInfo {
 			Generation: max(s.rec.Generation, 1),
 			Locked:     s.rec.Request.Locked,
 			Updated:    s.rec.Updated,
+			Grants:     grantViews(s.rec.Grants),
 		},
 		Sandbox:     s.rec.Sandbox,
 		Rootfs:      s.rec.Request.Rootfs,

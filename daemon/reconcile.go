@@ -154,6 +154,8 @@ func (e *Engine) adopt(rec SessionRecord) error {
 	e.mu.Unlock()
 	e.events.Load(rec.Name, rec.Request.Labels)
 	e.lifecycle(rec.Name, "adopted", nil)
+	// A deadline passed while the daemon was down ends its grant now.
+	e.scheduleGrants(rec)
 	return nil
 }
 

@@ -52,6 +52,9 @@ type SessionRecord struct {
 	// and Pinned are already the new policy), so an update interrupted by
 	// a crash is complete after the restart.
 	Pending *PendingUpdate `json:"pending,omitempty"`
+	// Grants are the grants with an end (allow_for) the session was given,
+	// ended ones kept: their deadlines survive a restart here.
+	Grants []GrantRecord `json:"grants,omitempty"`
 }
 
 // PendingUpdate is the policy a session had before an update in progress.

@@ -50,12 +50,17 @@ func (e *Engine) UpdatePolicy(ctx context.Context, name string, u api.PolicyUpda
 	defer e.release(name)
 	cur := max(s.rec.Generation, 1)
 	switch {
-	case s.rec.Request.Locked:
+	case s.rec.Request.Locked && ctx.Value(grantExpiryKey{}) == nil:
 		return info, api.Classify(fmt.Errorf("session %q was created with --locked: its policy never changes", name), api.ErrLocked)
 	case u.Generation != 0 && u.Generation != cur:
 		return info, api.Classify(fmt.Errorf("session %q: policy generation %d is stale (the current one is %d): inspect it and retry", name, u.Generation, cur), api.ErrStaleGeneration)
 	case !s.hasNIC():
 		return info, badRequest(fmt.Errorf("session %q has egress none and no network interface: its policy cannot change (create a new session)", name))
+	}
+	now := time.Now()
+	grant, err := newGrant(u.Allow, u.AllowFor, u.KeepEstablished, now)
+	if err != nil {
+		return info, badRequest(err)
 	}
 	req, err := e.updatedRequest(s, u, replace)
 	if err != nil {
@@ -96,7 +101,13 @@ func (e *Engine) UpdatePolicy(ctx context.Context, name string, u api.PolicyUpda
 	rec := s.rec
 	rec.Request, rec.Pinned, rec.Peers = req, pinned, peers
 	rec.Generation = cur + 1
-	rec.Updated = &api.PolicyChange{Time: time.Now().UTC()}
+	// The grants past their deadline end with this update (the expiry's
+	// own, or any other that comes first and finds them due).
+	rec.Grants = endDueGrants(s.rec.Grants, now)
+	if grant != nil {
+		rec.Grants = append(rec.Grants, *grant)
+	}
+	rec.Updated = &api.PolicyChange{Time: now.UTC()}
 	if c, ok := api.CallerFrom(ctx); ok {
 		rec.Updated.By = &c
 	}
@@ -156,6 +167,10 @@ func (e *Engine) UpdatePolicy(ctx context.Context, name string, u api.PolicyUpda
 	e.mu.Lock()
 	e.sessions[name] = next
 	e.mu.Unlock()
+	if ctx.Value(grantExpiryKey{}) == nil {
+		// The expiry arms the next deadline itself, after its event.
+		e.scheduleGrants(rec)
+	}
 	detail := map[string]any{
 		"generation": rec.Generation, "egress": string(policy.Egress), "allow": entryStrings(policy.Allow),
 		"lab_peers": policy.LabPeers, "deny": entryStrings(policy.Deny), "on_deny": onDeny(policy), "replace": replace, "keep_established": u.KeepEstablished,
@@ -163,6 +178,9 @@ func (e *Engine) UpdatePolicy(ctx context.Context, name string, u api.PolicyUpda
 	}
 	if len(policy.InboundFromHost) > 0 {
 		detail["inbound_from_host"] = inboundStrings(policy.InboundFromHost)
+	}
+	if grant != nil {
+		detail["grant_deadline"] = grant.Deadline
 	}
 	recorded = true
 	e.recordCall(ctx, name, "policy_updated", detail, cutErr)

@@ -95,6 +95,11 @@ func (e *Engine) Why(ctx context.Context, name, dest string) (api.WhyAnswer, err
 		v := e.whyAddr(s, d, d.addr, attested)
 		ans.Verdict, ans.Reason, ans.Detail, ans.Entry = v.Verdict, v.Reason, v.Detail, v.entry
 		ans.AttestedName, ans.AttestedType = v.AttestedName, v.AttestedType
+		if v.Reason == "not-allowed" {
+			if ent, g, ok := e.endedGrantFor(s, "", d.addr); ok {
+				ans.Reason, ans.Entry, ans.Detail = ReasonGrantExpired, ent, grantExpiredDetail(ent, g)
+			}
+		}
 		return ans, nil
 	}
 	return e.whyName(ctx, s, d, ans)
@@ -132,6 +137,10 @@ func (e *Engine) whyName(ctx context.Context, s *liveSession, d whyDest, ans api
 		if entry == nil {
 			ans.Verdict, ans.Reason = api.WhyNXDomain, "not-allowed"
 			ans.Detail = fmt.Sprintf("no allow entry matches %s: the proxy answers NXDOMAIN and never asks upstream", d.name)
+			if ent, g, ok := e.endedGrantFor(s, d.name, netip.Addr{}); ok {
+				ans.Reason, ans.Entry = ReasonGrantExpired, ent
+				ans.Detail = grantExpiredDetail(ent, g) + "; the proxy answers NXDOMAIN and never asks upstream"
+			}
 			return ans, nil
 		}
 		ans.Entry = entry.String()

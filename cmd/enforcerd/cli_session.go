@@ -113,6 +113,9 @@ func oneName(cmd string, pos []string) (string, error) {
 const createLong = `Create a session: its own network namespace, address and egress policy, and
 (with --image or --rootfs) a sandbox running in it. NAME is 1 to 32 of [a-z0-9-],
 starting with a letter or digit. The policy can be changed later with "session update", unless --locked.
+--for DURATION makes the --allow entries a grant with an end: after DURATION
+they are revoked (established flows under them cut unless --keep-established),
+even under --locked; inspect shows the deadline.
 
 The sandbox's root user is root over its image: --image names an image of
 the daemon's store ("enforcerd image import"); the daemon accepts a --rootfs
@@ -324,6 +327,8 @@ func (c *cli) sessionCreate(glob *globalOpts) *cobra.Command {
 	fs.Var(&onDeny, "on-deny", "what the policy's drops get: `reject` (the default: ICMP administratively prohibited, a connect fails at once with \"No route to host\", a scanner says filtered), reset (a TCP reset for TCP: \"Connection refused\", a scanner says closed) or drop (silence: a client waits for its own timeout)")
 	fs.BoolVar(&req.Pin, "pin", false, "resolve every allowed host once now and pin its IPv4 addresses")
 	fs.BoolVar(&req.Locked, "locked", false, "the policy never changes: every update is refused")
+	fs.StringVar(&req.AllowFor, "for", "", "make this call's --allow entries a grant that ends after `DURATION` (90s, 10m, 2h): then they are revoked as an update's --revoke revokes them")
+	fs.BoolVar(&req.KeepEstablished, "keep-established", false, "with --for: the grant's end leaves established flows alone (default: cut)")
 	fs.StringArrayVar(&req.InboundFromHost, "inbound-from-host", nil, "let the host (the daemon's netns: the node, e.g. a kubelet's probes) open connections to `PORT` (TCP and UDP) or PORT/tcp or PORT/udp in the session, repeatable (default: none, every connection from the host is dropped)")
 	fs.Var(&egress, "egress", "egress `MODE`: none, allowlist or public (default: allowlist when something is allowed, else none)")
 	fs.BoolVar(&req.Lab, "lab", false, "make the session a lab target (an address, no egress unless given more)")

@@ -20,7 +20,7 @@ func (c *cli) sessionUpdate(glob *globalOpts) *cobra.Command {
 		onDeny   = enumFlag{allowed: []string{"reject", "reset", "drop"}}
 	)
 	cmd := &cobra.Command{
-		Use:   "update NAME [--allow ENTRY]... [--revoke ENTRY]... [--egress MODE] [--lab-peer NAME]... [--revoke-lab-peer NAME]... [--deny ENTRY]... [--revoke-deny ENTRY]... [--on-deny reject|reset|drop] [--inbound-from-host PORT]... [--revoke-inbound-from-host PORT]... [--replace] [options]",
+		Use:   "update NAME [--allow ENTRY]... [--revoke ENTRY]... [--egress MODE] [--lab-peer NAME]... [--revoke-lab-peer NAME]... [--deny ENTRY]... [--revoke-deny ENTRY]... [--on-deny reject|reset|drop] [--inbound-from-host PORT]... [--revoke-inbound-from-host PORT]... [--for DURATION] [--replace] [options]",
 		Short: "change a running session's policy",
 		Long: `Change a running session's policy. The entries of --allow, --scope and
 --lab-peer and --deny are added, those of --revoke, --revoke-lab-peer and
@@ -29,7 +29,10 @@ func (c *cli) sessionUpdate(glob *globalOpts) *cobra.Command {
 create's grammar. The kernel's rules and the DNS proxy change together, or,
 on any failure, not at all. What is revoked is dropped at once, the
 addresses its names attested are removed, and established flows to it are
-cut unless --keep-established. --generation N refuses the update if the
+cut unless --keep-established. --for DURATION makes the --allow entries of
+this call a grant with an end: after DURATION they are revoked the same
+way (the deadline is in the session's record and holds across a restart;
+inspect shows it). --generation N refuses the update if the
 policy changed since generation N (inspect shows it). A session created
 with --locked refuses every update.`,
 		Args: cobra.ArbitraryArgs,
@@ -47,7 +50,8 @@ with --locked refuses every update.`,
 	fs.StringArrayVar(&u.RevokeInboundFromHost, "revoke-inbound-from-host", nil, "remove the inbound from host `PORT`, repeatable")
 	fs.Var(&egress, "egress", "egress `MODE`: allowlist or public (default: unchanged; with --replace, derived as at create)")
 	fs.BoolVar(&replace, "replace", false, "the given entries become the whole policy")
-	fs.BoolVar(&u.KeepEstablished, "keep-established", false, "leave established flows to revoked destinations alone")
+	fs.BoolVar(&u.KeepEstablished, "keep-established", false, "leave established flows to revoked destinations alone (with --for, at the grant's end too)")
+	fs.StringVar(&u.AllowFor, "for", "", "make this call's --allow entries a grant that ends after `DURATION` (90s, 10m, 2h): then they are revoked as --revoke revokes them")
 	fs.Var(&gen, "generation", "refuse the update unless the policy is at generation `N`")
 	fs.BoolVar(&asJSON, "json", false, "print the session as JSON")
 	_ = cmd.RegisterFlagCompletionFunc("egress", cobra.FixedCompletions(egress.allowed, cobra.ShellCompDirectiveNoFileComp))
