@@ -6,11 +6,9 @@ package api
 // looser permissions, or a group change, never opens the API.
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -18,15 +16,16 @@ import (
 	"os/user"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
 
 // PeerCred is the credentials of the process at the other end of a
 // connection: pid, effective uid and gid from SO_PEERCRED, and its
-// supplementary groups from /proc/<pid>/status (read only when needed).
+// supplementary groups from SO_PEERGROUPS. The kernel took both when the
+// caller connected: no later lookup by pid, which a reused pid could answer.
 type PeerCred struct {
 	PID    int32
 	UID    uint32
@@ -102,6 +101,10 @@ func connContext(ctx context.Context, c net.Conn) context.Context {
 		return context.WithValue(ctx, credKey{}, credResult{err: errors.New("not a unix socket connection")})
 	}
 	cred, err := PeerCredOf(uc)
+	if err == nil {
+		// (without them a caller is judged by its uid and primary gid only)
+		cred.Groups, _ = peerGroupsOf(uc)
+	}
 	return context.WithValue(ctx, credKey{}, credResult{cred: cred, err: err})
 }
 
@@ -125,67 +128,44 @@ func PeerCredOf(uc *net.UnixConn) (PeerCred, error) {
 	return PeerCred{PID: uc2.Pid, UID: uc2.Uid, GID: uc2.Gid}, nil
 }
 
-// procGroups returns the supplementary groups of pid, provided the process
-// still has the effective uid the socket reported (so a reused pid is not
-// mistaken for the caller).
-func procGroups(pid int32, euid uint32) ([]uint32, error) {
-	if pid <= 0 {
-		return nil, fmt.Errorf("caller pid %d is not visible", pid)
-	}
-	f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
+// peerGroupsOf reads SO_PEERGROUPS: the supplementary groups the peer
+// held when it connected (Linux 4.13 and later). The kernel says ERANGE with
+// the length it needs when the buffer is short.
+func peerGroupsOf(uc *net.UnixConn) ([]uint32, error) {
+	raw, err := uc.SyscallConn()
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("peer groups: %w", err)
 	}
-	defer f.Close()
-	return parseStatusGroups(f, euid)
-}
-
-// parseStatusGroups reads the Groups line of /proc/<pid>/status after
-// checking that the Uid line's effective uid is euid.
-func parseStatusGroups(r io.Reader, euid uint32) ([]uint32, error) {
 	var (
-		groups  []uint32
-		uidSeen bool
+		groups []uint32
+		serr   error
 	)
-	sc := bufio.NewScanner(r)
-	for sc.Scan() {
-		key, val, ok := strings.Cut(sc.Text(), ":")
-		if !ok {
-			continue
+	if err := raw.Control(func(fd uintptr) {
+		buf := make([]uint32, 64)
+		for {
+			size := uint32(len(buf) * 4)
+			_, _, errno := unix.Syscall6(unix.SYS_GETSOCKOPT, fd, unix.SOL_SOCKET, unix.SO_PEERGROUPS,
+				uintptr(unsafe.Pointer(&buf[0])), uintptr(unsafe.Pointer(&size)), 0)
+			switch {
+			case errno == unix.ERANGE && int(size/4) > len(buf):
+				buf = make([]uint32, size/4)
+				continue
+			case errno != 0:
+				serr = fmt.Errorf("peer groups: getsockopt SO_PEERGROUPS: %w", errno)
+			default:
+				groups = buf[:size/4]
+			}
+			return
 		}
-		f := strings.Fields(val)
-		switch key {
-		case "Uid":
-			if len(f) < 2 {
-				return nil, errors.New("status: malformed Uid line")
-			}
-			if f[1] != strconv.FormatUint(uint64(euid), 10) {
-				return nil, fmt.Errorf("status: effective uid %s, not the caller's %d", f[1], euid)
-			}
-			uidSeen = true
-		case "Groups":
-			for _, g := range f {
-				n, err := strconv.ParseUint(g, 10, 32)
-				if err != nil {
-					return nil, fmt.Errorf("status: malformed Groups entry %q", g)
-				}
-				groups = append(groups, uint32(n))
-			}
-		}
+	}); err != nil {
+		return nil, fmt.Errorf("peer groups: %w", err)
 	}
-	if err := sc.Err(); err != nil {
-		return nil, err
-	}
-	if !uidSeen {
-		return nil, errors.New("status: no Uid line")
-	}
-	return groups, nil
+	return groups, serr
 }
 
 // authorize wraps the API handler with the access check; a refused caller
 // gets 403 {"error": "caller uid N is not root and not in group G"}.
-// groupsOf is the supplementary-group lookup (procGroups in production).
-func (p AccessPolicy) authorize(next http.Handler, log *slog.Logger, groupsOf func(pid int32, euid uint32) ([]uint32, error)) http.Handler {
+func (p AccessPolicy) authorize(next http.Handler, log *slog.Logger) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		cr, ok := r.Context().Value(credKey{}).(credResult)
 		if !ok || cr.err != nil {
@@ -197,11 +177,6 @@ func (p AccessPolicy) authorize(next http.Handler, log *slog.Logger, groupsOf fu
 			return
 		}
 		c := cr.cred
-		if !p.allows(c) && p.Group != "" {
-			if groups, err := groupsOf(c.PID, c.UID); err == nil {
-				c.Groups = groups
-			}
-		}
 		if !p.allows(c) {
 			log.Warn("api caller refused", "uid", c.UID, "gid", c.GID, "pid", c.PID, "method", r.Method, "path", r.URL.Path)
 			writeError(w, http.StatusForbidden, CodeForbidden, p.denial(c))
@@ -368,7 +343,7 @@ func ListenAndServe(ctx context.Context, cfg ListenConfig, h http.Handler, ready
 // caller's SO_PEERCRED against the listener's policy.
 func Serve(ctx context.Context, ln *Listener, h http.Handler, log *slog.Logger) error {
 	srv := &http.Server{
-		Handler:           ln.Policy.authorize(h, log, procGroups),
+		Handler:           ln.Policy.authorize(h, log),
 		ConnContext:       connContext,
 		BaseContext:       func(net.Listener) context.Context { return ctx },
 		ReadHeaderTimeout: 10 * time.Second,

@@ -11,7 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
-	"sort"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -52,55 +52,13 @@ func TestAccessPolicy(t *testing.T) {
 	}
 }
 
-func TestParseStatusGroups(t *testing.T) {
-	status := "Name:\tsh\nUid:\t1000\t1001\t1000\t1000\nGid:\t100\t100\t100\t100\nGroups:\t4 24 990 \n"
-	got, err := parseStatusGroups(strings.NewReader(status), 1001)
-	if err != nil || !reflect.DeepEqual(got, []uint32{4, 24, 990}) {
-		t.Fatalf("groups %v, %v", got, err)
-	}
-	if _, err := parseStatusGroups(strings.NewReader(status), 1000); err == nil || err.Error() != "status: effective uid 1001, not the caller's 1000" {
-		t.Fatalf("uid mismatch: %v", err)
-	}
-	if got, err := parseStatusGroups(strings.NewReader("Uid:\t0\t0\t0\t0\nGroups:\n"), 0); err != nil || len(got) != 0 {
-		t.Fatalf("no groups: %v %v", got, err)
-	}
-	if _, err := parseStatusGroups(strings.NewReader("Groups:\t1\n"), 0); err == nil {
-		t.Fatal("no Uid line: no error")
-	}
-	if _, err := parseStatusGroups(strings.NewReader("Uid:\t0\t0\nGroups:\tx\n"), 0); err == nil {
-		t.Fatal("bad group: no error")
-	}
-	// Our own process: the groups the kernel reports.
-	own, err := procGroups(int32(os.Getpid()), uint32(os.Geteuid()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	want, _ := os.Getgroups()
-	var wantU []uint32
-	for _, g := range want {
-		wantU = append(wantU, uint32(g))
-	}
-	sort.Slice(own, func(i, j int) bool { return own[i] < own[j] })
-	sort.Slice(wantU, func(i, j int) bool { return wantU[i] < wantU[j] })
-	if len(own) != len(wantU) || (len(own) > 0 && !reflect.DeepEqual(own, wantU)) {
-		t.Fatalf("own groups %v, want %v", own, wantU)
-	}
-}
-
 // TestAuthorize: the middleware refuses with 403 and the one-line error;
-// supplementary groups are looked up only when needed.
+// a member of the socket group by a supplementary group (as SO_PEERGROUPS
+// gave them at connect) is let in, a caller in other groups is not.
 func TestAuthorize(t *testing.T) {
 	ok := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(204) })
 	pol := AccessPolicy{OwnerUID: 0, Group: "enforcerd", GID: 990}
-	lookups := 0
-	groups := func(pid int32, euid uint32) ([]uint32, error) {
-		lookups++
-		if pid == 42 {
-			return []uint32{990}, nil
-		}
-		return []uint32{1}, nil
-	}
-	h := pol.authorize(ok, slog.New(slog.DiscardHandler), groups)
+	h := pol.authorize(ok, slog.New(slog.DiscardHandler))
 	call := func(cr *credResult) (int, string) {
 		req := httptest.NewRequest("GET", "/v1/sessions", nil)
 		if cr != nil {
@@ -110,13 +68,13 @@ func TestAuthorize(t *testing.T) {
 		h.ServeHTTP(rr, req)
 		return rr.Code, rr.Body.String()
 	}
-	if code, _ := call(&credResult{cred: PeerCred{PID: 7, UID: 0}}); code != 204 || lookups != 0 {
-		t.Fatalf("root: %d, lookups %d", code, lookups)
+	if code, _ := call(&credResult{cred: PeerCred{PID: 7, UID: 0}}); code != 204 {
+		t.Fatalf("root: %d", code)
 	}
-	if code, _ := call(&credResult{cred: PeerCred{PID: 42, UID: 1000, GID: 100}}); code != 204 || lookups != 1 {
-		t.Fatalf("member: %d, lookups %d", code, lookups)
+	if code, _ := call(&credResult{cred: PeerCred{PID: 42, UID: 1000, GID: 100, Groups: []uint32{4, 990}}}); code != 204 {
+		t.Fatalf("member by a supplementary group: %d", code)
 	}
-	code, body := call(&credResult{cred: PeerCred{PID: 43, UID: 1000, GID: 100}})
+	code, body := call(&credResult{cred: PeerCred{PID: 43, UID: 1000, GID: 100, Groups: []uint32{1}}})
 	if code != 403 || body != errorLine("caller uid 1000 is not root and not in group enforcerd") {
 		t.Fatalf("stranger: %d %s", code, body)
 	}
@@ -126,7 +84,7 @@ func TestAuthorize(t *testing.T) {
 	}
 }
 
-// TestPeerCredOverSocket reads SO_PEERCRED of a real connection.
+// TestPeerCredOverSocket reads SO_PEERCRED and SO_PEERGROUPS of a real connection.
 func TestPeerCredOverSocket(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "s.sock")
 	ln, err := net.Listen("unix", path)
@@ -152,6 +110,18 @@ func TestPeerCredOverSocket(t *testing.T) {
 	}
 	if cr.cred.UID != uint32(os.Geteuid()) || cr.cred.GID != uint32(os.Getegid()) || cr.cred.PID != int32(os.Getpid()) {
 		t.Fatalf("cred %+v", cr.cred)
+	}
+	// SO_PEERGROUPS: the groups this process holds, as the kernel has them.
+	want, _ := os.Getgroups()
+	var wantU []uint32
+	for _, g := range want {
+		wantU = append(wantU, uint32(g))
+	}
+	got := slices.Clone(cr.cred.Groups)
+	slices.Sort(got)
+	slices.Sort(wantU)
+	if !slices.Equal(got, wantU) {
+		t.Fatalf("peer groups %v, want this process's %v", got, wantU)
 	}
 }
 
