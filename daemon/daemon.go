@@ -40,6 +40,10 @@ type Config struct {
 	// PreparedNetns is how many session netns are kept made ahead of
 	// demand, off the create path (nsmgr.Config.Prepared; 0: none).
 	PreparedNetns int
+	// LedgerBudget is the lines of each session's ledger of admissions
+	// before its flows are kept as per-destination aggregates (0: the
+	// ledger package's default).
+	LedgerBudget int
 }
 
 // The daemon consumes the four domain packages through these interfaces,
@@ -184,6 +188,9 @@ type Engine struct {
 
 	names attestNames // the name that attested each address (expired.go)
 
+	ledger     *flowLedger // the ledger of admissions (flowledger.go); nil without the kernel's events
+	ledgerStop func()      // ends it: closes the event socket and every ledger
+
 	startLeaseFn StartLease // Parts.StartLease
 	leases       leases     // the VM sessions' DHCP responders (vm.go)
 }
@@ -215,6 +222,9 @@ func New(cfg Config, p Parts) *Engine {
 func (e *Engine) Close() {
 	e.stopLeases()
 	e.shutdownDNS()
+	if e.ledgerStop != nil {
+		e.ledgerStop()
+	}
 	e.events.Shutdown()
 	if e.closeFn != nil {
 		e.closeFn()

@@ -549,6 +549,11 @@ func (e *Engine) Delete(ctx context.Context, name string) (err error) {
 	e.mu.Unlock()
 	e.names.drop(name)
 	e.recordCall(ctx, name, "deleted", nil, nil)
+	guest := netip.Addr{}
+	if s.hasNIC() {
+		guest = s.rec.Guest
+	}
+	e.ledgerSessionRemoved(name, guest)
 	e.events.Close(name)
 	return nil
 }

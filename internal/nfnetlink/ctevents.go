@@ -224,16 +224,21 @@ func (f *FlowEvents) Receive() ([]FlowEvent, error) {
 // Close ends the subscription; a blocked Receive returns.
 func (f *FlowEvents) Close() error { return f.c.Close() }
 
-// EnableAccounting turns on conntrack accounting (bytes and packets per
-// entry, sent with DESTROY events) in the caller's netns: a write to
-// /proc/sys, the sysctl, not a program run.
-func EnableAccounting() error {
-	const p = "/proc/sys/net/netfilter/nf_conntrack_acct"
-	if b, err := os.ReadFile(p); err == nil && len(b) > 0 && b[0] == '1' {
-		return nil
-	}
-	if err := os.WriteFile(p, []byte("1\n"), 0o644); err != nil {
-		return fmt.Errorf("enable conntrack accounting (%s): %w", p, err)
+// EnableConntrackEvents turns on conntrack accounting (bytes and packets
+// per entry, sent with DESTROY events) and, if off, conntrack events, in
+// the caller's netns: writes to /proc/sys (sysctls), not a program run.
+func EnableConntrackEvents() error {
+	for _, p := range []string{"/proc/sys/net/netfilter/nf_conntrack_acct", "/proc/sys/net/netfilter/nf_conntrack_events"} {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return fmt.Errorf("read %s: %w", p, err)
+		}
+		if len(b) > 0 && b[0] != '0' {
+			continue // on (events: 1, or 2 = on while someone listens)
+		}
+		if err := os.WriteFile(p, []byte("1\n"), 0o644); err != nil {
+			return fmt.Errorf("turn on %s: %w", p, err)
+		}
 	}
 	return nil
 }
