@@ -37,8 +37,8 @@ type FlowEventSource interface {
 // the flows its removal flushes.
 const (
 	ledgerSocketBuffer = 8 << 20 // bytes of the event socket's receive buffer
-	ledgerFlushEvery = 5 * time.Second
-	ledgerCloseGrace = 5 * time.Second
+	ledgerFlushEvery   = 5 * time.Second
+	ledgerCloseGrace   = 5 * time.Second
 )
 
 // flowLedger writes the sessions' ledgers. mu guards everything below it.

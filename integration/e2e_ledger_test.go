@@ -86,7 +86,7 @@ func TestE2ELedger(t *testing.T) {
 		if _, ok := got[refused]; ok {
 			t.Errorf("%s: the report lists %s, which the table refused: %+v", when, refused, rep.Destinations)
 		}
-		if len(got) != 2 {
+		if len(got) != 2 || len(rep.Destinations) != 2 {
 			t.Fatalf("%s: report destinations %+v, want exactly %s and %s", when, rep.Destinations, allowedA, allowedB)
 		}
 		for _, a := range []string{allowedA, allowedB} {
@@ -121,7 +121,7 @@ func TestE2ELedger(t *testing.T) {
 	// the report stays (--events-retention).
 	e.cli("session", "rm", "lg")
 	rep := expect("removed", 3, true)
-	t.Logf("ledger: %d records, head %s", rep.Records, rep.Head)
+	t.Logf("ledger: %d records, head %s\n%s", rep.Records, rep.Head, e.cli("session", "report", "lg"))
 
 	// Tampering. Wait until the removed session's ledger is closed (no
 	// writer: the daemon's grace for late DESTROY events).

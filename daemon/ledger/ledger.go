@@ -44,7 +44,7 @@ type Record struct {
 	Dst   string    `json:"dst"`
 	Dport uint16    `json:"dport,omitempty"`
 	CtID  uint32    `json:"ct_id,omitempty"` // the conntrack entry's id
-	Dest  // how it was admitted
+	Dest            // how it was admitted
 	// Close: how long the flow lasted and what it carried each way.
 	DurationMs uint64 `json:"duration_ms,omitempty"`
 	Counts
@@ -74,15 +74,15 @@ type Counts struct {
 
 // Flow is one admitted flow as the daemon reports it.
 type Flow struct {
-	Time       time.Time
-	CtID       uint32
-	Proto      uint8
-	Src, Dst   netip.Addr
-	Sport      uint16
-	Dport      uint16
-	Dest       Dest
-	Start      time.Time // Close: when it began, if the kernel says (else the open's time)
-	Counts     Counts    // Close only
+	Time     time.Time
+	CtID     uint32
+	Proto    uint8
+	Src, Dst netip.Addr
+	Sport    uint16
+	Dport    uint16
+	Dest     Dest
+	Start    time.Time // Close: when it began, if the kernel says (else the open's time)
+	Counts   Counts    // Close only
 }
 
 // ProtoName names a protocol number as the report does.
