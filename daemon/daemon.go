@@ -40,10 +40,6 @@ type Config struct {
 	// PreparedNetns is how many session netns are kept made ahead of
 	// demand, off the create path (nsmgr.Config.Prepared; 0: none).
 	PreparedNetns int
-	// LedgerBudget is the lines of each session's ledger of admissions
-	// before its flows are kept as per-destination aggregates (0: the
-	// ledger package's default).
-	LedgerBudget int
 }
 
 // The daemon consumes the four domain packages through these interfaces,

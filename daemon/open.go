@@ -13,6 +13,7 @@ import (
 
 	"github.com/enforcerd/enforcerd/container"
 	"github.com/enforcerd/enforcerd/daemon/eventlog"
+	"github.com/enforcerd/enforcerd/daemon/ledger"
 	"github.com/enforcerd/enforcerd/daemon/metrics"
 	"github.com/enforcerd/enforcerd/dnsproxy"
 	"github.com/enforcerd/enforcerd/doctor"
@@ -177,7 +178,7 @@ func Open(cfg Config, log *slog.Logger, reg *metrics.Registry) (_ *Engine, err e
 	if err != nil {
 		return nil, fmt.Errorf("ledger of admissions: %w", err)
 	}
-	d.ledgerStop = d.serveLedger(flows, cfg.LedgerBudget)
+	d.ledgerStop = d.serveLedger(flows, ledger.DefaultBudget)
 	return d, nil
 }
 
