@@ -147,7 +147,7 @@ func (fl *flowLedger) writerLocked(name string) (*ledger.Writer, error) {
 	if err := os.MkdirAll(fl.dir, 0o700); err != nil {
 		return nil, err
 	}
-	w, err := ledger.Open(fl.e.ledgerPath(name), fl.budget)
+	w, err := ledger.Open(name, fl.e.ledgerPath(name), fl.budget)
 	if err != nil {
 		return nil, err
 	}

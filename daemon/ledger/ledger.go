@@ -33,7 +33,8 @@ const (
 
 // Record is one line of a ledger. Hash is the hex SHA-256 of Prev (the
 // previous record's Hash, "" for the first) followed by the record's
-// canonical JSON (this struct marshalled with Hash empty).
+// canonical JSON (this struct marshalled with Hash empty); the first
+// record's Prev is Genesis of the session's name.
 type Record struct {
 	Seq   uint64    `json:"seq"`
 	Time  time.Time `json:"time"`
@@ -144,9 +145,18 @@ type openFlow struct {
 	lined bool // its open has a line
 }
 
-// Open opens (or makes) the ledger at path and continues its chain from
-// its last record; budget bounds the open and close lines (0: DefaultBudget).
-func Open(path string, budget int) (*Writer, error) {
+// Genesis is the Prev of a session's first record: the hash of the
+// session's name, so a ledger copied under another session's name does
+// not verify.
+func Genesis(session string) string {
+	h := sha256.Sum256([]byte("enforcerd ledger of admissions: " + session))
+	return hex.EncodeToString(h[:])
+}
+
+// Open opens (or makes) the ledger of session at path and continues its
+// chain from its last record; budget bounds the open and close lines (0:
+// DefaultBudget).
+func Open(session, path string, budget int) (*Writer, error) {
 	if budget <= 0 {
 		budget = DefaultBudget
 	}
@@ -154,6 +164,9 @@ func Open(path string, budget int) (*Writer, error) {
 	seq, head, lines, err := tail(path)
 	if err != nil {
 		return nil, err
+	}
+	if seq == 0 {
+		head = Genesis(session)
 	}
 	w.seq, w.head, w.lines = seq, head, lines
 	f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
@@ -366,7 +379,7 @@ func Read(session, path string, wantSeq uint64, wantHead string) (api.LedgerRepo
 		}
 	}
 	var prevSeq uint64
-	prevHash := ""
+	prevHash := Genesis(session)
 	sc := bufio.NewScanner(f)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
 	line := 0
@@ -388,7 +401,11 @@ func Read(session, path string, wantSeq uint64, wantHead string) (api.LedgerRepo
 		if r.Seq != prevSeq+1 {
 			breakAt(line, "sequence %d follows %d: a record is missing or out of place", r.Seq, prevSeq)
 		}
-		if r.Prev != prevHash {
+		switch {
+		case r.Prev == prevHash:
+		case prevSeq == 0:
+			breakAt(line, "record %d does not start session %q's chain: the file is another's, or its start was removed", r.Seq, session)
+		default:
 			breakAt(line, "record %d's previous hash is not record %d's: the chain is cut", r.Seq, prevSeq)
 		}
 		if h, err := hashRecord(r); err != nil || h != r.Hash {

@@ -37,7 +37,7 @@ func script(t *testing.T, w *Writer, n int, dests ...string) {
 func writeLedger(t *testing.T, budget, n int, dests ...string) string {
 	t.Helper()
 	p := filepath.Join(t.TempDir(), "s"+FileExt)
-	w, err := Open(p, budget)
+	w, err := Open("s", p, budget)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -119,6 +119,11 @@ func TestLedgerDetectsTampering(t *testing.T) {
 			}
 		})
 	}
+	// The whole file under another session's name: its first link is not
+	// that session's.
+	if rep, _ := Read("t", p, 0, ""); rep.Verified || !strings.Contains(rep.Broken, "line 1:") {
+		t.Fatalf("s's ledger read as t's: %+v, want broken at line 1", rep)
+	}
 	// The last record removed: the file alone still chains; the head the
 	// daemon wrote does not match.
 	seq, head := uint64(len(ls)), ""
@@ -167,7 +172,7 @@ func TestLedgerAggregatesPastBudget(t *testing.T) {
 // still counts the connection.
 func TestLedgerContinuesAfterReopen(t *testing.T) {
 	p := filepath.Join(t.TempDir(), "s"+FileExt)
-	w, err := Open(p, 0)
+	w, err := Open("s", p, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -178,7 +183,7 @@ func TestLedgerContinuesAfterReopen(t *testing.T) {
 		t.Fatal(err)
 	}
 	w.f.Close() // no Close: as a kill -9 leaves it
-	w2, err := Open(p, 0)
+	w2, err := Open("s", p, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
