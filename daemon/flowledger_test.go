@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"os"
 	"testing"
+	"time"
 
 	"github.com/enforcerd/enforcerd/api"
 	"github.com/enforcerd/enforcerd/internal/nfnetlink"
@@ -102,5 +103,32 @@ func TestFlowLedgerRecordsAdmissions(t *testing.T) {
 	}
 	if _, err := os.Stat(w.d.ledgerPath("fl")); err != nil {
 		t.Errorf("the removed session's ledger: %v", err)
+	}
+}
+
+// TestFlowLedgerKeptForRetention: a removed session's ledger is read
+// within the events' retention and pruned with its other files after it.
+func TestFlowLedgerKeptForRetention(t *testing.T) {
+	w := newWorld(t)
+	w.restartPersisted(time.Hour)
+	info := w.create(api.CreateRequest{Name: "kr", NetworkOnly: true, Allow: []string{"93.184.216.7"}})
+	src := newChanEvents()
+	stop := w.d.serveLedger(src, 0)
+	defer stop()
+	src.ch <- []nfnetlink.FlowEvent{ctEvent(nfnetlink.FlowNew, 1, info.GuestIP, "93.184.216.7", 443, 0, 0)}
+	src.ch <- nil
+	if err := w.d.Delete(context.Background(), "kr"); err != nil {
+		t.Fatal(err)
+	}
+	if rep, err := w.d.Report(context.Background(), "kr"); err != nil || !rep.Verified || len(rep.Destinations) != 1 {
+		t.Fatalf("removed, within the retention: %+v %v, want its one destination", rep, err)
+	}
+	w.eventsSkew.Store(int64(2 * time.Hour))
+	w.d.events.Prune()
+	if _, err := os.Stat(w.d.ledgerPath("kr")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("past the retention, the ledger: %v, want pruned", err)
+	}
+	if _, err := w.d.Report(context.Background(), "kr"); !errors.Is(err, api.ErrNotFound) {
+		t.Errorf("past the retention, the report: %v, want not found", err)
 	}
 }
