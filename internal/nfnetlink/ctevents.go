@@ -22,7 +22,7 @@ const (
 	GroupConntrackNew     = unix.NFNLGRP_CONNTRACK_NEW
 	GroupConntrackDestroy = unix.NFNLGRP_CONNTRACK_DESTROY
 
-	ctMsgNew            = unix.NFNL_SUBSYS_CTNETLINK<<8 | 0 // IPCTNL_MSG_CT_NEW
+	ctMsgNew            = unix.NFNL_SUBSYS_CTNETLINK << 8 // IPCTNL_MSG_CT_NEW (0)
 	ctaTupleReply       = 2
 	ctaMark             = 8
 	ctaCountersOrig     = 9
