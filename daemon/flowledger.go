@@ -52,7 +52,6 @@ type flowLedger struct {
 	byGuest map[netip.Addr]string       // guest -> session name; a cache of e.sessions
 	built   time.Time                   // when byGuest was last rebuilt
 	removed map[netip.Addr]removedGuest // sessions removed within the grace
-	lost    uint64                      // overflows of the event socket
 }
 
 type removedGuest struct {
@@ -77,9 +76,6 @@ func (e *Engine) serveLedger(src FlowEventSource, budget int) (stop func()) {
 		for {
 			evs, err := src.Receive()
 			if errors.Is(err, nfnetlink.ErrEventsLost) {
-				fl.mu.Lock()
-				fl.lost++
-				fl.mu.Unlock()
 				e.log.Error("ledger of admissions: conntrack events lost (socket buffer overflow); the ledger misses flows")
 				continue
 			}
