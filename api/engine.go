@@ -40,6 +40,9 @@ type Engine interface {
 	AllEvents(ctx context.Context, labelKey, labelValue string, follow bool) ([]Event, <-chan Event, error)
 	// Why says what the session's policy does with dest now, and why.
 	Why(ctx context.Context, name, dest string) (WhyAnswer, error)
+	// Report verifies the session's ledger of admissions and sums it per
+	// destination; a removed session's while its files are retained.
+	Report(ctx context.Context, name string) (LedgerReport, error)
 	// Healthy reports whether the daemon enforces what it says.
 	Healthy() error
 }

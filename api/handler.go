@@ -64,6 +64,7 @@ func NewHandler(e Engine, opts HandlerOptions) http.Handler {
 	mux.HandleFunc(Prefix+"/sessions/{name}/execs/{id}/output", a.methods(map[string]http.HandlerFunc{"GET": a.execOutput}))
 	mux.HandleFunc(Prefix+"/sessions/{name}/events", a.methods(map[string]http.HandlerFunc{"GET": a.events}))
 	mux.HandleFunc(Prefix+"/sessions/{name}/why", a.methods(map[string]http.HandlerFunc{"GET": a.why}))
+	mux.HandleFunc(Prefix+"/sessions/{name}/report", a.methods(map[string]http.HandlerFunc{"GET": a.report}))
 	mux.HandleFunc(Prefix+"/events", a.methods(map[string]http.HandlerFunc{"GET": a.allEvents}))
 	mux.HandleFunc(Prefix+"/images", a.methods(map[string]http.HandlerFunc{"GET": a.imageList}))
 	mux.HandleFunc(Prefix+"/images/{name}", a.methods(map[string]http.HandlerFunc{"POST": a.imageImport, "DELETE": a.imageRemove}))

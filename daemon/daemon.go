@@ -184,6 +184,9 @@ type Engine struct {
 
 	names attestNames // the name that attested each address (expired.go)
 
+	ledger     *flowLedger // the ledger of admissions (flowledger.go); nil without the kernel's events
+	ledgerStop func()      // ends it: closes the event socket and every ledger
+
 	startLeaseFn StartLease // Parts.StartLease
 	leases       leases     // the VM sessions' DHCP responders (vm.go)
 
@@ -223,6 +226,9 @@ func (e *Engine) Close() {
 	e.stopGrants()
 	e.stopLeases()
 	e.shutdownDNS()
+	if e.ledgerStop != nil {
+		e.ledgerStop()
+	}
 	e.events.Shutdown()
 	if e.closeFn != nil {
 		e.closeFn()

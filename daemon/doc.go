@@ -7,7 +7,9 @@
 // update, reconcile and adopt after a restart, reap), the building and
 // validation of a session's policy from a request, pinning, why, execs,
 // images and the state store (one record per session under the state
-// dir). What it records goes to the event log (daemon/eventlog); what it
+// dir). What it records goes to the event log (daemon/eventlog), the
+// flows the table admitted to each session's ledger of admissions
+// (daemon/ledger, fed by the kernel's conntrack events: flowledger.go); what it
 // counts is read by the metrics (daemon/metrics) at scrape time. It
 // reaches the domain packages through the small interfaces it declares
 // (Network, Firewall, Resolver, Sandboxes in daemon.go): Open wires the

@@ -579,6 +579,11 @@ func (e *Engine) Delete(ctx context.Context, name string) (err error) {
 	e.scheduleGrants(SessionRecord{Name: name}) // stops its grant timer
 	e.names.drop(name)
 	e.recordCall(ctx, name, "deleted", nil, nil)
+	guest := netip.Addr{}
+	if s.hasNIC() {
+		guest = s.rec.Guest
+	}
+	e.ledgerSessionRemoved(name, guest)
 	e.events.Close(name)
 	return nil
 }

@@ -13,9 +13,11 @@ import (
 
 	"github.com/enforcerd/enforcerd/container"
 	"github.com/enforcerd/enforcerd/daemon/eventlog"
+	"github.com/enforcerd/enforcerd/daemon/ledger"
 	"github.com/enforcerd/enforcerd/daemon/metrics"
 	"github.com/enforcerd/enforcerd/dnsproxy"
 	"github.com/enforcerd/enforcerd/doctor"
+	"github.com/enforcerd/enforcerd/internal/nfnetlink"
 	"github.com/enforcerd/enforcerd/netpolicy"
 	"github.com/enforcerd/enforcerd/netpolicy/nft"
 	"github.com/enforcerd/enforcerd/nsmgr"
@@ -167,6 +169,16 @@ func Open(cfg Config, log *slog.Logger, reg *metrics.Registry) (_ *Engine, err e
 	} else {
 		d.serveDrops(drops)
 	}
+	// The ledger of admissions needs the kernel's conntrack events with
+	// accounting (a sysctl of this netns, written through /proc/sys).
+	if err := nfnetlink.EnableConntrackEvents(); err != nil {
+		return nil, err
+	}
+	flows, err := nfnetlink.SubscribeFlowEvents(int(host), ledgerSocketBuffer)
+	if err != nil {
+		return nil, fmt.Errorf("ledger of admissions: %w", err)
+	}
+	d.ledgerStop = d.serveLedger(flows, ledger.DefaultBudget)
 	return d, nil
 }
 

@@ -25,7 +25,7 @@ import (
 )
 
 // sessionSubcommands names the subcommands in the errors of "enforcerd session".
-const sessionSubcommands = "create, fork, exec, exec-status, logs, ls, inspect, update, rm, events or why"
+const sessionSubcommands = "create, fork, exec, exec-status, logs, ls, inspect, update, rm, events, why or report"
 
 func (c *cli) sessionCommand(glob *globalOpts) *cobra.Command {
 	cmd := &cobra.Command{
@@ -60,6 +60,7 @@ func (c *cli) sessionCommand(glob *globalOpts) *cobra.Command {
 		c.sessionRemove(glob),
 		c.sessionEvents(glob),
 		c.sessionWhy(glob),
+		c.sessionReport(glob),
 	)
 	return cmd
 }

@@ -83,9 +83,9 @@ func TestCLIUsageErrors(t *testing.T) {
 		{[]string{"serve", "--pool"}, "enforcerd serve: flag needs an argument: --pool"},
 		{[]string{"reap", "--name-prefix", "Enf"}, `enforcerd reap: --name-prefix: invalid prefix "Enf": character 'E' not allowed; want 1 to 6 characters of a-z and 0-9, starting with a letter`},
 		{[]string{"reap", "x"}, `enforcerd reap: unexpected argument "x" (reap takes options only)`},
-		{[]string{"session"}, "enforcerd session: missing subcommand (create, fork, exec, exec-status, logs, ls, inspect, update, rm, events or why)"},
+		{[]string{"session"}, "enforcerd session: missing subcommand (create, fork, exec, exec-status, logs, ls, inspect, update, rm, events, why or report)"},
 		{[]string{"session", "bogus"}, `enforcerd session: unknown subcommand "bogus"; did you mean "logs"?`},
-		{[]string{"session", "frobnicate"}, `enforcerd session: unknown subcommand "frobnicate" (create, fork, exec, exec-status, logs, ls, inspect, update, rm, events or why)`},
+		{[]string{"session", "frobnicate"}, `enforcerd session: unknown subcommand "frobnicate" (create, fork, exec, exec-status, logs, ls, inspect, update, rm, events, why or report)`},
 		{[]string{"session", "--json", "ls"}, "enforcerd session: flag --json before the subcommand (flags go after it)"},
 		{[]string{"session", "create"}, "enforcerd session create: missing session NAME"},
 		{[]string{"session", "create", "--network-only"}, "enforcerd session create: missing session NAME"},
@@ -372,7 +372,7 @@ func TestCLICompletion(t *testing.T) {
 		args []string
 		want []string
 	}{
-		{[]string{"session", ""}, []string{"create", "events", "exec", "exec-status", "fork", "inspect", "logs", "ls", "rm", "update", "why"}},
+		{[]string{"session", ""}, []string{"create", "events", "exec", "exec-status", "fork", "inspect", "logs", "ls", "report", "rm", "update", "why"}},
 		{[]string{"se"}, []string{"serve", "session"}},
 		{[]string{"session", "create", "s1", "--egress", ""}, []string{"none", "allowlist", "public"}},
 		{[]string{"serve", "--log-format", ""}, []string{"text", "json"}},

@@ -58,6 +58,7 @@ import (
 	"time"
 
 	"github.com/enforcerd/enforcerd/api"
+	"github.com/enforcerd/enforcerd/daemon/ledger"
 	"github.com/enforcerd/enforcerd/nsmgr"
 )
 
@@ -574,7 +575,8 @@ func (s *eventStore) closeLocked(name string) {
 }
 
 func (s *eventStore) removeLocked(name string) {
-	for _, p := range []string{s.path(name), filepath.Join(s.dir, name+eventRotatedExt), s.path(operatorKey(name)), s.countsPath(name)} {
+	for _, p := range []string{s.path(name), filepath.Join(s.dir, name+eventRotatedExt), s.path(operatorKey(name)), s.countsPath(name),
+		filepath.Join(s.dir, operatorDir, name+ledger.FileExt)} {
 		if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
 			s.log.Warn("remove stored events", "file", p, "err", err)
 		}
@@ -628,6 +630,9 @@ func (s *eventStore) pruneLocked(live func(string) bool) {
 	newest := map[string]time.Time{}
 	for _, ent := range append(ents, ops...) {
 		name, ok := strings.CutSuffix(ent.Name(), eventRotatedExt)
+		if !ok {
+			name, ok = strings.CutSuffix(ent.Name(), ledger.FileExt)
+		}
 		if !ok {
 			name, ok = strings.CutSuffix(ent.Name(), countsFileExt)
 		}
