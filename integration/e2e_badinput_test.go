@@ -36,8 +36,8 @@ func TestE2EBadInputCLI(t *testing.T) {
 		// Malformed command lines: exit 2.
 		{[]string{}, 2, "enforcerd: missing command (run 'enforcerd help')"},
 		{[]string{"bogus"}, 2, `enforcerd: unknown command "bogus" (run 'enforcerd help')`},
-		{[]string{"session"}, 2, "enforcerd session: missing subcommand (create, fork, exec, exec-status, logs, ls, inspect, update, rm, events or why)"},
-		{[]string{"session", "frobnicate"}, 2, `enforcerd session: unknown subcommand "frobnicate" (create, fork, exec, exec-status, logs, ls, inspect, update, rm, events or why)`},
+		{[]string{"session"}, 2, "enforcerd session: missing subcommand (create, fork, exec, exec-status, logs, ls, inspect, update, rm, events, why or report)"},
+		{[]string{"session", "frobnicate"}, 2, `enforcerd session: unknown subcommand "frobnicate" (create, fork, exec, exec-status, logs, ls, inspect, update, rm, events, why or report)`},
 		{[]string{"session", "create"}, 2, "enforcerd session create: missing session NAME"},
 		{[]string{"session", "create", "x"}, 2, "enforcerd session create: missing --image IMAGE, --rootfs DIR, --network-only or --vm"},
 		{[]string{"session", "create", "x", "y", "--network-only"}, 2, `enforcerd session create: unexpected argument "y" after NAME "x"`},

@@ -33,6 +33,7 @@ import (
 	"github.com/enforcerd/enforcerd/api"
 	"github.com/enforcerd/enforcerd/api/apitest"
 	"github.com/enforcerd/enforcerd/doctor"
+	"github.com/enforcerd/enforcerd/integration/enforcerd"
 	"github.com/enforcerd/enforcerd/integration/world"
 )
 
@@ -423,6 +424,7 @@ func TestE2EDoctorReadOnlyKernelFiles(t *testing.T) {
 	defer cancel()
 	serve := exec.CommandContext(ctx, "unshare", append([]string{"-m", "--propagation", "private", "sh", "-c", roProcSys + ` && exec nsenter "$@"`, "sh",
 		"--net=" + e.w.HostPath, e.bin}, e.d.ServeArgs()...)...)
+	serve.Env = enforcerd.Environ() // (the text log a daemon writes off systemd, even when the tests run under it)
 	out, err := serve.CombinedOutput()
 	var ee *exec.ExitError
 	if !errors.As(err, &ee) || ee.ExitCode() != 1 || !strings.HasPrefix(string(out), "enforcerd serve: preflight check proc-sys-net failed: ") {

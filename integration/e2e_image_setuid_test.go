@@ -22,7 +22,7 @@ import (
 )
 
 func TestE2EImageSetuidUnreachable(t *testing.T) {
-	dir := e2eWorldSearchableDir(t, "e2e-image-suid-")
+	dir := e2eSetuidSearchableDir(t, "e2e-image-suid-")
 	e := prepareE2E(t, dir)
 	for _, d := range []string{e.d.StateDir, filepath.Join(e.d.StateDir, "images")} {
 		if err := os.Mkdir(d, 0o755); err != nil {

@@ -8,6 +8,8 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+
+	"golang.org/x/sys/unix"
 )
 
 // e2eWorldSearchableDir makes a directory every user may search, removed
@@ -24,6 +26,31 @@ func e2eWorldSearchableDir(t *testing.T, pattern string) string {
 	if !e2eSearchableByAll(base) {
 		t.Fatalf("neither $TMPDIR (%s) nor /tmp is searchable by every user down from /: want one that is, for the tests that run programs as uid %d", os.TempDir(), e2eNobody)
 	}
+	return e2eMkdirSearchable(t, base, pattern)
+}
+
+// e2eSetuidSearchableDir is e2eWorldSearchableDir on a filesystem that
+// honours setuid bits, for the tests whose attack and control are a
+// setuid-root file: $TMPDIR, /tmp or /var/tmp, the first that every user
+// can search and that is not mounted nosuid (a systemd machine's /tmp is a
+// nosuid tmpfs, where the control could not work and the attack would
+// prove nothing).
+func e2eSetuidSearchableDir(t *testing.T, pattern string) string {
+	t.Helper()
+	for _, base := range []string{os.TempDir(), "/tmp", "/var/tmp"} {
+		var st unix.Statfs_t
+		if e2eSearchableByAll(base) && unix.Statfs(base, &st) == nil && st.Flags&unix.ST_NOSUID == 0 {
+			return e2eMkdirSearchable(t, base, pattern)
+		}
+	}
+	t.Fatalf("none of $TMPDIR (%s), /tmp and /var/tmp is searchable by every user and honours setuid bits: want one that does, for the setuid tests", os.TempDir())
+	return ""
+}
+
+// e2eMkdirSearchable makes a directory in base, mode 0755, removed at the
+// test's end.
+func e2eMkdirSearchable(t *testing.T, base, pattern string) string {
+	t.Helper()
 	dir, err := os.MkdirTemp(base, pattern)
 	if err != nil {
 		t.Fatal(err)

@@ -154,7 +154,7 @@ func TestE2ESandboxRootfsGrant(t *testing.T) {
 // session's layer directory, even when the state directory pre-exists
 // world-searchable.
 func TestE2ESandboxLayerUnreachable(t *testing.T) {
-	dir := e2eWorldSearchableDir(t, "e2e-layers-")
+	dir := e2eSetuidSearchableDir(t, "e2e-layers-")
 	e := prepareE2E(t, dir)
 	// The state and layer dirs pre-exist, world-searchable (an operator's
 	// mkdir, a package's default).
