@@ -207,45 +207,29 @@ func (c *cpusFlag) Set(v string) error {
 	return nil
 }
 
-// positiveFlag is a whole number of at least 1 (--generation).
-type positiveFlag int64
+// atLeastFlag is a whole number of at least min (--generation, --pids); a
+// value below it, or no number, is refused with want's text.
+type atLeastFlag struct {
+	n    int64
+	min  int64
+	want func() string
+}
 
-func (p *positiveFlag) Type() string { return "N" }
+func (a *atLeastFlag) Type() string { return "N" }
 
-func (p *positiveFlag) String() string {
-	if p == nil || *p == 0 {
+func (a *atLeastFlag) String() string {
+	if a == nil || a.n == 0 {
 		return ""
 	}
-	return strconv.FormatInt(int64(*p), 10)
+	return strconv.FormatInt(a.n, 10)
 }
 
-func (p *positiveFlag) Set(v string) error {
+func (a *atLeastFlag) Set(v string) error {
 	n, err := strconv.ParseInt(v, 10, 64)
-	if err != nil || n <= 0 {
-		return errors.New("want a positive number")
+	if err != nil || n < a.min {
+		return errors.New(a.want())
 	}
-	*p = positiveFlag(n)
-	return nil
-}
-
-// pidsFlag is a process limit: container's rule and text (PidsWant).
-type pidsFlag int64
-
-func (p *pidsFlag) Type() string { return "N" }
-
-func (p *pidsFlag) String() string {
-	if p == nil || *p == 0 {
-		return ""
-	}
-	return strconv.FormatInt(int64(*p), 10)
-}
-
-func (p *pidsFlag) Set(v string) error {
-	n, err := strconv.ParseInt(v, 10, 64)
-	if err != nil || n < container.MinPidsMax {
-		return errors.New(container.PidsWant())
-	}
-	*p = pidsFlag(n)
+	a.n = n
 	return nil
 }
 
@@ -302,7 +286,7 @@ func (c *cli) sessionCreate(glob *globalOpts) *cobra.Command {
 		labels       kvFlag
 		memory       sizeFlag
 		cpus         cpusFlag
-		pids         pidsFlag
+		pids         = atLeastFlag{min: container.MinPidsMax, want: container.PidsWant}
 		asJSON       bool
 		egress       = enumFlag{allowed: []string{"none", "allowlist", "public"}}
 		tapOwner     uidFlag
@@ -414,7 +398,7 @@ func (c *cli) sessionCreate(glob *globalOpts) *cobra.Command {
 		req.OnDeny = onDeny.value
 		req.Egress = egress.value
 		req.MemoryBytes = memory.bytes
-		req.Pids = int64(pids)
+		req.Pids = pids.n
 		req.CPUs = float64(cpus)
 		req.Labels = labels.values
 
@@ -876,8 +860,7 @@ var (
 	_ pflag.Value = (*enumFlag)(nil)
 	_ pflag.Value = (*durationFlag)(nil)
 	_ pflag.Value = (*cpusFlag)(nil)
-	_ pflag.Value = (*positiveFlag)(nil)
-	_ pflag.Value = (*pidsFlag)(nil)
+	_ pflag.Value = (*atLeastFlag)(nil)
 	_ pflag.Value = (*sizeFlag)(nil)
 )
 

@@ -15,7 +15,7 @@ func (c *cli) sessionUpdate(glob *globalOpts) *cobra.Command {
 		replace  bool
 		asJSON   bool
 		egress   = enumFlag{allowed: []string{"allowlist", "public"}}
-		gen      positiveFlag
+		gen      = atLeastFlag{min: 1, want: func() string { return "want a positive number" }}
 		revokeLP []string
 		onDeny   = enumFlag{allowed: []string{"reject", "reset", "drop"}}
 	)
@@ -67,7 +67,7 @@ with --locked refuses every update.`,
 		u.RevokeLabPeers = revokeLP
 		u.Egress = egress.value
 		u.OnDeny = onDeny.value
-		u.Generation = uint64(gen)
+		u.Generation = uint64(gen.n)
 		if replace {
 			for _, r := range []struct {
 				flag   string
