@@ -50,7 +50,6 @@ type flowLedger struct {
 	mu      sync.Mutex
 	writers map[string]*ledger.Writer   // by session name
 	byGuest map[netip.Addr]string       // guest -> session name; a cache of e.sessions
-	built   time.Time                   // when byGuest was last rebuilt
 	removed map[netip.Addr]removedGuest // sessions removed within the grace
 }
 
@@ -122,16 +121,15 @@ func (fl *flowLedger) sessionLocked(g netip.Addr) (string, bool) {
 	if name, ok := fl.byGuest[g]; ok && check(name) {
 		return name, true
 	}
-	if time.Since(fl.built) < 100*time.Millisecond {
-		return "", false
-	}
+	// (a miss is an address of the pool: a session new since the last
+	// build, or one gone; rebuilt at once, so a new session's first flow
+	// is never missed)
 	fl.byGuest = make(map[netip.Addr]string, len(fl.e.sessions))
 	for name, s := range fl.e.sessions {
 		if s.hasNIC() {
 			fl.byGuest[s.rec.Guest] = name
 		}
 	}
-	fl.built = time.Now()
 	name, ok := fl.byGuest[g]
 	return name, ok
 }
@@ -158,6 +156,9 @@ func (fl *flowLedger) record(ev nfnetlink.FlowEvent) {
 	if f.Dst == fl.e.dnsAddr {
 		return // the daemon's own DNS proxy: its answers are in the events
 	}
+	if !fl.e.cfg.Pool.Contains(f.Src) {
+		return // the host's own flows (every flow of the netns is an event): no lock, no lookup
+	}
 	fl.mu.Lock()
 	name, ok := fl.sessionLocked(f.Src)
 	var w *ledger.Writer
@@ -180,7 +181,10 @@ func (fl *flowLedger) record(ev nfnetlink.FlowEvent) {
 		lf.Dest = fl.e.admittedBy(name, f.Dst, f.Dport, f.Proto)
 		err = w.Opened(lf)
 	case nfnetlink.FlowDestroy:
-		lf.Dest = fl.e.admittedBy(name, f.Dst, f.Dport, f.Proto) // used only if its open was not seen
+		if !w.Knows(ev.ID) {
+			// (its open was not seen: the entry is read now, else the open's is kept)
+			lf.Dest = fl.e.admittedBy(name, f.Dst, f.Dport, f.Proto)
+		}
 		lf.Start = ev.Start
 		if !ev.Stop.IsZero() {
 			lf.Time = ev.Stop

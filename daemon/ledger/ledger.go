@@ -281,6 +281,15 @@ func (w *Writer) Opened(fl Flow) error {
 // this writer saw it (else fl.Dest). A flow whose open has no line (it
 // was aggregated, or opened while the daemon was down) is counted as a
 // connection by the report when its close has none either.
+// Knows reports whether the flow of conntrack id ctID was seen opening
+// (Closed then keeps the entry recorded at its open).
+func (w *Writer) Knows(ctID uint32) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	_, ok := w.open[ctID]
+	return ok
+}
+
 func (w *Writer) Closed(fl Flow) error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
