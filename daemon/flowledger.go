@@ -216,7 +216,14 @@ func (e *Engine) admittedBy(name string, dst netip.Addr, dport uint16, proto uin
 	dest := ledger.Dest{Generation: max(s.rec.Generation, 1)}
 	v := e.whyAddr(s, d, dst, nil)
 	if v.Verdict != api.WhyAllowed {
-		// not by an entry the daemon holds: an attested element?
+		// Not by an entry the daemon holds: the kernel admitted it by an
+		// attested element. The name whose answer attested it is in memory
+		// (the DNS path notes it); only an address it does not know (a
+		// restart since the answer) costs a read of the kernel's sets.
+		if by, ok := e.names.lookupRecord(name, dst); ok {
+			dest.Via, dest.Entry, dest.AttestedName = "attested", by.name, by.name
+			return dest
+		}
 		if att, err := e.attestedOf(s); err == nil && len(att) > 0 {
 			v = e.whyAddr(s, d, dst, att)
 		}

@@ -132,3 +132,36 @@ func TestFlowLedgerKeptForRetention(t *testing.T) {
 		t.Errorf("past the retention, the report: %v, want not found", err)
 	}
 }
+
+// TestFlowLedgerAttestedByName: a flow to an address a DNS answer attested
+// is recorded under the name whose answer opened it, from the daemon's
+// memory of answers (no kernel read per flow); an address no answer gave
+// and no entry names stays unknown (the control).
+func TestFlowLedgerAttestedByName(t *testing.T) {
+	w := newWorld(t)
+	info := w.create(api.CreateRequest{Name: "fa", NetworkOnly: true, Allow: []string{"api.example.com"}})
+	w.d.names.remember("fa", "api.example.com.", "A", []netip.Addr{netip.MustParseAddr("93.184.216.34")})
+	src := newChanEvents()
+	stop := w.d.serveLedger(src, 0)
+	defer stop()
+	src.ch <- []nfnetlink.FlowEvent{
+		ctEvent(nfnetlink.FlowNew, 1, info.GuestIP, "93.184.216.34", 443, 0, 0),
+		ctEvent(nfnetlink.FlowNew, 2, info.GuestIP, "93.184.216.35", 443, 0, 0),
+	}
+	src.ch <- nil // the previous batch is written once this one is taken
+
+	rep, err := w.d.Report(context.Background(), "fa")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !rep.Verified || len(rep.Destinations) != 2 {
+		t.Fatalf("report %+v, want verified with 2 destinations", rep)
+	}
+	at, unk := rep.Destinations[0], rep.Destinations[1]
+	if at.Dest != "93.184.216.34" || at.Via != "attested" || at.AttestedName != "api.example.com" || at.Entry != "api.example.com" {
+		t.Errorf("attested destination %+v, want via attested by api.example.com", at)
+	}
+	if unk.Dest != "93.184.216.35" || unk.Via != "unknown" {
+		t.Errorf("unattested destination %+v, want via unknown", unk)
+	}
+}
