@@ -23,7 +23,10 @@ const (
 )
 
 // Result is one figure: ours and the peer measured side by side in the same
-// run, and the ratio ours/peer.
+// run, and the ratio ours/peer; and, where the figure has one, its floor:
+// a minimal program doing only the kernel's part of the same work, measured
+// in the same run, and the ratio ours/floor (issue 25: peers move with the
+// machine, floors move less).
 type Result struct {
 	Name   string
 	Unit   string  // "ms", "q/s", "Gbit/s", "MiB", ...
@@ -34,6 +37,58 @@ type Result struct {
 	Abs    bool    // Target applies to Ours, not to the ratio (no peer)
 	Note   string  // what "peer" is, or why a figure is missing
 	Extra  []string
+
+	// The floor: FloorIs names it, one token of the RESULT line
+	// ("netlink-create-floor"; "": the figure has none, its line says
+	// floor=none). FloorGoal/FloorTarget are on Ours/Floor or, with
+	// FloorPlus, on Ours-Floor (in Unit: "the floor + 0.5 ms"); a zero
+	// FloorTarget is no target on the floor.
+	Floor       float64
+	FloorIs     string
+	FloorGoal   Goal
+	FloorTarget float64
+	FloorPlus   bool
+}
+
+// FloorRatio is ours/floor (NaN without a floor).
+func (r Result) FloorRatio() float64 {
+	if r.FloorIs == "" || math.IsNaN(r.Ours) || math.IsNaN(r.Floor) || r.Floor == 0 {
+		return math.NaN()
+	}
+	return r.Ours / r.Floor
+}
+
+// floorMet is "yes", "no" or "n/a" (no floor target, or not measured).
+func (r Result) floorMet() string {
+	if r.FloorIs == "" || r.FloorTarget == 0 {
+		return "n/a"
+	}
+	v := r.FloorRatio()
+	if r.FloorPlus {
+		v = r.Ours - r.Floor
+	}
+	if math.IsNaN(v) {
+		return "n/a"
+	}
+	if (r.FloorGoal == AtMost && v <= r.FloorTarget) || (r.FloorGoal == AtLeast && v >= r.FloorTarget) {
+		return "yes"
+	}
+	return "no"
+}
+
+// floorTargetString is the floor's target as printed: "<=1.25" (on the
+// ratio), "floor+0.5" (on the difference) or "none".
+func (r Result) floorTargetString() string {
+	if r.FloorIs == "" || r.FloorTarget == 0 {
+		return "none"
+	}
+	if r.FloorPlus {
+		return fmt.Sprintf("floor+%g", r.FloorTarget)
+	}
+	if r.FloorGoal == AtLeast {
+		return fmt.Sprintf(">=%g", r.FloorTarget)
+	}
+	return fmt.Sprintf("<=%g", r.FloorTarget)
 }
 
 // Ratio is ours/peer (NaN when either is missing or the peer is zero).
@@ -46,8 +101,22 @@ func (r Result) Ratio() float64 {
 
 func (r Result) hasTarget() bool { return r.Abs || r.Target != 0 }
 
-// Met is "yes", "no", or "n/a" (no target, or not measured).
+// Met is "yes" when every target of the figure (on the peer and on the
+// floor) is met, "no" when one is missed, "n/a" when it has none (or was
+// not measured).
 func (r Result) Met() string {
+	peer, floor := r.peerMet(), r.floorMet()
+	switch {
+	case peer == "no" || floor == "no":
+		return "no"
+	case peer == "yes" || floor == "yes":
+		return "yes"
+	}
+	return "n/a"
+}
+
+// peerMet is Met for the target on the peer (or on ours itself) alone.
+func (r Result) peerMet() string {
 	v := r.Ratio()
 	if r.Abs {
 		v = r.Ours
@@ -84,6 +153,12 @@ func (r Result) Line() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "RESULT name=%s unit=%s ours=%s peer=%s ratio=%s target=%s met=%s",
 		r.Name, r.Unit, num(r.Ours), num(r.Peer), num(r.Ratio()), r.targetString(), r.Met())
+	if r.FloorIs == "" {
+		b.WriteString(" floor=none")
+	} else {
+		fmt.Fprintf(&b, " floor=%s floor_ratio=%s floor_target=%s floor_met=%s floor_is=%s",
+			num(r.Floor), num(r.FloorRatio()), r.floorTargetString(), r.floorMet(), r.FloorIs)
+	}
 	for _, e := range r.Extra {
 		b.WriteString(" " + e)
 	}
@@ -125,10 +200,14 @@ func (rp *Report) Table(w io.Writer) {
 	rp.mu.Lock()
 	defer rp.mu.Unlock()
 	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "figure\tunit\tours\tpeer\tratio\ttarget\tmet\tpeer is / note")
+	fmt.Fprintln(tw, "figure\tunit\tours\tpeer\tratio\ttarget\tfloor\tratio\ttarget\tmet\tpeer is / note; floor is")
 	for _, r := range rp.results {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.Name, r.Unit, num(r.Ours), num(r.Peer),
-			num(r.Ratio()), r.targetString(), r.Met(), r.Note)
+		floor, floorIs := nan(), ""
+		if r.FloorIs != "" {
+			floor, floorIs = r.Floor, "; floor: "+r.FloorIs
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s%s\n", r.Name, r.Unit, num(r.Ours), num(r.Peer),
+			num(r.Ratio()), r.targetString(), num(floor), num(r.FloorRatio()), r.floorTargetString(), r.Met(), r.Note, floorIs)
 	}
 	tw.Flush()
 }
