@@ -56,7 +56,9 @@ func (f *netFloor) hostName(i int) string { return f.prefix + strconv.Itoa(i) + 
 func (f *netFloor) addrs(i int) (gw, guest netip.Addr) {
 	b := floorPool.Addr().As4()
 	base := uint32(b[0])<<24 | uint32(b[1])<<16 + uint32(4*i)
-	at := func(v uint32) netip.Addr { return netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)}) }
+	at := func(v uint32) netip.Addr {
+		return netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)})
+	}
 	return at(base + 1), at(base + 2)
 }
 
