@@ -131,6 +131,9 @@ func main() {
 	if len(os.Args) > 1 && os.Args[1] == floodHelperArg {
 		os.Exit(floodHelperMain(os.Args[2:]))
 	}
+	if len(os.Args) > 1 && os.Args[1] == dnsForwardArg {
+		os.Exit(dnsForwardMain(os.Args[2:]))
+	}
 	quick := flag.Bool("quick", os.Getenv("BENCH_QUICK") == "1", "a short smoke run (also BENCH_QUICK=1)")
 	bin := flag.String("bin", os.Getenv("ENFORCERD_BIN"), "the enforcerd binary (default $ENFORCERD_BIN)")
 	rootfs := flag.String("rootfs", os.Getenv("ENFORCERD_ROOTFS"), "a busybox rootfs from scripts/mkrootfs.sh (default $ENFORCERD_ROOTFS)")
