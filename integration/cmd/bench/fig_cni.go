@@ -164,13 +164,13 @@ func figCNIIn(ctx context.Context, cfg *config, rep *Report, de *daemonEnv, ours
 		op         string
 		ours, peer Samples
 		p, target  float64
-	}{{"add", oa, pa, 50, 0.25}, {"add", oa, pa, 99, 0}, {"del", od, pd, 50, 0.25}, {"del", od, pd, 99, 0}} {
+	}{{"add", oa, pa, 50, 0.5}, {"add", oa, pa, 99, 0}, {"del", od, pd, 50, 0.5}, {"del", od, pd, 99, 0}} {
 		note := note
 		if x.target == 0 {
 			note += "; no target"
 		}
 		rep.Add(Result{Name: fmt.Sprintf("cni-%s-p%g", x.op, x.p), Unit: "ms", Ours: x.ours.Pct(x.p), Peer: x.peer.Pct(x.p),
-			Goal: AtMost, Target: x.target, Note: note, Extra: extra})
+			Goal: AtMost, Target: x.target, Note: note, Floor: floor.Pct(x.p), FloorIs: "fork-exec-true-in-host", Extra: extra})
 	}
 	logf("enforcerd-cni ADD p50 %.2f ms, DEL p50 %.2f ms; ptp ADD p50 %.2f ms, DEL p50 %.2f ms; spawn floor p50 %.2f ms; enforcerd-cni VERSION exec p50 %.2f ms; daemon's create took p50 %.2f ms",
 		oa.Pct(50), od.Pct(50), pa.Pct(50), pd.Pct(50), floor.Pct(50), version.Pct(50), created.Pct(50))

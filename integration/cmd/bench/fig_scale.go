@@ -160,7 +160,7 @@ func figScale(ctx context.Context, cfg *config, rep *Report) error {
 	}
 	name := fmt.Sprintf("scale%d", cfg.scaleHigh)
 	rep.Add(Result{Name: name + "-create-p50", Unit: "ms", Ours: high.create.total.Pct(50), Peer: low.create.total.Pct(50),
-		Goal: AtMost, Target: 1.5, Note: note, Extra: append(slices.Clone(extra),
+		Goal: AtMost, Target: 1.3, Note: note, Extra: append(slices.Clone(extra),
 			fmt.Sprintf("high_nsmgr_p50_ms=%.3f", high.create.net.Pct(50)), fmt.Sprintf("high_netpolicy_p50_ms=%.3f", high.create.fw.Pct(50)),
 			fmt.Sprintf("low_nsmgr_p50_ms=%.3f", low.create.net.Pct(50)), fmt.Sprintf("low_netpolicy_p50_ms=%.3f", low.create.fw.Pct(50)),
 			fmt.Sprintf("slowest_growing_step=%s", worst), fmt.Sprintf("its_growth_ms=%.3f", growth),
