@@ -135,6 +135,8 @@ type creation struct {
 
 	hostName      string     // <prefix><slot>h
 	gw, guestAddr netip.Addr // of the slot
+
+	resolvDone chan error // the resolv.conf write in flight (startResolvConf); nil: none
 }
 
 func (c *creation) close() {
@@ -189,7 +191,7 @@ func (c *creation) run(nic bool) error {
 		name string
 		fn   func() error
 	}{
-		{StepResolvConf, c.writeResolvConf},
+		{StepResolvConf, c.startResolvConf},
 		{StepAddVeth, c.addVeth},
 		{StepTagVeth, c.tagVeth},
 		{StepHostIPv6, c.disableHostIPv6},
@@ -213,10 +215,10 @@ func (c *creation) run(nic bool) error {
 	}
 	for _, s := range steps {
 		if err := c.step(s.name, s.fn); err != nil {
-			return err
+			return errors.Join(err, c.waitResolvConf())
 		}
 	}
-	return nil
+	return c.waitResolvConf()
 }
 
 func (c *creation) allocate() error {
@@ -367,12 +369,29 @@ func (c *creation) addDefaultRoute() error {
 	return nil
 }
 
-// writeResolvConf writes the session's resolv.conf; the undo removes it
-// (and its directory when empty) even after a partial write.
-func (c *creation) writeResolvConf() error {
+// startResolvConf writes the session's resolv.conf on a goroutine of its
+// own while the netlink steps run (file system work beside rtnetlink work:
+// the two share nothing); run waits for it before it returns, also on
+// failure, so the undo (which removes the file and its directory when
+// empty, even after a partial write) never races the write.
+func (c *creation) startResolvConf() error {
 	m, name := c.m, c.name
 	c.undo.Push("resolv.conf "+m.ResolvConfPath(name), func() error { return m.removeResolvConf(name) })
-	return m.writeResolvConf(name)
+	done := make(chan error, 1)
+	c.resolvDone = done
+	go func() { done <- m.writeResolvConf(name) }()
+	return nil
+}
+
+// waitResolvConf waits for startResolvConf's write, if one was started,
+// and returns its error.
+func (c *creation) waitResolvConf() error {
+	if c.resolvDone == nil {
+		return nil
+	}
+	err := <-c.resolvDone
+	c.resolvDone = nil
+	return err
 }
 
 func addAddr(h *netlink.Handle, link netlink.Link, a netip.Addr) error {
