@@ -337,19 +337,18 @@ func (c *creation) tagVeth() error {
 // address (lockARP). A sysctl is the only interface for disable_ipv6,
 // resolved from the host netns's conf directory opened once (a full
 // /proc/sys path costs a lookup that grows with the number of netns, see
-// sysctl.go), on a thread in the host netns; the ARP settings go over
-// netlink from the same thread.
+// sysctl.go; below that directory a lookup stays in its netns, whatever
+// the calling thread's); the ARP settings go over the host netns's
+// rtnetlink socket, also opened once. Neither needs a thread switched into
+// the host netns.
 func (c *creation) disableHostIPv6() error {
-	idx := c.host.Attrs().Index
-	return Do(c.m.cfg.HostNS, func() error {
-		if err := disableHostIfaceIPv6(c.m.hostConf, c.hostName); err != nil {
-			return fmt.Errorf("disable ipv6 on %s: %w", c.hostName, err)
-		}
-		if err := lockARP(idx); err != nil {
-			return fmt.Errorf("%s: %w", c.hostName, err)
-		}
-		return nil
-	})
+	if err := disableHostIfaceIPv6(c.m.hostConf, c.hostName); err != nil {
+		return fmt.Errorf("disable ipv6 on %s: %w", c.hostName, err)
+	}
+	if err := lockARP(c.m.hostRoute, c.host.Attrs().Index); err != nil {
+		return fmt.Errorf("%s: %w", c.hostName, err)
+	}
+	return nil
 }
 
 func (c *creation) addGuestAddr() error {

@@ -9,6 +9,7 @@ import (
 	"sync"
 
 	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netlink/nl"
 	"github.com/vishvananda/netns"
 )
 
@@ -103,6 +104,11 @@ type Manager struct {
 	// the host side's disable_ipv6 is resolved from it (see sysctl.go).
 	// nil without IPv6.
 	hostConf *os.File
+	// hostRoute is a rtnetlink socket in the daemon netns, opened once, for
+	// the requests the netlink library has no call for (lockARP): without
+	// it each request would open, bind and close a socket of its own on a
+	// thread switched into the daemon netns.
+	hostRoute *nl.SocketHandle
 }
 
 // New validates cfg and returns a Manager. It changes nothing in the
@@ -136,18 +142,30 @@ func New(cfg Config) (*Manager, error) {
 		return nil, fmt.Errorf("host netns: %w", err)
 	}
 	var conf *os.File
-	if err := Do(cfg.HostNS, func() (err error) { conf, err = openHostConfDir(); return err }); err != nil {
+	var route *nl.SocketHandle
+	err = Do(cfg.HostNS, func() (err error) {
+		if conf, err = openHostConfDir(); err != nil {
+			return err
+		}
+		route, err = openRouteSocket()
+		return err
+	})
+	if err != nil {
+		if conf != nil {
+			conf.Close()
+		}
 		h.Close()
 		return nil, fmt.Errorf("host netns: %w", err)
 	}
 	return &Manager{
-		cfg:      cfg,
-		host:     h,
-		geo:      geo,
-		ipam:     ipam,
-		sessions: map[string]Session{},
-		creating: map[string]bool{},
-		hostConf: conf,
+		cfg:       cfg,
+		host:      h,
+		geo:       geo,
+		ipam:      ipam,
+		sessions:  map[string]Session{},
+		creating:  map[string]bool{},
+		hostConf:  conf,
+		hostRoute: route,
 		prep: preparedPool{
 			names: map[string]bool{},
 			wake:  make(chan struct{}, 1),
@@ -175,6 +193,9 @@ func (m *Manager) Close() error {
 	m.host.Close()
 	if m.hostConf != nil {
 		m.hostConf.Close()
+	}
+	if m.hostRoute != nil {
+		m.hostRoute.Close()
 	}
 	return err
 }

@@ -87,17 +87,11 @@ func (m *Manager) Recover() ([]Session, error) {
 		}
 	}
 	// Veths made by a version that did not lock ARP get it now (idempotent).
-	err = Do(m.cfg.HostNS, func() error {
-		for _, l := range owner {
-			// A veth that went away since the scan has nothing to lock.
-			if err := lockARP(l.index); err != nil && !errors.Is(err, unix.ENODEV) {
-				return fmt.Errorf("%s: %w", l.name, err)
-			}
+	for _, l := range owner {
+		// A veth that went away since the scan has nothing to lock.
+		if err := lockARP(m.hostRoute, l.index); err != nil && !errors.Is(err, unix.ENODEV) {
+			return nil, fmt.Errorf("recover: %s: %w", l.name, err)
 		}
-		return nil
-	})
-	if err != nil {
-		return nil, fmt.Errorf("recover: %w", err)
 	}
 
 	m.mu.Lock()

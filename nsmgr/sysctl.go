@@ -165,14 +165,16 @@ const (
 
 // lockARP makes the host veth with index idx answer ARP only for its own
 // address (arp_ignore=1) and source its own requests from it
-// (arp_announce=2), in the current thread's netns. Without it the veth
-// answers for every local address of the daemon's netns (other sessions'
-// gateways, the uplink, the DNS anycast address): an oracle for a sandbox
-// with NET_RAW. It is one RTM_SETLINK (IFLA_AF_SPEC / AF_INET /
-// IFLA_INET_CONF), cheaper than two /proc/sys writes whose path lookup
-// grows with the number of namespaces on the machine.
-func lockARP(idx int) error {
+// (arp_announce=2), through sock, a rtnetlink socket in the daemon netns
+// (Manager.hostRoute). Without it the veth answers for every local address
+// of the daemon's netns (other sessions' gateways, the uplink, the DNS
+// anycast address): an oracle for a sandbox with NET_RAW. It is one
+// RTM_SETLINK (IFLA_AF_SPEC / AF_INET / IFLA_INET_CONF), cheaper than two
+// /proc/sys writes whose path lookup grows with the number of namespaces
+// on the machine.
+func lockARP(sock *nl.SocketHandle, idx int) error {
 	req := nl.NewNetlinkRequest(unix.RTM_SETLINK, unix.NLM_F_ACK)
+	req.Sockets = map[int]*nl.SocketHandle{unix.NETLINK_ROUTE: sock}
 	msg := nl.NewIfInfomsg(unix.AF_UNSPEC)
 	msg.Index = int32(idx)
 	req.AddData(msg)
@@ -185,4 +187,22 @@ func lockARP(idx int) error {
 		return fmt.Errorf("set arp_ignore=1 arp_announce=2 on link %d: %w", idx, err)
 	}
 	return nil
+}
+
+// openRouteSocket opens a rtnetlink socket in the current thread's netns,
+// with the library's send and receive timeouts, for lockARP.
+func openRouteSocket() (*nl.SocketHandle, error) {
+	s, err := nl.GetNetlinkSocketAt(netns.None(), netns.None(), unix.NETLINK_ROUTE)
+	if err != nil {
+		return nil, fmt.Errorf("open rtnetlink socket: %w", err)
+	}
+	if err := s.SetSendTimeout(&nl.SocketTimeoutTv); err != nil {
+		s.Close()
+		return nil, fmt.Errorf("rtnetlink socket: %w", err)
+	}
+	if err := s.SetReceiveTimeout(&nl.SocketTimeoutTv); err != nil {
+		s.Close()
+		return nil, fmt.Errorf("rtnetlink socket: %w", err)
+	}
+	return &nl.SocketHandle{Socket: s}, nil
 }
