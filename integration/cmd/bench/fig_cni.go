@@ -38,10 +38,14 @@ func (p *enfCNI) Version() (time.Duration, error) {
 
 // daemonCreateTook collects the took= of every "created" line of the
 // daemon's log (the time the daemon spent inside a create).
-func daemonCreateTook(log string) Samples {
+func daemonCreateTook(log string) Samples { return daemonCreateTookOf(log, "") }
+
+// daemonCreateTookOf is daemonCreateTook for the sessions whose name starts
+// with prefix.
+func daemonCreateTookOf(log, prefix string) Samples {
 	var s Samples
 	for _, line := range strings.Split(log, "\n") {
-		if !strings.Contains(line, "action=created") {
+		if !strings.Contains(line, "action=created") || !strings.Contains(line, " session="+prefix) {
 			continue
 		}
 		_, v, ok := strings.Cut(line, " took=")
