@@ -291,14 +291,12 @@ func setLoUp(h *netlink.Handle, path string) error {
 // addVeth creates the veth pair from the host netns with its peer created
 // directly in the session netns: moving a link between namespaces holds
 // rtnl_lock through an RCU barrier, a scaling cliff under concurrent creates.
+// One request, whose echo names both ends' ifindexes (newVethEcho); the
+// host side is looked up by name only when the kernel sent no echo.
 func (c *creation) addVeth() error {
 	m, hostName := c.m, c.hostName
-	veth := &netlink.Veth{
-		LinkAttrs:     netlink.LinkAttrs{Name: hostName},
-		PeerName:      c.ifname,
-		PeerNamespace: netlink.NsFd(int(c.nsFD)),
-	}
-	if err := m.host.LinkAdd(veth); err != nil {
+	index, peerIndex, err := newVethEcho(m.hostRoute, hostName, c.ifname, int(c.nsFD))
+	if err != nil {
 		return fmt.Errorf("add veth %s: %w", hostName, err)
 	}
 	// Registered only now: if the add failed because the name exists, the
@@ -307,7 +305,7 @@ func (c *creation) addVeth() error {
 		_, err := deleteLinkByName(m.host, hostName)
 		return err
 	})
-	if veth.Index == 0 {
+	if index == 0 {
 		link, err := m.host.LinkByName(hostName)
 		if err != nil {
 			return fmt.Errorf("find veth %s: %w", hostName, err)
@@ -315,7 +313,8 @@ func (c *creation) addVeth() error {
 		c.host = link
 		return nil
 	}
-	c.host = veth
+	c.host = &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: hostName, Index: index}, PeerName: c.ifname}
+	c.eth0 = &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: c.ifname, Index: peerIndex}, PeerName: hostName}
 	return nil
 }
 
@@ -352,12 +351,14 @@ func (c *creation) disableHostIPv6() error {
 }
 
 func (c *creation) addGuestAddr() error {
-	eth0, err := c.guest.LinkByName(c.ifname)
-	if err != nil {
-		return fmt.Errorf("find %s in netns %s: %w", c.ifname, c.netnsName(), err)
+	if c.eth0 == nil { // no echo from the veth's creation
+		eth0, err := c.guest.LinkByName(c.ifname)
+		if err != nil {
+			return fmt.Errorf("find %s in netns %s: %w", c.ifname, c.netnsName(), err)
+		}
+		c.eth0 = eth0
 	}
-	c.eth0 = eth0
-	return addAddr(c.guest, eth0, c.guestAddr)
+	return addAddr(c.guest, c.eth0, c.guestAddr)
 }
 
 func (c *creation) addDefaultRoute() error {
