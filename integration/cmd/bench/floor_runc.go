@@ -76,12 +76,14 @@ func (f *sandboxFloor) Destroy(id string) (time.Duration, error) {
 	return took, nil
 }
 
+// destroy kills the container's init if it runs (waiting for it only
+// when the signal went out: an init that never started has nothing to
+// wait for) and removes the container, its cgroup and state.
 func (f *sandboxFloor) destroy(b *floorBox) error {
 	if st, err := b.c.Status(); err == nil && st != libcontainer.Stopped {
-		if err := b.c.Signal(os.Kill); err != nil {
-			return err
+		if err := b.c.Signal(os.Kill); err == nil {
+			b.init.Wait()
 		}
-		b.init.Wait()
 	}
 	return b.c.Destroy()
 }
