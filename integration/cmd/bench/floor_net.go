@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"net"
@@ -12,6 +13,7 @@ import (
 	"time"
 
 	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netlink/nl"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
@@ -20,23 +22,25 @@ import (
 
 // netFloor is the network create floor (issue 25): in this process, only
 // the kernel calls a session's network needs, made the way nsmgr makes them
-// (the same netlink library, one call per object) and nothing else: a new
+// (the same netlink library, one request per object, no lookup) and nothing else: a new
 // netns bind-mounted at a name, lo up, a veth pair from the simulated host
 // with its peer created in the netns, an address on each side, both sides
 // up, the guest's default route. No daemon, no policy, no state: no slot
 // allocator, no alias, no sysctl (IPv6, ARP lockdown), no resolv.conf, no
-// undo log. Its addresses come from floorPool, beside the sessions' pool in
-// the same simulated host.
+// undo log. Its addresses come from floorPool, apart from the sessions' and
+// the ptp peer's in the same simulated host.
 type netFloor struct {
-	host   *netlink.Handle // in the simulated host
-	dir    string          // where its netns are mounted
-	prefix string          // of its netns and links: unique per run
+	host   *netlink.Handle  // in the simulated host
+	route  *nl.SocketHandle // a rtnetlink socket there, for the veth's create
+	dir    string           // where its netns are mounted
+	prefix string           // of its netns and links: unique per run
 	live   map[int]bool
 }
 
-// floorPool holds the floor's /30s: slot i is 10.21.0.4i/30, the host side
-// .1, the guest .2 (nsmgr's default pool is 10.20.0.0/16).
-var floorPool = netip.MustParsePrefix("10.21.0.0/16")
+// floorPool holds the floor's /30s: slot i is 10.22.0.4i/30, the host side
+// .1, the guest .2, apart from nsmgr's default pool (10.20.0.0/16) and the
+// ptp peer's (10.21.0.0/16, peerPool) in the same simulated host.
+var floorPool = netip.MustParsePrefix("10.22.0.0/16")
 
 func newNetFloor(host netns.NsHandle, prefix string) (*netFloor, error) {
 	h, err := netlink.NewHandleAt(host)
@@ -47,7 +51,19 @@ func newNetFloor(host netns.NsHandle, prefix string) (*netFloor, error) {
 		h.Close()
 		return nil, err
 	}
-	return &netFloor{host: h, dir: nsmgr.DefaultNetnsDir, prefix: prefix, live: map[int]bool{}}, nil
+	cur, err := netns.Get()
+	if err != nil {
+		h.Close()
+		return nil, err
+	}
+	defer cur.Close()
+	s, err := nl.GetNetlinkSocketAt(host, cur, unix.NETLINK_ROUTE)
+	if err != nil {
+		h.Close()
+		return nil, fmt.Errorf("rtnetlink socket in the simulated host: %w", err)
+	}
+	return &netFloor{host: h, route: &nl.SocketHandle{Socket: s}, dir: nsmgr.DefaultNetnsDir, prefix: prefix,
+		live: map[int]bool{}}, nil
 }
 
 func (f *netFloor) path(i int) string     { return filepath.Join(f.dir, f.prefix+"-"+strconv.Itoa(i)) }
@@ -111,27 +127,18 @@ func (f *netFloor) Create(i int) (time.Duration, error) {
 	if err := g.LinkSetUp(&netlink.Device{LinkAttrs: netlink.LinkAttrs{Name: "lo", Index: 1}}); err != nil {
 		return 0, fmt.Errorf("network floor: lo up: %w", err)
 	}
-	veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: hostName}, PeerName: nsmgr.GuestIface,
-		PeerNamespace: netlink.NsFd(int(ns))}
-	if err := f.host.LinkAdd(veth); err != nil {
+	index, peerIndex, err := f.addVeth(hostName, int(ns))
+	if err != nil {
 		return 0, fmt.Errorf("network floor: add veth %s: %w", hostName, err)
 	}
-	var host netlink.Link = veth
-	if veth.Index == 0 {
-		if host, err = f.host.LinkByName(hostName); err != nil {
-			return 0, fmt.Errorf("network floor: %w", err)
-		}
-	}
+	host := &netlink.Device{LinkAttrs: netlink.LinkAttrs{Name: hostName, Index: index}}
 	if err := f.host.AddrAdd(host, floorAddr(gw)); err != nil {
 		return 0, fmt.Errorf("network floor: address of %s: %w", hostName, err)
 	}
 	if err := f.host.LinkSetUp(host); err != nil {
 		return 0, fmt.Errorf("network floor: %s up: %w", hostName, err)
 	}
-	eth0, err := g.LinkByName(nsmgr.GuestIface)
-	if err != nil {
-		return 0, fmt.Errorf("network floor: %w", err)
-	}
+	eth0 := &netlink.Device{LinkAttrs: netlink.LinkAttrs{Name: nsmgr.GuestIface, Index: peerIndex}}
 	if err := g.AddrAdd(eth0, floorAddr(guest)); err != nil {
 		return 0, fmt.Errorf("network floor: guest address: %w", err)
 	}
@@ -142,6 +149,43 @@ func (f *netFloor) Create(i int) (time.Duration, error) {
 		return 0, fmt.Errorf("network floor: default route: %w", err)
 	}
 	return time.Since(start), nil
+}
+
+// addVeth creates the pair, its peer in the netns of nsFD, with one
+// RTM_NEWLINK whose echo (NLM_F_ECHO, Linux >= 6.3) gives both ifindexes:
+// the kernel's part of making it, without the lookups by name the netlink
+// library's LinkAdd adds (nsmgr makes it the same way).
+func (f *netFloor) addVeth(hostName string, nsFD int) (index, peerIndex int, err error) {
+	req := nl.NewNetlinkRequest(unix.RTM_NEWLINK, unix.NLM_F_CREATE|unix.NLM_F_EXCL|unix.NLM_F_ACK|unix.NLM_F_ECHO)
+	req.Sockets = map[int]*nl.SocketHandle{unix.NETLINK_ROUTE: f.route}
+	req.AddData(nl.NewIfInfomsg(unix.AF_UNSPEC))
+	req.AddData(nl.NewRtAttr(unix.IFLA_IFNAME, nl.ZeroTerminated(hostName)))
+	info := nl.NewRtAttr(unix.IFLA_LINKINFO, nil)
+	info.AddRtAttr(nl.IFLA_INFO_KIND, nl.NonZeroTerminated("veth"))
+	peer := info.AddRtAttr(nl.IFLA_INFO_DATA, nil).AddRtAttr(nl.VETH_INFO_PEER, nil)
+	nl.NewIfInfomsgChild(peer, unix.AF_UNSPEC)
+	peer.AddRtAttr(unix.IFLA_IFNAME, nl.ZeroTerminated(nsmgr.GuestIface))
+	peer.AddRtAttr(unix.IFLA_NET_NS_FD, nl.Uint32Attr(uint32(nsFD)))
+	req.AddData(info)
+	msgs, err := req.Execute(unix.NETLINK_ROUTE, unix.RTM_NEWLINK)
+	if err != nil {
+		return 0, 0, err
+	}
+	for _, m := range msgs {
+		if len(m) < unix.SizeofIfInfomsg {
+			continue
+		}
+		attrs, err := nl.ParseRouteAttr(m[unix.SizeofIfInfomsg:])
+		if err != nil {
+			return 0, 0, err
+		}
+		for _, a := range attrs {
+			if a.Attr.Type == unix.IFLA_LINK && len(a.Value) >= 4 {
+				return int(nl.DeserializeIfInfomsg(m).Index), int(binary.NativeEndian.Uint32(a.Value)), nil
+			}
+		}
+	}
+	return 0, 0, fmt.Errorf("no echo of the new link (a kernel older than 6.3?)")
 }
 
 func floorAddr(a netip.Addr) *netlink.Addr {
@@ -196,5 +240,6 @@ func (f *netFloor) Close() {
 			logf("cleanup: %v", err)
 		}
 	}
+	f.route.Close()
 	f.host.Close()
 }
