@@ -274,11 +274,31 @@ func mustCreate(t *testing.T, w *world.World, m *nsmgr.Manager, name string, nic
 	return s
 }
 
-func TestNsmgrCreateWithNIC(t *testing.T) {
+func TestNsmgrCreateWithNIC(t *testing.T) { testCreateWithNIC(t, false) }
+
+// The same on the path of a kernel before 6.3 (Debian 12's 6.1), which
+// echoes no created link: both veth ends are then looked up by name.
+func TestNsmgrCreateWithNICNoLinkEcho(t *testing.T) { testCreateWithNIC(t, true) }
+
+func testCreateWithNIC(t *testing.T, noEcho bool) {
 	w := world.New(t)
 	prefix := nsmgrPrefix(t, w)
 	checkNoLeftovers(t, prefix)
-	m := newManager(t, w, prefix, "10.20.0.0/16", nil)
+	m, err := nsmgr.New(nsmgr.Config{
+		Prefix:      prefix,
+		Pool:        netip.MustParsePrefix("10.20.0.0/16"),
+		HostNS:      w.Host,
+		EtcNetnsDir: t.TempDir(),
+		NoLinkEcho:  noEcho,
+	})
+	if err != nil {
+		t.Fatalf("nsmgr.New: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := m.Close(); err != nil {
+			t.Errorf("Close: %v", err)
+		}
+	})
 
 	s := mustCreate(t, w, m, "s1", true)
 	want := nsmgr.Session{

@@ -295,7 +295,7 @@ func setLoUp(h *netlink.Handle, path string) error {
 // host side is looked up by name only when the kernel sent no echo.
 func (c *creation) addVeth() error {
 	m, hostName := c.m, c.hostName
-	index, peerIndex, err := newVethEcho(m.hostRoute, hostName, c.ifname, int(c.nsFD))
+	index, peerIndex, err := newVethEcho(m.hostRoute, hostName, c.ifname, int(c.nsFD), !m.cfg.NoLinkEcho)
 	if err != nil {
 		return fmt.Errorf("add veth %s: %w", hostName, err)
 	}

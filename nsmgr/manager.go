@@ -47,6 +47,10 @@ type Config struct {
 	// Fault passed it): an observer for timing the steps (the bench), it
 	// cannot fail one.
 	StepStarted func(step string)
+	// NoLinkEcho is a test seam: Create asks no echo of the veth it
+	// creates, as on a kernel before 6.3 (which sends none), so that the
+	// lookups by name that such a kernel needs are exercised here too.
+	NoLinkEcho bool
 	// Prepared is how many netns the Manager keeps made and configured
 	// ahead of demand once StartPrepared is called, for Create to claim
 	// (see prepared.go); 0 disables the pool. The daemon's default is

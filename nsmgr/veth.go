@@ -16,9 +16,14 @@ import (
 // since Linux 6.3) and returns the host side's ifindex and its peer's
 // (IFLA_LINK) from the echo, which spares the two lookups by name the
 // library's LinkAdd and the guest's first step would make. Without an
-// echo (an older kernel) both are 0 and the caller looks them up.
-func newVethEcho(sock *nl.SocketHandle, hostName, peerName string, nsFD int) (index, peerIndex int, err error) {
-	req := nl.NewNetlinkRequest(unix.RTM_NEWLINK, unix.NLM_F_CREATE|unix.NLM_F_EXCL|unix.NLM_F_ACK|unix.NLM_F_ECHO)
+// echo (an older kernel, or echo false) both are 0 and the caller looks
+// them up.
+func newVethEcho(sock *nl.SocketHandle, hostName, peerName string, nsFD int, echo bool) (index, peerIndex int, err error) {
+	flags := unix.NLM_F_CREATE | unix.NLM_F_EXCL | unix.NLM_F_ACK
+	if echo {
+		flags |= unix.NLM_F_ECHO
+	}
+	req := nl.NewNetlinkRequest(unix.RTM_NEWLINK, flags)
 	req.Sockets = map[int]*nl.SocketHandle{unix.NETLINK_ROUTE: sock}
 	req.AddData(nl.NewIfInfomsg(unix.AF_UNSPEC))
 	req.AddData(nl.NewRtAttr(unix.IFLA_IFNAME, nl.ZeroTerminated(hostName)))
