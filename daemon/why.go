@@ -100,6 +100,11 @@ func (e *Engine) Why(ctx context.Context, name, dest string) (api.WhyAnswer, err
 				ans.Reason, ans.Entry, ans.Detail = ReasonGrantExpired, ent, grantExpiredDetail(ent, g)
 			}
 		}
+		if v.Verdict == api.WhyAllowed {
+			if reason, detail, ok := e.limitVerdict(s, d.addr, d.port, d.proto); ok {
+				ans.Verdict, ans.Reason, ans.Detail = e.denyVerdict(s), reason, detail
+			}
+		}
 		return ans, nil
 	}
 	return e.whyName(ctx, s, d, ans)

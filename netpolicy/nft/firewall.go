@@ -105,6 +105,9 @@ type SessionRules struct {
 	// InboundFromHost are the ports the host (the daemon's netns: the node)
 	// may open connections to in the session; none by default (inbound.go).
 	InboundFromHost []netpolicy.PortSpec
+	// Limits are the session's byte budgets and connection grants
+	// (limits.go).
+	Limits SessionLimits
 }
 
 // SessionKey identifies a session in the kernel's "sessions" set.

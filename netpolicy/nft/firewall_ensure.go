@@ -25,6 +25,8 @@ func chainDefs() []chainDef {
 		{name: chainDropPolicy},
 		{name: chainDropLimited},
 		{name: chainDropDenied},
+		{name: chainDropBudget},
+		{name: chainDropGrantUsed},
 		{name: chainDropNotAllowed},
 		{name: chainDropPort},
 		{name: chainDropSpecial},

@@ -47,6 +47,9 @@ func (f *Firewall) AddSession(r SessionRules) error {
 	if err := f.checkRules(r); err != nil {
 		return fmt.Errorf("add session %s: %w", r.Name, err)
 	}
+	if err := r.Limits.check(); err != nil {
+		return fmt.Errorf("add session %s: %w", r.Name, err)
+	}
 	// A new session on an address starts knowing nothing of it (its
 	// predecessor's removal forgot it already).
 	f.known.forgetGuest(r.Guest)
@@ -54,6 +57,16 @@ func (f *Firewall) AddSession(r SessionRules) error {
 	err := f.admin.do(func(c *nftables.Conn) error {
 		for _, se := range plan {
 			if err := addElements(c, f.schema.sets[se.set], se.elems, false); err != nil {
+				return err
+			}
+		}
+		if !r.Limits.Empty() {
+			// Added again after a restart: the counts in the kernel stay.
+			have, err := f.listLimitsLocked(c, func(g netip.Addr) bool { return g == r.Guest })
+			if err != nil {
+				return err
+			}
+			if err := f.queueLimitsLocked(c, r.Guest, r.Limits, have[r.Guest]); err != nil {
 				return err
 			}
 		}
@@ -220,6 +233,11 @@ func (f *Firewall) removeByKeyLocked(c *nftables.Conn, r SessionRules, attested 
 	if err := addElements(c, f.schema.sets[setAcctReason], reasons, true); err != nil {
 		return err
 	}
+	if !r.Limits.Empty() {
+		if err := f.queueLimitsLocked(c, r.Guest, SessionLimits{}, wantedLimits(r.Guest, r.Limits)); err != nil {
+			return err
+		}
+	}
 	return c.Flush()
 }
 
@@ -257,6 +275,19 @@ func (f *Firewall) removeGuestsLocked(c *nftables.Conn, gone func(netip.Addr) bo
 			return err
 		}
 		queued += len(del)
+	}
+	limits, err := f.listLimitsLocked(c, gone)
+	if err != nil {
+		return err
+	}
+	for g, have := range limits {
+		if have.empty() {
+			continue
+		}
+		if err := f.queueLimitsLocked(c, g, SessionLimits{}, have); err != nil {
+			return err
+		}
+		queued++
 	}
 	if queued == 0 {
 		return nil
