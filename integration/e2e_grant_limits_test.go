@@ -14,6 +14,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"regexp"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -132,7 +133,26 @@ func TestE2EGrantConnections(t *testing.T) {
 	e.update("gc", "--allow", entry, "--connections", "1")
 	e2eEcho(t, "the new grant's use", e2eDial(t, ns, entry))
 	e2eExpect(t, e2eTCP(ns, entry, e2eRejected), e2eTCP(ns, "198.18.1.11:7", e2eReach))
+
+	// Removing the session removes its chain, sets and map element.
+	if objs := e.limitObjects(t); len(objs) == 0 {
+		t.Fatal("positive control: no limit object in the table before the session's removal")
+	}
+	e.cli("session", "rm", "gc")
+	if objs := e.limitObjects(t); len(objs) != 0 {
+		t.Errorf("limit objects left after the session's removal: %v", objs)
+	}
 }
+
+// limitObjects lists the table's limit objects (chains, sets, quotas and
+// map elements named after a guest: budget_, grants_, grant_, quota_).
+func (e *e2eEnv) limitObjects(t *testing.T) []string {
+	t.Helper()
+	out := run(t, "ip", "netns", "exec", e.w.HostName, "nft", "list", "table", "inet", e.d.Prefix)
+	return limitObjectRE.FindAllString(out, -1)
+}
+
+var limitObjectRE = regexp.MustCompile(`\b(budget|grants|grant|quota)_[0-9a-f]{8}\w*`)
 
 // eventually retries check until it succeeds or 5 s pass.
 func (e *e2eEnv) eventually(what string, check func() error) {
@@ -341,5 +361,16 @@ func TestE2EBudgetStopsUpload(t *testing.T) {
 	e.update("be", "--allow", sinkAt, "--budget", "3MiB")
 	if _, ok := upload(t, e.nsPath("be"), sinkAt, 1<<20); !ok {
 		t.Errorf("the upload after the entry budget was raised did not complete")
+	}
+
+	// Removing the sessions removes their chains, quotas and map elements.
+	if objs := e.limitObjects(t); len(objs) == 0 {
+		t.Fatal("positive control: no limit object in the table before the sessions' removal")
+	}
+	for _, name := range []string{"bu", "bq", "be"} {
+		e.cli("session", "rm", name)
+	}
+	if objs := e.limitObjects(t); len(objs) != 0 {
+		t.Errorf("limit objects left after the sessions' removal: %v", objs)
 	}
 }
