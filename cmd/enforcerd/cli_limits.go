@@ -56,18 +56,20 @@ func parseByteSize(v string) (uint64, error) {
 	if err != nil || n == 0 {
 		return 0, errByteSize
 	}
-	unit := strings.TrimSuffix(strings.TrimSpace(s[i:]), "B")
-	if unit != "" && strings.HasSuffix(s, "b") {
-		return 0, errByteSize // bits are not bytes
+	unit := strings.TrimSpace(s[i:])
+	if u, ok := strings.CutSuffix(strings.ToUpper(unit), "B"); ok && u != "" {
+		unit = unit[:len(u)]
+	} else if ok {
+		unit = ""
 	}
 	mult := uint64(1)
 	if unit != "" {
-		base, binary := uint64(1000), false
-		if rest, ok := strings.CutSuffix(unit, "i"); ok {
-			unit, base, binary = rest, 1024, true
+		base := uint64(1000)
+		if rest, ok := strings.CutSuffix(strings.ToLower(unit), "i"); ok {
+			unit, base = unit[:len(rest)], 1024
 		}
 		exp := strings.Index("KMGT", strings.ToUpper(unit)) + 1
-		if len(unit) != 1 || exp == 0 || (binary && unit == "k") {
+		if len(unit) != 1 || exp == 0 {
 			return 0, errByteSize
 		}
 		for range exp {
