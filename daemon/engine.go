@@ -927,6 +927,9 @@ func createEssentials(req api.CreateRequest) map[string]any {
 	if len(req.Deny) > 0 {
 		d["deny"] = req.Deny
 	}
+	if req.EgressBudget > 0 {
+		d["egress_budget"] = req.EgressBudget
+	}
 	if req.OnDeny != "" {
 		d["on_deny"] = req.OnDeny
 	}

@@ -107,7 +107,15 @@ func (e *Engine) Why(ctx context.Context, name, dest string) (api.WhyAnswer, err
 		}
 		return ans, nil
 	}
-	return e.whyName(ctx, s, d, ans)
+	ans, err = e.whyName(ctx, s, d, ans)
+	if err == nil && ans.Verdict == api.WhyAllowed {
+		// A name's entries take no count or budget; the session's
+		// egress budget covers it all the same.
+		if reason, detail, ok := e.limitVerdict(s, netip.Addr{}, d.port, d.proto); ok {
+			ans.Verdict, ans.Reason, ans.Detail = e.denyVerdict(s), reason, detail
+		}
+	}
+	return ans, err
 }
 
 func (e *Engine) attestedOf(s *liveSession) ([]nft.AttestedAddr, error) {
