@@ -60,15 +60,10 @@ func (f *Firewall) AddSession(r SessionRules) error {
 				return err
 			}
 		}
-		if !r.Limits.Empty() {
-			// Added again after a restart: the counts in the kernel stay.
-			have, err := f.listLimitsLocked(c, func(g netip.Addr) bool { return g == r.Guest })
-			if err != nil {
-				return err
-			}
-			if err := f.queueLimitsLocked(c, r.Guest, r.Limits, have[r.Guest]); err != nil {
-				return err
-			}
+		// Added again after a restart, the limit objects keep their
+		// counts (see queueLimitsLocked).
+		if err := f.queueLimitsLocked(c, r.Guest, r.Limits, limitObjects{}); err != nil {
+			return err
 		}
 		return c.Flush()
 	})

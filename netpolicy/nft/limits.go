@@ -191,9 +191,12 @@ func (f *Firewall) grantSet(name string, size uint32) *nftables.Set {
 
 // queueLimitsLocked queues what takes the guest's limit objects from have
 // to what l wants: quotas are added or updated (an update keeps what was
-// consumed), new grant sets added (an existing one keeps its elements), the
-// two chains rewritten, and what l no longer wants deleted after the rules
-// that used it.
+// consumed), grant sets added (an existing one keeps its elements), the
+// two chains added (a no-op when they exist) and rewritten, and what l no
+// longer wants of have deleted after the rules that used it. Everything
+// l wants is added whether or not it exists (an add without NLM_F_EXCL of
+// an existing chain, set, quota or map element with the same value
+// succeeds), so have only needs to hold what may have to go.
 func (f *Firewall) queueLimitsLocked(c *nftables.Conn, g netip.Addr, l SessionLimits, have limitObjects) error {
 	t := f.schema.table
 	want := wantedLimits(g, l)
@@ -203,10 +206,8 @@ func (f *Firewall) queueLimitsLocked(c *nftables.Conn, g netip.Addr, l SessionLi
 	sets := map[string]*nftables.Set{}
 	for _, name := range sortedKeys(want.sets) {
 		s := f.grantSet(name, want.sets[name])
-		if _, ok := have.sets[name]; !ok {
-			if err := c.AddSet(s, nil); err != nil {
-				return fmt.Errorf("encode set %s: %w", name, err)
-			}
+		if err := c.AddSet(s, nil); err != nil {
+			return fmt.Errorf("encode set %s: %w", name, err)
 		}
 		sets[name] = s
 	}
@@ -224,18 +225,13 @@ func (f *Firewall) queueLimitsLocked(c *nftables.Conn, g netip.Addr, l SessionLi
 		elem := []nftables.SetElement{{Key: ipKey(g), VerdictData: &expr.Verdict{Kind: expr.VerdictJump, Chain: ch.name}}}
 		switch {
 		case ch.want:
-			if ch.have {
-				c.FlushChain(chain)
-			} else {
-				c.AddChain(chain)
-			}
+			c.AddChain(chain)
+			c.FlushChain(chain)
 			for _, r := range ch.rules {
 				c.AddRule(&nftables.Rule{Table: t, Chain: chain, Exprs: r})
 			}
-			if !ch.have {
-				if err := addElements(c, f.schema.sets[ch.vmap], elem, false); err != nil {
-					return err
-				}
+			if err := addElements(c, f.schema.sets[ch.vmap], elem, false); err != nil {
+				return err
 			}
 		case ch.have:
 			c.FlushChain(chain)
