@@ -57,7 +57,8 @@ type ruleEnv struct {
 	set      func(name string) *nftables.Set
 }
 
-// Every rule of the table, in order. The chains never change per session.
+// Every rule of the table, in order. The chains never change per session
+// (a session's counted limits have chains of their own: limits.go).
 //
 //	raw_prerouting (filter hook prerouting, priority raw: before conntrack)
 //	  iifname "P*" meta nfproto != ipv4 drop
