@@ -27,7 +27,7 @@ import (
 //	  quota name "quota_<guest>" goto drop_budget
 //	grants_<guest>                          # new flows only (policy sees no established packet)
 //	  ct state new TARGET add @grant_<guest>_<entry>_<grant> { ip saddr . meta l4proto . th sport . ip daddr . th dport } goto accept_new
-//	  TARGET goto drop_grant_used
+//	  ct state new TARGET goto drop_grant_used
 //
 // A session without limits has no element in either map: it pays one hash
 // lookup per packet (from_session) and one per new flow (policy), nothing
@@ -368,7 +368,10 @@ func (env ruleEnv) grantRules(g netip.Addr, l SessionLimits, sets map[string]*nf
 			add = append(add, loadDport(reg32(4))...)
 			add = append(add, &expr.Dynset{SrcRegKey: reg32(0), SetName: s.Name, SetID: s.ID, Operation: unix.NFT_DYNSET_OP_ADD},
 				&expr.Verdict{Kind: expr.VerdictGoto, Chain: chainAcceptNew})
-			out = append(out, add, append(matchTarget(t), &expr.Verdict{Kind: expr.VerdictGoto, Chain: chainDropGrantUsed}))
+			// New flows only: an ICMP error the guest sends about a
+			// flow (related, judged by the policy) is no connection.
+			refuse := append(ctStateIn(expr.CtStateBitNEW), matchTarget(t)...)
+			out = append(out, add, append(refuse, &expr.Verdict{Kind: expr.VerdictGoto, Chain: chainDropGrantUsed}))
 		}
 	}
 	return out
