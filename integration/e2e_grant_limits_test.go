@@ -392,3 +392,74 @@ func TestE2EBudgetStopsUpload(t *testing.T) {
 		t.Errorf("limit objects left after the sessions' removal: %v", objs)
 	}
 }
+
+// TestE2EGrantCountsAFlowOnce: a flow is one use whatever its packets. A
+// UDP flow the server never answers stays new to conntrack, so each of its
+// datagrams goes through the grant's rule: with --connections 1, all four
+// datagrams of the first flow pass (the same 5-tuple added again: one use)
+// while a second flow from another port, the control that the grant is
+// spent, is refused (grant-used) and the server never sees it.
+func TestE2EGrantCountsAFlowOnce(t *testing.T) {
+	e := newE2E(t)
+	const at = "198.18.1.10:9"
+	srv, err := world.ListenUDP(e.w.NetPath, netip.MustParseAddrPort(at))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Close() })
+	var mu sync.Mutex
+	got := map[string]bool{}
+	go func() {
+		buf := make([]byte, 64)
+		for {
+			n, _, err := srv.ReadFrom(buf) // never answered
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			got[string(buf[:n])] = true
+			mu.Unlock()
+		}
+	}()
+	e.createNetOnly("gu", "--allow", at+"/udp", "--connections", "1")
+	ns := e.nsPath("gu")
+	dial := func() net.Conn {
+		t.Helper()
+		var c net.Conn
+		if err := world.DoPath(ns, func() (err error) { c, err = net.Dial("udp4", at); return err }); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+	first, second := dial(), dial()
+	send := func(c net.Conn, msg string) {
+		t.Helper()
+		if _, err := c.Write([]byte(msg)); err != nil {
+			t.Logf("send %s: %v", msg, err) // a refused datagram may come back as an error on the next write
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	send(first, "a1")
+	send(first, "a2")
+	send(second, "b1")
+	send(first, "a3")
+	send(second, "b2")
+	send(first, "a4")
+	time.Sleep(300 * time.Millisecond)
+	mu.Lock()
+	defer mu.Unlock()
+	for _, m := range []string{"a1", "a2", "a3", "a4"} {
+		if !got[m] {
+			t.Errorf("datagram %s of the granted flow did not arrive (got %v)", m, got)
+		}
+	}
+	for _, m := range []string{"b1", "b2"} {
+		if got[m] {
+			t.Errorf("datagram %s of a second flow arrived under a spent grant of 1", m)
+		}
+	}
+	if n := remaining(t, e.inspect("gu"), 0, at+"/udp"); n != 0 {
+		t.Errorf("remaining: %d, want 0", n)
+	}
+}
