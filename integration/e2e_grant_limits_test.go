@@ -8,6 +8,7 @@ package integration
 // kill -9 keep them.
 
 import (
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -24,6 +25,9 @@ import (
 
 	"github.com/enforcerd/enforcerd/api"
 	"github.com/enforcerd/enforcerd/integration/world"
+	"github.com/enforcerd/enforcerd/netpolicy"
+	"github.com/enforcerd/enforcerd/netpolicy/nft"
+	"github.com/enforcerd/enforcerd/nsmgr"
 )
 
 // restartWith stops the daemon with sig and starts it again.
@@ -461,5 +465,54 @@ func TestE2EGrantCountsAFlowOnce(t *testing.T) {
 	}
 	if n := remaining(t, e.inspect("gu"), 0, at+"/udp"); n != 0 {
 		t.Errorf("remaining: %d, want 0", n)
+	}
+}
+
+// TestE2ERestartPrunesOrphanedLimits: limit objects of a guest no session
+// has (planted as a crash could leave them) are removed by the next
+// start's prune, while a live session's stay and keep counting.
+func TestE2ERestartPrunesOrphanedLimits(t *testing.T) {
+	e := newE2E(t)
+	live := e.createNetOnly("lv", "--allow", "198.18.1.10:7", "--connections", "5", "--egress-budget", "1MB")
+	fw, err := nft.OpenFirewall(nft.FirewallConfig{NetNS: e.w.Host, Prefix: e.d.Prefix,
+		Pool: nsmgr.DefaultPool, DNSAddr: netip.MustParseAddr("10.20.255.254")})
+	if err != nil {
+		t.Fatalf("open the daemon's table: %v", err)
+	}
+	defer fw.Close()
+	orphan := netip.MustParseAddr("10.20.1.146") // slot 100's guest: no session has it
+	target := []netpolicy.Target{{Prefix: netip.MustParsePrefix("198.18.1.10/32"), Port: 7, Proto: netpolicy.ProtoTCP}}
+	err = fw.AddSession(nft.SessionRules{Name: "orphan", HostIface: e.d.Prefix + "zz", Guest: orphan, Egress: netpolicy.ModeAllowlist,
+		Limits: nft.SessionLimits{EgressBudget: 1000, Entries: []nft.EntryLimit{{ID: "aa", Targets: target, Budget: 10, Connections: 2, Grant: "0"}}}})
+	if err != nil {
+		t.Fatalf("plant an orphan's limits: %v", err)
+	}
+	tag := hex.EncodeToString(orphan.AsSlice())
+	owned := func(tag string) int {
+		n := 0
+		for _, o := range e.limitObjects(t) {
+			if strings.Contains(o, tag) {
+				n++
+			}
+		}
+		return n
+	}
+	liveTag := hex.EncodeToString(netip.MustParseAddr(live.GuestIP).AsSlice())
+	if owned(tag) == 0 || owned(liveTag) == 0 {
+		t.Fatalf("positive control: the orphan's and the live session's limit objects are not in the table: %v", e.limitObjects(t))
+	}
+	e.restartWith(syscall.SIGTERM)
+	e.eventually("the orphan's limit objects pruned", func() error {
+		if n := owned(tag); n != 0 {
+			return fmt.Errorf("%d left: %v", n, e.limitObjects(t))
+		}
+		return nil
+	})
+	if owned(liveTag) == 0 {
+		t.Errorf("the live session's limit objects went with the orphan's")
+	}
+	e2eEcho(t, "the live session's grant after the prune", e2eDial(t, e.nsPath("lv"), "198.18.1.10:7"))
+	if n := remaining(t, e.inspect("lv"), 0, "198.18.1.10:7"); n != 4 {
+		t.Errorf("remaining after one connection: %d, want 4", n)
 	}
 }
