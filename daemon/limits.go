@@ -128,19 +128,19 @@ func (e *Engine) limitViews(s *liveSession, in *api.SessionInfo) {
 }
 
 // limitVerdict is session why's answer for a destination the policy
-// allows but a limit refuses: the entry whose grant is used up or whose
-// budget (or the session's) is spent.
-func (e *Engine) limitVerdict(s *liveSession, a netip.Addr, port uint16, proto netpolicy.Proto) (reason, detail string, ok bool) {
+// allows but a limit refuses: the session's budget spent (entry ""), or
+// the entry whose grant is used up or whose budget is spent.
+func (e *Engine) limitVerdict(s *liveSession, a netip.Addr, port uint16, proto netpolicy.Proto) (reason, entry, detail string, ok bool) {
 	lim := e.limitsOf(s.rec, s.policy)
 	if lim.nft.Empty() {
-		return "", "", false
+		return "", "", "", false
 	}
 	use, err := e.fw.LimitUsage(s.rec.Guest, lim.nft)
 	if err != nil {
-		return "", "", false
+		return "", "", "", false
 	}
 	if b := lim.nft.EgressBudget; b > 0 && use.EgressSpent >= b {
-		return ReasonBudget, fmt.Sprintf("the session's egress budget of %d bytes is spent (%d counted)", b, use.EgressSpent), true
+		return ReasonBudget, "", fmt.Sprintf("the session's egress budget of %d bytes is spent (%d counted): raise it with an update (--egress-budget SIZE)", b, use.EgressSpent), true
 	}
 	for _, le := range lim.entries {
 		t := le.limit.Targets[0]
@@ -149,13 +149,13 @@ func (e *Engine) limitVerdict(s *liveSession, a netip.Addr, port uint16, proto n
 		}
 		u := use.Entries[le.limit.ID]
 		if le.limit.Connections > 0 && u.Used >= le.limit.Connections {
-			return ReasonGrantUsed, fmt.Sprintf("the grant of %q allowed %d connections and all are used: grant more with an update (--allow %s --connections N)", le.entry, le.limit.Connections, le.entry), true
+			return ReasonGrantUsed, le.entry, fmt.Sprintf("the grant of %q allowed %d connections and all are used: grant more with an update (--allow %s --connections N)", le.entry, le.limit.Connections, le.entry), true
 		}
 		if le.limit.Budget > 0 && u.Spent >= le.limit.Budget {
-			return ReasonBudget, fmt.Sprintf("the byte budget of %q (%d bytes) is spent (%d counted): raise it with an update (--allow %s --budget SIZE)", le.entry, le.limit.Budget, u.Spent, le.entry), true
+			return ReasonBudget, le.entry, fmt.Sprintf("the byte budget of %q (%d bytes) is spent (%d counted): raise it with an update (--allow %s --budget SIZE)", le.entry, le.limit.Budget, u.Spent, le.entry), true
 		}
 	}
-	return "", "", false
+	return "", "", "", false
 }
 
 // limitEvents dedupes the operator events of limits reached: one per
@@ -190,6 +190,33 @@ func (l *limitEvents) forget(name string) {
 	}
 }
 
+// seedLimitsReached marks the limits an adopted session had already
+// reached before the restart (the kernel's counts say so): their event was
+// recorded then, and a restart does not make a second.
+func (e *Engine) seedLimitsReached(rec SessionRecord, p netpolicy.Policy) {
+	lim := e.limitsOf(rec, p)
+	if lim.nft.Empty() {
+		return
+	}
+	use, err := e.fw.LimitUsage(rec.Guest, lim.nft)
+	if err != nil {
+		e.log.Warn("read limits", "session", rec.Name, "err", err)
+		return
+	}
+	if b := lim.nft.EgressBudget; b > 0 && use.EgressSpent >= b {
+		e.limitsReached.first(rec.Name + "\x00" + ReasonBudget + "\x00")
+	}
+	for _, le := range lim.entries {
+		u := use.Entries[le.limit.ID]
+		if le.limit.Connections > 0 && u.Used >= le.limit.Connections {
+			e.limitsReached.first(rec.Name + "\x00" + ReasonGrantUsed + "\x00" + le.entry)
+		}
+		if le.limit.Budget > 0 && u.Spent >= le.limit.Budget {
+			e.limitsReached.first(rec.Name + "\x00" + ReasonBudget + "\x00" + le.entry)
+		}
+	}
+}
+
 // limitReached records, once per session and limit until an update
 // changes its limits, the operator event of a limit reached (grant_used,
 // budget_spent), and reports whether the drop line makes a flow event:
@@ -202,13 +229,10 @@ func (e *Engine) limitReached(name string, fl nft.DroppedFlow) bool {
 	e.mu.Unlock()
 	entry := ""
 	if ok {
-		for _, le := range e.limitsOf(s.rec, s.policy).entries {
-			t := le.limit.Targets[0]
-			if t.Prefix.Contains(fl.Dst) && (t.Port == 0 || t.Port == fl.DstPort) &&
-				((fl.Reason == ReasonGrantUsed && le.limit.Connections > 0) || (fl.Reason == ReasonBudget && le.limit.Budget > 0)) {
-				entry = le.entry
-				break
-			}
+		// The kernel's counts say which limit refused it (a line's
+		// reason is budget for the session's budget and an entry's).
+		if reason, ent, _, ok := e.limitVerdict(s, fl.Dst, fl.DstPort, netpolicy.Proto(fl.Proto)); ok && reason == fl.Reason {
+			entry = ent
 		}
 	}
 	first := e.limitsReached.first(name + "\x00" + fl.Reason + "\x00" + entry)

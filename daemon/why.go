@@ -101,8 +101,11 @@ func (e *Engine) Why(ctx context.Context, name, dest string) (api.WhyAnswer, err
 			}
 		}
 		if v.Verdict == api.WhyAllowed {
-			if reason, detail, ok := e.limitVerdict(s, d.addr, d.port, d.proto); ok {
+			if reason, entry, detail, ok := e.limitVerdict(s, d.addr, d.port, d.proto); ok {
 				ans.Verdict, ans.Reason, ans.Detail = e.denyVerdict(s), reason, detail
+				if entry != "" {
+					ans.Entry = entry
+				}
 			}
 		}
 		return ans, nil
@@ -111,7 +114,7 @@ func (e *Engine) Why(ctx context.Context, name, dest string) (api.WhyAnswer, err
 	if err == nil && ans.Verdict == api.WhyAllowed {
 		// A name's entries take no count or budget; the session's
 		// egress budget covers it all the same.
-		if reason, detail, ok := e.limitVerdict(s, netip.Addr{}, d.port, d.proto); ok {
+		if reason, _, detail, ok := e.limitVerdict(s, netip.Addr{}, d.port, d.proto); ok {
 			ans.Verdict, ans.Reason, ans.Detail = e.denyVerdict(s), reason, detail
 		}
 	}

@@ -54,6 +54,18 @@ func (e *e2eEnv) eventLines(name, action string) []string {
 	return out
 }
 
+// flowLines returns the session's flow events with the given reason.
+func (e *e2eEnv) flowLines(name, reason string) []string {
+	e.t.Helper()
+	var out []string
+	for _, l := range strings.Split(e.cli("session", "events", name), "\n") {
+		if strings.Contains(l, `"kind":"flow"`) && strings.Contains(l, `"reason":"`+reason+`"`) {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
 // remaining is what inspect says the session's grant i has left for entry.
 func remaining(t *testing.T, in api.SessionInfo, i int, entry string) uint32 {
 	t.Helper()
@@ -120,18 +132,26 @@ func TestE2EGrantConnections(t *testing.T) {
 		if len(e.eventLines("gc", "grant_used")) != 1 {
 			return errors.New("no grant_used event yet")
 		}
-		for _, l := range strings.Split(e.cli("session", "events", "gc"), "\n") {
-			if strings.Contains(l, `"kind":"flow"`) && strings.Contains(l, `"reason":"grant-used"`) {
-				return nil
-			}
+		if len(e.flowLines("gc", "grant-used")) == 0 {
+			return errors.New("no flow event with reason grant-used")
 		}
-		return errors.New("no flow event with reason grant-used")
+		return nil
 	})
 
+	refusals := len(e.flowLines("gc", "grant-used"))
 	e.restartWith(syscall.SIGTERM)
 	e2eExpect(t, e2eTCP(ns, entry, e2eRejected))
+	e.eventually("a grant-used flow event after the restart (the control: the refusal was read)", func() error {
+		if len(e.flowLines("gc", "grant-used")) <= refusals {
+			return errors.New("none")
+		}
+		return nil
+	})
 	if n := remaining(t, e.inspect("gc"), 0, entry); n != 0 {
 		t.Errorf("remaining after a restart: %d, want 0", n)
+	}
+	if evs := e.eventLines("gc", "grant_used"); len(evs) != 1 {
+		t.Errorf("grant_used events after a restart and another refusal: %d, want still 1:\n%s", len(evs), strings.Join(evs, "\n"))
 	}
 	// A new grant of the entry: a fresh count of one.
 	e.update("gc", "--allow", entry, "--connections", "1")
@@ -368,6 +388,10 @@ func TestE2EBudgetStopsUpload(t *testing.T) {
 		t.Errorf("the egress budget after a kill -9 and a restart: %+v, want %d spent", b, spent)
 	}
 	e2eExpect(t, e2eTCP(ns, sinkAt, e2eRejected))
+	time.Sleep(500 * time.Millisecond) // the refusal's line, read
+	if evs := e.eventLines("bu", "budget_spent"); len(evs) != 1 {
+		t.Errorf("budget_spent events after the restarts and another refusal: %d, want still 1:\n%s", len(evs), strings.Join(evs, "\n"))
+	}
 
 	// Raised: 4 MiB more than spent lets a 1 MiB upload through.
 	e.update("bu", "--egress-budget", "5MiB")
