@@ -195,6 +195,7 @@ func OpenFirewall(cfg FirewallConfig) (*Firewall, error) {
 	f.admin.nsFd, f.attest.nsFd, f.flows.NetNS, f.reads.NetNS = fd, fd, fd, fd
 	f.flows.Closed, f.reads.Closed = ErrClosed, ErrClosed
 	f.flows.onError = cfg.OnFlowFlushError
+	f.flows.afterFlush = f.forgetReturns
 	f.attests = newGroupCommit(attestBatchMax, f.flushAttests)
 	if cfg.AttestMaxLifetime > 0 {
 		f.attested.refresh, f.attested.maxLife = f.floor, cfg.AttestMaxLifetime
