@@ -94,6 +94,10 @@ func TestE2EGrantConnections(t *testing.T) {
 		t.Fatalf("grants after create: %+v", in.Policy.Grants)
 	}
 	e.update("gc", "--allow", "198.18.1.11")
+	// A name takes no count: refused in one line naming it, nothing changed.
+	if msg := e.expectFail(1, "session", "update", "gc", "--allow", "api.e2e.test", "--connections", "2"); !strings.Contains(msg, `allow "api.e2e.test" with connections or a budget: want an address or CIDR entry`) {
+		t.Errorf("--connections for a name: %s", msg)
+	}
 	e.createNetOnly("other", "--allow", entry)
 	ns, other := e.nsPath("gc"), e.nsPath("other")
 	if n := remaining(t, e.inspect("gc"), 0, entry); n != 3 {
