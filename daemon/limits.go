@@ -105,6 +105,11 @@ func (e *Engine) checkGrantEntries(allow []string, ask grantAsk) error {
 		if ent.Kind != netpolicy.KindCIDR {
 			return badRequest(fmt.Errorf("allow %q with connections or a budget: want an address or CIDR entry (a name's connections and bytes are not counted)", raw))
 		}
+		if ask.connections > 0 && netpolicy.IsResolverPort(ent.Port) {
+			// The table sends DNS and DoT to the resolver chain before
+			// the grants: such a flow would pass uncounted.
+			return badRequest(fmt.Errorf("allow %q with connections: want a port other than 53 and 853 (DNS and DoT flows are not counted)", raw))
+		}
 	}
 	return nil
 }

@@ -22,6 +22,10 @@ func TestLimitsFromGrants(t *testing.T) {
 	if want := `allow "a.example.com" with connections or a budget: want an address or CIDR entry (a name's connections and bytes are not counted)`; err == nil || err.Error() != want || api.StatusOf(err) != 400 {
 		t.Errorf("connections for a name: %v, want %s", err, want)
 	}
+	_, err = w.d.Create(ctx, api.CreateRequest{Name: "l0", NetworkOnly: true, Allow: []string{"93.184.216.1:53"}, Connections: 3})
+	if want := `allow "93.184.216.1:53" with connections: want a port other than 53 and 853 (DNS and DoT flows are not counted)`; err == nil || err.Error() != want || api.StatusOf(err) != 400 {
+		t.Errorf("connections for a resolver port: %v, want %s", err, want)
+	}
 	in, err := w.d.Create(ctx, api.CreateRequest{Name: "l1", NetworkOnly: true, Allow: []string{"93.184.216.1:443", "93.184.216.0/28"}, Connections: 3, Budget: 1000, EgressBudget: 5000})
 	if err != nil {
 		t.Fatal(err)
