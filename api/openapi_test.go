@@ -216,6 +216,7 @@ var schemaTypes = map[string]reflect.Type{
 	"PolicyUpdate":      reflect.TypeFor[api.PolicyUpdate](),
 	"PolicyChange":      reflect.TypeFor[api.PolicyChange](),
 	"GrantView":         reflect.TypeFor[api.GrantView](),
+	"BudgetView":        reflect.TypeFor[api.BudgetView](),
 	"AttestedAddr":      reflect.TypeFor[api.AttestedAddr](),
 	"Counters":          reflect.TypeFor[api.Counters](),
 	"ExecRequest":       reflect.TypeFor[api.ExecRequest](),

@@ -44,6 +44,15 @@ type PolicyUpdate struct {
 	// CreateRequest.AllowFor; KeepEstablished then also applies to the
 	// grant's end.
 	AllowFor string `json:"allow_for,omitempty"`
+	// Connections and Budget make this update's Allow entries a grant
+	// with a count or a byte budget, as CreateRequest's. A grant for an
+	// entry that had one replaces its count (fresh) or its budget (what
+	// was spent stays spent: raise the budget to let traffic flow again).
+	Connections uint32 `json:"connections,omitempty"`
+	Budget      uint64 `json:"budget,omitempty"`
+	// EgressBudget, when not 0, sets the session's byte budget (raising
+	// it lets traffic flow again; what was spent stays spent).
+	EgressBudget uint64 `json:"egress_budget,omitempty"`
 }
 
 // PolicyEngine is the part of the Engine that changes a running

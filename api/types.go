@@ -80,15 +80,46 @@ type CreateRequest struct {
 	// KeepEstablished (with AllowFor only): the grant's end leaves the
 	// established flows under its entries alone.
 	KeepEstablished bool `json:"keep_established,omitempty"`
+	// Connections makes this call's Allow entries (addresses and CIDRs)
+	// a grant of that many new flows each, counted in the kernel; the
+	// next is refused (reason grant-used).
+	Connections uint32 `json:"connections,omitempty"`
+	// Budget gives each of this call's Allow entries (addresses and
+	// CIDRs) a byte budget: the bytes the guest may send to it, counted
+	// in the kernel (IP packet lengths); once spent, new and established
+	// packets to it are refused (reason budget).
+	Budget uint64 `json:"budget,omitempty"`
+	// EgressBudget is the bytes the guest may send in all (every
+	// forwarded packet's IP length); once spent, everything it sends is
+	// refused (reason budget). 0: none.
+	EgressBudget uint64 `json:"egress_budget,omitempty"`
 }
 
 // GrantView is one grant with an end (PolicyView.Grants): the entries,
 // when they expire, and, once they did, when.
 type GrantView struct {
-	Entries         []string   `json:"entries"`
-	Deadline        time.Time  `json:"deadline"`
+	Entries []string `json:"entries"`
+	// Deadline is absent for a grant without an end (allow_for).
+	Deadline        *time.Time `json:"deadline,omitempty"`
 	KeepEstablished bool       `json:"keep_established,omitempty"`
 	Ended           *time.Time `json:"ended,omitempty"`
+	// Connections is each entry's count of new flows (0: none); Remaining
+	// says, per entry, how many are left, read from the kernel (absent
+	// when the grant no longer limits the entry: revoked, or a later
+	// grant of the same entry replaced its count).
+	Connections uint32            `json:"connections,omitempty"`
+	Remaining   map[string]uint32 `json:"remaining,omitempty"`
+	// Budget is each entry's byte budget (0: none); Spent says, per entry,
+	// the bytes counted so far (absent when the grant no longer limits it).
+	Budget uint64            `json:"budget,omitempty"`
+	Spent  map[string]uint64 `json:"spent,omitempty"`
+}
+
+// BudgetView is a byte budget and what is spent of it (PolicyView).
+type BudgetView struct {
+	Bytes uint64 `json:"bytes"`
+	Spent uint64 `json:"spent"`
+	Left  uint64 `json:"left"`
 }
 
 // VMView is how a VM guest joins its session (SessionInfo.VM): the VMM
@@ -170,8 +201,12 @@ type PolicyView struct {
 	Locked     bool   `json:"locked,omitempty"`
 	// Updated is the last update, absent until the first.
 	Updated *PolicyChange `json:"updated,omitempty"`
-	// Grants are the grants with an end (allow_for), ended ones included.
+	// Grants are the grants with an end (allow_for), a count
+	// (connections) or a byte budget (budget), ended ones included.
 	Grants []GrantView `json:"grants,omitempty"`
+	// EgressBudget is the session's byte budget (egress_budget), absent
+	// without one.
+	EgressBudget *BudgetView `json:"egress_budget,omitempty"`
 }
 
 // SandboxView is what a session's sandbox holds, the defaults filled in

@@ -86,6 +86,8 @@ type Firewall interface {
 	AllAttested() (map[netip.Addr][]nft.AttestedAddr, error)
 	Counters(guest netip.Addr) (nft.Counters, error)
 	AllCounters() (map[netip.Addr]nft.Counters, error)
+	// LimitUsage reads what a session used of its counted limits.
+	LimitUsage(guest netip.Addr, l nft.SessionLimits) (nft.LimitUsage, error)
 	Check() error
 }
 
@@ -194,6 +196,8 @@ type Engine struct {
 	// deadline (grants.go); grantsStopped is set by Close.
 	grantTimers   map[string]*time.Timer
 	grantsStopped bool
+	// limitsReached dedupes the events of limits reached (limits.go).
+	limitsReached limitEvents
 }
 
 // New returns a daemon over the given parts. It changes nothing: call

@@ -104,6 +104,9 @@ func (de *dropEvents) record(fl nft.DroppedFlow) {
 		return
 	}
 	detail := flowDetail(fl, de.d.guard)
+	if (fl.Reason == netpolicy.ReasonBudget || fl.Reason == netpolicy.ReasonGrantUsed) && !de.d.limitReached(name, fl) {
+		return
+	}
 	if fl.Reason == netpolicy.ReasonNotAllowed {
 		if n, ok := de.d.names.lookup(name, fl.Dst); ok {
 			// Attested for the session, and no longer: nothing else of its

@@ -379,13 +379,17 @@ func (e *Engine) Create(ctx context.Context, req api.CreateRequest) (info api.Se
 	if req.KeepEstablished && req.AllowFor == "" {
 		return info, badRequest(errKeepWithoutGrant)
 	}
-	grant, err := newGrant(req.Allow, req.AllowFor, req.KeepEstablished, time.Now())
+	ask := grantAsk{allowFor: req.AllowFor, keep: req.KeepEstablished, connections: req.Connections, budget: req.Budget}
+	if err := e.checkGrantEntries(req.Allow, ask); err != nil {
+		return info, err
+	}
+	grant, err := newGrant(req.Allow, ask, time.Now())
 	if err != nil {
 		return info, badRequest(err)
 	}
 	// The grant is the record's; the stored request does not ask again
 	// (a fork or a re-adopt would otherwise grant anew).
-	req.AllowFor, req.KeepEstablished = "", false
+	req.AllowFor, req.KeepEstablished, req.Connections, req.Budget = "", false, 0, 0
 	defaultOnDeny(&req, &policy)
 	// Parsed as given, stored without the credentials a scope URL may
 	// carry: the record, the events and the logs never hold them.
@@ -500,8 +504,14 @@ func (e *Engine) Create(ctx context.Context, req api.CreateRequest) (info api.Se
 	e.scheduleGrants(rec)
 	e.events.Open(req.Name, req.Labels)
 	detail := createEssentials(req)
-	if grant != nil {
+	if grant != nil && grant.hasEnd() {
 		detail["grant_deadline"] = grant.Deadline
+	}
+	if grant != nil && grant.Connections > 0 {
+		detail["grant_connections"] = grant.Connections
+	}
+	if grant != nil && grant.Budget > 0 {
+		detail["grant_budget"] = grant.Budget
 	}
 	detail["egress"], detail["allow"] = string(policy.Egress), entryStrings(policy.Allow)
 	detail["guest_ip"], detail["sandbox"] = addrString(rec.Guest), rec.Sandbox
@@ -523,6 +533,7 @@ func (e *Engine) sessionRules(rec SessionRecord, p netpolicy.Policy, peers []net
 		OnDeny:    p.OnDeny,
 
 		InboundFromHost: p.InboundFromHost,
+		Limits:          e.limitsOf(rec, p).nft,
 	}
 }
 
@@ -761,7 +772,7 @@ func (e *Engine) summary(s *liveSession) api.SessionInfo {
 			Generation: max(s.rec.Generation, 1),
 			Locked:     s.rec.Request.Locked,
 			Updated:    s.rec.Updated,
-			Grants:     grantViews(s.rec.Grants),
+			Grants:     grantViews(s.rec.Grants, sessionLimits{}, nil),
 		},
 		Sandbox:     s.rec.Sandbox,
 		Rootfs:      s.rec.Request.Rootfs,
@@ -817,6 +828,7 @@ func (e *Engine) info(s *liveSession) api.SessionInfo {
 	} else {
 		e.log.Warn("read counters", "session", s.rec.Name, "err", err)
 	}
+	e.limitViews(s, &in)
 	return in
 }
 
@@ -914,6 +926,9 @@ func createEssentials(req api.CreateRequest) map[string]any {
 	}
 	if len(req.Deny) > 0 {
 		d["deny"] = req.Deny
+	}
+	if req.EgressBudget > 0 {
+		d["egress_budget"] = req.EgressBudget
 	}
 	if req.OnDeny != "" {
 		d["on_deny"] = req.OnDeny

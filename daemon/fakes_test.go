@@ -298,6 +298,9 @@ func (f *fakeFirewall) Counters(netip.Addr) (nft.Counters, error) {
 }
 func (f *fakeFirewall) AllCounters() (map[netip.Addr]nft.Counters, error) { return nil, nil }
 func (f *fakeFirewall) Check() error                                      { return nil }
+func (f *fakeFirewall) LimitUsage(netip.Addr, nft.SessionLimits) (nft.LimitUsage, error) {
+	return nft.LimitUsage{}, nil
+}
 
 func (f *fakeFirewall) render() []string {
 	var out []string

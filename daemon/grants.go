@@ -10,6 +10,7 @@ import (
 
 	"github.com/enforcerd/enforcerd/api"
 	"github.com/enforcerd/enforcerd/netpolicy"
+	"github.com/enforcerd/enforcerd/netpolicy/nft"
 )
 
 // ReasonGrantExpired is session why's reason for a destination that only
@@ -23,35 +24,56 @@ const grantRetry = time.Second
 // grantErrorRetry is how soon an expiry whose update failed tries again.
 const grantErrorRetry = 10 * time.Second
 
-// GrantRecord is one grant with an end in a session's record: the allow
-// entries of one create or update call given with allow_for, and the
-// deadline computed then. Ended is set by the update that revoked them.
+// GrantRecord is one grant in a session's record: the allow entries of one
+// create or update call given with allow_for (the deadline computed then;
+// zero without), connections or budget (limits.go). Ended is set by the
+// update that revoked them at the deadline.
 type GrantRecord struct {
 	Entries         []string   `json:"entries"`
 	Deadline        time.Time  `json:"deadline"`
 	KeepEstablished bool       `json:"keep_established,omitempty"`
 	Ended           *time.Time `json:"ended,omitempty"`
+	Connections     uint32     `json:"connections,omitempty"`
+	Budget          uint64     `json:"budget,omitempty"`
 }
+
+// hasEnd reports whether the grant has a deadline.
+func (g GrantRecord) hasEnd() bool { return !g.Deadline.IsZero() }
 
 // errKeepWithoutGrant refuses keep_established at create without
 // allow_for: there it only applies to a grant's end (an update's
 // keep_established also applies to its own revocations).
 var errKeepWithoutGrant = errors.New("keep_established at create only applies to a grant's end: want it with allow_for (--for)")
 
-// newGrant returns the grant of a call's allow entries given with
-// allowFor (a Go duration), or nil without allowFor.
-func newGrant(allow []string, allowFor string, keep bool, now time.Time) (*GrantRecord, error) {
-	if allowFor == "" {
+// grantAsk is what a create or update call asks of its allow entries.
+type grantAsk struct {
+	allowFor    string // a Go duration; "" for no end
+	keep        bool
+	connections uint32
+	budget      uint64
+}
+
+// newGrant returns the grant of a call's allow entries, or nil when the
+// call asks for no end, count or budget.
+func newGrant(allow []string, ask grantAsk, now time.Time) (*GrantRecord, error) {
+	if ask.allowFor == "" && ask.connections == 0 && ask.budget == 0 {
 		return nil, nil
 	}
-	d, err := time.ParseDuration(allowFor)
-	if err != nil || d <= 0 {
-		return nil, fmt.Errorf("allow_for %q: want a positive duration such as 90s, 10m or 2h", allowFor)
+	g := &GrantRecord{Entries: slices.Clone(allow), Connections: ask.connections, Budget: ask.budget}
+	if ask.allowFor != "" {
+		d, err := time.ParseDuration(ask.allowFor)
+		if err != nil || d <= 0 {
+			return nil, fmt.Errorf("allow_for %q: want a positive duration such as 90s, 10m or 2h", ask.allowFor)
+		}
+		if len(allow) == 0 {
+			return nil, fmt.Errorf("allow_for %q with no allow entries: want --allow ENTRY --for DURATION (it applies to the allow entries of the same call)", ask.allowFor)
+		}
+		g.Deadline, g.KeepEstablished = now.Add(d).UTC(), ask.keep
 	}
 	if len(allow) == 0 {
-		return nil, fmt.Errorf("allow_for %q with no allow entries: want --allow ENTRY --for DURATION (it applies to the allow entries of the same call)", allowFor)
+		return nil, fmt.Errorf("connections %d, budget %d with no allow entries: want --allow ENTRY with --connections N or --budget SIZE (they apply to the allow entries of the same call)", ask.connections, ask.budget)
 	}
-	return &GrantRecord{Entries: slices.Clone(allow), Deadline: now.Add(d).UTC(), KeepEstablished: keep}, nil
+	return g, nil
 }
 
 // dueGrants returns the indexes of the grants not yet ended whose
@@ -59,7 +81,7 @@ func newGrant(allow []string, allowFor string, keep bool, now time.Time) (*Grant
 func dueGrants(gs []GrantRecord, now time.Time) []int {
 	var out []int
 	for i, g := range gs {
-		if g.Ended == nil && !g.Deadline.After(now) {
+		if g.hasEnd() && g.Ended == nil && !g.Deadline.After(now) {
 			out = append(out, i)
 		}
 	}
@@ -80,18 +102,41 @@ func endDueGrants(gs []GrantRecord, now time.Time) []GrantRecord {
 func nextDeadline(gs []GrantRecord) (time.Time, bool) {
 	var next time.Time
 	for _, g := range gs {
-		if g.Ended == nil && (next.IsZero() || g.Deadline.Before(next)) {
+		if g.hasEnd() && g.Ended == nil && (next.IsZero() || g.Deadline.Before(next)) {
 			next = g.Deadline
 		}
 	}
 	return next, !next.IsZero()
 }
 
-// grantViews is how inspect shows a session's grants.
-func grantViews(gs []GrantRecord) []api.GrantView {
+// grantViews is how inspect shows a session's grants; with use (read
+// from the kernel), what each entry still limited by a grant has left.
+func grantViews(gs []GrantRecord, lim sessionLimits, use *nft.LimitUsage) []api.GrantView {
 	var out []api.GrantView
-	for _, g := range gs {
-		out = append(out, api.GrantView{Entries: g.Entries, Deadline: g.Deadline, KeepEstablished: g.KeepEstablished, Ended: g.Ended})
+	for i, g := range gs {
+		v := api.GrantView{Entries: g.Entries, KeepEstablished: g.KeepEstablished, Ended: g.Ended, Connections: g.Connections, Budget: g.Budget}
+		if g.hasEnd() {
+			d := g.Deadline
+			v.Deadline = &d
+		}
+		if use != nil {
+			for _, ent := range lim.entries {
+				u := use.Entries[ent.limit.ID]
+				if ent.connGrant == i {
+					if v.Remaining == nil {
+						v.Remaining = map[string]uint32{}
+					}
+					v.Remaining[ent.entry] = ent.limit.Connections - min(u.Used, ent.limit.Connections)
+				}
+				if ent.budgetGrant == i {
+					if v.Spent == nil {
+						v.Spent = map[string]uint64{}
+					}
+					v.Spent[ent.entry] = u.Spent
+				}
+			}
+		}
+		out = append(out, v)
 	}
 	return out
 }

@@ -15,11 +15,11 @@ import (
 
 func TestGrantParse(t *testing.T) {
 	now := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
-	g, err := newGrant([]string{"a.example.com:443"}, "10m", true, now)
+	g, err := newGrant([]string{"a.example.com:443"}, grantAsk{allowFor: "10m", keep: true}, now)
 	if err != nil || g == nil || !g.Deadline.Equal(now.Add(10*time.Minute)) || !g.KeepEstablished || !slices.Equal(g.Entries, []string{"a.example.com:443"}) {
 		t.Fatalf("10m: %+v, %v", g, err)
 	}
-	if g, err := newGrant([]string{"a.example.com"}, "", true, now); g != nil || err != nil {
+	if g, err := newGrant([]string{"a.example.com"}, grantAsk{keep: true}, now); g != nil || err != nil {
 		t.Fatalf("no allow_for (keep_established is an update's own then): %+v, %v", g, err)
 	}
 	w := newWorld(t)
@@ -27,17 +27,19 @@ func TestGrantParse(t *testing.T) {
 		t.Errorf("create with keep_established and no allow_for: %v", err)
 	}
 	for _, tc := range []struct {
-		allow    []string
-		allowFor string
-		keep     bool
-		want     string
+		allow       []string
+		allowFor    string
+		keep        bool
+		connections uint32
+		want        string
 	}{
-		{[]string{"a.example.com"}, "10", false, `allow_for "10": want a positive duration such as 90s, 10m or 2h`},
-		{[]string{"a.example.com"}, "0s", false, `allow_for "0s": want a positive duration such as 90s, 10m or 2h`},
-		{[]string{"a.example.com"}, "-1m", false, `allow_for "-1m": want a positive duration such as 90s, 10m or 2h`},
-		{nil, "10m", false, `allow_for "10m" with no allow entries: want --allow ENTRY --for DURATION (it applies to the allow entries of the same call)`},
+		{[]string{"a.example.com"}, "10", false, 0, `allow_for "10": want a positive duration such as 90s, 10m or 2h`},
+		{[]string{"a.example.com"}, "0s", false, 0, `allow_for "0s": want a positive duration such as 90s, 10m or 2h`},
+		{[]string{"a.example.com"}, "-1m", false, 0, `allow_for "-1m": want a positive duration such as 90s, 10m or 2h`},
+		{nil, "10m", false, 0, `allow_for "10m" with no allow entries: want --allow ENTRY --for DURATION (it applies to the allow entries of the same call)`},
+		{nil, "", false, 3, `connections 3, budget 0 with no allow entries: want --allow ENTRY with --connections N or --budget SIZE (they apply to the allow entries of the same call)`},
 	} {
-		if _, err := newGrant(tc.allow, tc.allowFor, tc.keep, now); err == nil || err.Error() != tc.want {
+		if _, err := newGrant(tc.allow, grantAsk{allowFor: tc.allowFor, keep: tc.keep, connections: tc.connections}, now); err == nil || err.Error() != tc.want {
 			t.Errorf("%q %v: %v, want %s", tc.allowFor, tc.allow, err, tc.want)
 		}
 	}
@@ -95,7 +97,7 @@ func TestGrantExpiresRevokes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(in.Policy.Grants) != 1 || in.Policy.Grants[0].Ended != nil || time.Until(in.Policy.Grants[0].Deadline) > time.Second {
+	if len(in.Policy.Grants) != 1 || in.Policy.Grants[0].Ended != nil || time.Until(*in.Policy.Grants[0].Deadline) > time.Second {
 		t.Fatalf("grants after the update: %+v", in.Policy.Grants)
 	}
 	if !slices.Contains(in.Policy.Allow, "b.example.com:443") {

@@ -135,6 +135,7 @@ func (e *Engine) adopt(rec SessionRecord) error {
 		if err := e.fw.AddSession(s.rules); err != nil {
 			return fmt.Errorf("re-apply rules: %v", err)
 		}
+		e.seedLimitsReached(rec, p)
 		if rec.Pending != nil {
 			if err := e.finishPending(s); err != nil {
 				return err

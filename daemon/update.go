@@ -58,7 +58,11 @@ func (e *Engine) UpdatePolicy(ctx context.Context, name string, u api.PolicyUpda
 		return info, badRequest(fmt.Errorf("session %q has egress none and no network interface: its policy cannot change (create a new session)", name))
 	}
 	now := time.Now()
-	grant, err := newGrant(u.Allow, u.AllowFor, u.KeepEstablished, now)
+	ask := grantAsk{allowFor: u.AllowFor, keep: u.KeepEstablished, connections: u.Connections, budget: u.Budget}
+	if err := e.checkGrantEntries(u.Allow, ask); err != nil {
+		return info, err
+	}
+	grant, err := newGrant(u.Allow, ask, now)
 	if err != nil {
 		return info, badRequest(err)
 	}
@@ -70,6 +74,9 @@ func (e *Engine) UpdatePolicy(ctx context.Context, name string, u api.PolicyUpda
 		// Before the policy's own checks: their complaints about what
 		// egress none takes would hide the one that matters.
 		return info, errEgressNoneUpdate
+	}
+	if u.EgressBudget > 0 || replace {
+		req.EgressBudget = u.EgressBudget
 	}
 	policy, err := e.buildPolicy(req)
 	if err != nil {
@@ -179,10 +186,21 @@ func (e *Engine) UpdatePolicy(ctx context.Context, name string, u api.PolicyUpda
 	if len(policy.InboundFromHost) > 0 {
 		detail["inbound_from_host"] = inboundStrings(policy.InboundFromHost)
 	}
-	if grant != nil {
+	if grant != nil && grant.hasEnd() {
 		detail["grant_deadline"] = grant.Deadline
 	}
+	if grant != nil && grant.Connections > 0 {
+		detail["grant_connections"] = grant.Connections
+	}
+	if grant != nil && grant.Budget > 0 {
+		detail["grant_budget"] = grant.Budget
+	}
+	if u.EgressBudget > 0 {
+		detail["egress_budget"] = u.EgressBudget
+	}
 	recorded = true
+	// A changed budget or a new grant may have limits to reach again.
+	e.limitsReached.forget(name)
 	e.recordCall(ctx, name, "policy_updated", detail, cutErr)
 	if cutErr != nil {
 		return e.summary(next), fmt.Errorf("policy of %s updated (generation %d), but: %w", name, rec.Generation, cutErr)

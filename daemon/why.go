@@ -100,9 +100,25 @@ func (e *Engine) Why(ctx context.Context, name, dest string) (api.WhyAnswer, err
 				ans.Reason, ans.Entry, ans.Detail = ReasonGrantExpired, ent, grantExpiredDetail(ent, g)
 			}
 		}
+		if v.Verdict == api.WhyAllowed {
+			if reason, entry, detail, ok := e.limitVerdict(s, d.addr, d.port, d.proto); ok {
+				ans.Verdict, ans.Reason, ans.Detail = e.denyVerdict(s), reason, detail
+				if entry != "" {
+					ans.Entry = entry
+				}
+			}
+		}
 		return ans, nil
 	}
-	return e.whyName(ctx, s, d, ans)
+	ans, err = e.whyName(ctx, s, d, ans)
+	if err == nil && ans.Verdict == api.WhyAllowed {
+		// A name's entries take no count or budget; the session's
+		// egress budget covers it all the same.
+		if reason, _, detail, ok := e.limitVerdict(s, netip.Addr{}, d.port, d.proto); ok {
+			ans.Verdict, ans.Reason, ans.Detail = e.denyVerdict(s), reason, detail
+		}
+	}
+	return ans, err
 }
 
 func (e *Engine) attestedOf(s *liveSession) ([]nft.AttestedAddr, error) {

@@ -56,7 +56,7 @@ func TestE2EGrantExpiresMidDownload(t *testing.T) {
 	if len(info.Policy.Grants) != 1 || !slices.Equal(info.Policy.Grants[0].Entries, []string{"198.18.1.10"}) || info.Policy.Grants[0].Ended != nil {
 		t.Fatalf("grants after the update: %+v", info.Policy.Grants)
 	}
-	deadline := info.Policy.Grants[0].Deadline
+	deadline := *info.Policy.Grants[0].Deadline
 	if until := time.Until(deadline); until < time.Second || until > 4*time.Second {
 		t.Fatalf("deadline %v is %v away, want about 3 s", deadline, until)
 	}
@@ -130,7 +130,7 @@ func e2eGrantAcrossRestart(t *testing.T, sig syscall.Signal) {
 	e := newE2E(t)
 	e.createNetOnly("gk", "--allow", "198.18.1.11")
 	info := e.update("gk", "--allow", "198.18.1.10", "--for", "2s")
-	deadline := info.Policy.Grants[0].Deadline
+	deadline := *info.Policy.Grants[0].Deadline
 	ns := e.nsPath("gk")
 	granted := e2eDial(t, ns, "198.18.1.10:7")
 	kept := e2eDial(t, ns, "198.18.1.11:7")

@@ -25,7 +25,9 @@
 // # Enforcement model
 //
 // One table "inet <prefix>" whose chains never change per session (see
-// buildRules for every rule). Every per-session fact is an element of a set
+// buildRules for every rule), but for the counted limits of the sessions
+// that have any (nft's limits.go: two chains, quotas and sets of their own,
+// reached through verdict maps keyed by the guest). Every per-session fact is an element of a set
 // shared by all sessions and keyed by the session's guest address: the
 // interface/address pair (anti-spoofing), public mode, lab peers, attested
 // addresses (with per-element timeouts), static targets, and per-session

@@ -14,6 +14,8 @@ const (
 	ReasonInbound        = "inbound"         // a connection opened towards the session
 	ReasonRateLimit      = "rate-limit"      // over the flow cap or the new-flow rate
 	ReasonDenied         = "denied"          // a deny entry names the destination
+	ReasonBudget         = "budget"          // the session's or the entry's byte budget is spent
+	ReasonGrantUsed      = "grant-used"      // the entry's connection grant has no use left
 )
 
 // AnsweredReason reports whether drops of reason go to the session's
@@ -29,4 +31,4 @@ func AnsweredReason(reason string) bool {
 }
 
 // Reasons lists every drop reason.
-var Reasons = []string{ReasonNotAllowed, ReasonPort, ReasonSpecialPurpose, ReasonResolver, ReasonSpoofed, ReasonInbound, ReasonRateLimit, ReasonDenied}
+var Reasons = []string{ReasonNotAllowed, ReasonPort, ReasonSpecialPurpose, ReasonResolver, ReasonSpoofed, ReasonInbound, ReasonRateLimit, ReasonDenied, ReasonBudget, ReasonGrantUsed}

@@ -314,6 +314,8 @@ func (c *cli) sessionCreate(glob *globalOpts) *cobra.Command {
 	fs.BoolVar(&req.Locked, "locked", false, "the policy never changes: every update is refused")
 	fs.StringVar(&req.AllowFor, "for", "", "make this call's --allow entries a grant that ends after `DURATION` (90s, 10m, 2h): then they are revoked as an update's --revoke revokes them")
 	fs.BoolVar(&req.KeepEstablished, "keep-established", false, "with --for: the grant's end leaves established flows alone (default: cut)")
+	limits := newLimitFlags()
+	limits.register(fs)
 	fs.StringArrayVar(&req.InboundFromHost, "inbound-from-host", nil, "let the host (the daemon's netns: the node, e.g. a kubelet's probes) open connections to `PORT` (TCP and UDP) or PORT/tcp or PORT/udp in the session, repeatable (default: none, every connection from the host is dropped)")
 	fs.Var(&egress, "egress", "egress `MODE`: none, allowlist or public (default: allowlist when something is allowed, else none)")
 	fs.BoolVar(&req.Lab, "lab", false, "make the session a lab target (an address, no egress unless given more)")
@@ -392,6 +394,9 @@ func (c *cli) sessionCreate(glob *globalOpts) *cobra.Command {
 		}
 		req.Name = sessionName
 		req.Allow = allow
+		if req.Connections, req.Budget, req.EgressBudget, err = limits.values(); err != nil {
+			return usageErr(name, "%v", err)
+		}
 		req.Scope = scope
 		req.LabPeers = labPeers
 		req.Deny = deny

@@ -51,6 +51,8 @@ with --locked refuses every update.`,
 	fs.Var(&egress, "egress", "egress `MODE`: allowlist or public (default: unchanged; with --replace, derived as at create)")
 	fs.BoolVar(&replace, "replace", false, "the given entries become the whole policy")
 	fs.BoolVar(&u.KeepEstablished, "keep-established", false, "leave established flows to revoked destinations alone (with --for, at the grant's end too)")
+	limits := newLimitFlags()
+	limits.register(fs)
 	fs.StringVar(&u.AllowFor, "for", "", "make this call's --allow entries a grant that ends after `DURATION` (90s, 10m, 2h): then they are revoked as --revoke revokes them")
 	fs.Var(&gen, "generation", "refuse the update unless the policy is at generation `N`")
 	fs.BoolVar(&asJSON, "json", false, "print the session as JSON")
@@ -68,6 +70,9 @@ with --locked refuses every update.`,
 		u.Egress = egress.value
 		u.OnDeny = onDeny.value
 		u.Generation = uint64(gen.n)
+		if u.Connections, u.Budget, u.EgressBudget, err = limits.values(); err != nil {
+			return usageErr(name, "%v", err)
+		}
 		if replace {
 			for _, r := range []struct {
 				flag   string

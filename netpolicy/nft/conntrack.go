@@ -2,8 +2,10 @@ package nft
 
 import (
 	"fmt"
+	"maps"
 	"net/netip"
 	"runtime"
+	"slices"
 	"sync"
 	"time"
 
@@ -39,6 +41,9 @@ type flowTable struct {
 	stopped chan struct{}
 	// onError reports a failed background pass (it is retried); nil drops it.
 	onError func(error)
+	// afterFlush, when set, runs after a pass deleted the batch's entries and
+	// before the guests stop being pending (a failure retries the pass).
+	afterFlush func(guests []netip.Addr) error
 }
 
 // flushRetry is how long the flusher waits after a failed pass, doubling
@@ -120,6 +125,14 @@ func (t *flowTable) flusher() {
 		// One walk for the whole batch. (Two dumps the kernel filters by
 		// address would move less data for one guest, but each is a walk.)
 		_, err := t.prune(func(a netip.Addr) bool { return batch[a] })
+		if err == nil && t.afterFlush != nil {
+			// On a thread of normal priority: it takes the admin
+			// connection's lock, which an idle thread could hold for
+			// as long as the CPUs are busy.
+			done := make(chan error, 1)
+			go func() { done <- t.afterFlush(slices.Collect(maps.Keys(batch))) }()
+			err = <-done
+		}
 		if err != nil {
 			if t.onError != nil {
 				t.onError(err)

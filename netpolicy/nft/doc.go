@@ -2,7 +2,8 @@
 // the daemon's network namespace: its rules and sets (firewall_rules.go,
 // firewall_sets.go, elements.go: the desired state as plain values, tested
 // byte for byte and against a schema), the per-session batches (AddSession,
-// RemoveSession, UpdateSession, CutFlows), the attests (group-committed,
+// RemoveSession, UpdateSession, CutFlows), the counted limits of a session
+// (limits.go: connection grants and byte budgets), the attests (group-committed,
 // with the known index that lets an answer skip the kernel and the monitor
 // that forgets what others delete), the counters, the drop log (DropLog,
 // droprules.go) and the conntrack flusher of removed sessions.

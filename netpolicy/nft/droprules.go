@@ -29,6 +29,8 @@ var dropCodes = []dropCode{
 	{netpolicy.ReasonSpoofed, 5, chainDropSpoofed},
 	{netpolicy.ReasonInbound, 6, chainDropInbound},
 	{netpolicy.ReasonDenied, 7, chainDropDenied},
+	{netpolicy.ReasonBudget, 8, chainDropBudget},
+	{netpolicy.ReasonGrantUsed, 9, chainDropGrantUsed},
 	{"", codeUnlogged, ""},
 }
 

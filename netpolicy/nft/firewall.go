@@ -105,6 +105,9 @@ type SessionRules struct {
 	// InboundFromHost are the ports the host (the daemon's netns: the node)
 	// may open connections to in the session; none by default (inbound.go).
 	InboundFromHost []netpolicy.PortSpec
+	// Limits are the session's byte budgets and connection grants
+	// (limits.go).
+	Limits SessionLimits
 }
 
 // SessionKey identifies a session in the kernel's "sessions" set.
@@ -192,6 +195,7 @@ func OpenFirewall(cfg FirewallConfig) (*Firewall, error) {
 	f.admin.nsFd, f.attest.nsFd, f.flows.NetNS, f.reads.NetNS = fd, fd, fd, fd
 	f.flows.Closed, f.reads.Closed = ErrClosed, ErrClosed
 	f.flows.onError = cfg.OnFlowFlushError
+	f.flows.afterFlush = f.forgetReturns
 	f.attests = newGroupCommit(attestBatchMax, f.flushAttests)
 	if cfg.AttestMaxLifetime > 0 {
 		f.attested.refresh, f.attested.maxLife = f.floor, cfg.AttestMaxLifetime

@@ -25,6 +25,8 @@ func chainDefs() []chainDef {
 		{name: chainDropPolicy},
 		{name: chainDropLimited},
 		{name: chainDropDenied},
+		{name: chainDropBudget},
+		{name: chainDropGrantUsed},
 		{name: chainDropNotAllowed},
 		{name: chainDropPort},
 		{name: chainDropSpecial},
@@ -183,6 +185,14 @@ func (f *Firewall) seedAttestedLocked(c *nftables.Conn) error {
 
 // compatible checks that an existing set has the shape this version needs.
 func compatible(have, want *nftables.Set) error {
+	if want.IsMap && want.DataType.Name == nftables.TypeVerdict.Name && have.IsMap && have.KeyType.Name == nftables.TypeVerdict.Name {
+		// google/nftables v0.3.0 decodes a verdict map's data type into
+		// KeyType (set.go, NFTA_SET_DATA_TYPE 0xffffff00): the key type
+		// is lost, the map and its verdicts are what can be checked.
+		h := *have
+		h.KeyType = want.KeyType
+		have = &h
+	}
 	if have.KeyType.Name != want.KeyType.Name || have.Interval != want.Interval || have.HasTimeout != want.HasTimeout {
 		return fmt.Errorf("set %s exists with type %q (interval %t, timeout %t), want %q (interval %t, timeout %t); delete the table to upgrade",
 			have.Name, have.KeyType.Name, have.Interval, have.HasTimeout, want.KeyType.Name, want.Interval, want.HasTimeout)

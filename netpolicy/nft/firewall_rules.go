@@ -57,7 +57,8 @@ type ruleEnv struct {
 	set      func(name string) *nftables.Set
 }
 
-// Every rule of the table, in order. The chains never change per session.
+// Every rule of the table, in order. The chains never change per session
+// (a session's counted limits have chains of their own: limits.go).
 //
 //	raw_prerouting (filter hook prerouting, priority raw: before conntrack)
 //	  iifname "P*" meta nfproto != ipv4 drop
@@ -206,7 +207,9 @@ func buildRules(env ruleEnv) []ruleSpec {
 	add(chainForward, toSession, ctStateIn(expr.CtStateBitESTABLISHED|expr.CtStateBitRELATED), gotoC(chainAcceptReturn))
 	add(chainForward, toSession, gotoC(chainDropInbound))
 
-	// from_session
+	// from_session. A session with a byte budget jumps to its own chain
+	// first (limits.go): its established packets are counted and cut too.
+	add(chainFromSession, v4, loadSaddr(reg1), env.vmap(setBudgetChains))
 	add(chainFromSession, ctStateIn(expr.CtStateBitESTABLISHED), gotoC(chainAccept))
 	add(chainFromSession, ctStateIn(expr.CtStateBitRELATED), gotoC(chainRelated))
 	add(chainFromSession, ctStateIn(expr.CtStateBitINVALID), gotoC(chainDrop))
@@ -237,6 +240,10 @@ func buildRules(env ruleEnv) []ruleSpec {
 	for _, pp := range resolverPorts {
 		add(chainPolicy, v4, l4protoIs(pp.Proto), loadDport(reg1), []expr.Any{cmpEq(reg1, portKey(pp.Port)[:2])}, gotoC(chainResolver))
 	}
+	// A session's connection grants (limits.go): before every accept, so a
+	// grant's count holds whatever else allows its entry; after the
+	// resolver dispatch, so a grant never opens DNS behind the proxy.
+	add(chainPolicy, v4, loadSaddr(reg1), env.vmap(setGrantChains))
 	add(chainPolicy, v4, loadSaddr(reg1), env.lookup(setPublic, reg1, false), gotoC(chainAcceptNew))
 	env.attestedRules(func(parts ...[]expr.Any) { add(chainPolicy, parts...) }, false)
 	env.attestedRules(func(parts ...[]expr.Any) { add(chainPolicy, parts...) }, true)
@@ -290,7 +297,10 @@ func buildRules(env ruleEnv) []ruleSpec {
 			k, final = guestIsDaddr, drop
 			add(d.chain, v4, env.lookupSessionOut(true), drop) // not a guest: nothing to count
 		}
-		for _, r := range env.reasonRules(d, k, d.reason != netpolicy.ReasonSpoofed, final) {
+		// A spent budget cuts established packets: log those too (the
+		// first packet over a budget is rarely a flow's first).
+		onlyNew := d.reason != netpolicy.ReasonSpoofed && d.reason != netpolicy.ReasonBudget
+		for _, r := range env.reasonRules(d, k, onlyNew, final) {
 			add(d.chain, r)
 		}
 	}
@@ -430,6 +440,12 @@ func saddrIn(p netip.Prefix) []expr.Any {
 func (env ruleEnv) lookup(set string, reg uint32, invert bool) []expr.Any {
 	s := env.set(set)
 	return []expr.Any{&expr.Lookup{SourceRegister: reg, SetName: s.Name, SetID: s.ID, Invert: invert}}
+}
+
+// vmap is "vmap @set" on the key in reg1: the element's verdict.
+func (env ruleEnv) vmap(set string) []expr.Any {
+	s := env.set(set)
+	return []expr.Any{&expr.Lookup{SourceRegister: reg1, DestRegister: 0, IsDestRegSet: true, SetName: s.Name, SetID: s.ID}}
 }
 
 // lookupSession matches iifname . ip saddr in (or, with invert, not in) @sessions.

@@ -47,6 +47,9 @@ func (f *Firewall) AddSession(r SessionRules) error {
 	if err := f.checkRules(r); err != nil {
 		return fmt.Errorf("add session %s: %w", r.Name, err)
 	}
+	if err := r.Limits.check(); err != nil {
+		return fmt.Errorf("add session %s: %w", r.Name, err)
+	}
 	// A new session on an address starts knowing nothing of it (its
 	// predecessor's removal forgot it already).
 	f.known.forgetGuest(r.Guest)
@@ -56,6 +59,11 @@ func (f *Firewall) AddSession(r SessionRules) error {
 			if err := addElements(c, f.schema.sets[se.set], se.elems, false); err != nil {
 				return err
 			}
+		}
+		// Added again after a restart, the limit objects keep their
+		// counts (see queueLimitsLocked).
+		if err := f.queueLimitsLocked(c, r.Guest, r.Limits, limitObjects{}); err != nil {
+			return err
 		}
 		return c.Flush()
 	})
@@ -220,6 +228,11 @@ func (f *Firewall) removeByKeyLocked(c *nftables.Conn, r SessionRules, attested 
 	if err := addElements(c, f.schema.sets[setAcctReason], reasons, true); err != nil {
 		return err
 	}
+	if !r.Limits.Empty() {
+		if err := f.queueLimitsLocked(c, r.Guest, SessionLimits{}, wantedLimits(r.Guest, r.Limits)); err != nil {
+			return err
+		}
+	}
 	return c.Flush()
 }
 
@@ -258,6 +271,19 @@ func (f *Firewall) removeGuestsLocked(c *nftables.Conn, gone func(netip.Addr) bo
 		}
 		queued += len(del)
 	}
+	limits, err := f.listLimitsLocked(c, gone)
+	if err != nil {
+		return err
+	}
+	for g, have := range limits {
+		if have.empty() {
+			continue
+		}
+		if err := f.queueLimitsLocked(c, g, SessionLimits{}, have); err != nil {
+			return err
+		}
+		queued++
+	}
 	if queued == 0 {
 		return nil
 	}
@@ -285,7 +311,57 @@ func (f *Firewall) PruneGuests(gone func(guest netip.Addr) bool) (int, error) {
 		return 0, fmt.Errorf("prune orphaned elements in table inet %s: %w", f.cfg.Prefix, err)
 	}
 	f.attested.prune(gone)
-	return f.flows.prune(gone)
+	n, err := f.flows.prune(gone)
+	if err != nil {
+		return n, err
+	}
+	// What a reply created while the entries were being flushed.
+	for attempt := 0; attempt < 4; attempt++ {
+		if err = f.admin.do(func(c *nftables.Conn) error { return f.removeGuestsLocked(c, gone) }); err == nil || !isNotFound(err) {
+			break
+		}
+	}
+	if err != nil {
+		return n, fmt.Errorf("prune orphaned elements in table inet %s: %w", f.cfg.Prefix, err)
+	}
+	return n, nil
+}
+
+// forgetReturns deletes the acct_return elements of the given guests,
+// removed sessions whose conntrack entries are gone: until then a reply
+// still on its way into a removed session (a server's FIN a moment after
+// the removal) is forwarded by its flow's conntrack entry, and
+// accept_return's update creates the element again, for the next session
+// on the address to inherit. After the flush nothing is forwarded to the
+// guest, and the address is not handed out before this has run (the
+// guests are pending until then). Each key is added, then deleted: one
+// batch that never meets a missing element.
+func (f *Firewall) forgetReturns(guests []netip.Addr) error {
+	if len(guests) == 0 {
+		return nil
+	}
+	var elems []nftables.SetElement
+	for _, g := range guests {
+		elems = append(elems, nftables.SetElement{Key: ipKey(g)})
+	}
+	err := f.admin.do(func(c *nftables.Conn) error {
+		ok, err := tableExists(c, f.schema.table)
+		if err != nil || !ok {
+			return err
+		}
+		set := f.schema.sets[setAcctReturn]
+		if err := addElements(c, set, elems, false); err != nil {
+			return err
+		}
+		if err := addElements(c, set, elems, true); err != nil {
+			return err
+		}
+		return c.Flush()
+	})
+	if err != nil {
+		return fmt.Errorf("forget the replies counted for removed sessions: %w", err)
+	}
+	return nil
 }
 
 // listSet dumps one set's elements on the admin connection.

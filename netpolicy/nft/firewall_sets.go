@@ -168,6 +168,9 @@ func newSchema(tableName string, pool netip.Prefix) *schema {
 	add(&nftables.Set{Name: setReject, KeyType: nftables.TypeIPAddr, Size: size})
 	add(&nftables.Set{Name: setReset, KeyType: nftables.TypeIPAddr, Size: size})
 	add(&nftables.Set{Name: setInboundHost, KeyType: typeGuestService, Concatenation: true}) // see inbound.go
+	// The counted limits' chains of the sessions that have any (limits.go).
+	add(&nftables.Set{Name: setBudgetChains, KeyType: nftables.TypeIPAddr, IsMap: true, DataType: nftables.TypeVerdict, Size: size})
+	add(&nftables.Set{Name: setGrantChains, KeyType: nftables.TypeIPAddr, IsMap: true, DataType: nftables.TypeVerdict, Size: size})
 	return s
 }
 

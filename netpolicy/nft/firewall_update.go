@@ -3,6 +3,7 @@ package nft
 import (
 	"fmt"
 	"net/netip"
+	"reflect"
 	"slices"
 
 	"github.com/google/nftables"
@@ -142,8 +143,11 @@ func (f *Firewall) UpdateSession(u SessionUpdate) error {
 	if err := u.check(f); err != nil {
 		return fmt.Errorf("update session %s: %w", u.New.Name, err)
 	}
+	if err := u.New.Limits.check(); err != nil {
+		return fmt.Errorf("update session %s: %w", u.New.Name, err)
+	}
 	plan := planUpdate(u)
-	if len(plan.del)+len(plan.add)+len(plan.unattest) == 0 {
+	if len(plan.del)+len(plan.add)+len(plan.unattest) == 0 && reflect.DeepEqual(u.Old.Limits, u.New.Limits) {
 		return nil
 	}
 	// Before the batch: from now on the sweep deletes any live copy of a
@@ -154,7 +158,7 @@ func (f *Firewall) UpdateSession(u SessionUpdate) error {
 	f.attested.revoke(u.New.Guest, plan.unattest)
 	f.known.forgetGuest(u.New.Guest)
 	defer f.known.forgetGuest(u.New.Guest)
-	err := f.admin.do(func(c *nftables.Conn) error { return f.updateByKeyLocked(c, plan) })
+	err := f.admin.do(func(c *nftables.Conn) error { return f.updateByKeyLocked(c, u, plan) })
 	for attempt := 0; err != nil && isNotFound(err) && attempt < 4; attempt++ {
 		err = f.admin.do(func(c *nftables.Conn) error { return f.updateByDumpLocked(c, u, plan) })
 	}
@@ -164,7 +168,7 @@ func (f *Firewall) UpdateSession(u SessionUpdate) error {
 	return nil
 }
 
-func (f *Firewall) updateByKeyLocked(c *nftables.Conn, p updatePlan) error {
+func (f *Firewall) updateByKeyLocked(c *nftables.Conn, u SessionUpdate, p updatePlan) error {
 	for _, se := range p.del {
 		if err := addElements(c, f.schema.sets[se.set], se.elems, true); err != nil {
 			return err
@@ -177,6 +181,9 @@ func (f *Firewall) updateByKeyLocked(c *nftables.Conn, p updatePlan) error {
 		if err := addElements(c, f.schema.sets[se.set], se.elems, false); err != nil {
 			return err
 		}
+	}
+	if err := f.queueLimitsLocked(c, u.New.Guest, u.New.Limits, wantedLimits(u.Old.Guest, u.Old.Limits)); err != nil {
+		return err
 	}
 	return c.Flush()
 }
@@ -254,6 +261,13 @@ func (f *Firewall) updateByDumpLocked(c *nftables.Conn, u SessionUpdate, p updat
 		if err := addElements(c, f.schema.sets[se.set], se.elems, false); err != nil {
 			return err
 		}
+	}
+	have, err := f.listLimitsLocked(c, func(g netip.Addr) bool { return g == u.New.Guest })
+	if err != nil {
+		return err
+	}
+	if err := f.queueLimitsLocked(c, u.New.Guest, u.New.Limits, have[u.New.Guest]); err != nil {
+		return err
 	}
 	return c.Flush()
 }

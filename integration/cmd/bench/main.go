@@ -120,6 +120,7 @@ var figures = []figure{
 	{"runc", figRunc},
 	{"daemon", figDaemon},
 	{"droplog", figDropLog},
+	{"limits", figLimits}, // issue 24: the ledger's events and the counted limits, on vs off
 	{"cni", figCNI},
 	{"update", figUpdate}, // leaves the kernel tearing down its sessions' netns
 	{"scale", figScale},   // it leaves the kernel tearing down thousands of netns
