@@ -29,11 +29,12 @@ const (
 	ResultPassed  = "passed"
 )
 
-// Refusal reasons (flow event reasons).
+// Causes of a refusal (the flow event's detail "cause"; its reason is
+// always name-mismatch: the flow did not show a name the policy allows).
 const (
-	ReasonMismatch   = "name-mismatch"   // a name the policy does not allow on the port
-	ReasonIncomplete = "name-incomplete" // no decision within the bounds, or the flow's first byte unknown
-	ReasonUnreadable = "name-unreadable" // TLS or HTTP that does not parse as servers parse it
+	CauseNotAllowed = "not-allowed" // a name the policy does not allow on the port
+	CauseIncomplete = "incomplete"  // no name within the bounds (bytes, time), or the flow's first byte unknown
+	CauseUnreadable = "unreadable"  // TLS or HTTP that does not parse as servers parse it, or a changed byte
 )
 
 // Decision is one decided flow.
@@ -43,10 +44,14 @@ type Decision struct {
 	Dst     netip.Addr
 	DstPort uint16
 	Result  string // ResultAllowed, ResultRefused, ResultPassed
-	Reason  string // for ResultRefused
+	Cause   string // for ResultRefused: CauseNotAllowed, CauseIncomplete or CauseUnreadable
 	Via     string // ViaTLS, ViaHTTP or ""
 	Name    string // the name asked for (the first refused one when refused)
 	Lacked  string // refused by name: the entry the policy lacks, NAME:PORT
+	// Seq is the sequence number of the flow's first byte: where the
+	// server's receive window starts, since it got none of them (a reset
+	// for it carries this).
+	Seq uint32
 }
 
 // Judge answers whether guest's policy allows name on TCP port; when not,
@@ -58,7 +63,7 @@ type Judge func(guest netip.Addr, name string, port uint16) (lacked string, ok b
 type Config struct {
 	Judge Judge
 	// HoldFor: a flow holding payload with no decision after this is
-	// refused (ReasonIncomplete). Default 10 s.
+	// refused (CauseIncomplete). Default 10 s.
 	HoldFor time.Duration
 	// MaxFlows: undecided flows one guest may have (SYN seen); a SYN
 	// beyond is dropped. Default 1024.
@@ -215,7 +220,9 @@ func (c *Checker) Packet(now time.Time, id uint32, pkt []byte) ([]Verdict, *Deci
 	if f == nil {
 		// Its first byte is unknown (the SYN came before a restart, or
 		// was forgotten): refuse, never pass unchecked.
-		d := &Decision{Guest: s.key.Guest, SrcPort: s.key.SrcPort, Dst: s.key.Dst, DstPort: s.key.DstPort, Result: ResultRefused, Reason: ReasonIncomplete}
+		// The guest retransmits from its first unacknowledged byte: the
+		// server's window starts there.
+		d := &Decision{Guest: s.key.Guest, SrcPort: s.key.SrcPort, Dst: s.key.Dst, DstPort: s.key.DstPort, Result: ResultRefused, Cause: CauseIncomplete, Seq: s.seq}
 		c.flows[s.key] = &flowState{decided: true, seen: now}
 		return []Verdict{{id, Refuse}}, d
 	}
@@ -238,24 +245,24 @@ func (c *Checker) Packet(now time.Time, id uint32, pkt []byte) ([]Verdict, *Deci
 	conflict, over := f.stream.Add(s.seq, s.payload)
 	switch {
 	case conflict:
-		return c.decide(s.key, f, Result{Kind: Unreadable}, ReasonUnreadable)
+		return c.decide(s.key, f, Result{Kind: Unreadable}, CauseUnreadable)
 	case over:
-		return c.decide(s.key, f, Result{Kind: Unreadable}, ReasonIncomplete)
+		return c.decide(s.key, f, Result{Kind: Unreadable}, CauseIncomplete)
 	}
 	r := Inspect(f.stream.Prefix())
 	if r.Kind == NeedMore {
 		if f.stream.Len() >= MaxBytes {
-			return c.decide(s.key, f, r, ReasonIncomplete)
+			return c.decide(s.key, f, r, CauseIncomplete)
 		}
 		return nil, nil
 	}
-	return c.decide(s.key, f, r, ReasonUnreadable)
+	return c.decide(s.key, f, r, CauseUnreadable)
 }
 
-// decide ends flow key with what Inspect read (or the refusal reason for
+// decide ends flow key with what Inspect read (or the refusal cause for
 // Unreadable and NeedMore), releasing its held packets.
-func (c *Checker) decide(key FlowKey, f *flowState, r Result, reason string) ([]Verdict, *Decision) {
-	d := &Decision{Guest: key.Guest, SrcPort: key.SrcPort, Dst: key.Dst, DstPort: key.DstPort, Via: r.Via}
+func (c *Checker) decide(key FlowKey, f *flowState, r Result, cause string) ([]Verdict, *Decision) {
+	d := &Decision{Guest: key.Guest, SrcPort: key.SrcPort, Dst: key.Dst, DstPort: key.DstPort, Via: r.Via, Seq: f.stream.start}
 	switch r.Kind {
 	case NoName, Other:
 		d.Result = ResultPassed
@@ -263,7 +270,7 @@ func (c *Checker) decide(key FlowKey, f *flowState, r Result, reason string) ([]
 		d.Result = ResultAllowed
 		for _, n := range r.Names {
 			if lacked, ok := c.cfg.Judge(key.Guest, n, key.DstPort); !ok {
-				d.Result, d.Reason, d.Name, d.Lacked = ResultRefused, ReasonMismatch, n, lacked
+				d.Result, d.Cause, d.Name, d.Lacked = ResultRefused, CauseNotAllowed, n, lacked
 				break
 			}
 		}
@@ -271,7 +278,7 @@ func (c *Checker) decide(key FlowKey, f *flowState, r Result, reason string) ([]
 			d.Name = r.Names[0]
 		}
 	default:
-		d.Result, d.Reason = ResultRefused, reason
+		d.Result, d.Cause = ResultRefused, cause
 	}
 	f.decided, f.allowed = true, d.Result != ResultRefused
 	if g := c.guests[key.Guest]; g != nil {
@@ -321,7 +328,7 @@ func (c *Checker) forget(key FlowKey, f *flowState) []Verdict {
 }
 
 // Expire refuses the flows that held payload for longer than HoldFor
-// without a decision (ReasonIncomplete), and forgets decided and idle
+// without a decision (CauseIncomplete), and forgets decided and idle
 // flows. Call it about once a second.
 func (c *Checker) Expire(now time.Time) ([]Verdict, []Decision) {
 	var vs []Verdict
@@ -329,7 +336,7 @@ func (c *Checker) Expire(now time.Time) ([]Verdict, []Decision) {
 	for k, f := range c.flows {
 		switch {
 		case !f.decided && len(f.held) > 0 && now.Sub(f.since) >= c.cfg.HoldFor:
-			v, d := c.decide(k, f, Result{Kind: NeedMore}, ReasonIncomplete)
+			v, d := c.decide(k, f, Result{Kind: NeedMore}, CauseIncomplete)
 			vs = append(vs, v...)
 			ds = append(ds, *d)
 		case f.decided && now.Sub(f.seen) >= forgetDecided,

@@ -129,8 +129,8 @@ func TestCheckerConflict(t *testing.T) {
 	evil := append([]byte{}, h[100:200]...)
 	evil[5] ^= 1
 	vs, d := r.send(isn+1+100, tcpACK, evil)
-	if d == nil || d.Result != ResultRefused || d.Reason != ReasonUnreadable || len(vs) != 2 {
-		t.Fatalf("conflict: %+v %+v, want refused name-unreadable, both packets answered", vs, d)
+	if d == nil || d.Result != ResultRefused || d.Cause != CauseUnreadable || len(vs) != 2 {
+		t.Fatalf("conflict: %+v %+v, want refused unreadable, both packets answered", vs, d)
 	}
 }
 
@@ -145,8 +145,8 @@ func TestCheckerPassAndUnknown(t *testing.T) {
 	}
 	r2 := newRun(t, "pkgs.example.org")
 	vs, d = r2.send(isn+1, tcpACK, []byte("GET / HTTP/1.1\r\nHost: pkgs.example.org\r\n\r\n"))
-	if d == nil || d.Result != ResultRefused || d.Reason != ReasonIncomplete || vs[0].Action != Refuse {
-		t.Fatalf("unknown start: %+v %+v, want refused name-incomplete", vs, d)
+	if d == nil || d.Result != ResultRefused || d.Cause != CauseIncomplete || vs[0].Action != Refuse {
+		t.Fatalf("unknown start: %+v %+v, want refused incomplete", vs, d)
 	}
 	if vs, _ := r2.send(isn, tcpSYN, []byte("GET")); vs[len(vs)-1].Action != Drop {
 		t.Errorf("SYN with data: %+v, want drop", vs)
@@ -164,14 +164,14 @@ func TestCheckerBounds(t *testing.T) {
 		t.Fatalf("expired early: %+v %+v", vs, ds)
 	}
 	vs, ds := r.c.Expire(r.now.Add(10 * time.Second))
-	if len(ds) != 1 || ds[0].Reason != ReasonIncomplete || len(vs) != 1 || vs[0].Action != Refuse {
-		t.Fatalf("trickle: %+v %+v, want refused name-incomplete", vs, ds)
+	if len(ds) != 1 || ds[0].Cause != CauseIncomplete || len(vs) != 1 || vs[0].Action != Refuse {
+		t.Fatalf("trickle: %+v %+v, want refused incomplete", vs, ds)
 	}
 	r = newRun(t, "pkgs.example.org")
 	r.send(isn, tcpSYN, nil)
 	_, d := r.send(isn+1+MaxBytes-10, tcpACK, make([]byte, 20))
-	if d == nil || d.Reason != ReasonIncomplete {
-		t.Fatalf("past MaxBytes: %+v, want refused name-incomplete", d)
+	if d == nil || d.Cause != CauseIncomplete {
+		t.Fatalf("past MaxBytes: %+v, want refused incomplete", d)
 	}
 }
 

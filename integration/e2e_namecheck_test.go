@@ -1,0 +1,233 @@
+package integration
+
+// The name check (issue 22), through the daemon, with a simple capture
+// server on an attested address: what each connection's server received,
+// byte for byte. The shared-address world (two certificates by SNI, HTTP
+// routing by Host) and the big attack tests are e2e_sni_*.
+
+import (
+	"bytes"
+	"crypto/tls"
+	"encoding/binary"
+	"errors"
+	"io"
+	"net"
+	"net/netip"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/enforcerd/enforcerd/integration/world"
+)
+
+// captureServer accepts on addr in the simulated internet and keeps, per
+// connection, every byte it received.
+type captureServer struct {
+	mu    sync.Mutex
+	conns []*bytes.Buffer
+	ends  []error // how each connection's reading ended (nil: not yet)
+}
+
+func startCapture(t *testing.T, w *world.World, addr netip.AddrPort) *captureServer {
+	t.Helper()
+	l, err := world.ListenTCP(w.NetPath, addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	cs := &captureServer{}
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			buf := &bytes.Buffer{}
+			cs.mu.Lock()
+			i := len(cs.conns)
+			cs.conns = append(cs.conns, buf)
+			cs.ends = append(cs.ends, nil)
+			cs.mu.Unlock()
+			go func() {
+				defer c.Close()
+				b := make([]byte, 4096)
+				for {
+					_ = c.SetReadDeadline(time.Now().Add(20 * time.Second))
+					n, err := c.Read(b)
+					cs.mu.Lock()
+					buf.Write(b[:n])
+					if err != nil {
+						cs.ends[i] = err
+					}
+					cs.mu.Unlock()
+					if err != nil {
+						return
+					}
+					if n > 0 {
+						c.Write([]byte("ok\n"))
+					}
+				}
+			}()
+		}
+	}()
+	return cs
+}
+
+// since returns what the connections accepted after the first n received.
+func (cs *captureServer) since(n int) (conns int, received []byte) {
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	for _, b := range cs.conns[min(n, len(cs.conns)):] {
+		received = append(received, b.Bytes()...)
+	}
+	return len(cs.conns) - min(n, len(cs.conns)), received
+}
+
+// resets counts the connections after the first n whose server side
+// ended with a reset from the client.
+func (cs *captureServer) resets(n int) int {
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	r := 0
+	for _, err := range cs.ends[min(n, len(cs.ends)):] {
+		if errors.Is(err, syscall.ECONNRESET) {
+			r++
+		}
+	}
+	return r
+}
+
+func (cs *captureServer) count() int {
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	return len(cs.conns)
+}
+
+// tlsHello is crypto/tls's first flight for sni, read off a pipe: a real
+// ClientHello with the post-quantum key share (more than one MSS with
+// the extensions Go sends).
+func tlsHello(t *testing.T, sni string) []byte {
+	t.Helper()
+	c, s := net.Pipe()
+	defer c.Close()
+	defer s.Close()
+	go tls.Client(c, &tls.Config{ServerName: sni}).Handshake()
+	_ = s.SetReadDeadline(time.Now().Add(5 * time.Second))
+	var out []byte
+	buf := make([]byte, 8192)
+	for {
+		n, err := s.Read(buf)
+		out = append(out, buf[:n]...)
+		if err != nil {
+			t.Fatalf("read the hello: %v", err)
+		}
+		if len(out) >= 5 && len(out) >= 5+int(binary.BigEndian.Uint16(out[3:5])) {
+			return out
+		}
+	}
+}
+
+// nameProbe connects from the session's netns to dst and sends first in
+// the given writes (a pause between them: a split hello), then waits for
+// the server's "ok". It returns nil when the server answered, else the
+// error the client saw.
+func nameProbe(ns string, dst netip.AddrPort, writes ...[]byte) error {
+	c, err := world.DialTCP(ns, dst, world.ReachTimeout)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	for i, w := range writes {
+		if i > 0 {
+			time.Sleep(150 * time.Millisecond)
+		}
+		if _, err := c.Write(w); err != nil {
+			return err
+		}
+	}
+	_ = c.SetReadDeadline(time.Now().Add(3 * time.Second))
+	b := make([]byte, 3)
+	if _, err := io.ReadFull(c, b); err != nil {
+		return err
+	}
+	if string(b) != "ok\n" {
+		return errors.New("server answered " + string(b))
+	}
+	return nil
+}
+
+// TestE2ENameCheck: a session allowed api.e2e.test (attested 198.18.1.10)
+// sends, to that address on a port no test server uses, a ClientHello for
+// api.e2e.test (passes: the server receives every byte, split in two
+// writes too), one for evil.example (refused: the guest's connection is
+// rejected, the server receives nothing, a flow event says name-mismatch
+// with the name and the entry the policy lacks; the server's connection
+// ends with a reset), an HTTP request with Host
+// evil.example (refused) and with Host api.e2e.test (passes), SSH's first
+// line (passes: L3 semantics); update --name-check off lets the fronting
+// through (the control that the refusal is the check's), and tls again
+// refuses it. inspect counts each kind.
+func TestE2ENameCheck(t *testing.T) {
+	e := newE2E(t)
+	dst := netip.MustParseAddrPort("198.18.1.10:8443")
+	cs := startCapture(t, e.w, dst)
+	info := e.createNetOnly("nc", "--allow", "api.e2e.test")
+	if info.Policy.NameCheck != "tls" {
+		t.Errorf("created: policy.name_check %q, want tls (the default)", info.Policy.NameCheck)
+	}
+	ns := e.nsPath("nc")
+	e.resolveTo("nc", "api.e2e.test", "198.18.1.10")
+	fe := e.followFlows("nc")
+
+	good, evil := tlsHello(t, "api.e2e.test"), tlsHello(t, "evil.example")
+	t.Logf("ClientHello: %d bytes", len(good))
+	probe := func(what string, wantPass bool, writes ...[]byte) {
+		t.Helper()
+		n := cs.count()
+		err := nameProbe(ns, dst, writes...)
+		if wantPass && err != nil {
+			t.Errorf("%s: %v, want the server's answer", what, err)
+		}
+		if !wantPass && err == nil {
+			t.Errorf("%s: the server answered, want the flow refused", what)
+		}
+		time.Sleep(300 * time.Millisecond) // let a late byte arrive
+		conns, got := cs.since(n)
+		want := bytes.Join(writes, nil)
+		switch {
+		case wantPass && !bytes.Equal(got, want):
+			t.Errorf("%s: the server received %d bytes over %d connections, want the %d sent", what, len(got), conns, len(want))
+		case !wantPass && len(got) != 0:
+			t.Errorf("%s: refused, yet the server received %d bytes: %q", what, len(got), got[:min(len(got), 64)])
+		case !wantPass && cs.resets(n) != conns:
+			t.Errorf("%s: refused; of the server's %d connections %d ended with a reset, want all", what, conns, cs.resets(n))
+		}
+	}
+	probe("allowed SNI", true, good)
+	probe("allowed SNI, split", true, good[:60], good[60:])
+	probe("SSH first line", true, []byte("SSH-2.0-OpenSSH_9.2\r\n"))
+	probe("HTTP, allowed Host", true, []byte("GET / HTTP/1.1\r\nHost: api.e2e.test:8443\r\n\r\n"))
+	fe.drain(t, 100*time.Millisecond)
+	probe("SNI evil.example on the attested address", false, evil[:60], evil[60:])
+	fe.expect(t, "fronting by SNI", map[string]any{"reason": "name-mismatch", "name": "evil.example",
+		"lacked": "evil.example:8443", "dst": "198.18.1.10", "dport": float64(8443), "via": "tls-sni", "answer": "tcp-reset"})
+	probe("HTTP Host evil.example on the attested address", false, []byte("GET / HTTP/1.1\r\nHost: evil.example\r\n\r\n"))
+	fe.expect(t, "fronting by Host", map[string]any{"reason": "name-mismatch", "name": "evil.example", "via": "http-host"})
+
+	v := e.inspect("nc").NameCheck
+	if v == nil || v.Mode != "tls" || v.Allowed != 3 || v.Passed != 1 || v.Refused != 2 || v.Checked != 6 {
+		t.Errorf("inspect name_check: %+v, want tls, allowed 3, passed 1, refused 2, checked 6", v)
+	}
+
+	// The control: with the check off the same fronting goes through.
+	if got := e.update("nc", "--name-check", "off").Policy.NameCheck; got != "off" {
+		t.Fatalf("update --name-check off: policy.name_check %q", got)
+	}
+	probe("SNI evil.example, check off", true, evil)
+	if got := e.update("nc", "--name-check", "tls").Policy.NameCheck; got != "tls" {
+		t.Fatalf("update --name-check tls: policy.name_check %q", got)
+	}
+	probe("SNI evil.example, check on again", false, evil)
+	probe("allowed SNI, check on again", true, good)
+}
