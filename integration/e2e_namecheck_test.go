@@ -9,15 +9,18 @@ import (
 	"bytes"
 	"crypto/tls"
 	"encoding/binary"
+	"encoding/json"
 	"errors"
 	"io"
 	"net"
 	"net/netip"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/enforcerd/enforcerd/api"
 	"github.com/enforcerd/enforcerd/integration/world"
 )
 
@@ -215,6 +218,12 @@ func TestE2ENameCheck(t *testing.T) {
 	probe("HTTP Host evil.example on the attested address", false, []byte("GET / HTTP/1.1\r\nHost: evil.example\r\n\r\n"))
 	fe.expect(t, "fronting by Host", map[string]any{"reason": "name-mismatch", "name": "evil.example", "via": "http-host"})
 
+	if a := e.whySNI("nc", "198.18.1.10:8443", "evil.example"); a.Verdict != "rejected" || a.Reason != "name-mismatch" || a.Entry != "evil.example:8443" {
+		t.Errorf("why --sni evil.example: %+v, want rejected, name-mismatch, entry evil.example:8443", a)
+	}
+	if a := e.whySNI("nc", "198.18.1.10:8443", "api.e2e.test"); a.Verdict != "allowed" || a.Reason != "attested" {
+		t.Errorf("why --sni api.e2e.test: %+v, want allowed, attested", a)
+	}
 	v := e.inspect("nc").NameCheck
 	if v == nil || v.Mode != "tls" || v.Allowed != 3 || v.Passed != 1 || v.Refused != 2 || v.Checked != 6 {
 		t.Errorf("inspect name_check: %+v, want tls, allowed 3, passed 1, refused 2, checked 6", v)
@@ -225,9 +234,86 @@ func TestE2ENameCheck(t *testing.T) {
 		t.Fatalf("update --name-check off: policy.name_check %q", got)
 	}
 	probe("SNI evil.example, check off", true, evil)
+	if a := e.whySNI("nc", "198.18.1.10:8443", "evil.example"); a.Verdict != "allowed" || !strings.Contains(a.Detail, "name check is off") {
+		t.Errorf("why --sni evil.example, check off: %+v, want allowed, the detail saying the check is off", a)
+	}
 	if got := e.update("nc", "--name-check", "tls").Policy.NameCheck; got != "tls" {
 		t.Fatalf("update --name-check tls: policy.name_check %q", got)
 	}
 	probe("SNI evil.example, check on again", false, evil)
 	probe("allowed SNI, check on again", true, good)
+}
+
+func (e *e2eEnv) whySNI(name, dest, sni string) api.WhyAnswer {
+	e.t.Helper()
+	out := e.cli("session", "why", name, dest, "--sni", sni, "--json")
+	var a api.WhyAnswer
+	if err := json.Unmarshal([]byte(out), &a); err != nil {
+		e.t.Fatalf("why %s %s --sni %s: %v\n%s", name, dest, sni, err, out)
+	}
+	return a
+}
+
+// TestE2ENameCheckPublicDeny: in public mode a deny entry by name is
+// enforced on the flows too: a ClientHello for the denied name to any
+// address is refused (no byte reaches the server), another name passes;
+// the control, a public session without deny entries by name, is not
+// checked (the same hello passes).
+func TestE2ENameCheckPublicDeny(t *testing.T) {
+	e := newE2E(t)
+	dst := netip.MustParseAddrPort("198.18.1.11:8443")
+	cs := startCapture(t, e.w, dst)
+	e.createNetOnly("pub", "--egress", "public", "--deny", "evil.example")
+	e.createNetOnly("open", "--egress", "public")
+	evil, good := tlsHello(t, "evil.example"), tlsHello(t, "docs.e2e.test")
+	fe := e.followFlows("pub")
+	for _, c := range []struct {
+		session string
+		hello   []byte
+		pass    bool
+	}{{"pub", good, true}, {"pub", evil, false}, {"open", evil, true}} {
+		n := cs.count()
+		err := nameProbe(e.nsPath(c.session), dst, c.hello)
+		time.Sleep(300 * time.Millisecond)
+		_, got := cs.since(n)
+		switch {
+		case c.pass && (err != nil || !bytes.Equal(got, c.hello)):
+			t.Errorf("%s: %v, server got %d of %d bytes; want it through", c.session, err, len(got), len(c.hello))
+		case !c.pass && (err == nil || len(got) != 0):
+			t.Errorf("%s, denied name: %v, server got %d bytes; want refused, nothing received", c.session, err, len(got))
+		}
+	}
+	fe.expect(t, "denied name by SNI", map[string]any{"reason": "name-mismatch", "name": "evil.example", "lacked": "evil.example:8443"})
+	if a := e.whySNI("pub", "198.18.1.11:8443", "evil.example"); a.Reason != "name-mismatch" {
+		t.Errorf("why pub --sni evil.example: %+v, want name-mismatch", a)
+	}
+}
+
+// TestE2ENameCheckQUIC: UDP/443 to an attested address of a session under
+// the check is rejected (reason quic: clients fall back to TCP, where the
+// name is read); with the check off it passes (the control), and UDP to
+// another port of the same address passes throughout.
+func TestE2ENameCheckQUIC(t *testing.T) {
+	e := newE2E(t)
+	u, err := world.ListenUDP(e.w.NetPath, netip.MustParseAddrPort("198.18.1.10:443"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { u.Close() })
+	go world.ServeUDPEcho(u)
+	e.createNetOnly("q", "--allow", "api.e2e.test")
+	e.resolveTo("q", "api.e2e.test", "198.18.1.10")
+	ns := e.nsPath("q")
+	fe := e.followFlows("q")
+	if err := world.UDPEcho(ns, netip.MustParseAddrPort("198.18.1.10:7"), world.ReachTimeout); err != nil {
+		t.Fatalf("control: UDP to port 7 of the attested address: %v", err)
+	}
+	if err := world.UDPEcho(ns, netip.MustParseAddrPort("198.18.1.10:443"), world.ReachTimeout); err == nil {
+		t.Error("UDP/443 to the attested address passed under the name check")
+	}
+	fe.expect(t, "QUIC", map[string]any{"reason": "quic", "dst": "198.18.1.10", "dport": float64(443)})
+	e.update("q", "--name-check", "off")
+	if err := world.UDPEcho(ns, netip.MustParseAddrPort("198.18.1.10:443"), world.ReachTimeout); err != nil {
+		t.Errorf("UDP/443 with the check off: %v, want it through", err)
+	}
 }
