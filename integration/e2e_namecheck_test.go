@@ -317,3 +317,74 @@ func TestE2ENameCheckQUIC(t *testing.T) {
 		t.Errorf("UDP/443 with the check off: %v, want it through", err)
 	}
 }
+
+// TestE2ENameCheckRestart: the check's state is the kernel's. A flow
+// checked before a kill -9 keeps the plain path while the daemon is down
+// (its bytes reach the server); a ClientHello held when the daemon died
+// (its first part sent, the rest sent while it is down) is refused after
+// the restart, never passed, and the server receives none of it; a
+// connection opened while the daemon is down waits (its SYN is dropped,
+// not passed) and is checked once it is back.
+func TestE2ENameCheckRestart(t *testing.T) {
+	e := newE2E(t)
+	dst := netip.MustParseAddrPort("198.18.1.10:8443")
+	cs := startCapture(t, e.w, dst)
+	e.createNetOnly("rs", "--allow", "api.e2e.test")
+	e.resolveTo("rs", "api.e2e.test", "198.18.1.10")
+	ns := e.nsPath("rs")
+	good, evil := tlsHello(t, "api.e2e.test"), tlsHello(t, "evil.example")
+
+	checked, err := world.DialTCP(ns, dst, world.ReachTimeout)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer checked.Close()
+	echoOK := func(what string, c net.Conn, msg []byte) {
+		t.Helper()
+		if _, err := c.Write(msg); err != nil {
+			t.Fatalf("%s: write: %v", what, err)
+		}
+		_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		b := make([]byte, 3)
+		if _, err := io.ReadFull(c, b); err != nil {
+			t.Fatalf("%s: no answer from the server: %v", what, err)
+		}
+	}
+	echoOK("checked flow, before the kill", checked, good)
+
+	n := cs.count()
+	held, err := world.DialTCP(ns, dst, world.ReachTimeout)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
+	if _, err := held.Write(evil[:60]); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(200 * time.Millisecond)
+	if err := e.d.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := held.Write(evil[60:]); err != nil {
+		t.Fatal(err)
+	}
+	echoOK("checked flow, daemon down", checked, []byte("more\n"))
+	late := make(chan error, 1)
+	go func() { late <- nameProbe(ns, dst, good) }()
+	time.Sleep(time.Second)
+	e.start()
+
+	_ = held.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if _, err := held.Read(make([]byte, 3)); err == nil || world.IsTimeout(err) {
+		t.Errorf("held hello after the restart: read %v, want the flow refused (a reset)", err)
+	}
+	if err := <-late; err != nil {
+		t.Errorf("connection opened while the daemon was down, allowed name: %v, want it checked and through after the restart", err)
+	}
+	time.Sleep(300 * time.Millisecond)
+	_, got := cs.since(n)
+	if !bytes.Equal(got, good) {
+		t.Errorf("after the restart the server received %d bytes from the new connections, want only the allowed hello's %d (none of the held evil one)", len(got), len(good))
+	}
+	echoOK("checked flow, after the restart", checked, []byte("again\n"))
+}
