@@ -231,9 +231,9 @@ type NameCheckView struct {
 	Mode    string `json:"mode"`    // tls or off
 	Checked uint64 `json:"checked"` // flows held and decided
 	Allowed uint64 `json:"allowed"` // a name the policy allows on the port
-	// Refused: a name the policy does not allow there (a name-mismatch
-	// flow event each), or a first request that never completed within
-	// the bounds (reason name-incomplete).
+	// Refused: a name the policy does not allow there, or a first
+	// request that did not show a readable name within the bounds (a flow
+	// event with reason name-mismatch each, its cause saying which).
 	Refused uint64 `json:"refused"`
 	// Passed: no name to check (a first payload that is neither a TLS
 	// ClientHello nor an HTTP/1.x request, a ClientHello without
