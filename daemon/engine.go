@@ -543,6 +543,9 @@ func (e *Engine) dnsPolicy(s *liveSession) dnsproxy.SessionPolicy {
 		Allow:  s.policy.Allow,
 		Pinned: s.rec.Pinned,
 		Deny:   s.policy.Deny,
+		// Under the name check, clients get no ECH configuration: the
+		// name they want is then the server_name the check reads.
+		KeepECH: s.policy.NameCheck == netpolicy.NameCheckOff,
 	}
 }
 
