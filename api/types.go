@@ -144,7 +144,7 @@ type Counters struct {
 	// flow cap or over its new-flow rate (also in DroppedPackets).
 	LimitedPackets uint64 `json:"limited_packets"`
 	// DroppedByReason counts dropped packets by reason (not-allowed, port,
-	// special-purpose, resolver, spoofed, inbound, rate-limit, denied), exactly,
+	// special-purpose, resolver, spoofed, inbound, rate-limit, denied, name-mismatch, quic), exactly,
 	// whatever the log's rate limit; reasons without drops are absent.
 	// spoofed and inbound drops are not in DroppedPackets.
 	DroppedByReason map[string]uint64 `json:"dropped_by_reason,omitempty"`
