@@ -619,6 +619,8 @@ func (e *Engine) teardown(rec SessionRecord, rules nft.SessionRules) error {
 			if err := e.fw.RemoveSession(rules); err != nil {
 				errs = append(errs, fmt.Errorf("remove rules: %w", err))
 			}
+			// Nothing keyed by the guest address outlives the session.
+			e.namecheck.forget(rec.Name, rules.Guest)
 		}
 	}
 	if err := e.nets.Delete(rec.Name, rec.Slot); err != nil {
