@@ -199,6 +199,16 @@ func (nc *nameCheck) record(d namecheck.Decision) {
 		c = &nameCounts{created: s.rec.Created}
 		nc.counts[s.rec.Name] = c
 	}
+	// A flow refused after it was allowed or passed (before the server
+	// acknowledged it) moves from that count to refused.
+	switch {
+	case d.Was == namecheck.ResultAllowed && c.allowed > 0:
+		c.allowed--
+		nc.totals[d.Was]--
+	case d.Was == namecheck.ResultPassed && c.passed > 0:
+		c.passed--
+		nc.totals[d.Was]--
+	}
 	switch d.Result {
 	case namecheck.ResultAllowed:
 		c.allowed++

@@ -65,6 +65,10 @@ type Decision struct {
 	// start (a flow refused after its checked bytes were sent): a reset
 	// goes to both.
 	SeqAlt uint32
+	// Was is the result the flow had before this refusal (allowed or
+	// passed, then refused before the server acknowledged it); "" for a
+	// first decision.
+	Was string
 }
 
 // Judge answers whether guest's policy allows name on TCP port; when not,
@@ -115,6 +119,7 @@ type flowState struct {
 	// refuseNext: refused while nothing was held (unconfirmed): the next
 	// guest packet carries the answer.
 	refuseNext bool
+	result     string // the decision's Result
 }
 
 type guestCount struct{ flows, holding int }
@@ -268,7 +273,7 @@ func (c *Checker) Packet(now time.Time, id uint32, pkt []byte, fromGuest bool) (
 			// it) sent again, changed: what it reads is not what was
 			// checked.
 			d := &Decision{Guest: s.key.Guest, SrcPort: s.key.SrcPort, Dst: s.key.Dst, DstPort: s.key.DstPort,
-				Result: ResultRefused, Cause: CauseUnreadable, Seq: f.stream.start, SeqAlt: f.confirmAt}
+				Result: ResultRefused, Cause: CauseUnreadable, Seq: f.stream.start, SeqAlt: f.confirmAt, Was: f.result}
 			c.release(s.key.Guest, f)
 			f.allowed, f.awaiting, f.stream = false, false, nil
 			return []Verdict{{id, Refuse}}, d
@@ -330,7 +335,7 @@ func (c *Checker) decide(key FlowKey, f *flowState, r Result, cause string) ([]V
 	default:
 		d.Result, d.Cause = ResultRefused, cause
 	}
-	f.decided, f.allowed = true, d.Result != ResultRefused
+	f.decided, f.allowed, f.result = true, d.Result != ResultRefused, d.Result
 	if g := c.guests[key.Guest]; g != nil && f.inFlows {
 		g.flows--
 		f.inFlows = false
@@ -421,7 +426,7 @@ func (c *Checker) Expire(now time.Time) ([]Verdict, []Decision) {
 			// guest packet meets the refused state, and the server gets
 			// its reset from the decision.
 			ds = append(ds, Decision{Guest: k.Guest, SrcPort: k.SrcPort, Dst: k.Dst, DstPort: k.DstPort,
-				Result: ResultRefused, Cause: CauseUnconfirmed, Seq: f.stream.start, SeqAlt: f.confirmAt})
+				Result: ResultRefused, Cause: CauseUnconfirmed, Seq: f.stream.start, SeqAlt: f.confirmAt, Was: f.result})
 			c.release(k.Guest, f)
 			f.allowed, f.awaiting, f.stream, f.seen, f.refuseNext = false, false, nil, now, true
 		case f.decided && now.Sub(f.seen) >= forgetDecided,

@@ -254,7 +254,7 @@ func TestCheckerAwaitsTheServer(t *testing.T) {
 		t.Fatalf("allowed hello: %+v %+v", vs, d)
 	}
 	vs, d := r.send(isn+1, tcpACK, evil)
-	if d == nil || d.Result != ResultRefused || d.Cause != CauseUnreadable || vs[0].Action != Refuse || d.SeqAlt != isn+1+uint32(len(good)) {
+	if d == nil || d.Result != ResultRefused || d.Cause != CauseUnreadable || vs[0].Action != Refuse || d.SeqAlt != isn+1+uint32(len(good)) || d.Was != ResultAllowed {
 		t.Fatalf("changed bytes before the server's ACK: %+v %+v, want refused unreadable", vs, d)
 	}
 	if vs := r.serverAck(isn + 1 + uint32(len(good))); vs[0].Action != Accept {
