@@ -1,9 +1,11 @@
 package namecheck
 
 import (
+	"encoding/binary"
 	"math/rand/v2"
 	"reflect"
 	"testing"
+	"time"
 )
 
 // FuzzInspect: no input panics, and a decision does not depend on how
@@ -57,6 +59,75 @@ func FuzzStream(f *testing.F) {
 		}
 		if r := Inspect(s.Prefix()); r.Kind != Named || r.Names[0] != "pkgs.example.org" {
 			t.Fatalf("reassembled: %+v", r)
+		}
+	})
+}
+
+// FuzzChecker: whatever a guest sends (segments of an allowed or a
+// refused hello at any sequence numbers, with any flags, its server's
+// acknowledgements in between), a packet with payload never goes on
+// before its flow was decided allowed or passed, a refused flow's never
+// does, and every held packet is decided once.
+func FuzzChecker(f *testing.F) {
+	good, evil := clientHello(f, "pkgs.example.org"), clientHello(f, "evil.example")
+	f.Add([]byte{0, 2, 1, 0, 0, 10, 1, 16, 0, 200})
+	f.Add([]byte{1, 2, 1, 0, 0, 255, 3, 16, 1, 7, 2, 16, 0, 0})
+	f.Fuzz(func(t *testing.T, ops []byte) {
+		c := NewChecker(Config{Judge: judgeOnly("pkgs.example.org")})
+		now := time.Unix(1, 0)
+		hello := good
+		if len(ops) > 0 && ops[0]&1 == 1 {
+			hello = evil
+		}
+		var id uint32
+		decided := map[uint32]bool{}
+		result := ""
+		for i := 1; i+2 < len(ops); i += 3 {
+			op, a, b := ops[i], int(ops[i+1]), int(ops[i+2])
+			id++
+			var pkt []byte
+			fromGuest := true
+			payload := false
+			switch op % 4 {
+			case 0: // a segment of the hello at its place
+				off := a * len(hello) / 256
+				end := min(len(hello), off+1+b*8)
+				pkt = tcpPacket(guest, cdn, 443, isn+1+uint32(off), tcpACK, hello[off:end])
+				payload = true
+			case 1: // a SYN: a new flow on the same ports (port reuse)
+				pkt = tcpPacket(guest, cdn, 443, isn, tcpSYN, nil)
+				result = ""
+			case 2: // the server's acknowledgement
+				pkt = tcpPacket(cdn, guest, 40000, 9, byte(a)&tcpACK|tcpACK, nil)
+				pkt[20], pkt[21], pkt[22], pkt[23] = 443>>8, 443&0xff, 40000>>8, 40000&0xff
+				binary.BigEndian.PutUint32(pkt[28:], isn+1+uint32(b*16))
+				fromGuest = false
+			case 3: // a segment with other bytes, anywhere
+				pkt = tcpPacket(guest, cdn, 443, isn+uint32(a), byte(b)&^tcpSYN|tcpACK, []byte{byte(a), byte(b)})
+				payload = byte(b)&tcpRST == 0
+			}
+			if op&0x80 != 0 {
+				now = now.Add(11 * time.Second)
+			}
+			vs, d := c.Packet(now, id, pkt, fromGuest)
+			if d != nil {
+				result = d.Result
+			}
+			evs, eds := c.Expire(now)
+			vs = append(vs, evs...)
+			for _, d := range eds {
+				result = d.Result
+			}
+			for _, v := range vs {
+				if decided[v.ID] {
+					t.Fatalf("packet %d decided twice", v.ID)
+				}
+				decided[v.ID] = true
+				if v.ID == id && payload && fromGuest && (v.Action == Accept || v.Action == Pass) &&
+					result != ResultAllowed && result != ResultPassed {
+					t.Fatalf("op %d: a payload packet went on (%v) while the flow's result is %q", i, v.Action, result)
+				}
+			}
 		}
 	})
 }
