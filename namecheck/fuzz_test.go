@@ -113,6 +113,12 @@ func FuzzChecker(f *testing.F) {
 			if d != nil {
 				result = d.Result
 			}
+			for _, v := range vs {
+				if v.ID == id && payload && fromGuest && (v.Action == Accept || v.Action == Pass) &&
+					result != ResultAllowed && result != ResultPassed {
+					t.Fatalf("op %d: a payload packet went on (%v) while the flow's result is %q", i, v.Action, result)
+				}
+			}
 			evs, eds := c.Expire(now)
 			vs = append(vs, evs...)
 			for _, d := range eds {
@@ -123,10 +129,6 @@ func FuzzChecker(f *testing.F) {
 					t.Fatalf("packet %d decided twice", v.ID)
 				}
 				decided[v.ID] = true
-				if v.ID == id && payload && fromGuest && (v.Action == Accept || v.Action == Pass) &&
-					result != ResultAllowed && result != ResultPassed {
-					t.Fatalf("op %d: a payload packet went on (%v) while the flow's result is %q", i, v.Action, result)
-				}
 			}
 		}
 	})
