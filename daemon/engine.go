@@ -530,6 +530,7 @@ func (e *Engine) sessionRules(rec SessionRecord, p netpolicy.Policy, peers []net
 		OnDeny:    p.OnDeny,
 		NameCheck: p.NameCheck == netpolicy.NameCheckTLS,
 		DenyNames: slices.ContainsFunc(p.Deny, func(e netpolicy.Entry) bool { return e.Kind != netpolicy.KindCIDR }),
+		Pinned:    netpolicy.PinnedTargets(p, rec.Pinned),
 
 		InboundFromHost: p.InboundFromHost,
 	}

@@ -101,7 +101,7 @@ func (e *Engine) Why(ctx context.Context, name, dest, sni string) (api.WhyAnswer
 // (an attested address; a name; in public mode with deny entries by
 // name, any).
 func whyNameCheck(p netpolicy.Policy, d whyDest, ans api.WhyAnswer, sni string) api.WhyAnswer {
-	byName := ans.Reason == "attested" || d.name != "" && p.Egress == netpolicy.ModeAllowlist
+	byName := ans.Reason == "attested" || ans.Reason == "pinned" || d.name != "" && p.Egress == netpolicy.ModeAllowlist
 	if p.Egress == netpolicy.ModePublic {
 		byName = slices.ContainsFunc(p.Deny, func(e netpolicy.Entry) bool { return e.Kind != netpolicy.KindCIDR })
 	}

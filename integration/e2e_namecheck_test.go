@@ -388,3 +388,39 @@ func TestE2ENameCheckRestart(t *testing.T) {
 	}
 	echoOK("checked flow, after the restart", checked, []byte("again\n"))
 }
+
+// TestE2ENameCheckPinned: a pinned name's address (--pin: in the static
+// sets, no DNS needed) is checked like an attested one: its own name
+// passes, another name on it is refused with nothing at the server; an
+// address entry's address is not checked (any name passes: the control
+// that only names are), and neither is the pinned address with the check
+// off.
+func TestE2ENameCheckPinned(t *testing.T) {
+	e := newE2E(t)
+	pinned, byAddr := netip.MustParseAddrPort("198.18.1.10:8443"), netip.MustParseAddrPort("198.18.2.10:8443")
+	cs, ca := startCapture(t, e.w, pinned), startCapture(t, e.w, byAddr)
+	e.createNetOnly("pin", "--allow", "api.e2e.test", "--allow", "198.18.2.10", "--pin")
+	ns := e.nsPath("pin")
+	good, evil := tlsHello(t, "api.e2e.test"), tlsHello(t, "evil.example")
+	try := func(what string, cs *captureServer, dst netip.AddrPort, hello []byte, pass bool) {
+		t.Helper()
+		n := cs.count()
+		err := nameProbe(ns, dst, hello)
+		time.Sleep(300 * time.Millisecond)
+		_, got := cs.since(n)
+		switch {
+		case pass && (err != nil || !bytes.Equal(got, hello)):
+			t.Errorf("%s: %v, server got %d of %d bytes; want it through", what, err, len(got), len(hello))
+		case !pass && (err == nil || len(got) != 0):
+			t.Errorf("%s: %v, server got %d bytes; want refused, nothing received", what, err, len(got))
+		}
+	}
+	try("pinned address, its own name", cs, pinned, good, true)
+	try("pinned address, another name", cs, pinned, evil, false)
+	try("address entry, any name", ca, byAddr, evil, true)
+	if a := e.whySNI("pin", "198.18.1.10:8443", "evil.example"); a.Reason != "name-mismatch" {
+		t.Errorf("why --sni evil.example on the pinned address: %+v, want name-mismatch", a)
+	}
+	e.update("pin", "--name-check", "off")
+	try("pinned address, another name, check off", cs, pinned, evil, true)
+}

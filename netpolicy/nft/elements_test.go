@@ -266,6 +266,7 @@ func TestSessionSetsCoverEveryElement(t *testing.T) {
 		OnDeny:          netpolicy.DenyReset,
 		NameCheck:       true,
 		DenyNames:       true,
+		Pinned:          []netpolicy.Target{{Prefix: netip.MustParsePrefix("9.9.9.9/32")}, {Prefix: netip.MustParsePrefix("1.2.3.4/32"), Port: 443}},
 		InboundFromHost: []netpolicy.PortSpec{{Port: 8080, Proto: netpolicy.ProtoTCP}},
 	}
 	for _, se := range sessionElements(r) {
@@ -273,7 +274,7 @@ func TestSessionSetsCoverEveryElement(t *testing.T) {
 			t.Errorf("set %s holds session elements and is not in sessionSets", se.set)
 		}
 	}
-	for _, want := range []string{setNameCheck, setNameCheckPublic} {
+	for _, want := range []string{setNameCheck, setNameCheckPublic, setPinned, setPinnedPorts} {
 		found := false
 		for _, se := range sessionElements(r) {
 			found = found || se.set == want

@@ -110,6 +110,10 @@ type SessionRules struct {
 	// DenyNames: its policy has deny entries by name (in public mode,
 	// every TCP flow is then checked).
 	NameCheck, DenyNames bool
+	// Pinned are the addresses of pinned names (PinnedTargets), a part of
+	// Static: under the name check their flows are checked like attested
+	// ones.
+	Pinned []netpolicy.Target
 	// InboundFromHost are the ports the host (the daemon's netns: the node)
 	// may open connections to in the session; none by default (inbound.go).
 	InboundFromHost []netpolicy.PortSpec

@@ -102,6 +102,8 @@ type ruleEnv struct {
 //	  KEY @attested_ports update @attested_ports_live { KEY timeout REFRESH }
 //	  KEY @attested_ports goto accept_new
 //	  KEY @attested_ports_live update @attested_ports_live { KEY timeout REFRESH } goto accept_new
+//	  ip saddr . ip daddr @pinned goto accept_named        # pinned names under the name check (also in static)
+//	  ip saddr . meta l4proto . ip daddr . th dport @pinned_ports goto accept_named
 //	  ip saddr . ip daddr @static goto accept_new
 //	  ip saddr . meta l4proto . ip daddr . th dport @static_ports goto accept_new
 //	  ip saddr . ip daddr @static_cidr goto accept_new
@@ -269,6 +271,9 @@ func buildRules(env ruleEnv) []ruleSpec {
 	add(chainPolicy, v4, loadSaddr(reg1), env.lookup(setPublic, reg1, false), gotoC(chainAcceptNew))
 	env.attestedRules(func(parts ...[]expr.Any) { add(chainPolicy, parts...) }, false)
 	env.attestedRules(func(parts ...[]expr.Any) { add(chainPolicy, parts...) }, true)
+	// Pinned names' addresses (also in static) under the name check.
+	add(chainPolicy, v4, env.lookupPair(setPinned), gotoC(chainAcceptNamed))
+	add(chainPolicy, v4, env.lookupPorts(setPinnedPorts), gotoC(chainAcceptNamed))
 	add(chainPolicy, v4, env.lookupPair(setStatic), gotoC(chainAcceptNew))
 	add(chainPolicy, v4, env.lookupPorts(setStaticPorts), gotoC(chainAcceptNew))
 	add(chainPolicy, v4, env.lookupPair(setStaticCIDR), gotoC(chainAcceptNew))
