@@ -38,7 +38,7 @@ type CreateRequest struct {
 	OnDeny string `json:"on_deny,omitempty"`
 	// NameCheck is "tls" (the default when "") or "off": with tls, the
 	// first bytes of every TCP flow the table admits because of a name
-	// (an attested address; in public mode with deny entries by name,
+	// (an attested or pinned address; in public mode with deny entries by name,
 	// every TCP flow) are read before any leaves the host, and a TLS
 	// server_name or HTTP/1.x Host the policy does not allow on that port
 	// ends the flow (docs/network-model.md, "Names on shared addresses").
