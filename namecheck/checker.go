@@ -251,6 +251,12 @@ func (c *Checker) Packet(now time.Time, id uint32, pkt []byte, fromGuest bool) (
 		c.flows[s.key] = &flowState{stream: NewStream(s.seq + 1), seen: now, inFlows: true}
 		return append(vs, Verdict{id, Accept}), nil
 	case len(s.payload) == 0:
+		if f != nil && s.flags&tcpFIN != 0 && !f.decided && len(f.held) == 0 {
+			// Closed without a byte sent: nothing to check (a connect
+			// probe), and its state must not count against the guest's
+			// MaxFlows for the idle hour.
+			return append(c.forget(s.key, f), Verdict{id, Accept}), nil
+		}
 		if f != nil {
 			f.seen = now
 		}

@@ -272,3 +272,20 @@ func TestCheckerAwaitsTheServer(t *testing.T) {
 		t.Errorf("next packet after the refusal: %+v, want refuse (it carries the answer)", vs)
 	}
 }
+
+// A connection closed without a byte sent (a connect probe) is forgotten
+// at its FIN: probes never use up the guest's MaxFlows.
+func TestCheckerProbesDoNotAccumulate(t *testing.T) {
+	c := NewChecker(Config{Judge: judgeOnly("x.example"), MaxFlows: 2})
+	now := time.Unix(1, 0)
+	for i := range 10 {
+		syn := tcpPacket(guest, cdn, 443, isn, tcpSYN, nil)
+		if vs, _ := c.Packet(now, uint32(2*i), syn, true); vs[len(vs)-1].Action != Accept {
+			t.Fatalf("probe %d: SYN %+v, want accept", i, vs)
+		}
+		c.Packet(now, uint32(2*i+1), tcpPacket(guest, cdn, 443, isn+1, tcpFIN|tcpACK, nil), true)
+	}
+	if c.Flows() != 0 {
+		t.Errorf("%d flows kept after closed probes, want 0", c.Flows())
+	}
+}
