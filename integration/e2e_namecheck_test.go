@@ -115,7 +115,7 @@ func tlsHello(t *testing.T, sni string) []byte {
 	c, s := net.Pipe()
 	defer c.Close()
 	defer s.Close()
-	go tls.Client(c, &tls.Config{ServerName: sni}).Handshake()
+	go tls.Client(c, &tls.Config{ServerName: sni, InsecureSkipVerify: sni == ""}).Handshake()
 	_ = s.SetReadDeadline(time.Now().Add(5 * time.Second))
 	var out []byte
 	buf := make([]byte, 8192)
@@ -423,4 +423,54 @@ func TestE2ENameCheckPinned(t *testing.T) {
 	}
 	e.update("pin", "--name-check", "off")
 	try("pinned address, another name, check off", cs, pinned, evil, true)
+}
+
+// TestE2ENameCheckTrickle: a hello trickled a few bytes a second never
+// completes within the bound: after 10 s the flow is refused (cause
+// incomplete), the client's socket reset, and the server has received
+// none of it; a hello without SNI (no name to route by) passes at once.
+func TestE2ENameCheckTrickle(t *testing.T) {
+	e := newE2E(t)
+	dst := netip.MustParseAddrPort("198.18.1.10:8443")
+	cs := startCapture(t, e.w, dst)
+	e.createNetOnly("tr", "--allow", "api.e2e.test")
+	e.resolveTo("tr", "api.e2e.test", "198.18.1.10")
+	ns := e.nsPath("tr")
+	fe := e.followFlows("tr")
+
+	noSNI := tlsHello(t, "")
+	n := cs.count()
+	if err := nameProbe(ns, dst, noSNI); err != nil {
+		t.Errorf("hello without SNI: %v, want it through", err)
+	}
+	time.Sleep(300 * time.Millisecond)
+	if _, got := cs.since(n); !bytes.Equal(got, noSNI) {
+		t.Errorf("hello without SNI: the server received %d of %d bytes", len(got), len(noSNI))
+	}
+
+	evil := tlsHello(t, "evil.example")
+	n = cs.count()
+	c, err := world.DialTCP(ns, dst, world.ReachTimeout)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	start := time.Now()
+	var werr error
+	for i := 0; i < 40 && werr == nil && time.Since(start) < 14*time.Second; i++ {
+		_, werr = c.Write(evil[i*4 : i*4+4])
+		time.Sleep(350 * time.Millisecond)
+	}
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	_, rerr := c.Read(make([]byte, 1))
+	if !errors.Is(werr, syscall.ECONNRESET) && !errors.Is(rerr, syscall.ECONNRESET) {
+		t.Errorf("trickled hello: write %v, read %v after %s; want the connection reset", werr, rerr, time.Since(start).Round(time.Second))
+	}
+	if took := time.Since(start); took < 9*time.Second {
+		t.Errorf("trickled hello refused after %s, want the 10 s bound", took)
+	}
+	if _, got := cs.since(n); len(got) != 0 {
+		t.Errorf("trickled hello: the server received %d bytes, want none", len(got))
+	}
+	fe.expect(t, "trickle", map[string]any{"reason": "name-mismatch", "cause": "incomplete", "dst": "198.18.1.10"})
 }
