@@ -20,6 +20,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/enforcerd/enforcerd/api"
 	"github.com/enforcerd/enforcerd/integration/world"
 )
@@ -473,4 +475,61 @@ func TestE2ENameCheckTrickle(t *testing.T) {
 		t.Errorf("trickled hello: the server received %d bytes, want none", len(got))
 	}
 	fe.expect(t, "trickle", map[string]any{"reason": "name-mismatch", "cause": "incomplete", "dst": "198.18.1.10"})
+}
+
+// TestE2ENameCheckUrgent: an unprivileged client can mark a byte urgent
+// (MSG_OOB); the server's TCP takes it out of the stream, so "Hosxt:
+// evil.example" with an urgent x reads as a Host header there while the
+// check would see none. Such a request is refused with nothing at the
+// server; the same bytes without the urgent mark pass (the control: only
+// the mark is refused), and with the check off the server does read
+// Host evil.example (what the attack would reach).
+func TestE2ENameCheckUrgent(t *testing.T) {
+	e := newE2E(t)
+	dst := netip.MustParseAddrPort("198.18.1.10:8443")
+	cs := startCapture(t, e.w, dst)
+	e.createNetOnly("urg", "--allow", "api.e2e.test")
+	e.resolveTo("urg", "api.e2e.test", "198.18.1.10")
+	ns := e.nsPath("urg")
+	head, tail := []byte("GET / HTTP/1.1\r\nHos"), []byte("t: evil.example\r\nHost: api.e2e.test\r\n\r\n")
+	send := func(urgent bool) (error, []byte) {
+		n := cs.count()
+		c, err := world.DialTCP(ns, dst, world.ReachTimeout)
+		if err != nil {
+			return err, nil
+		}
+		defer c.Close()
+		if _, err := c.Write(head); err != nil {
+			return err, nil
+		}
+		time.Sleep(100 * time.Millisecond)
+		flags := 0
+		if urgent {
+			flags = unix.MSG_OOB
+		}
+		raw, _ := c.(*net.TCPConn).SyscallConn()
+		var serr error
+		if err := raw.Write(func(fd uintptr) bool { serr = unix.Sendto(int(fd), []byte("x"), flags, nil); return true }); err != nil || serr != nil {
+			return errors.Join(err, serr), nil
+		}
+		time.Sleep(100 * time.Millisecond)
+		if _, err := c.Write(tail); err != nil {
+			return err, nil
+		}
+		_ = c.SetReadDeadline(time.Now().Add(3 * time.Second))
+		_, rerr := io.ReadFull(c, make([]byte, 3))
+		time.Sleep(300 * time.Millisecond)
+		_, got := cs.since(n)
+		return rerr, got
+	}
+	if err, got := send(false); err != nil || len(got) != len(head)+1+len(tail) {
+		t.Errorf("control, no urgent mark: %v, server got %d bytes; want it through", err, len(got))
+	}
+	if err, got := send(true); err == nil || len(got) != 0 {
+		t.Errorf("urgent byte in the request: %v, server got %q; want refused, nothing received", err, got)
+	}
+	e.update("urg", "--name-check", "off")
+	if _, got := send(true); !bytes.Contains(got, []byte("Host: evil.example")) {
+		t.Errorf("check off: the server read %q, want the urgent byte taken out (Host: evil.example): the attack the check refuses", got)
+	}
 }

@@ -39,7 +39,7 @@ const (
 const (
 	CauseNotAllowed = "not-allowed" // a name the policy does not allow on the port
 	CauseIncomplete = "incomplete"  // no name within the bounds (bytes, time), or the flow's first byte unknown
-	CauseUnreadable = "unreadable"  // TLS or HTTP that does not parse as servers parse it, or a changed byte
+	CauseUnreadable = "unreadable"  // TLS or HTTP that does not parse as servers parse it, a changed byte, urgent data
 	// CauseUnconfirmed: the server did not acknowledge the checked bytes
 	// within HoldFor (a segment it discarded, a packet that died on the
 	// way: what it received is not known to be what was checked).
@@ -162,6 +162,7 @@ const (
 	tcpSYN = 0x02
 	tcpRST = 0x04
 	tcpACK = 0x10
+	tcpURG = 0x20
 )
 
 // segment is what the checker reads of a queued IPv4 TCP packet.
@@ -274,7 +275,7 @@ func (c *Checker) Packet(now time.Time, id uint32, pkt []byte, fromGuest bool) (
 	f.seen = now
 	switch {
 	case f.decided && f.awaiting:
-		if !f.stream.Matches(s.seq, s.payload) {
+		if !f.stream.Matches(s.seq, s.payload) || s.flags&tcpURG != 0 {
 			// A byte the server may not have had (it has not acknowledged
 			// it) sent again, changed: what it reads is not what was
 			// checked.
@@ -305,6 +306,13 @@ func (c *Checker) Packet(now time.Time, id uint32, pkt []byte, fromGuest bool) (
 	f.held = append(f.held, id)
 	conflict, over := f.stream.Add(s.seq, s.payload)
 	switch {
+	case s.flags&tcpURG != 0:
+		// Urgent data: the server's TCP takes the urgent byte out of the
+		// stream (without SO_OOBINLINE), so it reads other bytes than
+		// the ones checked ("Hos\x01t: evil" becomes a Host header). Any
+		// unprivileged socket can send it (MSG_OOB); no TLS or HTTP
+		// client does in its first request.
+		return c.decide(s.key, f, Result{Kind: Unreadable}, CauseUnreadable)
 	case conflict:
 		return c.decide(s.key, f, Result{Kind: Unreadable}, CauseUnreadable)
 	case over:

@@ -289,3 +289,26 @@ func TestCheckerProbesDoNotAccumulate(t *testing.T) {
 		t.Errorf("%d flows kept after closed probes, want 0", c.Flows())
 	}
 }
+
+// Urgent data in the checked bytes refuses the flow: the server's TCP
+// takes the urgent byte out of the stream, so it would read other bytes
+// than the checked ones; after the server's acknowledgement it is the
+// application's business.
+func TestCheckerUrgentData(t *testing.T) {
+	r := newRun(t, "pkgs.example.org")
+	r.send(isn, tcpSYN, nil)
+	req := []byte("GET / HTTP/1.1\r\nHosxt: evil.example\r\nHost: pkgs.example.org\r\n\r\n")
+	vs, d := r.send(isn+1, tcpACK|tcpURG, req)
+	if d == nil || d.Result != ResultRefused || d.Cause != CauseUnreadable || vs[0].Action != Refuse {
+		t.Fatalf("urgent byte in the request: %+v %+v, want refused unreadable", vs, d)
+	}
+	r = newRun(t, "pkgs.example.org")
+	r.send(isn, tcpSYN, nil)
+	ok := []byte("GET / HTTP/1.1\r\nHost: pkgs.example.org\r\n\r\n")
+	if _, d := r.send(isn+1, tcpACK, ok); d == nil || d.Result != ResultAllowed {
+		t.Fatalf("control: %+v, want allowed", d)
+	}
+	if vs, d := r.send(isn+1+uint32(len(ok)), tcpACK|tcpURG, []byte("x")); d == nil || d.Result != ResultRefused || vs[0].Action != Refuse {
+		t.Fatalf("urgent byte before the server's acknowledgement: %+v %+v, want refused", vs, d)
+	}
+}
