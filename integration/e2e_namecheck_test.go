@@ -492,15 +492,15 @@ func TestE2ENameCheckUrgent(t *testing.T) {
 	e.resolveTo("urg", "api.e2e.test", "198.18.1.10")
 	ns := e.nsPath("urg")
 	head, tail := []byte("GET / HTTP/1.1\r\nHos"), []byte("t: evil.example\r\nHost: api.e2e.test\r\n\r\n")
-	send := func(urgent bool) (error, []byte) {
+	send := func(urgent bool) ([]byte, error) {
 		n := cs.count()
 		c, err := world.DialTCP(ns, dst, world.ReachTimeout)
 		if err != nil {
-			return err, nil
+			return nil, err
 		}
 		defer c.Close()
 		if _, err := c.Write(head); err != nil {
-			return err, nil
+			return nil, err
 		}
 		time.Sleep(100 * time.Millisecond)
 		flags := 0
@@ -510,26 +510,26 @@ func TestE2ENameCheckUrgent(t *testing.T) {
 		raw, _ := c.(*net.TCPConn).SyscallConn()
 		var serr error
 		if err := raw.Write(func(fd uintptr) bool { serr = unix.Sendto(int(fd), []byte("x"), flags, nil); return true }); err != nil || serr != nil {
-			return errors.Join(err, serr), nil
+			return nil, errors.Join(err, serr)
 		}
 		time.Sleep(100 * time.Millisecond)
 		if _, err := c.Write(tail); err != nil {
-			return err, nil
+			return nil, err
 		}
 		_ = c.SetReadDeadline(time.Now().Add(3 * time.Second))
 		_, rerr := io.ReadFull(c, make([]byte, 3))
 		time.Sleep(300 * time.Millisecond)
 		_, got := cs.since(n)
-		return rerr, got
+		return got, rerr
 	}
-	if err, got := send(false); err != nil || len(got) != len(head)+1+len(tail) {
+	if got, err := send(false); err != nil || len(got) != len(head)+1+len(tail) {
 		t.Errorf("control, no urgent mark: %v, server got %d bytes; want it through", err, len(got))
 	}
-	if err, got := send(true); err == nil || len(got) != 0 {
+	if got, err := send(true); err == nil || len(got) != 0 {
 		t.Errorf("urgent byte in the request: %v, server got %q; want refused, nothing received", err, got)
 	}
 	e.update("urg", "--name-check", "off")
-	if _, got := send(true); !bytes.Contains(got, []byte("Host: evil.example")) {
+	if got, _ := send(true); !bytes.Contains(got, []byte("Host: evil.example")) {
 		t.Errorf("check off: the server read %q, want the urgent byte taken out (Host: evil.example): the attack the check refuses", got)
 	}
 }
