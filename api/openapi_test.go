@@ -219,6 +219,7 @@ var schemaTypes = map[string]reflect.Type{
 	"BudgetView":        reflect.TypeFor[api.BudgetView](),
 	"AttestedAddr":      reflect.TypeFor[api.AttestedAddr](),
 	"Counters":          reflect.TypeFor[api.Counters](),
+	"NameCheckView":     reflect.TypeFor[api.NameCheckView](),
 	"ExecRequest":       reflect.TypeFor[api.ExecRequest](),
 	"ExecFrame":         reflect.TypeFor[api.ExecFrame](),
 	"ExecInfo":          reflect.TypeFor[api.ExecInfo](),

@@ -9,7 +9,9 @@
 // images and the state store (one record per session under the state
 // dir). What it records goes to the event log (daemon/eventlog), the
 // flows the table admitted to each session's ledger of admissions
-// (daemon/ledger, fed by the kernel's conntrack events: flowledger.go); what it
+// (daemon/ledger, fed by the kernel's conntrack events: flowledger.go); the
+// name check's loop reads the table's name queue, asks package namecheck,
+// answers with the session's policy and sends the verdicts (namecheck.go); what it
 // counts is read by the metrics (daemon/metrics) at scrape time. It
 // reaches the domain packages through the small interfaces it declares
 // (Network, Firewall, Resolver, Sandboxes in daemon.go): Open wires the

@@ -98,6 +98,13 @@ func (e *Engine) buildPolicy(req api.CreateRequest) (netpolicy.Policy, error) {
 		}
 		p.OnDeny = a
 	}
+	if req.NameCheck != "" {
+		n, err := netpolicy.ParseNameCheck(req.NameCheck)
+		if err != nil {
+			return p, badRequest(err)
+		}
+		p.NameCheck = n
+	}
 	p.LabPeers = req.LabPeers
 	p.Lab = req.Lab
 	for _, s := range req.InboundFromHost {
@@ -531,6 +538,9 @@ func (e *Engine) sessionRules(rec SessionRecord, p netpolicy.Policy, peers []net
 		Peers:     peers,
 		Deny:      netpolicy.DenyTargets(p),
 		OnDeny:    p.OnDeny,
+		NameCheck: p.NameCheck == netpolicy.NameCheckTLS,
+		DenyNames: slices.ContainsFunc(p.Deny, func(e netpolicy.Entry) bool { return e.Kind != netpolicy.KindCIDR }),
+		Pinned:    netpolicy.PinnedTargets(p, rec.Pinned),
 
 		InboundFromHost: p.InboundFromHost,
 		Limits:          e.limitsOf(rec, p).nft,
@@ -545,6 +555,9 @@ func (e *Engine) dnsPolicy(s *liveSession) dnsproxy.SessionPolicy {
 		Allow:  s.policy.Allow,
 		Pinned: s.rec.Pinned,
 		Deny:   s.policy.Deny,
+		// Under the name check, clients get no ECH configuration: the
+		// name they want is then the server_name the check reads.
+		KeepECH: s.policy.NameCheck == netpolicy.NameCheckOff,
 	}
 }
 
@@ -618,6 +631,8 @@ func (e *Engine) teardown(rec SessionRecord, rules nft.SessionRules) error {
 			if err := e.fw.RemoveSession(rules); err != nil {
 				errs = append(errs, fmt.Errorf("remove rules: %w", err))
 			}
+			// Nothing keyed by the guest address outlives the session.
+			e.namecheck.forget(rec.Name, rules.Guest)
 		}
 	}
 	if err := e.nets.Delete(rec.Name, rec.Slot); err != nil {
@@ -760,12 +775,13 @@ func (e *Engine) summary(s *liveSession) api.SessionInfo {
 		DNS:       dns,
 		Egress:    string(s.policy.Egress),
 		Policy: api.PolicyView{
-			Allow:    entryStrings(s.policy.Allow),
-			LabPeers: s.policy.LabPeers,
-			Lab:      s.policy.Lab,
-			Pinned:   pinned,
-			Deny:     entryStrings(s.policy.Deny),
-			OnDeny:   onDeny(s.policy),
+			Allow:     entryStrings(s.policy.Allow),
+			LabPeers:  s.policy.LabPeers,
+			Lab:       s.policy.Lab,
+			Pinned:    pinned,
+			Deny:      entryStrings(s.policy.Deny),
+			OnDeny:    onDeny(s.policy),
+			NameCheck: s.policy.NameCheck.String(),
 
 			InboundFromHost: inboundStrings(s.policy.InboundFromHost),
 			// A record from before updates existed is generation 1.
@@ -783,6 +799,7 @@ func (e *Engine) summary(s *liveSession) api.SessionInfo {
 		VM:          e.vmView(s.rec),
 		SandboxView: sandboxView(s.rec),
 		Attested:    []api.AttestedAddr{},
+		NameCheck:   e.nameCheckView(s),
 		Labels:      labels,
 		Created:     s.rec.Created,
 	}
@@ -932,6 +949,9 @@ func createEssentials(req api.CreateRequest) map[string]any {
 	}
 	if req.OnDeny != "" {
 		d["on_deny"] = req.OnDeny
+	}
+	if req.NameCheck != "" {
+		d["name_check"] = req.NameCheck
 	}
 	if len(req.InboundFromHost) > 0 {
 		d["inbound_from_host"] = req.InboundFromHost

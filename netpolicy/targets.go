@@ -52,6 +52,20 @@ func StaticTargets(p Policy, pinned map[string][]netip.Addr) []Target {
 	return normalizeTargets(out)
 }
 
+// PinnedTargets returns the pinned addresses of p's name entries (with
+// the entry's port), normalised: the part of StaticTargets a name
+// admits, which the name check reads.
+func PinnedTargets(p Policy, pinned map[string][]netip.Addr) []Target {
+	var names Policy
+	names.Egress = p.Egress
+	for _, e := range p.Allow {
+		if e.Kind != KindCIDR {
+			names.Allow = append(names.Allow, e)
+		}
+	}
+	return StaticTargets(names, pinned)
+}
+
 // DenyTargets returns the address and CIDR deny entries of p as targets,
 // normalised like StaticTargets' (name entries are the DNS proxy's).
 func DenyTargets(p Policy) []Target {

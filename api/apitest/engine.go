@@ -111,7 +111,7 @@ func (f *Engine) Create(ctx context.Context, req api.CreateRequest) (api.Session
 	}
 	info := api.SessionInfo{
 		Name: req.Name, Netns: "enf-" + req.Name, GuestIP: "10.20.0.2", GatewayIP: "10.20.0.1",
-		HostVeth: "enf" + req.Name + "h", Egress: "allowlist", Policy: api.PolicyView{Allow: req.Allow, Deny: req.Deny, OnDeny: cmp.Or(req.OnDeny, "reject")},
+		HostVeth: "enf" + req.Name + "h", Egress: "allowlist", Policy: api.PolicyView{Allow: req.Allow, Deny: req.Deny, OnDeny: cmp.Or(req.OnDeny, "reject"), NameCheck: cmp.Or(req.NameCheck, "tls")},
 		Sandbox: !req.NetworkOnly, Rootfs: req.Rootfs, Image: req.Image, Attested: []api.AttestedAddr{}, Labels: labels,
 		Created: time.Date(2025, 1, 2, 3, 0, 0, 0, time.UTC),
 	}
@@ -211,7 +211,7 @@ func (f *Engine) Events(ctx context.Context, name string, follow bool) ([]api.Ev
 
 // Why answers "allowed" for a destination the session's allow list names
 // as given, "dropped" otherwise.
-func (f *Engine) Why(ctx context.Context, name, dest string) (api.WhyAnswer, error) {
+func (f *Engine) Why(ctx context.Context, name, dest, sni string) (api.WhyAnswer, error) {
 	s, err := f.Inspect(name)
 	if err != nil {
 		return api.WhyAnswer{}, err

@@ -31,6 +31,8 @@ var dropCodes = []dropCode{
 	{netpolicy.ReasonDenied, 7, chainDropDenied},
 	{netpolicy.ReasonBudget, 8, chainDropBudget},
 	{netpolicy.ReasonGrantUsed, 9, chainDropGrantUsed},
+	{netpolicy.ReasonNameMismatch, 10, chainDropName},
+	{netpolicy.ReasonQUIC, 11, chainDropQUIC},
 	{"", codeUnlogged, ""},
 }
 

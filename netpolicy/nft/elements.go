@@ -142,7 +142,22 @@ func sessionElements(r SessionRules) []setElems {
 	if r.OnDeny == netpolicy.DenyReset {
 		reset = []nftables.SetElement{{Key: g}}
 	}
-	for _, se := range []setElems{{setPeers, peers}, {setStatic, static}, {setStaticPorts, staticPorts}, {setStaticCIDR, cidr}, {setStaticCIDRPorts, cidrPorts},
+	var nameCheck, nameCheckPublic, pinned, pinnedPorts []nftables.SetElement
+	if r.NameCheck {
+		nameCheck = []nftables.SetElement{{Key: g}}
+		if r.Egress == netpolicy.ModePublic && r.DenyNames {
+			nameCheckPublic = nameCheck
+		}
+		for _, t := range netpolicy.ExpandProto(r.Pinned) {
+			a := ipKey(t.Prefix.Addr())
+			if t.Port == 0 {
+				pinned = append(pinned, nftables.SetElement{Key: concat(g, a)})
+				continue
+			}
+			pinnedPorts = append(pinnedPorts, nftables.SetElement{Key: concat(g, protoKey(t.Proto), a, portKey(t.Port))})
+		}
+	}
+	for _, se := range []setElems{{setNameCheck, nameCheck}, {setNameCheckPublic, nameCheckPublic}, {setPinned, pinned}, {setPinnedPorts, pinnedPorts}, {setPeers, peers}, {setStatic, static}, {setStaticPorts, staticPorts}, {setStaticCIDR, cidr}, {setStaticCIDRPorts, cidrPorts},
 		{setPortHosts, portHosts}, {setPortCIDRs, portCIDR}, {setDenied, denied}, {setDeniedPorts, deniedPorts}, {setReject, reject}, {setReset, reset}} {
 		if len(se.elems) > 0 {
 			out = append(out, se)
