@@ -27,7 +27,7 @@ type namedLimit struct {
 
 // namedIndex is every session's limited name entries, by guest.
 type namedIndex struct {
-	mu sync.Mutex
+	mu sync.RWMutex
 	by map[netip.Addr][]namedLimit
 }
 
@@ -59,9 +59,9 @@ func (x *namedIndex) set(g netip.Addr, ls []namedLimit) {
 // sets returns the address sets of the guest's limited names that name
 // matches (in presentation format, as the DNS proxy has it).
 func (x *namedIndex) sets(g netip.Addr, name string) []string {
-	x.mu.Lock()
+	x.mu.RLock()
 	ls := x.by[g]
-	x.mu.Unlock()
+	x.mu.RUnlock()
 	var out []string
 	for _, l := range ls {
 		if l.entry.MatchesName(name) {
