@@ -87,12 +87,14 @@ type CreateRequest struct {
 	// KeepEstablished (with AllowFor only): the grant's end leaves the
 	// established flows under its entries alone.
 	KeepEstablished bool `json:"keep_established,omitempty"`
-	// Connections makes this call's Allow entries (addresses and CIDRs)
-	// a grant of that many new flows each, counted in the kernel; the
+	// Connections makes this call's Allow entries (addresses, CIDRs and,
+	// in egress allowlist, names: the flows to the addresses the
+	// session's DNS answers for the name gave) a grant of that many new
+	// flows each, counted in the kernel; the
 	// next is refused (reason grant-used).
 	Connections uint32 `json:"connections,omitempty"`
-	// Budget gives each of this call's Allow entries (addresses and
-	// CIDRs) a byte budget: the bytes the guest may send to it, counted
+	// Budget gives each of this call's Allow entries (addresses, CIDRs
+	// and names, as Connections) a byte budget: the bytes the guest may send to it, counted
 	// in the kernel (IP packet lengths); once spent, new and established
 	// packets to it are refused (reason budget).
 	Budget uint64 `json:"budget,omitempty"`

@@ -387,7 +387,7 @@ func (e *Engine) Create(ctx context.Context, req api.CreateRequest) (info api.Se
 		return info, badRequest(errKeepWithoutGrant)
 	}
 	ask := grantAsk{allowFor: req.AllowFor, keep: req.KeepEstablished, connections: req.Connections, budget: req.Budget}
-	if err := e.checkGrantEntries(req.Allow, ask); err != nil {
+	if err := e.checkGrantEntries(req.Allow, ask, policy.Egress); err != nil {
 		return info, err
 	}
 	grant, err := newGrant(req.Allow, ask, time.Now())

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"net/netip"
+	"slices"
 	"strconv"
 	"sync"
 
@@ -43,14 +44,14 @@ type sessionLimits struct {
 }
 
 // limitsOf derives the session's limits from its record and policy: for
-// each allow entry (an address or CIDR), the latest grant not ended that
-// names it with connections, and the latest with a budget.
+// each allow entry (an address, a CIDR or a name), the latest grant not
+// ended that names it with connections, and the latest with a budget. A
+// name's targets are the addresses the DNS proxy answers for it (the
+// kernel's address set of the entry), a pinned host's its pinned
+// addresses.
 func (e *Engine) limitsOf(rec SessionRecord, p netpolicy.Policy) sessionLimits {
 	out := sessionLimits{nft: nft.SessionLimits{EgressBudget: rec.Request.EgressBudget}}
 	for _, ent := range p.Allow {
-		if ent.Kind != netpolicy.KindCIDR {
-			continue
-		}
 		le := limitedEntry{entry: ent.String(), connGrant: -1, budgetGrant: -1}
 		for i, g := range rec.Grants {
 			if g.Ended != nil || (g.Connections == 0 && g.Budget == 0) || !e.grantNames(g, le.entry) {
@@ -67,7 +68,17 @@ func (e *Engine) limitsOf(rec SessionRecord, p netpolicy.Policy) sessionLimits {
 			continue
 		}
 		le.limit.ID = entryID(le.entry)
-		le.limit.Targets = []netpolicy.Target{{Prefix: ent.Prefix, Port: ent.Port, Proto: ent.Proto}}
+		switch pins, pinned := rec.Pinned[ent.Name]; {
+		case ent.Kind == netpolicy.KindCIDR:
+			le.limit.Targets = []netpolicy.Target{{Prefix: ent.Prefix, Port: ent.Port, Proto: ent.Proto}}
+		case ent.Kind == netpolicy.KindHost && pinned:
+			for _, a := range pins {
+				le.limit.Targets = append(le.limit.Targets, netpolicy.Target{Prefix: netip.PrefixFrom(a, 32), Port: ent.Port, Proto: ent.Proto})
+			}
+		default:
+			name := ent
+			le.limit.Name = &name
+		}
 		out.entries = append(out.entries, le)
 		out.nft.Entries = append(out.nft.Entries, le.limit)
 	}
@@ -92,8 +103,9 @@ func entryID(entry string) string {
 }
 
 // checkGrantEntries refuses connections or a budget for an entry the
-// kernel cannot count: a name (its addresses come and go with DNS answers).
-func (e *Engine) checkGrantEntries(allow []string, ask grantAsk) error {
+// kernel cannot count: a name in public mode (the DNS proxy attests no
+// answer there, so the name's addresses are never known), a resolver port.
+func (e *Engine) checkGrantEntries(allow []string, ask grantAsk, mode netpolicy.Mode) error {
 	if ask.connections == 0 && ask.budget == 0 {
 		return nil
 	}
@@ -102,8 +114,8 @@ func (e *Engine) checkGrantEntries(allow []string, ask grantAsk) error {
 		if err != nil {
 			continue // the policy's own check names it
 		}
-		if ent.Kind != netpolicy.KindCIDR {
-			return badRequest(fmt.Errorf("allow %q with connections or a budget: want an address or CIDR entry (a name's connections and bytes are not counted)", raw))
+		if ent.Kind != netpolicy.KindCIDR && mode == netpolicy.ModePublic {
+			return badRequest(fmt.Errorf("allow %q with connections or a budget in egress public: want egress allowlist (public mode attests no answer, so a name's flows cannot be told apart)", raw))
 		}
 		if ask.connections > 0 && netpolicy.IsResolverPort(ent.Port) {
 			// The table sends DNS and DoT to the resolver chain before
@@ -136,6 +148,21 @@ func (e *Engine) limitViews(s *liveSession, in *api.SessionInfo) {
 // allows but a limit refuses: the session's budget spent (entry ""), or
 // the entry whose grant is used up or whose budget is spent.
 func (e *Engine) limitVerdict(s *liveSession, a netip.Addr, port uint16, proto netpolicy.Proto) (reason, entry, detail string, ok bool) {
+	return e.limitVerdictOf(s, func(l nft.EntryLimit, u nft.EntryUsage) bool { return limitCovers(l, u, a, port, proto) })
+}
+
+// limitVerdictName is limitVerdict for a host name: the session's egress
+// budget, or a name entry matching it (on port, 0: any) whose grant is used
+// up or whose budget is spent.
+func (e *Engine) limitVerdictName(s *liveSession, name string, port uint16, proto netpolicy.Proto) (reason, entry, detail string, ok bool) {
+	return e.limitVerdictOf(s, func(l nft.EntryLimit, _ nft.EntryUsage) bool {
+		return l.Name != nil && l.Name.MatchesName(name) && portCovers(l.Name.PortSpec, port, proto)
+	})
+}
+
+// limitVerdictOf: the session's egress budget, then each entry limit
+// covers.
+func (e *Engine) limitVerdictOf(s *liveSession, covers func(nft.EntryLimit, nft.EntryUsage) bool) (reason, entry, detail string, ok bool) {
 	lim := e.limitsOf(s.rec, s.policy)
 	if lim.nft.Empty() {
 		return "", "", "", false
@@ -147,12 +174,17 @@ func (e *Engine) limitVerdict(s *liveSession, a netip.Addr, port uint16, proto n
 	if b := lim.nft.EgressBudget; b > 0 && use.EgressSpent >= b {
 		return ReasonBudget, "", fmt.Sprintf("the session's egress budget of %d bytes is spent (%d counted): raise it with an update (--egress-budget SIZE)", b, use.EgressSpent), true
 	}
+	return entryLimitVerdict(lim, use, covers)
+}
+
+// entryLimitVerdict is the verdict of the first entry limit covers that is
+// used up or spent.
+func entryLimitVerdict(lim sessionLimits, use nft.LimitUsage, covers func(nft.EntryLimit, nft.EntryUsage) bool) (reason, entry, detail string, ok bool) {
 	for _, le := range lim.entries {
-		t := le.limit.Targets[0]
-		if !t.Prefix.Contains(a) || (t.Port != 0 && (port == 0 || t.Port != port || (t.Proto != netpolicy.ProtoAny && proto != netpolicy.ProtoAny && t.Proto != proto))) {
+		u := use.Entries[le.limit.ID]
+		if !covers(le.limit, u) {
 			continue
 		}
-		u := use.Entries[le.limit.ID]
 		if le.limit.Connections > 0 && u.Used >= le.limit.Connections {
 			return ReasonGrantUsed, le.entry, fmt.Sprintf("the grant of %q allowed %d connections and all are used: grant more with an update (--allow %s --connections N)", le.entry, le.limit.Connections, le.entry), true
 		}
@@ -161,6 +193,27 @@ func (e *Engine) limitVerdict(s *liveSession, a netip.Addr, port uint16, proto n
 		}
 	}
 	return "", "", "", false
+}
+
+// limitCovers reports whether the entry's limit counts flows to a on port
+// (0: any) and proto: a's in one of its targets or, for a name, in the
+// addresses answered for it (u.Addrs).
+func limitCovers(l nft.EntryLimit, u nft.EntryUsage, a netip.Addr, port uint16, proto netpolicy.Proto) bool {
+	if l.Name != nil {
+		return portCovers(l.Name.PortSpec, port, proto) && slices.Contains(u.Addrs, a)
+	}
+	for _, t := range l.Targets {
+		if t.Prefix.Contains(a) && portCovers(netpolicy.PortSpec{Port: t.Port, Proto: t.Proto}, port, proto) {
+			return true
+		}
+	}
+	return false
+}
+
+// portCovers reports whether an entry's port p covers port (0: any) and
+// proto.
+func portCovers(p netpolicy.PortSpec, port uint16, proto netpolicy.Proto) bool {
+	return p.Port == 0 || (port != 0 && p.Port == port && (p.Proto == netpolicy.ProtoAny || proto == netpolicy.ProtoAny || p.Proto == proto))
 }
 
 // limitEvents dedupes the operator events of limits reached: one per

@@ -59,7 +59,7 @@ func (e *Engine) UpdatePolicy(ctx context.Context, name string, u api.PolicyUpda
 	}
 	now := time.Now()
 	ask := grantAsk{allowFor: u.AllowFor, keep: u.KeepEstablished, connections: u.Connections, budget: u.Budget}
-	if err := e.checkGrantEntries(u.Allow, ask); err != nil {
+	if err := e.checkGrantEntries(u.Allow, ask, ""); err != nil {
 		return info, err
 	}
 	grant, err := newGrant(u.Allow, ask, now)
@@ -91,6 +91,20 @@ func (e *Engine) UpdatePolicy(ctx context.Context, name string, u api.PolicyUpda
 	req.Scope = stripScopes(req.Scope)
 	if policy.Egress == netpolicy.ModeNone {
 		return info, errEgressNoneUpdate
+	}
+	if policy.Egress == netpolicy.ModePublic {
+		// The new grant's names, and those of the counted grants in
+		// force: public mode would leave their flows uncounted.
+		if err := e.checkGrantEntries(u.Allow, ask, policy.Egress); err != nil {
+			return info, err
+		}
+		for _, g := range s.rec.Grants {
+			if g.Ended == nil {
+				if err := e.checkGrantEntries(g.Entries, grantAsk{connections: g.Connections, budget: g.Budget}, policy.Egress); err != nil {
+					return info, err
+				}
+			}
+		}
 	}
 	peers, err := e.resolvePeers(policy.LabPeers)
 	if err != nil {

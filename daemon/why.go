@@ -168,10 +168,13 @@ func (e *Engine) why(ctx context.Context, name, dest string, d whyDest) (api.Why
 	}
 	ans, err := e.whyName(ctx, s, d, ans)
 	if err == nil && ans.Verdict == api.WhyAllowed {
-		// A name's entries take no count or budget; the session's
-		// egress budget covers it all the same.
-		if reason, _, detail, ok := e.limitVerdict(s, netip.Addr{}, d.port, d.proto); ok {
+		// The session's egress budget, or the count or budget of a name
+		// entry that matches the name.
+		if reason, entry, detail, ok := e.limitVerdictName(s, d.name, d.port, d.proto); ok {
 			ans.Verdict, ans.Reason, ans.Detail = e.denyVerdict(s), reason, detail
+			if entry != "" {
+				ans.Entry = entry
+			}
 		}
 	}
 	return ans, err

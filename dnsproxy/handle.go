@@ -262,7 +262,13 @@ func (p *Proxy) attest(s *compiledSession, name string, addrs []netip.Addr, ttl 
 		return 0, fmt.Errorf("%w: session %q (guest %s): %d addresses not attested", ErrSessionGone, s.name, s.guest, len(addrs))
 	}
 	start := time.Now()
-	eff, err := p.cfg.Attester.Attest(s.guest, addrs, ttl, ports)
+	var eff time.Duration
+	var err error
+	if na, ok := p.cfg.Attester.(NameAttester); ok {
+		eff, err = na.AttestName(s.guest, name, addrs, ttl, ports)
+	} else {
+		eff, err = p.cfg.Attester.Attest(s.guest, addrs, ttl, ports)
+	}
 	p.stats.attest.observe(time.Since(start))
 	if err != nil {
 		p.stats.attestErrors.Add(1)

@@ -28,6 +28,15 @@ type Attester interface {
 	Attest(guest netip.Addr, ips []netip.Addr, ttl time.Duration, ports []netpolicy.PortSpec) (time.Duration, error)
 }
 
+// NameAttester is an Attester that is also told the name the addresses
+// answer (the query name, lower-case, without the trailing dot), so that it
+// can count a session's flows per name (netpolicy's counted limits). The
+// proxy calls AttestName instead of Attest when the Attester has it; the
+// contract is Attest's.
+type NameAttester interface {
+	AttestName(guest netip.Addr, name string, ips []netip.Addr, ttl time.Duration, ports []netpolicy.PortSpec) (time.Duration, error)
+}
+
 // Config configures a Proxy. Upstreams, Guard and Attester are required.
 type Config struct {
 	// Upstreams are the resolvers allowed names are forwarded to, in order

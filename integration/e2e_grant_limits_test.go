@@ -94,9 +94,10 @@ func TestE2EGrantConnections(t *testing.T) {
 		t.Fatalf("grants after create: %+v", in.Policy.Grants)
 	}
 	e.update("gc", "--allow", "198.18.1.11")
-	// A name takes no count: refused in one line naming it, nothing changed.
-	if msg := e.expectFail(1, "session", "update", "gc", "--allow", "api.e2e.test", "--connections", "2"); !strings.Contains(msg, `allow "api.e2e.test" with connections or a budget: want an address or CIDR entry`) {
-		t.Errorf("--connections for a name: %s", msg)
+	// A name's count in public mode (which attests no answer): refused in
+	// one line naming it, nothing changed.
+	if msg := e.expectFail(1, "session", "update", "gc", "--egress", "public", "--allow", "api.e2e.test", "--connections", "2"); !strings.Contains(msg, `allow "api.e2e.test" with connections or a budget in egress public: want egress allowlist`) {
+		t.Errorf("--connections for a name in public mode: %s", msg)
 	}
 	e.createNetOnly("other", "--allow", entry)
 	ns, other := e.nsPath("gc"), e.nsPath("other")
@@ -173,14 +174,15 @@ func TestE2EGrantConnections(t *testing.T) {
 }
 
 // limitObjects lists the table's limit objects (chains, sets, quotas and
-// map elements named after a guest: budget_, grants_, grant_, quota_).
+// map elements named after a guest: budget_, grants_, grant_, quota_,
+// addrs_).
 func (e *e2eEnv) limitObjects(t *testing.T) []string {
 	t.Helper()
 	out := run(t, "ip", "netns", "exec", e.w.HostName, "nft", "list", "table", "inet", e.d.Prefix)
 	return limitObjectRE.FindAllString(out, -1)
 }
 
-var limitObjectRE = regexp.MustCompile(`\b(budget|grants|grant|quota)_[0-9a-f]{8}\w*`)
+var limitObjectRE = regexp.MustCompile(`\b(budget|grants|grant|quota|addrs)_[0-9a-f]{8}\w*`)
 
 // eventually retries check until it succeeds or 5 s pass.
 func (e *e2eEnv) eventually(what string, check func() error) {

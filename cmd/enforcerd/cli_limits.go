@@ -96,8 +96,8 @@ func newLimitFlags() *limitFlags {
 }
 
 func (l *limitFlags) register(fs *pflag.FlagSet) {
-	fs.Var(&l.connections, "connections", "make this call's --allow entries (addresses, CIDRs) a grant of `N` new connections each, counted in the kernel: the next is refused (grant-used)")
-	fs.Var(&l.budget, "budget", "give this call's --allow entries (addresses, CIDRs) a byte budget each: the bytes the session may send there (`SIZE`: 50MB, 50MiB, 2G), counted in the kernel; then its packets there are refused (budget), established ones too")
+	fs.Var(&l.connections, "connections", "make this call's --allow entries (addresses, CIDRs, names) a grant of `N` new connections each, counted in the kernel: the next is refused (grant-used)")
+	fs.Var(&l.budget, "budget", "give this call's --allow entries (addresses, CIDRs, names) a byte budget each: the bytes the session may send there (`SIZE`: 50MB, 50MiB, 2G), counted in the kernel; then its packets there are refused (budget), established ones too")
 	fs.Var(&l.egressBudget, "egress-budget", "the bytes the session may send in all (`SIZE`: 50MB, 50MiB, 2G), counted in the kernel; then everything it sends is refused (budget), established flows too")
 }
 

@@ -105,9 +105,9 @@ func TestMergeAttests(t *testing.T) {
 	g1, g2 := netip.MustParseAddr("10.20.0.2"), netip.MustParseAddr("10.20.0.6")
 	a, b := netip.MustParseAddr("1.1.1.1"), netip.MustParseAddr("2.2.2.2")
 	reqs := []attestReq{
-		{g1, attestElements(g1, []netip.Addr{a, b}, time.Minute, nil)},
-		{g1, attestElements(g1, []netip.Addr{a}, time.Hour, nil)},
-		{g2, attestElements(g2, []netip.Addr{a}, 30*time.Second, []netpolicy.PortSpec{{Port: 53, Proto: netpolicy.ProtoUDP}})},
+		{guest: g1, plan: attestElements(g1, []netip.Addr{a, b}, time.Minute, nil)},
+		{guest: g1, plan: attestElements(g1, []netip.Addr{a}, time.Hour, nil)},
+		{guest: g2, plan: attestElements(g2, []netip.Addr{a}, 30*time.Second, []netpolicy.PortSpec{{Port: 53, Proto: netpolicy.ProtoUDP}})},
 	}
 	got := mergeAttests(reqs)
 	type el struct {

@@ -181,6 +181,7 @@ type Firewall struct {
 	attests  *groupCommit[attestReq]
 	attested attestIndex
 	known    knownIndex     // what Attest may skip the kernel for (attestknown.go)
+	named    namedIndex     // the sessions' limited name entries (namedlimits.go)
 	monitor  attestMonitor  // forgets what others delete (attestmonitor.go)
 	flushes  atomic.Uint64  // attest batches sent to the kernel
 	flows    flowTable      // conntrack entries of removed sessions

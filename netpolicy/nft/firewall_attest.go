@@ -18,6 +18,7 @@ const attestBatchMax = 128
 type attestReq struct {
 	guest netip.Addr
 	plan  []setElems
+	named []namedElems // the answer's addresses for the session's limited names
 }
 
 // Attest makes ips reachable from the session whose guest address is guest
@@ -46,6 +47,15 @@ type attestReq struct {
 // never another's. When two coalesced calls attest the same element, it is
 // inserted once with the longer of their timeouts.
 func (f *Firewall) Attest(guest netip.Addr, ips []netip.Addr, ttl time.Duration, ports []netpolicy.PortSpec) (time.Duration, error) {
+	return f.AttestName(guest, "", ips, ttl, ports)
+}
+
+// AttestName is Attest of an answer for name (presentation format, as the
+// DNS proxy has it; "" unknown): when the session has counted limits on
+// entries matching the name, the addresses also go into those entries'
+// address sets, in the same batch (namedlimits.go). Such an answer always
+// waits for a batch.
+func (f *Firewall) AttestName(guest netip.Addr, name string, ips []netip.Addr, ttl time.Duration, ports []netpolicy.PortSpec) (time.Duration, error) {
 	timeout := min(max(ttl, f.floor), MaxAttestTimeout)
 	if err := f.checkGuest(guest); err != nil {
 		return 0, fmt.Errorf("attest for %s: %w", guest, err)
@@ -54,8 +64,9 @@ func (f *Firewall) Attest(guest netip.Addr, ips []netip.Addr, ttl time.Duration,
 	if len(plan) == 0 {
 		return timeout, nil
 	}
+	named := f.namedElements(guest, name, ips, timeout)
 	now := time.Now()
-	if left, ok := f.known.covers(guest, plan, timeout, now); ok {
+	if left, ok := f.known.covers(guest, plan, timeout, now); ok && len(named) == 0 {
 		// The answer justifies the refresh as a batch's would.
 		for _, se := range plan {
 			f.attested.noteAnswer(guest, se.set, se.elems, now)
@@ -65,7 +76,7 @@ func (f *Firewall) Attest(guest netip.Addr, ips []netip.Addr, ttl time.Duration,
 	if !f.attested.admits(guest, plan, f.cfg.MaxAttested, time.Now()) {
 		return 0, fmt.Errorf("attest %d addresses for %s: %w (%d)", len(ips), guest, netpolicy.ErrAttestCap, f.cfg.MaxAttested)
 	}
-	if err := f.attests.do(attestReq{guest: guest, plan: plan}); err != nil {
+	if err := f.attests.do(attestReq{guest: guest, plan: plan, named: named}); err != nil {
 		return 0, fmt.Errorf("attest %d addresses for %s: %w", len(ips), guest, err)
 	}
 	return timeout, nil
@@ -89,6 +100,9 @@ func (f *Firewall) flushAttests(reqs []attestReq) error {
 			if err := addElements(c, f.schema.sets[se.set], se.elems, false); err != nil {
 				return err
 			}
+		}
+		if err := f.queueNamed(c, mergeNamed(reqs)); err != nil {
+			return err
 		}
 		// Before the send: the kernel stamps the expiries later, so
 		// sent+timeout is a lower bound of each.

@@ -70,6 +70,9 @@ func (f *Firewall) AddSession(r SessionRules) error {
 	if err != nil {
 		return fmt.Errorf("add session %s (guest %s): %w", r.Name, r.Guest, err)
 	}
+	// After the batch: an answer meanwhile would name sets not yet made.
+	// (Sets a restart finds keep their elements.)
+	f.named.set(r.Guest, namedOf(r.Guest, r.Limits))
 	return nil
 }
 
@@ -128,6 +131,7 @@ func (f *Firewall) RemoveSession(r SessionRules) error {
 	// meanwhile learns nothing (see knownIndex).
 	f.known.forgetGuest(r.Guest)
 	defer f.known.forgetGuest(r.Guest)
+	f.named.set(r.Guest, nil) // before the batch deletes their sets
 	attested, taken, complete := f.attested.take(r.Guest, time.Now())
 	if complete && r.Egress != "" && r.Egress != netpolicy.ModeNone && f.checkRules(r) == nil {
 		err := f.admin.do(func(c *nftables.Conn) error { return f.removeByKeyLocked(c, r, attested) })

@@ -158,12 +158,21 @@ func (f *Firewall) UpdateSession(u SessionUpdate) error {
 	f.attested.revoke(u.New.Guest, plan.unattest)
 	f.known.forgetGuest(u.New.Guest)
 	defer f.known.forgetGuest(u.New.Guest)
+	// During the batch, answers fill only the address sets both the old
+	// and the new limits have (the others are made or deleted by it).
+	oldNamed, newNamed := namedOf(u.Old.Guest, u.Old.Limits), namedOf(u.New.Guest, u.New.Limits)
+	f.named.set(u.New.Guest, bothNamed(oldNamed, newNamed))
 	err := f.admin.do(func(c *nftables.Conn) error { return f.updateByKeyLocked(c, u, plan) })
 	for attempt := 0; err != nil && isNotFound(err) && attempt < 4; attempt++ {
 		err = f.admin.do(func(c *nftables.Conn) error { return f.updateByDumpLocked(c, u, plan) })
 	}
 	if err != nil {
+		f.named.set(u.Old.Guest, oldNamed)
 		return fmt.Errorf("update session %s (guest %s): %w", u.New.Name, u.New.Guest, err)
+	}
+	f.named.set(u.New.Guest, newNamed)
+	if err := f.seedNamed(u.New.Guest, freshNamed(oldNamed, newNamed)); err != nil {
+		return fmt.Errorf("update session %s (guest %s): fill the address sets of its limited names: %w", u.New.Name, u.New.Guest, err)
 	}
 	return nil
 }

@@ -29,6 +29,20 @@ import (
 //	  ct state new TARGET add @grant_<guest>_<entry>_<grant> { ip saddr . meta l4proto . th sport . ip daddr . th dport } goto accept_new
 //	  ct state new TARGET goto drop_grant_used
 //
+// A name entry's TARGET is its address set, addrs_<guest>_<entry> (ip
+// daddr @addrs_… [l4proto P th dport N]): the DNS proxy's answers for the
+// name put the answered addresses there, in the batch that attests them,
+// before the answer is released (AttestName, namedlimits.go). A name
+// entry's grant does not accept: the flow it counts returns to the policy,
+// whose attested elements (or the name check) decide, as for any name:
+//
+//	  ct state new ip daddr @addrs_… add @grant_… return
+//	  ct state new ip daddr @addrs_… goto drop_grant_used
+//	budget_<guest>: ip daddr @addrs_… update @addrs_… { ip daddr timeout 24h } quota name … goto drop_budget
+//
+// The budget's update keeps the address of a flow that still sends in the
+// set as long as it sends (an established flow outlives its attestation).
+//
 // A session without limits has no element in either map: it pays one hash
 // lookup per packet (from_session) and one per new flow (policy), nothing
 // more. The quotas are named objects ("over BYTES"): each packet that
@@ -65,6 +79,11 @@ type EntryLimit struct {
 	// unique in the session, the same across updates for the same entry.
 	ID      string
 	Targets []netpolicy.Target
+	// Name, when set, makes the entry a name (KindHost or a wildcard,
+	// with its port): its targets are the addresses the DNS proxy answers
+	// for the names it matches, kept in the entry's address set (Targets
+	// is then unused).
+	Name *netpolicy.Entry
 	// Budget is the bytes the guest may send to Targets; 0: no budget.
 	Budget uint64
 	// Connections is the number of new flows to Targets; 0: no grant.
@@ -110,6 +129,12 @@ func (l SessionLimits) check() error {
 			return fmt.Errorf("limit of entry %q given twice", e.ID)
 		}
 		seen[e.ID] = true
+		if e.Name != nil {
+			if e.Name.Kind == netpolicy.KindCIDR {
+				return fmt.Errorf("limit of entry %q: a CIDR given as a name", e.ID)
+			}
+			continue
+		}
 		for _, t := range e.Targets {
 			if !t.Prefix.Addr().Is4() {
 				return fmt.Errorf("limit of entry %q: target %s is not IPv4", e.ID, t.Prefix)
@@ -143,10 +168,11 @@ func entryQuotaName(g netip.Addr, id string) string { return "quota_" + guestTag
 func grantSetName(g netip.Addr, id, grant string) string {
 	return "grant_" + guestTag(g) + "_" + id + "_" + grant
 }
+func addrsSetName(g netip.Addr, id string) string { return "addrs_" + guestTag(g) + "_" + id }
 
 // limitGuest returns the guest a limit object's name belongs to.
 func limitGuest(name string) (netip.Addr, bool) {
-	for _, p := range []string{"budget_", "grants_", "quota_", "grant_"} {
+	for _, p := range []string{"budget_", "grants_", "quota_", "grant_", "addrs_"} {
 		rest, ok := strings.CutPrefix(name, p)
 		if !ok || len(rest) < 8 || (len(rest) > 8 && rest[8] != '_') {
 			continue
@@ -161,16 +187,22 @@ func limitGuest(name string) (netip.Addr, bool) {
 }
 
 // limitObjects are a guest's limit objects by name: its two chains (and
-// with each, its element in the chain's map), quotas (bytes) and grant sets
-// (size).
+// with each, its element in the chain's map), quotas (bytes), grant sets
+// (size) and the address sets of its name entries.
 type limitObjects struct {
 	budgetChain, grantChain bool
 	quotas                  map[string]uint64
 	sets                    map[string]uint32
+	addrs                   map[string]bool
+}
+
+func newLimitObjects() limitObjects {
+	return limitObjects{quotas: map[string]uint64{}, sets: map[string]uint32{}, addrs: map[string]bool{}}
 }
 
 func wantedLimits(g netip.Addr, l SessionLimits) limitObjects {
-	o := limitObjects{budgetChain: l.hasBudget(), grantChain: l.hasGrant(), quotas: map[string]uint64{}, sets: map[string]uint32{}}
+	o := newLimitObjects()
+	o.budgetChain, o.grantChain = l.hasBudget(), l.hasGrant()
 	if l.EgressBudget > 0 {
 		o.quotas[sessionQuotaName(g)] = l.EgressBudget
 	}
@@ -181,8 +213,18 @@ func wantedLimits(g netip.Addr, l SessionLimits) limitObjects {
 		if e.Connections > 0 {
 			o.sets[grantSetName(g, e.ID, e.Grant)] = e.Connections
 		}
+		if e.Name != nil && (e.Connections > 0 || e.Budget > 0) {
+			o.addrs[addrsSetName(g, e.ID)] = true
+		}
 	}
 	return o
+}
+
+// addrsSet is a name entry's address set: the addresses answered for the
+// name, each with a timeout (AttestName), refreshed by the datapath while
+// a budgeted flow sends (budgetRules).
+func (f *Firewall) addrsSet(name string) *nftables.Set {
+	return &nftables.Set{Table: f.schema.table, Name: name, KeyType: nftables.TypeIPAddr, HasTimeout: true, Dynamic: true, Size: attestedSetSize}
 }
 
 func (f *Firewall) grantSet(name string, size uint32) *nftables.Set {
@@ -204,6 +246,13 @@ func (f *Firewall) queueLimitsLocked(c *nftables.Conn, g netip.Addr, l SessionLi
 		c.AddObj(&nftables.QuotaObj{Table: t, Name: name, Bytes: want.quotas[name], Over: true})
 	}
 	sets := map[string]*nftables.Set{}
+	for _, name := range sortedKeys(want.addrs) {
+		s := f.addrsSet(name)
+		if err := c.AddSet(s, nil); err != nil {
+			return fmt.Errorf("encode set %s: %w", name, err)
+		}
+		sets[name] = s
+	}
 	for _, name := range sortedKeys(want.sets) {
 		s := f.grantSet(name, want.sets[name])
 		if err := c.AddSet(s, nil); err != nil {
@@ -218,7 +267,7 @@ func (f *Firewall) queueLimitsLocked(c *nftables.Conn, g netip.Addr, l SessionLi
 		vmap       string
 		rules      [][]expr.Any
 	}{
-		{budgetChainName(g), want.budgetChain, have.budgetChain, setBudgetChains, budgetRules(g, l)},
+		{budgetChainName(g), want.budgetChain, have.budgetChain, setBudgetChains, budgetRules(g, l, sets)},
 		{grantChainName(g), want.grantChain, have.grantChain, setGrantChains, env.grantRules(g, l, sets)},
 	} {
 		chain := &nftables.Chain{Name: ch.name, Table: t}
@@ -246,6 +295,11 @@ func (f *Firewall) queueLimitsLocked(c *nftables.Conn, g netip.Addr, l SessionLi
 			c.DelSet(f.grantSet(name, have.sets[name]))
 		}
 	}
+	for _, name := range sortedKeys(have.addrs) {
+		if !want.addrs[name] {
+			c.DelSet(f.addrsSet(name))
+		}
+	}
 	for _, name := range sortedKeys(have.quotas) {
 		if _, ok := want.quotas[name]; !ok {
 			c.DeleteObject(&nftables.QuotaObj{Table: t, Name: name})
@@ -266,7 +320,7 @@ func (f *Firewall) listLimitsLocked(c *nftables.Conn, mine func(netip.Addr) bool
 		}
 		o, ok := out[g]
 		if !ok {
-			o = limitObjects{quotas: map[string]uint64{}, sets: map[string]uint32{}}
+			o = newLimitObjects()
 		}
 		return o, g, true
 	}
@@ -297,11 +351,16 @@ func (f *Firewall) listLimitsLocked(c *nftables.Conn, mine func(netip.Addr) bool
 		return nil, fmt.Errorf("list sets: %w", err)
 	}
 	for _, s := range sets {
-		if !strings.HasPrefix(s.Name, "grant_") {
+		isGrant, isAddrs := strings.HasPrefix(s.Name, "grant_"), strings.HasPrefix(s.Name, "addrs_")
+		if !isGrant && !isAddrs {
 			continue
 		}
 		if o, g, ok := at(s.Name); ok {
-			o.sets[s.Name] = s.Size
+			if isAddrs {
+				o.addrs[s.Name] = true
+			} else {
+				o.sets[s.Name] = s.Size
+			}
 			out[g] = o
 		}
 	}
@@ -323,18 +382,27 @@ func (f *Firewall) listLimitsLocked(c *nftables.Conn, mine func(netip.Addr) bool
 }
 
 func (o limitObjects) empty() bool {
-	return !o.budgetChain && !o.grantChain && len(o.quotas) == 0 && len(o.sets) == 0
+	return !o.budgetChain && !o.grantChain && len(o.quotas) == 0 && len(o.sets) == 0 && len(o.addrs) == 0
 }
 
 // budgetRules are the rules of budget_<guest>: each entry budget, then the
 // session's (a packet to a budgeted entry spends both).
-func budgetRules(g netip.Addr, l SessionLimits) [][]expr.Any {
+func budgetRules(g netip.Addr, l SessionLimits, sets map[string]*nftables.Set) [][]expr.Any {
 	var out [][]expr.Any
 	over := func(quota string) []expr.Any {
 		return []expr.Any{&expr.Objref{Type: int(nftables.ObjTypeQuota), Name: quota}, &expr.Verdict{Kind: expr.VerdictGoto, Chain: chainDropBudget}}
 	}
 	for _, e := range l.Entries {
 		if e.Budget == 0 {
+			continue
+		}
+		if e.Name != nil {
+			a := sets[addrsSetName(g, e.ID)]
+			for _, t := range namedTargets(e) {
+				r := append(matchNamed(a, t), &expr.Dynset{SrcRegKey: reg1, SetName: a.Name, SetID: a.ID,
+					Operation: unix.NFT_DYNSET_OP_UPDATE, Timeout: namedBudgetRefresh})
+				out = append(out, append(r, over(entryQuotaName(g, e.ID))...))
+			}
 			continue
 		}
 		for _, t := range netpolicy.ExpandProto(e.Targets) {
@@ -357,6 +425,10 @@ func (env ruleEnv) grantRules(g netip.Addr, l SessionLimits, sets map[string]*nf
 			continue
 		}
 		s := sets[grantSetName(g, e.ID, e.Grant)]
+		if e.Name != nil {
+			out = append(out, grantNamedRules(sets[addrsSetName(g, e.ID)], s, e)...)
+			continue
+		}
 		for _, t := range netpolicy.ExpandProto(e.Targets) {
 			var add []expr.Any
 			add = append(add, ctStateIn(expr.CtStateBitNEW)...)
@@ -375,6 +447,66 @@ func (env ruleEnv) grantRules(g netip.Addr, l SessionLimits, sets map[string]*nf
 		}
 	}
 	return out
+}
+
+// grantNamedRules are a name entry's grant rules: a new flow to one of
+// the name's addresses (on the entry's port) whose 5-tuple the grant's set
+// still takes returns to the policy (which accepts it as it accepts the
+// name's flows: attested, through the name check where there is one); any
+// other is refused.
+func grantNamedRules(addrs, grant *nftables.Set, e EntryLimit) [][]expr.Any {
+	var out [][]expr.Any
+	for _, t := range namedTargets(e) {
+		add := append(ctStateIn(expr.CtStateBitNEW), matchNamed(addrs, t)...)
+		add = append(add, loadFlowKey()...)
+		add = append(add, &expr.Dynset{SrcRegKey: reg32(0), SetName: grant.Name, SetID: grant.ID, Operation: unix.NFT_DYNSET_OP_ADD},
+			&expr.Verdict{Kind: expr.VerdictReturn})
+		refuse := append(ctStateIn(expr.CtStateBitNEW), matchNamed(addrs, t)...)
+		out = append(out, add, append(refuse, &expr.Verdict{Kind: expr.VerdictGoto, Chain: chainDropGrantUsed}))
+	}
+	return out
+}
+
+// loadFlowKey loads a grant set's key, the flow's 5-tuple, from register
+// 32_00 on.
+func loadFlowKey() []expr.Any {
+	var ex []expr.Any
+	ex = append(ex, loadSaddr(reg32(0))...)
+	ex = append(ex, &expr.Meta{Key: expr.MetaKeyL4PROTO, Register: reg32(1)})
+	ex = append(ex, loadSport(reg32(2))...)
+	ex = append(ex, loadDaddr(reg32(3))...)
+	return append(ex, loadDport(reg32(4))...)
+}
+
+// namedBudgetRefresh is how long a name entry's address stays in its set
+// after the last packet a budget counted to it (without a new answer): an
+// established flow that sends keeps its address, and with it its count.
+const namedBudgetRefresh = MaxAttestTimeout
+
+// namedTargets are a name entry's port matches (Prefix unused): one per
+// protocol of its port, or one port-less.
+func namedTargets(e EntryLimit) []netpolicy.Target {
+	if e.Name.Port == 0 {
+		return []netpolicy.Target{{}}
+	}
+	var out []netpolicy.Target
+	for _, proto := range protosOf(e.Name.Proto) {
+		out = append(out, netpolicy.Target{Port: e.Name.Port, Proto: proto})
+	}
+	return out
+}
+
+// matchNamed matches packets to one of the addresses in set (ip daddr
+// @set, left in register 1) and, with a port, t's protocol and port.
+func matchNamed(set *nftables.Set, t netpolicy.Target) []expr.Any {
+	var ex []expr.Any
+	if t.Port != 0 {
+		ex = append(ex, l4protoIs(t.Proto)...)
+		ex = append(ex, loadDport(reg1)...)
+		ex = append(ex, cmpEq(reg1, portKey(t.Port)[:2]))
+	}
+	ex = append(ex, loadDaddr(reg1)...)
+	return append(ex, &expr.Lookup{SourceRegister: reg1, SetName: set.Name, SetID: set.ID})
 }
 
 // matchTarget matches packets to t: ip daddr in its prefix and, with a
@@ -428,10 +560,14 @@ type LimitUsage struct {
 type EntryUsage struct {
 	Spent uint64 // bytes counted against Budget
 	Used  uint32 // flows counted against Connections
+	// Addrs are a name entry's addresses (its address set): those the
+	// DNS proxy answered for the name and the limits count.
+	Addrs []netip.Addr
 }
 
 // LimitUsage reads the guest's quotas and grant sets for l: one request
-// per quota and one dump per grant set (each at most its grant's count).
+// per quota, one dump per grant set (each at most its grant's count) and
+// one per name entry's address set.
 func (f *Firewall) LimitUsage(guest netip.Addr, l SessionLimits) (LimitUsage, error) {
 	u := LimitUsage{Entries: map[string]EntryUsage{}}
 	if l.Empty() {
@@ -470,6 +606,18 @@ func (f *Firewall) LimitUsage(guest netip.Addr, l SessionLimits) (LimitUsage, er
 					return fmt.Errorf("list set %s: %w", name, err)
 				}
 				eu.Used = uint32(len(elems))
+			}
+			if e.Name != nil {
+				name := addrsSetName(guest, e.ID)
+				elems, err := c.GetSetElements(f.addrsSet(name))
+				if err != nil {
+					return fmt.Errorf("list set %s: %w", name, err)
+				}
+				for _, el := range elems {
+					if len(el.Key) == 4 {
+						eu.Addrs = append(eu.Addrs, netip.AddrFrom4([4]byte(el.Key)))
+					}
+				}
 			}
 			u.Entries[e.ID] = eu
 		}
