@@ -2,6 +2,7 @@ package world
 
 import (
 	"bufio"
+	"bytes"
 	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
@@ -25,6 +26,9 @@ import (
 type HelloPlan struct {
 	// SplitAt > 0: the first SplitAt bytes, a pause of Gap, then the rest.
 	SplitAt int
+	// SplitIn, when set, splits instead in the middle of the first
+	// occurrence of this text in the hello (a server name, say).
+	SplitIn string
 	Gap     time.Duration
 	// Trickle > 0: one byte per segment, this pause between bytes.
 	Trickle time.Duration
@@ -61,14 +65,22 @@ func (c *planConn) Write(b []byte) (int, error) {
 	if p.Stop > 0 && p.Stop < len(out) {
 		out = out[:p.Stop]
 	}
+	split := p.SplitAt
+	if p.SplitIn != "" {
+		i := bytes.Index(out, []byte(p.SplitIn))
+		if i < 0 {
+			return 0, fmt.Errorf("split hello: %q is not in it", p.SplitIn)
+		}
+		split = i + len(p.SplitIn)/2
+	}
 	var pieces [][]byte
 	switch {
 	case p.Trickle > 0:
 		for i := range out {
 			pieces = append(pieces, out[i:i+1])
 		}
-	case p.SplitAt > 0 && p.SplitAt < len(out):
-		pieces = [][]byte{out[:p.SplitAt], out[p.SplitAt:]}
+	case split > 0 && split < len(out):
+		pieces = [][]byte{out[:split], out[split:]}
 	default:
 		pieces = [][]byte{out}
 	}
