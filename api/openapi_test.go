@@ -218,6 +218,7 @@ var schemaTypes = map[string]reflect.Type{
 	"GrantView":         reflect.TypeFor[api.GrantView](),
 	"AttestedAddr":      reflect.TypeFor[api.AttestedAddr](),
 	"Counters":          reflect.TypeFor[api.Counters](),
+	"NameCheckView":     reflect.TypeFor[api.NameCheckView](),
 	"ExecRequest":       reflect.TypeFor[api.ExecRequest](),
 	"ExecFrame":         reflect.TypeFor[api.ExecFrame](),
 	"ExecInfo":          reflect.TypeFor[api.ExecInfo](),

@@ -24,17 +24,20 @@ import (
 // nothing. KeepEstablished leaves established flows to what the update
 // revokes alone (by default they are cut).
 type PolicyUpdate struct {
-	Generation      uint64   `json:"generation,omitempty"`
-	Egress          string   `json:"egress,omitempty"`
-	Allow           []string `json:"allow,omitempty"`
-	Scope           []string `json:"scope,omitempty"`
-	LabPeers        []string `json:"lab_peers,omitempty"`
-	Revoke          []string `json:"revoke,omitempty"`
-	RevokeLabPeers  []string `json:"revoke_lab_peers,omitempty"`
-	Deny            []string `json:"deny,omitempty"`
-	RevokeDeny      []string `json:"revoke_deny,omitempty"`
-	OnDeny          string   `json:"on_deny,omitempty"`
-	KeepEstablished bool     `json:"keep_established,omitempty"`
+	Generation     uint64   `json:"generation,omitempty"`
+	Egress         string   `json:"egress,omitempty"`
+	Allow          []string `json:"allow,omitempty"`
+	Scope          []string `json:"scope,omitempty"`
+	LabPeers       []string `json:"lab_peers,omitempty"`
+	Revoke         []string `json:"revoke,omitempty"`
+	RevokeLabPeers []string `json:"revoke_lab_peers,omitempty"`
+	Deny           []string `json:"deny,omitempty"`
+	RevokeDeny     []string `json:"revoke_deny,omitempty"`
+	OnDeny         string   `json:"on_deny,omitempty"`
+	// NameCheck is "tls" or "off" (CreateRequest.NameCheck); "" keeps the
+	// current one (PUT too: the check is not part of the entries).
+	NameCheck       string `json:"name_check,omitempty"`
+	KeepEstablished bool   `json:"keep_established,omitempty"`
 	// InboundFromHost (PATCH: added; PUT: the whole new list) and
 	// RevokeInboundFromHost (PATCH only: removed) are ports the host may
 	// open connections to, as CreateRequest.InboundFromHost.

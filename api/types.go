@@ -36,6 +36,13 @@ type CreateRequest struct {
 	// the value it applied; a record from before reject was the default
 	// has none and keeps meaning drop.
 	OnDeny string `json:"on_deny,omitempty"`
+	// NameCheck is "tls" (the default when "") or "off": with tls, the
+	// first bytes of every TCP flow the table admits because of a name
+	// (an attested address; in public mode with deny entries by name,
+	// every TCP flow) are read before any leaves the host, and a TLS
+	// server_name or HTTP/1.x Host the policy does not allow on that port
+	// ends the flow (docs/network-model.md, "Names on shared addresses").
+	NameCheck string `json:"name_check,omitempty"`
 	// Attach mode (what the CNI plugin asks for): the session's interface
 	// is made in NetnsPath, a netns the caller made and keeps, instead of a
 	// netns of the session's own; there is no sandbox (network_only is
@@ -155,12 +162,13 @@ type Counters struct {
 
 // PolicyView is the normalised policy of a session as inspect shows it.
 type PolicyView struct {
-	Allow    []string            `json:"allow"`
-	LabPeers []string            `json:"lab_peers,omitempty"`
-	Lab      bool                `json:"lab,omitempty"`
-	Pinned   map[string][]string `json:"pinned,omitempty"`
-	Deny     []string            `json:"deny,omitempty"`
-	OnDeny   string              `json:"on_deny"` // reject, reset or drop
+	Allow     []string            `json:"allow"`
+	LabPeers  []string            `json:"lab_peers,omitempty"`
+	Lab       bool                `json:"lab,omitempty"`
+	Pinned    map[string][]string `json:"pinned,omitempty"`
+	Deny      []string            `json:"deny,omitempty"`
+	OnDeny    string              `json:"on_deny"`    // reject, reset or drop
+	NameCheck string              `json:"name_check"` // tls or off
 	// InboundFromHost: the ports the host may open connections to
 	// (CreateRequest.InboundFromHost), normalised.
 	InboundFromHost []string `json:"inbound_from_host,omitempty"`
@@ -207,10 +215,30 @@ type SessionInfo struct {
 	VM *VMView `json:"vm,omitempty"`
 	// *SandboxView's fields, flattened; absent with --network-only.
 	*SandboxView
-	Attested []AttestedAddr    `json:"attested"`
-	Counters Counters          `json:"counters"`
-	Labels   map[string]string `json:"labels"`
-	Created  time.Time         `json:"created"`
+	Attested []AttestedAddr `json:"attested"`
+	Counters Counters       `json:"counters"`
+	// NameCheck counts the flows the name check decided for this session
+	// since the daemon started (absent without a network).
+	NameCheck *NameCheckView    `json:"name_check,omitempty"`
+	Labels    map[string]string `json:"labels"`
+	Created   time.Time         `json:"created"`
+}
+
+// NameCheckView is a session's name check as inspect shows it: its mode
+// and the flows it decided since the daemon started (Checked = Allowed +
+// Refused + Passed).
+type NameCheckView struct {
+	Mode    string `json:"mode"`    // tls or off
+	Checked uint64 `json:"checked"` // flows held and decided
+	Allowed uint64 `json:"allowed"` // a name the policy allows on the port
+	// Refused: a name the policy does not allow there (a name-mismatch
+	// flow event each), or a first request that never completed within
+	// the bounds (reason name-incomplete).
+	Refused uint64 `json:"refused"`
+	// Passed: no name to check (a first payload that is neither a TLS
+	// ClientHello nor an HTTP/1.x request, a ClientHello without
+	// server_name, an address literal): L3 semantics.
+	Passed uint64 `json:"passed"`
 }
 
 // ExecRequest is the body of POST /v1/sessions/{name}/exec.

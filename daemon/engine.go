@@ -98,6 +98,13 @@ func (e *Engine) buildPolicy(req api.CreateRequest) (netpolicy.Policy, error) {
 		}
 		p.OnDeny = a
 	}
+	if req.NameCheck != "" {
+		n, err := netpolicy.ParseNameCheck(req.NameCheck)
+		if err != nil {
+			return p, badRequest(err)
+		}
+		p.NameCheck = n
+	}
 	p.LabPeers = req.LabPeers
 	p.Lab = req.Lab
 	for _, s := range req.InboundFromHost {
@@ -749,12 +756,13 @@ func (e *Engine) summary(s *liveSession) api.SessionInfo {
 		DNS:       dns,
 		Egress:    string(s.policy.Egress),
 		Policy: api.PolicyView{
-			Allow:    entryStrings(s.policy.Allow),
-			LabPeers: s.policy.LabPeers,
-			Lab:      s.policy.Lab,
-			Pinned:   pinned,
-			Deny:     entryStrings(s.policy.Deny),
-			OnDeny:   onDeny(s.policy),
+			Allow:     entryStrings(s.policy.Allow),
+			LabPeers:  s.policy.LabPeers,
+			Lab:       s.policy.Lab,
+			Pinned:    pinned,
+			Deny:      entryStrings(s.policy.Deny),
+			OnDeny:    onDeny(s.policy),
+			NameCheck: s.policy.NameCheck.String(),
 
 			InboundFromHost: inboundStrings(s.policy.InboundFromHost),
 			// A record from before updates existed is generation 1.
@@ -917,6 +925,9 @@ func createEssentials(req api.CreateRequest) map[string]any {
 	}
 	if req.OnDeny != "" {
 		d["on_deny"] = req.OnDeny
+	}
+	if req.NameCheck != "" {
+		d["name_check"] = req.NameCheck
 	}
 	if len(req.InboundFromHost) > 0 {
 		d["inbound_from_host"] = req.InboundFromHost

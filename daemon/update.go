@@ -39,7 +39,7 @@ func (e *Engine) UpdatePolicy(ctx context.Context, name string, u api.PolicyUpda
 	defer func() {
 		if err != nil && !recorded {
 			d := map[string]any{"allow": u.Allow, "scope": stripScopes(u.Scope), "revoke": stripScopes(u.Revoke), "egress": u.Egress, "replace": replace,
-				"deny": u.Deny, "revoke_deny": u.RevokeDeny, "on_deny": u.OnDeny}
+				"deny": u.Deny, "revoke_deny": u.RevokeDeny, "on_deny": u.OnDeny, "name_check": u.NameCheck}
 			e.recordCall(ctx, name, "policy_update_failed", d, err)
 		}
 	}()
@@ -209,11 +209,18 @@ func (e *Engine) updatedRequest(s *liveSession, u api.PolicyUpdate, replace bool
 		}
 		req.Allow, req.Scope, req.LabPeers, req.Egress = slices.Clone(u.Allow), slices.Clone(u.Scope), slices.Clone(u.LabPeers), u.Egress
 		req.Deny, req.OnDeny = slices.Clone(u.Deny), u.OnDeny
+		// The name check is not one of the entries: absent keeps it.
+		if u.NameCheck != "" {
+			req.NameCheck = u.NameCheck
+		}
 		return req, nil
 	}
 	req.Deny = append(slices.Clone(req.Deny), u.Deny...)
 	if u.OnDeny != "" {
 		req.OnDeny = u.OnDeny
+	}
+	if u.NameCheck != "" {
+		req.NameCheck = u.NameCheck
 	}
 	for _, r := range u.RevokeDeny {
 		ent, err := netpolicy.ParseDenyEntry(r)

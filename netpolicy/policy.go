@@ -137,6 +137,10 @@ type Policy struct {
 	Deny []Entry
 	// OnDeny is what a packet the session's policy drops gets (--on-deny).
 	OnDeny DenyAnswer
+	// NameCheck is whether the TCP flows the table admits because of a
+	// name have the name they ask for (TLS server_name, HTTP Host)
+	// checked against this policy (--name-check).
+	NameCheck NameCheck
 	// InboundFromHost are the ports on which the host (the daemon's netns:
 	// the node, e.g. a kubelet's probes) may open connections into the
 	// session. Empty: none, every connection from the host is dropped.
@@ -188,6 +192,43 @@ func ParseDenyAnswer(s string) (DenyAnswer, error) {
 		return DenyReset, nil
 	}
 	return DenyDrop, fmt.Errorf("--on-deny %q: want drop, reject or reset", s)
+}
+
+// NameCheck is whether a session's name-admitted TCP flows are checked
+// for the name they ask for. The zero value is NameCheckTLS: a record
+// written before the check existed is checked, as a new session is by
+// default ("a name means that name").
+type NameCheck uint8
+
+const (
+	// NameCheckTLS: the first bytes of a TCP flow the table admits
+	// because of a name (an attested address; in public mode, every TCP
+	// flow of a session with deny entries by name) are read before any
+	// leaves the host, and a TLS ClientHello's server_name or an HTTP/1.x
+	// Host the policy does not allow on that port ends the flow.
+	NameCheckTLS NameCheck = iota
+	// NameCheckOff: L3 only, as before the check (any name on an
+	// attested address passes).
+	NameCheckOff
+)
+
+// String is the --name-check spelling: tls or off.
+func (n NameCheck) String() string {
+	if n == NameCheckOff {
+		return "off"
+	}
+	return "tls"
+}
+
+// ParseNameCheck reads a --name-check value: tls or off.
+func ParseNameCheck(s string) (NameCheck, error) {
+	switch s {
+	case "tls":
+		return NameCheckTLS, nil
+	case "off":
+		return NameCheckOff, nil
+	}
+	return NameCheckTLS, fmt.Errorf("--name-check %q: want tls or off", s)
 }
 
 // DeniedName returns the deny entry that matches name, if any.

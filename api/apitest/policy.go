@@ -40,6 +40,9 @@ func (f *Engine) UpdatePolicy(ctx context.Context, name string, u api.PolicyUpda
 	case replace:
 		s.Policy.OnDeny = "reject"
 	}
+	if u.NameCheck != "" {
+		s.Policy.NameCheck = u.NameCheck
+	}
 	s.Policy.Allow, s.Policy.Deny = allow, deny
 	s.Policy.Generation = gen + 1
 	f.sessions[name] = s

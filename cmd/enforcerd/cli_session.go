@@ -283,6 +283,7 @@ func (c *cli) sessionCreate(glob *globalOpts) *cobra.Command {
 		labPeers     []string
 		deny         []string
 		onDeny       = enumFlag{allowed: []string{"reject", "reset", "drop"}}
+		nameCheck    = enumFlag{allowed: []string{"tls", "off"}}
 		labels       kvFlag
 		memory       sizeFlag
 		cpus         cpusFlag
@@ -310,6 +311,7 @@ func (c *cli) sessionCreate(glob *globalOpts) *cobra.Command {
 	fs.StringArrayVar(&scope, "scope", nil, "allow the host of the scope `URL`, repeatable; a scope without a port allows every port but 53 and 853 (DNS and DoT go to the session's proxy; --allow HOST:53 opens them), and an IPv4-mapped IPv6 address is judged by its IPv4 address")
 	fs.StringArrayVar(&deny, "deny", nil, "deny `ENTRY` (name, *.wildcard, address or CIDR, an address or CIDR optionally :PORT), winning over every allow in every mode, repeatable")
 	fs.Var(&onDeny, "on-deny", "what the policy's drops get: `reject` (the default: ICMP administratively prohibited, a connect fails at once with \"No route to host\", a scanner says filtered), reset (a TCP reset for TCP: \"Connection refused\", a scanner says closed) or drop (silence: a client waits for its own timeout)")
+	fs.Var(&nameCheck, "name-check", "check the name a TCP flow to a name-admitted address asks for: `tls` (the default: a TLS server_name or HTTP Host the policy does not allow on that port is refused before any byte leaves the host) or off (L3 only: any name on an allowed address)")
 	fs.BoolVar(&req.Pin, "pin", false, "resolve every allowed host once now and pin its IPv4 addresses")
 	fs.BoolVar(&req.Locked, "locked", false, "the policy never changes: every update is refused")
 	fs.StringVar(&req.AllowFor, "for", "", "make this call's --allow entries a grant that ends after `DURATION` (90s, 10m, 2h): then they are revoked as an update's --revoke revokes them")
@@ -326,6 +328,7 @@ func (c *cli) sessionCreate(glob *globalOpts) *cobra.Command {
 	fs.BoolVar(&asJSON, "json", false, "print the session as JSON")
 	_ = cmd.RegisterFlagCompletionFunc("egress", cobra.FixedCompletions(egress.allowed, cobra.ShellCompDirectiveNoFileComp))
 	_ = cmd.RegisterFlagCompletionFunc("on-deny", cobra.FixedCompletions(onDeny.allowed, cobra.ShellCompDirectiveNoFileComp))
+	_ = cmd.RegisterFlagCompletionFunc("name-check", cobra.FixedCompletions(nameCheck.allowed, cobra.ShellCompDirectiveNoFileComp))
 	_ = cmd.MarkFlagDirname("rootfs")
 	cmd.ValidArgsFunction = cobra.NoFileCompletions
 
@@ -396,6 +399,7 @@ func (c *cli) sessionCreate(glob *globalOpts) *cobra.Command {
 		req.LabPeers = labPeers
 		req.Deny = deny
 		req.OnDeny = onDeny.value
+		req.NameCheck = nameCheck.value
 		req.Egress = egress.value
 		req.MemoryBytes = memory.bytes
 		req.Pids = pids.n
