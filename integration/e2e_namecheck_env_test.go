@@ -15,7 +15,6 @@ import (
 	"context"
 	"crypto/tls"
 	"encoding/json"
-	"fmt"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -26,6 +25,7 @@ import (
 
 	"github.com/miekg/dns"
 
+	"github.com/enforcerd/enforcerd/api"
 	"github.com/enforcerd/enforcerd/integration/world"
 )
 
@@ -193,33 +193,13 @@ func (n *ncEnv) opensslGet(ns string, port uint16, sni string) (string, string, 
 		"-servername", sni, "-CAfile", n.s.CAFile, "-verify_return_error", "-quiet")
 }
 
-// inspectRaw returns `session inspect NAME` as a JSON object, for fields
-// the test reads by name.
-func (n *ncEnv) inspectRaw(name string) map[string]any {
+// whySNI runs `session why NAME DEST --sni SNI --json`.
+func (n *ncEnv) whySNI(name, dest, sni string) api.WhyAnswer {
 	n.t.Helper()
-	out := n.cli("session", "inspect", name)
-	var m map[string]any
-	if err := json.Unmarshal([]byte(out), &m); err != nil {
-		n.t.Fatalf("session inspect %s: %v\n%s", name, err, out)
+	out := n.cli("session", "why", name, dest, "--sni", sni, "--json")
+	var a api.WhyAnswer
+	if err := json.Unmarshal([]byte(out), &a); err != nil {
+		n.t.Fatalf("why %s %s --sni %s: %v\n%s", name, dest, sni, err, out)
 	}
-	return m
-}
-
-// jsonPath reads a number at a dotted path of a decoded JSON object.
-func jsonNumber(m map[string]any, path string) (float64, error) {
-	var v any = m
-	for _, k := range strings.Split(path, ".") {
-		o, ok := v.(map[string]any)
-		if !ok {
-			return 0, fmt.Errorf("%s: %q is not an object", path, k)
-		}
-		if v, ok = o[k]; !ok {
-			return 0, fmt.Errorf("%s: no %q", path, k)
-		}
-	}
-	f, ok := v.(float64)
-	if !ok {
-		return 0, fmt.Errorf("%s: %v is not a number", path, v)
-	}
-	return f, nil
+	return a
 }

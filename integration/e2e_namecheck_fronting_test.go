@@ -15,6 +15,7 @@ import (
 
 	"github.com/miekg/dns"
 
+	"github.com/enforcerd/enforcerd/api"
 	"github.com/enforcerd/enforcerd/integration/world"
 )
 
@@ -43,10 +44,8 @@ func TestE2ENameCheckFrontingBySNI(t *testing.T) {
 			ncOther, ncAllowed, code, took.Round(time.Millisecond), out, errOut, ncRefuseWithin)
 	}
 	n.noPayload("curl fronting by SNI", m, "")
-	ev := fe.expect(t, "curl fronting", map[string]any{"reason": "name-mismatch", "name": ncOther, "dst": ncShared})
-	if lacked, _ := ev.Detail["lacked"].(string); ev.Detail != nil && !strings.Contains(lacked, ncOther) {
-		t.Errorf("name-mismatch event: lacked %q, want the entry naming %s", lacked, ncOther)
-	}
+	fe.expect(t, "curl fronting", map[string]any{"reason": "name-mismatch", "via": "tls-sni", "name": ncOther,
+		"dst": ncShared, "dport": float64(443), "lacked": ncOther + ":443"})
 	fe.drain(t, 200*time.Millisecond)
 
 	// openssl s_client, the control and the fronting.
@@ -69,13 +68,16 @@ func TestE2ENameCheckFrontingBySNI(t *testing.T) {
 	body, err, _ = n.tryTLS(ns, 443, n.tlsConf(ncAllowed), world.HelloPlan{}, 10*time.Second)
 	n.served("go client, the allowed name", body, err, ncAllowed)
 
-	// why answers for the name at the destination.
-	whyOut := n.cli("session", "why", "agent", ncShared+":443", "--sni", ncOther)
-	if !strings.Contains(whyOut, "name-mismatch") {
-		t.Errorf("why %s:443 --sni %s: %q, want name-mismatch", ncShared, ncOther, whyOut)
+	// why answers for the name at the destination; inspect counts.
+	if a := n.whySNI("agent", ncShared+":443", ncOther); a.Reason != "name-mismatch" || a.Entry != ncOther+":443" || a.Verdict == api.WhyAllowed {
+		t.Errorf("why %s:443 --sni %s: %+v, want refused, name-mismatch, entry %s:443", ncShared, ncOther, a, ncOther)
 	}
-	if whyOut = n.cli("session", "why", "agent", ncShared+":443", "--sni", ncAllowed); strings.Contains(whyOut, "name-mismatch") {
-		t.Errorf("why %s:443 --sni %s: %q, want no mismatch", ncShared, ncAllowed, whyOut)
+	if a := n.whySNI("agent", ncShared+":443", ncAllowed); a.Verdict != api.WhyAllowed {
+		t.Errorf("why %s:443 --sni %s: %+v, want allowed", ncShared, ncAllowed, a)
+	}
+	nc := n.inspect("agent").NameCheck
+	if nc == nil || nc.Mode != "tls" || nc.Refused < 3 || nc.Allowed < 3 || nc.Checked != nc.Allowed+nc.Refused+nc.Passed {
+		t.Errorf("inspect name_check: %+v, want mode tls, at least 3 refused and 3 allowed, checked their sum", nc)
 	}
 }
 
@@ -95,7 +97,8 @@ func TestE2ENameCheckFrontingByHost(t *testing.T) {
 	start := time.Now()
 	body, err = world.HTTPFetch(ns, n.at(world.SharedHTTPPort), ncOther, 20*time.Second)
 	n.refused("Host "+ncOther, m, "", body, err, time.Since(start), ncRefuseWithin)
-	fe.expect(t, "fronting by Host", map[string]any{"reason": "name-mismatch", "name": ncOther, "dst": ncShared})
+	fe.expect(t, "fronting by Host", map[string]any{"reason": "name-mismatch", "via": "http-host", "name": ncOther,
+		"dst": ncShared, "dport": float64(80), "lacked": ncOther + ":80"})
 
 	m = n.s.Mark()
 	out, errOut, code := n.curl(ns, "--connect-to", ncOther+":80:"+ncAllowed+":80", "http://"+ncOther+"/")
@@ -157,6 +160,9 @@ func TestE2ENameCheckOtherPorts(t *testing.T) {
 		t.Errorf("ssh-like to %s:22: %q %v, want the banner and the echo (no TLS, no HTTP: passes)", ncAllowed, got, err)
 	}
 	n.delivered("ssh-like", m, "ssh:22", []byte("SSH-2.0-OpenSSH_9.2p1"))
+	if nc := n.inspect("agent").NameCheck; nc == nil || nc.Passed < 1 || nc.Refused < 1 {
+		t.Errorf("inspect name_check: %+v, want the ssh-like flow passed and the :8443 one refused", nc)
+	}
 }
 
 // TestE2ENameCheckQUIC: UDP/443 to an address a name admitted is refused
@@ -167,6 +173,7 @@ func TestE2ENameCheckQUIC(t *testing.T) {
 	n := newNameCheckE2E(t)
 	n.createNetOnly("agent", "--allow", ncAllowed)
 	n.createNetOnly("open", "--allow", ncAllowed, "--name-check", "off")
+	fe := n.followFlows("agent")
 	for _, s := range []string{"agent", "open"} {
 		n.attest(n.nsPath(s), ncAllowed)
 	}
@@ -183,6 +190,7 @@ func TestE2ENameCheckQUIC(t *testing.T) {
 		t.Errorf("quic initial to a name-admitted address: %v, want EHOSTUNREACH (ICMP admin-prohibited)", err)
 	}
 	n.noPayload("quic initial", m, "udp:443")
+	fe.expect(t, "quic", map[string]any{"reason": "quic", "proto": "udp", "dst": ncShared, "dport": float64(443)})
 }
 
 // TestE2ENameCheckPublicDeny: in public mode a deny entry by name is

@@ -81,11 +81,13 @@ func TestE2ENameCheckIncompleteHello(t *testing.T) {
 	n := newNameCheckE2E(t)
 	n.createNetOnly("agent", "--allow", ncAllowed)
 	ns := n.nsPath("agent")
+	fe := n.followFlows("agent")
 	n.attest(ns, ncAllowed)
 	for _, stop := range []int{100, 600} {
 		m := n.s.Mark()
 		body, err, took := n.tryTLS(ns, 443, n.tlsConf(ncAllowed), world.HelloPlan{Stop: stop}, ncHoldBound+10*time.Second)
 		n.refused("a hello stopped at "+strconv.Itoa(stop)+" bytes", m, "", body, err, took, ncHoldBound)
+		fe.expect(t, "a hello stopped at "+strconv.Itoa(stop)+" bytes", map[string]any{"reason": "name-incomplete", "dst": ncShared})
 	}
 	// The control: the whole hello is served.
 	body, err, _ := n.tryTLS(ns, 443, n.tlsConf(ncAllowed), world.HelloPlan{}, 10*time.Second)
