@@ -15,6 +15,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log"
 	"math/big"
 	"net"
 	"net/http"
@@ -219,6 +220,9 @@ func (s *Shared) serveHTTP(w *World, port int, kind string, conf *tls.Config) er
 	srv := &http.Server{
 		ReadHeaderTimeout: 10 * time.Second,
 		TLSConfig:         conf,
+		// A refused or rewritten hello is a handshake error the tests
+		// cause on purpose; the captures say what arrived.
+		ErrorLog: log.New(io.Discard, "", 0),
 		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
 			if tc, ok := c.(*tls.Conn); ok {
 				c = tc.NetConn()
