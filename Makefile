@@ -31,7 +31,7 @@ FUZZTIME  ?= 30000x
 # and cpio: the VM guest tests, whose guest scripts/mkguest.sh builds from
 # Debian's kernel package, downloaded and extracted, never installed).
 PKGS      := gcc libc6-dev pkg-config libseccomp-dev busybox-static iproute2 util-linux nftables podman tar \
-             containerd runc containernetworking-plugins qemu-system-x86 cpio
+             containerd runc containernetworking-plugins qemu-system-x86 cpio curl openssl
 # Extra packages only the benchmarks need (the peers we compare with).
 BENCHPKGS := dnsperf dnsmasq-base iperf3
 # crictl, the CRI's client (what a kubelet speaks), built from the Go module
