@@ -216,3 +216,39 @@ func TestE2ENameCheckPublicDeny(t *testing.T) {
 	body, err = world.HTTPFetch(ns, n.at(world.SharedHTTPPort), ncOther, 20*time.Second)
 	n.refused("public, denied name by Host", m, "", body, err, time.Since(start), ncRefuseWithin)
 }
+
+// TestE2ENameCheckOnDeny: a refused name gets the session's --on-deny, as
+// every refusal does: reset is a TCP reset (ECONNRESET), drop is silence
+// (the client's own timeout), the flow event's action says which; in
+// every mode nothing reaches the server and the allowed name is served.
+func TestE2ENameCheckOnDeny(t *testing.T) {
+	n := newNameCheckE2E(t)
+	n.createNetOnly("agent", "--allow", ncAllowed, "--on-deny", "reset")
+	ns := n.nsPath("agent")
+	fe := n.followFlows("agent")
+	n.attest(ns, ncAllowed)
+	for _, tc := range []struct {
+		mode, action string
+		want         error // nil: a timeout
+	}{
+		{"reset", "rejected", syscall.ECONNRESET},
+		{"drop", "dropped", nil},
+	} {
+		n.update("agent", "--on-deny", tc.mode)
+		body, err, _ := n.tryTLS(ns, 443, n.tlsConf(ncAllowed), world.HelloPlan{}, 10*time.Second)
+		n.served(tc.mode+": the allowed name", body, err, ncAllowed)
+		m := n.s.Mark()
+		body, err, took := n.tryTLS(ns, 443, n.tlsConf(ncOther), world.HelloPlan{}, 3*time.Second)
+		switch {
+		case err == nil:
+			t.Errorf("%s: fronting answered %q, want refused", tc.mode, body)
+		case tc.want == nil && !world.IsTimeout(err):
+			t.Errorf("%s: fronting: %v after %v, want silence (a timeout)", tc.mode, err, took.Round(time.Millisecond))
+		case tc.want != nil && (!errors.Is(err, tc.want) || took > ncRefuseWithin):
+			t.Errorf("%s: fronting: %v after %v, want %v within %v", tc.mode, err, took.Round(time.Millisecond), tc.want, ncRefuseWithin)
+		}
+		n.noPayload(tc.mode+": fronting", m, "")
+		fe.expect(t, tc.mode+": fronting", map[string]any{"action": tc.action, "reason": "name-mismatch", "name": ncOther})
+		fe.drain(t, 300*time.Millisecond)
+	}
+}
