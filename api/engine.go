@@ -38,8 +38,10 @@ type Engine interface {
 	// when follow is set, a channel of the new events of every such
 	// session, closed only when ctx ends.
 	AllEvents(ctx context.Context, labelKey, labelValue string, follow bool) ([]Event, <-chan Event, error)
-	// Why says what the session's policy does with dest now, and why.
-	Why(ctx context.Context, name, dest string) (WhyAnswer, error)
+	// Why says what the session's policy does with dest now, and why;
+	// with sni, for a TCP flow to dest that asks for that name (TLS
+	// server_name or HTTP Host): what the name check makes of it.
+	Why(ctx context.Context, name, dest, sni string) (WhyAnswer, error)
 	// Report verifies the session's ledger of admissions and sums it per
 	// destination; a removed session's while its files are retained.
 	Report(ctx context.Context, name string) (LedgerReport, error)

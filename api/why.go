@@ -66,7 +66,7 @@ func (a *server) why(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, CodeBadRequest, "dest: want ?dest=NAME|IP[:PORT][/tcp|udp]")
 		return
 	}
-	ans, err := a.e.Why(r.Context(), r.PathValue("name"), dest)
+	ans, err := a.e.Why(r.Context(), r.PathValue("name"), dest, r.URL.Query().Get("sni"))
 	if err != nil {
 		a.fail(w, r, err)
 		return
@@ -76,7 +76,18 @@ func (a *server) why(w http.ResponseWriter, r *http.Request) {
 
 // Why asks what the session's policy does with dest (NAME|IP[:PORT][/PROTO]) now, and why.
 func (c *Client) Why(ctx context.Context, name, dest string) (WhyAnswer, error) {
+	return c.WhySNI(ctx, name, dest, "")
+}
+
+// WhySNI is Why for a TCP flow to dest that asks for the name sni (a TLS
+// server_name or HTTP Host): reason name-mismatch, with the entry the
+// policy lacks, when the name check would refuse it. sni "" is Why.
+func (c *Client) WhySNI(ctx context.Context, name, dest, sni string) (WhyAnswer, error) {
 	var ans WhyAnswer
-	err := c.call(ctx, http.MethodGet, sessionPath(name, "why")+"?"+url.Values{"dest": {dest}}.Encode(), nil, &ans)
+	q := url.Values{"dest": {dest}}
+	if sni != "" {
+		q.Set("sni", sni)
+	}
+	err := c.call(ctx, http.MethodGet, sessionPath(name, "why")+"?"+q.Encode(), nil, &ans)
 	return ans, err
 }

@@ -184,6 +184,8 @@ type Engine struct {
 
 	names attestNames // the name that attested each address (expired.go)
 
+	namecheck *nameCheck // the name check (namecheck.go); nil without the kernel's queue (fakes)
+
 	ledger     *flowLedger // the ledger of admissions (flowledger.go); nil without the kernel's events
 	ledgerStop func()      // ends it: closes the event socket and every ledger
 

@@ -528,6 +528,8 @@ func (e *Engine) sessionRules(rec SessionRecord, p netpolicy.Policy, peers []net
 		Peers:     peers,
 		Deny:      netpolicy.DenyTargets(p),
 		OnDeny:    p.OnDeny,
+		NameCheck: p.NameCheck == netpolicy.NameCheckTLS,
+		DenyNames: slices.ContainsFunc(p.Deny, func(e netpolicy.Entry) bool { return e.Kind != netpolicy.KindCIDR }),
 
 		InboundFromHost: p.InboundFromHost,
 	}
@@ -780,6 +782,7 @@ func (e *Engine) summary(s *liveSession) api.SessionInfo {
 		VM:          e.vmView(s.rec),
 		SandboxView: sandboxView(s.rec),
 		Attested:    []api.AttestedAddr{},
+		NameCheck:   e.nameCheckView(s),
 		Labels:      labels,
 		Created:     s.rec.Created,
 	}

@@ -136,15 +136,15 @@ func TestGrantExpiresRevokes(t *testing.T) {
 	if ended == nil || ended.Kind != api.EventKindLifecycle || ended.Detail["outcome"] != "ok" {
 		t.Fatalf("no grant_expired operator event: %s", actionsOf(evs))
 	}
-	ans, err := w.d.Why(context.Background(), "g1", "b.example.com:443")
+	ans, err := w.d.Why(context.Background(), "g1", "b.example.com:443", "")
 	if err != nil || ans.Reason != ReasonGrantExpired || ans.Verdict != api.WhyNXDomain {
 		t.Errorf("why b.example.com:443: %+v, %v", ans, err)
 	}
-	ans, err = w.d.Why(context.Background(), "g1", "93.184.217.9:443")
+	ans, err = w.d.Why(context.Background(), "g1", "93.184.217.9:443", "")
 	if err != nil || ans.Reason != ReasonGrantExpired {
 		t.Errorf("why 93.184.217.9:443: %+v, %v", ans, err)
 	}
-	if ans, _ := w.d.Why(context.Background(), "g1", "a.example.com"); ans.Reason == ReasonGrantExpired {
+	if ans, _ := w.d.Why(context.Background(), "g1", "a.example.com", ""); ans.Reason == ReasonGrantExpired {
 		t.Errorf("why of the control: %+v", ans)
 	}
 }

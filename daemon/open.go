@@ -43,6 +43,7 @@ func Open(cfg Config, log *slog.Logger, reg *metrics.Registry) (_ *Engine, err e
 		nets         *nsmgr.Manager
 		fw           *nft.Firewall
 		drops        *nft.DropLog
+		nameQueue    *nfnetlink.NFQUEUE
 		sweep, swept chan struct{} // stop and done of sweepRefreshed
 	)
 	closeAll := func() {
@@ -53,6 +54,9 @@ func Open(cfg Config, log *slog.Logger, reg *metrics.Registry) (_ *Engine, err e
 		}
 		if drops != nil {
 			drops.Close()
+		}
+		if nameQueue != nil {
+			nameQueue.Close()
 		}
 		if fw != nil {
 			fw.Close()
@@ -111,6 +115,12 @@ func Open(cfg Config, log *slog.Logger, reg *metrics.Registry) (_ *Engine, err e
 	if err := fw.Ensure(); err != nil {
 		return nil, err
 	}
+	// The name check is enforcement: without its queue, the table drops
+	// every pending flow's packets (nothing passes unchecked), so a daemon
+	// that cannot read it must not serve.
+	if nameQueue, err = fw.OpenNameQueue(); err != nil {
+		return nil, fmt.Errorf("name check: %w", err)
+	}
 	if p := fw.RefreshSweepPeriod(); p > 0 {
 		sweep, swept = make(chan struct{}), make(chan struct{})
 		go func() {
@@ -160,6 +170,7 @@ func Open(cfg Config, log *slog.Logger, reg *metrics.Registry) (_ *Engine, err e
 		return nil, err
 	}
 	d.dns, d.proxy = proxy, proxy
+	d.serveNameCheck(nameQueue)
 	// The drop log is visibility, not enforcement: without it (a kernel
 	// without nfnetlink_log, the group bound by another process) the table
 	// drops and counts the same, and no flow event is recorded.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -71,11 +72,66 @@ func parseWhyDest(s string) (whyDest, error) {
 }
 
 // Why is GET /v1/sessions/{name}/why.
-func (e *Engine) Why(ctx context.Context, name, dest string) (api.WhyAnswer, error) {
+func (e *Engine) Why(ctx context.Context, name, dest, sni string) (api.WhyAnswer, error) {
 	d, err := parseWhyDest(dest)
 	if err != nil {
 		return api.WhyAnswer{}, badRequest(err)
 	}
+	if sni == "" {
+		return e.why(ctx, name, dest, d)
+	}
+	if d.port == 0 || d.proto != netpolicy.ProtoTCP {
+		return api.WhyAnswer{}, badRequest(fmt.Errorf("--sni %q: the name check reads TCP flows; want DEST with a TCP port, e.g. %s:443", sni, strings.TrimSuffix(dest, "/udp")))
+	}
+	ans, err := e.why(ctx, name, dest, d)
+	if err != nil || ans.Verdict != api.WhyAllowed {
+		return ans, err
+	}
+	e.mu.Lock()
+	s, ok := e.sessions[name]
+	e.mu.Unlock()
+	if !ok {
+		return ans, fmt.Errorf("session %q: %w", name, api.ErrNotFound)
+	}
+	return whyNameCheck(s.policy, d, ans, sni), nil
+}
+
+// whyNameCheck is what the name check makes of an allowed answer for a
+// flow that asks for sni: the flows it reads are those a name admitted
+// (an attested address; a name; in public mode with deny entries by
+// name, any).
+func whyNameCheck(p netpolicy.Policy, d whyDest, ans api.WhyAnswer, sni string) api.WhyAnswer {
+	byName := ans.Reason == "attested" || d.name != "" && p.Egress == netpolicy.ModeAllowlist
+	if p.Egress == netpolicy.ModePublic {
+		byName = slices.ContainsFunc(p.Deny, func(e netpolicy.Entry) bool { return e.Kind != netpolicy.KindCIDR })
+	}
+	switch {
+	case !byName:
+		ans.Detail += "; the name asked for is not checked here (not admitted because of a name)"
+		return ans
+	case p.NameCheck == netpolicy.NameCheckOff:
+		ans.Detail += "; the name check is off: any name asked of it passes"
+		return ans
+	}
+	if a, err := netip.ParseAddr(sni); err == nil && a.Is4() {
+		ans.Detail += "; an address as the name passes the name check (it names the address)"
+		return ans
+	}
+	lacked, ok := nameAllowed(p, sni, d.port)
+	if ok {
+		ans.Detail += fmt.Sprintf("; the name check allows %s on port %d", sni, d.port)
+		return ans
+	}
+	ans.Verdict, ans.Addrs = api.WhyDropped, nil
+	if p.OnDeny.Answers() {
+		ans.Verdict = api.WhyRejected
+	}
+	ans.Reason, ans.Entry = netpolicy.ReasonNameMismatch, lacked
+	ans.Detail = fmt.Sprintf("a TCP flow to %s asking for %s (TLS server_name or HTTP Host) is refused by the name check: the policy lacks %s", ans.Dest, sni, lacked)
+	return ans
+}
+
+func (e *Engine) why(ctx context.Context, name, dest string, d whyDest) (api.WhyAnswer, error) {
 	e.mu.Lock()
 	s, ok := e.sessions[name]
 	e.mu.Unlock()

@@ -57,7 +57,7 @@ func TestWhyVerdictIsTheDestinations(t *testing.T) {
 		}
 		why := func(dest string) api.WhyAnswer {
 			t.Helper()
-			a, err := w.d.Why(ctx, name, dest)
+			a, err := w.d.Why(ctx, name, dest, "")
 			if err != nil {
 				t.Fatalf("why %s %s: %v", name, dest, err)
 			}

@@ -14,6 +14,16 @@ const (
 	ReasonInbound        = "inbound"         // a connection opened towards the session
 	ReasonRateLimit      = "rate-limit"      // over the flow cap or the new-flow rate
 	ReasonDenied         = "denied"          // a deny entry names the destination
+	// ReasonNameMismatch: the name check refused the flow: the name it
+	// asked for (TLS server_name, HTTP Host) is not allowed on the port,
+	// or could not be read within the bounds (the table counts every
+	// packet of such a flow under this reason; the daemon's flow event
+	// says which).
+	ReasonNameMismatch = "name-mismatch"
+	// ReasonQUIC: UDP/443 to a name-admitted address of a session whose
+	// name check is on: QUIC's name is not checked, so clients fall back
+	// to TCP, where it is.
+	ReasonQUIC = "quic"
 )
 
 // AnsweredReason reports whether drops of reason go to the session's
@@ -29,4 +39,4 @@ func AnsweredReason(reason string) bool {
 }
 
 // Reasons lists every drop reason.
-var Reasons = []string{ReasonNotAllowed, ReasonPort, ReasonSpecialPurpose, ReasonResolver, ReasonSpoofed, ReasonInbound, ReasonRateLimit, ReasonDenied}
+var Reasons = []string{ReasonNotAllowed, ReasonPort, ReasonSpecialPurpose, ReasonResolver, ReasonSpoofed, ReasonInbound, ReasonRateLimit, ReasonDenied, ReasonNameMismatch, ReasonQUIC}

@@ -211,7 +211,7 @@ func (f *Engine) Events(ctx context.Context, name string, follow bool) ([]api.Ev
 
 // Why answers "allowed" for a destination the session's allow list names
 // as given, "dropped" otherwise.
-func (f *Engine) Why(ctx context.Context, name, dest string) (api.WhyAnswer, error) {
+func (f *Engine) Why(ctx context.Context, name, dest, sni string) (api.WhyAnswer, error) {
 	s, err := f.Inspect(name)
 	if err != nil {
 		return api.WhyAnswer{}, err

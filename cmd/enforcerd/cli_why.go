@@ -13,7 +13,9 @@ const whyLong = `Say what the session's policy does with a destination right now
 for a name, whether the proxy would answer it and what each of its addresses
 meets; for an address, which set or guard decides. DEST is a name or an IPv4
 address with an optional :PORT and /tcp or /udp (tcp when only a port is
-given). The answer comes from the daemon's own data and the kernel's sets; a
+given). With --sni OTHER, the answer is for a TCP flow to DEST that asks
+for the name OTHER (TLS server_name or HTTP Host): reason name-mismatch when
+the name check would refuse it. The answer comes from the daemon's own data and the kernel's sets; a
 name the policy allows is resolved through the daemon's upstreams, one the
 policy refuses is sent nowhere.`
 
@@ -26,6 +28,7 @@ func (c *cli) sessionWhy(glob *globalOpts) *cobra.Command {
 		ValidArgsFunction: c.completeSessions(glob, 1),
 	}
 	asJSON := cmd.Flags().Bool("json", false, "print the answer as JSON")
+	sni := cmd.Flags().String("sni", "", "a TCP flow to DEST that asks for the name `OTHER` (TLS server_name or HTTP Host): what the name check makes of it (DEST needs a port)")
 	cmd.RunE = func(_ *cobra.Command, args []string) error {
 		const name = "enforcerd session why"
 		switch {
@@ -38,7 +41,7 @@ func (c *cli) sessionWhy(glob *globalOpts) *cobra.Command {
 		}
 		ctx, cancel := signalContext()
 		defer cancel()
-		ans, err := api.NewClient(c.socketPath(glob)).Why(ctx, args[0], args[1])
+		ans, err := api.NewClient(c.socketPath(glob)).WhySNI(ctx, args[0], args[1], *sni)
 		if err != nil {
 			return refusedErr(name, err)
 		}

@@ -29,6 +29,8 @@ var dropCodes = []dropCode{
 	{netpolicy.ReasonSpoofed, 5, chainDropSpoofed},
 	{netpolicy.ReasonInbound, 6, chainDropInbound},
 	{netpolicy.ReasonDenied, 7, chainDropDenied},
+	{netpolicy.ReasonNameMismatch, 8, chainDropName},
+	{netpolicy.ReasonQUIC, 9, chainDropQUIC},
 	{"", codeUnlogged, ""},
 }
 

@@ -142,7 +142,14 @@ func sessionElements(r SessionRules) []setElems {
 	if r.OnDeny == netpolicy.DenyReset {
 		reset = []nftables.SetElement{{Key: g}}
 	}
-	for _, se := range []setElems{{setPeers, peers}, {setStatic, static}, {setStaticPorts, staticPorts}, {setStaticCIDR, cidr}, {setStaticCIDRPorts, cidrPorts},
+	var nameCheck, nameCheckPublic []nftables.SetElement
+	if r.NameCheck {
+		nameCheck = []nftables.SetElement{{Key: g}}
+		if r.Egress == netpolicy.ModePublic && r.DenyNames {
+			nameCheckPublic = nameCheck
+		}
+	}
+	for _, se := range []setElems{{setNameCheck, nameCheck}, {setNameCheckPublic, nameCheckPublic}, {setPeers, peers}, {setStatic, static}, {setStaticPorts, staticPorts}, {setStaticCIDR, cidr}, {setStaticCIDRPorts, cidrPorts},
 		{setPortHosts, portHosts}, {setPortCIDRs, portCIDR}, {setDenied, denied}, {setDeniedPorts, deniedPorts}, {setReject, reject}, {setReset, reset}} {
 		if len(se.elems) > 0 {
 			out = append(out, se)

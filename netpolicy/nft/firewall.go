@@ -80,6 +80,9 @@ type FirewallConfig struct {
 	// LogGroup is the NFLOG group of the drop log (0: derived from Prefix,
 	// in 1000..64999).
 	LogGroup uint16
+	// NameQueue is the NFQUEUE number of the name check (0: derived from
+	// Prefix as LogGroup is; queues and groups are apart).
+	NameQueue uint16
 	// OnFlowFlushError reports a failed background flush of removed
 	// sessions' conntrack entries (it is retried after 1 s, backing off to 1 min); nil drops it.
 	OnFlowFlushError func(error)
@@ -102,6 +105,11 @@ type SessionRules struct {
 	Peers     []netip.Addr         // guest addresses of the lab peers this session may reach
 	Deny      []netpolicy.Target   // denied addresses and CIDRs (DenyTargets): dropped before any accept
 	OnDeny    netpolicy.DenyAnswer // what policy drops get: silence, ICMP admin-prohibited, or a TCP reset for TCP
+	// NameCheck: the session's name-admitted TCP flows are held for the
+	// name check (docs/network-model.md, "Names on shared addresses");
+	// DenyNames: its policy has deny entries by name (in public mode,
+	// every TCP flow is then checked).
+	NameCheck, DenyNames bool
 	// InboundFromHost are the ports the host (the daemon's netns: the node)
 	// may open connections to in the session; none by default (inbound.go).
 	InboundFromHost []netpolicy.PortSpec
@@ -247,6 +255,9 @@ func checkConfig(cfg *FirewallConfig) error {
 		case *b.v == 0:
 			*b.v = b.def
 		}
+	}
+	if cfg.NameQueue == 0 {
+		cfg.NameQueue = defaultLogGroup(cfg.Prefix)
 	}
 	if cfg.LogGroup == 0 {
 		cfg.LogGroup = defaultLogGroup(cfg.Prefix)

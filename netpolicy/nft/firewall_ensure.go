@@ -25,6 +25,9 @@ func chainDefs() []chainDef {
 		{name: chainDropPolicy},
 		{name: chainDropLimited},
 		{name: chainDropDenied},
+		{name: chainDropName},
+		{name: chainDropQUIC},
+		{name: chainNameQueue},
 		{name: chainDropNotAllowed},
 		{name: chainDropPort},
 		{name: chainDropSpecial},
@@ -33,6 +36,7 @@ func chainDefs() []chainDef {
 		{name: chainDropInbound},
 		{name: chainFlowLimit},
 		{name: chainAcceptNew},
+		{name: chainAcceptNamed},
 		{name: chainResolver},
 		{name: chainPolicy},
 		{name: chainRelated},
@@ -52,7 +56,7 @@ func chainDefs() []chainDef {
 func (f *Firewall) ruleEnv(set func(string) *nftables.Set) ruleEnv {
 	return ruleEnv{prefix: f.cfg.Prefix, pool: f.cfg.Pool, dns: f.cfg.DNSAddr,
 		maxFlows: uint32(f.cfg.MaxFlows), flowRate: uint32(f.cfg.FlowRate),
-		logRate: uint32(f.cfg.LogRate), logGroup: f.cfg.LogGroup, refresh: f.attested.refresh, set: set}
+		logRate: uint32(f.cfg.LogRate), logGroup: f.cfg.LogGroup, queue: f.cfg.NameQueue, refresh: f.attested.refresh, set: set}
 }
 
 // Ensure makes the table match this package's design in one atomic batch:

@@ -7,6 +7,7 @@ import (
 	"github.com/google/nftables"
 	"github.com/google/nftables/binaryutil"
 	"github.com/google/nftables/expr"
+	"github.com/google/nftables/xt"
 	"golang.org/x/sys/unix"
 
 	"github.com/enforcerd/enforcerd/netpolicy"
@@ -53,6 +54,7 @@ type ruleEnv struct {
 	flowRate uint32        // per-session new flows per second
 	logRate  uint32        // per-session drop-log lines per second
 	logGroup uint16        // NFLOG group of the drop log
+	queue    uint16        // NFQUEUE number of the name check
 	refresh  time.Duration // life of a live element after the flow that refreshed it; 0: no refresh
 	set      func(name string) *nftables.Set
 }
@@ -71,6 +73,10 @@ type ruleEnv struct {
 //	  oifname "P*" ct state established,related goto accept_return  # return traffic into a session
 //	  oifname "P*" goto drop_inbound                       # new connections into sessions
 //	from_session
+//	  meta mark NAME_OK ct mark set NAME_OK meta mark set 0      # the name check's verdict (NF_REPEAT)
+//	  meta mark NAME_REFUSED ct mark set NAME_REFUSED meta mark set 0
+//	  ct mark NAME_PENDING goto name_queue                 # held for the name check
+//	  ct mark NAME_REFUSED goto drop_name                  # refused: answered, counted as name-mismatch
 //	  ct state established goto accept_session
 //	  ct state related goto related_session
 //	  ct state invalid goto drop_session
@@ -86,10 +92,11 @@ type ruleEnv struct {
 //	  ip saddr . ip daddr @peers goto accept_new            # lab peers (before the guard: they are in the pool)
 //	  ip daddr @blocked goto drop_special                   # SSRF guard, every mode
 //	  meta l4proto {tcp,udp} th dport {53,853} goto resolver
+//	  ip saddr @namecheck_public goto accept_named          # public, deny entries by name: every flow checked
 //	  ip saddr @public goto accept_new
 //	  ip saddr . ip daddr @attested update @attested_live { ip saddr . ip daddr timeout REFRESH }
-//	  ip saddr . ip daddr @attested goto accept_new
-//	  ip saddr . ip daddr @attested_live update @attested_live { ip saddr . ip daddr timeout REFRESH } goto accept_new
+//	  ip saddr . ip daddr @attested goto accept_named
+//	  ip saddr . ip daddr @attested_live update @attested_live { ip saddr . ip daddr timeout REFRESH } goto accept_named
 //	  (the same three for the ports: KEY = ip saddr . meta l4proto . ip daddr . th dport)
 //	  KEY @attested_ports update @attested_ports_live { KEY timeout REFRESH }
 //	  KEY @attested_ports goto accept_new
@@ -110,16 +117,25 @@ type ruleEnv struct {
 //	flow_limit                                             # the session's conntrack budget
 //	  ct state new add @flows { ip saddr ct count over MAXFLOWS } goto drop_limited
 //	  ct state new update @flowrate { ip saddr limit rate over RATE/second burst 2*RATE packets } goto drop_limited
+//	accept_named                                           # admitted because of a name
+//	  udp dport 443 ip saddr @namecheck goto drop_quic     # QUIC's name is not read: clients fall back to TCP
+//	  meta l4proto tcp ip saddr @namecheck jump flow_limit
+//	  meta l4proto tcp ip saddr @namecheck ct mark set NAME_PENDING
+//	  ct mark NAME_PENDING update @acct_accept { ip saddr }
+//	  ct mark NAME_PENDING goto name_queue                 # the SYN too: the checker learns where the bytes start
+//	  goto accept_new
+//	name_queue:     xt NFQUEUE num Q (no bypass: nobody reading means dropped)
 //	accept_new:     jump flow_limit; goto accept_session
 //	accept_session: update @acct_accept { ip saddr }; accept
 //	accept_return:  update @acct_return { ip daddr }; accept  # counted: downloads are replies
 //	drop_session:   update @acct_drop { ip saddr }; drop
 //	drop_limited:   update @acct_limited { ip saddr }; LOG(rate-limit); goto drop_session
-//	drop_not_allowed, drop_port, drop_special, drop_resolver, drop_denied:
+//	drop_not_allowed, drop_port, drop_special, drop_resolver, drop_denied, drop_name, drop_quic:
 //	                update @acct_reason { ip saddr . CODE }; LOG(reason); goto drop_policy
 //	drop_policy:    ip saddr @reject goto reject_session; goto drop_session
 //	reject_session: update @acct_drop { ip saddr }    # --on-deny reject or reset: the session's own packets only
 //	                ip saddr @reset meta l4proto tcp reject with tcp reset   # reset: connect says ECONNREFUSED
+//	                ct mark NAME_REFUSED meta l4proto tcp reject with tcp reset  # an established flow: ICMP would be a soft error
 //	                reject with icmp admin-prohibited      # reject (and reset's non-TCP): connect says EHOSTUNREACH
 //	drop_spoofed:   update @acct_reason { iifname map @ifaces . 5 }; LOG(spoofed); drop
 //	drop_inbound:   oifname . ip daddr != @sessions drop
@@ -206,7 +222,15 @@ func buildRules(env ruleEnv) []ruleSpec {
 	add(chainForward, toSession, ctStateIn(expr.CtStateBitESTABLISHED|expr.CtStateBitRELATED), gotoC(chainAcceptReturn))
 	add(chainForward, toSession, gotoC(chainDropInbound))
 
-	// from_session
+	// from_session. The name check's verdict comes back as the packet's
+	// mark (NF_REPEAT re-enters this hook): it becomes the flow's
+	// conntrack mark, and the mark goes. A pending flow's packets go to
+	// the checker; a refused flow's are answered as the policy's drops.
+	for _, m := range []uint32{CtMarkNameOK, CtMarkNameRefused} {
+		add(chainFromSession, metaMarkIs(m), ctMarkSet(m), metaMarkSet(0))
+	}
+	add(chainFromSession, ctMarkIs(CtMarkNamePending), gotoC(chainNameQueue))
+	add(chainFromSession, ctMarkIs(CtMarkNameRefused), gotoC(chainDropName))
 	add(chainFromSession, ctStateIn(expr.CtStateBitESTABLISHED), gotoC(chainAccept))
 	add(chainFromSession, ctStateIn(expr.CtStateBitRELATED), gotoC(chainRelated))
 	add(chainFromSession, ctStateIn(expr.CtStateBitINVALID), gotoC(chainDrop))
@@ -237,6 +261,7 @@ func buildRules(env ruleEnv) []ruleSpec {
 	for _, pp := range resolverPorts {
 		add(chainPolicy, v4, l4protoIs(pp.Proto), loadDport(reg1), []expr.Any{cmpEq(reg1, portKey(pp.Port)[:2])}, gotoC(chainResolver))
 	}
+	add(chainPolicy, v4, loadSaddr(reg1), env.lookup(setNameCheckPublic, reg1, false), gotoC(chainAcceptNamed))
 	add(chainPolicy, v4, loadSaddr(reg1), env.lookup(setPublic, reg1, false), gotoC(chainAcceptNew))
 	env.attestedRules(func(parts ...[]expr.Any) { add(chainPolicy, parts...) }, false)
 	env.attestedRules(func(parts ...[]expr.Any) { add(chainPolicy, parts...) }, true)
@@ -263,6 +288,21 @@ func buildRules(env ruleEnv) []ruleSpec {
 	isNew := ctStateIn(expr.CtStateBitNEW)
 	add(chainFlowLimit, isNew, v4, env.limitFlows(), gotoC(chainDropLimited))
 	add(chainFlowLimit, isNew, v4, env.limitRate(), gotoC(chainDropLimited))
+
+	// accept_named: a new flow admitted because of a name. Under the
+	// name check, QUIC is refused (its name is not read: clients fall
+	// back to TCP) and a TCP flow is marked pending, counted, and its SYN
+	// queued (the checker learns where the flow's bytes start).
+	checked := append(append([]expr.Any{}, v4...), append(loadSaddr(reg1), env.lookup(setNameCheck, reg1, false)...)...)
+	add(chainAcceptNamed, l4protoIs(netpolicy.ProtoUDP), loadDport(reg1), []expr.Any{cmpEq(reg1, portKey(443)[:2])}, checked, gotoC(chainDropQUIC))
+	add(chainAcceptNamed, l4protoIs(netpolicy.ProtoTCP), checked, jump(chainFlowLimit))
+	add(chainAcceptNamed, l4protoIs(netpolicy.ProtoTCP), checked, ctMarkSet(CtMarkNamePending))
+	add(chainAcceptNamed, ctMarkIs(CtMarkNamePending), v4, env.update(setAcctAccept))
+	add(chainAcceptNamed, ctMarkIs(CtMarkNamePending), gotoC(chainNameQueue))
+	add(chainAcceptNamed, gotoC(chainAcceptNew))
+	// name_queue: to the checker, without bypass: while nobody reads
+	// the queue (the daemon is down), the kernel drops what comes here.
+	add(chainNameQueue, env.nfqueue())
 
 	// accounting chains
 	add(chainAcceptNew, jump(chainFlowLimit))
@@ -305,6 +345,10 @@ func buildRules(env ruleEnv) []ruleSpec {
 	// reset's other protocols, ICMP administratively prohibited (a
 	// connect fails with EHOSTUNREACH at once; a scanner says filtered).
 	add(chainReject, v4, loadSaddr(reg1), env.lookup(setReset, reg1, false), l4protoNumIs(unix.IPPROTO_TCP), []expr.Any{&expr.Reject{Type: unix.NFT_REJECT_TCP_RST}})
+	// A flow the name check refused is established: an ICMP error is a
+	// soft error to its socket, which would retransmit for minutes; a
+	// reset ends it (reject and reset alike).
+	add(chainReject, ctMarkIs(CtMarkNameRefused), l4protoNumIs(unix.IPPROTO_TCP), []expr.Any{&expr.Reject{Type: unix.NFT_REJECT_TCP_RST}})
 	add(chainReject, v4, []expr.Any{&expr.Reject{Type: unix.NFT_REJECT_ICMP_UNREACH, Code: icmpAdminProhibited}})
 	// A rate-limited flow stays a silent drop: answering a flood would only
 	// add to it.
@@ -331,6 +375,55 @@ func buildRules(env ruleEnv) []ruleSpec {
 	add(chainPostrouting, nfprotoIs(true), saddrIn(env.pool), ifPrefix(expr.MetaKeyOIFNAME, p, false),
 		[]expr.Any{&expr.Masq{}})
 	return rs
+}
+
+// The name check's conntrack marks (and packet marks, for the verdict's
+// way back: see from_session). Distinctive values, compared exactly, so a
+// mark others set on the host (a CNI's masquerade bit) is never read as
+// ours. ct mark is otherwise unused by the table.
+const (
+	CtMarkNamePending uint32 = 0x6e630001 // "nc" 1: held for the check
+	CtMarkNameOK      uint32 = 0x6e630002 // checked, allowed or passed: the plain path
+	CtMarkNameRefused uint32 = 0x6e630003 // checked, refused: every packet answered as a policy drop
+)
+
+func metaMarkIs(m uint32) []expr.Any {
+	return []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyMARK, Register: reg1},
+		cmpEq(reg1, binaryutil.NativeEndian.PutUint32(m)),
+	}
+}
+
+func metaMarkSet(m uint32) []expr.Any {
+	return []expr.Any{
+		&expr.Immediate{Register: reg1, Data: binaryutil.NativeEndian.PutUint32(m)},
+		&expr.Meta{Key: expr.MetaKeyMARK, SourceRegister: true, Register: reg1},
+	}
+}
+
+func ctMarkIs(m uint32) []expr.Any {
+	return []expr.Any{
+		&expr.Ct{Register: reg1, Key: expr.CtKeyMARK},
+		cmpEq(reg1, binaryutil.NativeEndian.PutUint32(m)),
+	}
+}
+
+func ctMarkSet(m uint32) []expr.Any {
+	return []expr.Any{
+		&expr.Immediate{Register: reg1, Data: binaryutil.NativeEndian.PutUint32(m)},
+		&expr.Ct{Register: reg1, Key: expr.CtKeyMARK, SourceRegister: true},
+	}
+}
+
+// nfqueue is the xt NFQUEUE target (revision 1: queue number, one queue;
+// no bypass flag) through nft_compat: the kernels this runs on may lack
+// nft's own queue expression (CONFIG_NFT_QUEUE), and the compat target is
+// what iptables-nft uses. Its info is struct xt_NFQ_info_v1, host order.
+func (env ruleEnv) nfqueue() []expr.Any {
+	info := binaryutil.NativeEndian.PutUint16(env.queue)
+	info = append(info, binaryutil.NativeEndian.PutUint16(1)...)
+	u := xt.Unknown(info)
+	return []expr.Any{&expr.Target{Name: "NFQUEUE", Rev: 1, Info: &u}}
 }
 
 func verdict(kind expr.VerdictKind, chain string) []expr.Any {
@@ -493,7 +586,7 @@ func (env ruleEnv) attestedRules(add func(...[]expr.Any), ports bool) {
 	if ports {
 		lookup, set, live = env.lookupPorts, setAttestedPorts, setAttestedPortsLive
 	}
-	accept := verdict(expr.VerdictGoto, chainAcceptNew)
+	accept := verdict(expr.VerdictGoto, chainAcceptNamed)
 	if env.refresh <= 0 {
 		add(v4, lookup(set), accept)
 		return

@@ -48,6 +48,8 @@ const (
 	setDeniedPorts       = "denied_ports"        // ipv4_addr . inet_proto . ipv4_addr . inet_service interval: the same on a port
 	setReject            = "reject"              // ipv4_addr: guests whose policy drops are answered (--on-deny reject or reset)
 	setReset             = "reset"               // ipv4_addr: of those, guests whose TCP is answered with a reset (--on-deny reset)
+	setNameCheck         = "namecheck"           // ipv4_addr: guests whose name-admitted TCP flows are name-checked (--name-check tls)
+	setNameCheckPublic   = "namecheck_public"    // ipv4_addr: of those, public-mode guests with deny entries by name: every TCP flow checked
 )
 
 // Chain names in the table.
@@ -77,6 +79,10 @@ const (
 	chainDropDenied     = "drop_denied"
 	chainDropPolicy     = "drop_policy"
 	chainReject         = "reject_session"
+	chainAcceptNamed    = "accept_named"
+	chainNameQueue      = "name_queue"
+	chainDropName       = "drop_name"
+	chainDropQUIC       = "drop_quic"
 )
 
 var (
@@ -167,6 +173,8 @@ func newSchema(tableName string, pool netip.Prefix) *schema {
 	add(&nftables.Set{Name: setDeniedPorts, KeyType: typeGuestPort, Concatenation: true, Interval: true})
 	add(&nftables.Set{Name: setReject, KeyType: nftables.TypeIPAddr, Size: size})
 	add(&nftables.Set{Name: setReset, KeyType: nftables.TypeIPAddr, Size: size})
+	add(&nftables.Set{Name: setNameCheck, KeyType: nftables.TypeIPAddr, Size: size})
+	add(&nftables.Set{Name: setNameCheckPublic, KeyType: nftables.TypeIPAddr, Size: size})
 	add(&nftables.Set{Name: setInboundHost, KeyType: typeGuestService, Concatenation: true}) // see inbound.go
 	return s
 }

@@ -1,0 +1,320 @@
+package daemon
+
+import (
+	"encoding/binary"
+	"fmt"
+	"net/netip"
+	"strconv"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/enforcerd/enforcerd/api"
+	"github.com/enforcerd/enforcerd/daemon/eventlog"
+	"github.com/enforcerd/enforcerd/internal/nfnetlink"
+	"github.com/enforcerd/enforcerd/namecheck"
+	"github.com/enforcerd/enforcerd/netpolicy"
+	"github.com/enforcerd/enforcerd/netpolicy/nft"
+)
+
+// The name check's daemon side (docs/network-model.md, "Names on shared
+// addresses"): the table queues the packets of pending flows (nft's
+// name_queue); this reads them, feeds the checker (package namecheck),
+// answers its questions with the session's policy, sends the verdicts
+// back as packet marks the table turns into conntrack marks, and records
+// each decided flow (counts for inspect and the metrics; a flow event for
+// a refused one).
+
+// NameQueue is the table's name queue (*nfnetlink.NFQUEUE).
+type NameQueue interface {
+	Read() ([]nfnetlink.Queued, error)
+	Verdict(id, verdict, mark uint32) error
+	Overruns() uint64
+	Close() error
+}
+
+// nameCounts are one session's decided flows since the daemon started.
+type nameCounts struct {
+	created                  time.Time // the session's: a new session on the name starts at zero
+	allowed, refused, passed uint64
+}
+
+// nameCheck is the running check. mu guards the checker (one packet at a
+// time, and the expiry); cmu the counts. Lock order: mu, then the
+// Engine's mu (the judge); cmu is taken alone.
+type nameCheck struct {
+	e *Engine
+	q NameQueue
+
+	mu sync.Mutex
+	c  *namecheck.Checker
+
+	cmu    sync.Mutex
+	counts map[string]*nameCounts
+	totals map[string]uint64
+}
+
+// serveNameCheck reads q until it is closed, in goroutines of its own.
+func (e *Engine) serveNameCheck(q NameQueue) {
+	nc := &nameCheck{e: e, q: q, counts: map[string]*nameCounts{},
+		totals: map[string]uint64{namecheck.ResultAllowed: 0, namecheck.ResultRefused: 0, namecheck.ResultPassed: 0}}
+	nc.c = namecheck.NewChecker(namecheck.Config{Judge: e.judgeName})
+	e.namecheck = nc
+	stop := make(chan struct{})
+	go func() {
+		defer close(stop)
+		for {
+			pkts, err := q.Read()
+			if err != nil {
+				return
+			}
+			var vs []namecheck.Verdict
+			var ds []namecheck.Decision
+			now := time.Now()
+			nc.mu.Lock()
+			for _, p := range pkts {
+				v, d := nc.c.Packet(now, p.ID, p.Payload)
+				vs = append(vs, v...)
+				if d != nil {
+					ds = append(ds, *d)
+				}
+			}
+			nc.mu.Unlock()
+			nc.finish(vs, ds)
+		}
+	}()
+	go func() {
+		t := time.NewTicker(time.Second)
+		defer t.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-t.C:
+			}
+			nc.mu.Lock()
+			vs, ds := nc.c.Expire(time.Now())
+			nc.mu.Unlock()
+			nc.finish(vs, ds)
+		}
+	}()
+}
+
+// finish sends the verdicts, then records the decisions.
+func (nc *nameCheck) finish(vs []namecheck.Verdict, ds []namecheck.Decision) {
+	for _, v := range vs {
+		verdict, mark := uint32(nfnetlink.VerdictAccept), uint32(0)
+		switch v.Action {
+		case namecheck.Drop:
+			verdict = nfnetlink.VerdictDrop
+		case namecheck.Pass:
+			verdict, mark = nfnetlink.VerdictRepeat, nft.CtMarkNameOK
+		case namecheck.Refuse:
+			verdict, mark = nfnetlink.VerdictRepeat, nft.CtMarkNameRefused
+		}
+		if err := nc.q.Verdict(v.ID, verdict, mark); err != nil {
+			// The packet stays queued until the socket closes; the
+			// kernel then drops it. Nothing passes unchecked.
+			nc.e.log.Warn("name check: send a verdict", "id", v.ID, "err", err)
+		}
+	}
+	for _, d := range ds {
+		if d.Result == namecheck.ResultRefused {
+			if err := resetServer(d); err != nil {
+				nc.e.log.Warn("name check: reset the server of a refused flow", "dst", d.Dst, "err", err)
+			}
+		}
+		nc.record(d)
+	}
+}
+
+// resetServer sends the server of a refused flow a TCP reset, as from
+// the guest: the packet leaves this netns like the guest's own (conntrack
+// knows the flow, so its masquerade applies), and its sequence number is
+// the flow's first byte, exactly the server's next expected one, which it
+// accepts at once (RFC 5961 3.2). The server then holds no half-used
+// connection; it never got a byte of the flow.
+func resetServer(d namecheck.Decision) error {
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.IPPROTO_RAW)
+	if err != nil {
+		return fmt.Errorf("raw socket: %w", err)
+	}
+	defer unix.Close(fd)
+	pkt := tcpReset(d.Guest, d.SrcPort, d.Dst, d.DstPort, d.Seq)
+	return unix.Sendto(fd, pkt, 0, &unix.SockaddrInet4{Addr: d.Dst.As4()})
+}
+
+// tcpReset is an IPv4 TCP RST from src to dst with sequence number seq
+// (the kernel fills the IP checksum and id of a raw IPPROTO_RAW packet).
+func tcpReset(src netip.Addr, sport uint16, dst netip.Addr, dport uint16, seq uint32) []byte {
+	p := make([]byte, 40)
+	p[0], p[8], p[9] = 0x45, 64, unix.IPPROTO_TCP
+	binary.BigEndian.PutUint16(p[2:], 40)
+	s, t := src.As4(), dst.As4()
+	copy(p[12:], s[:])
+	copy(p[16:], t[:])
+	h := p[20:]
+	binary.BigEndian.PutUint16(h[0:], sport)
+	binary.BigEndian.PutUint16(h[2:], dport)
+	binary.BigEndian.PutUint32(h[4:], seq)
+	h[12], h[13] = 5<<4, 0x04 // RST
+	// The checksum over the pseudo header (addresses, protocol, length)
+	// and the 20-byte header.
+	var sum uint32
+	for _, b := range [][]byte{s[:], t[:], {0, unix.IPPROTO_TCP, 0, 20}, h} {
+		for i := 0; i < len(b); i += 2 {
+			sum += uint32(b[i])<<8 | uint32(b[i+1])
+		}
+	}
+	for sum > 0xffff {
+		sum = sum&0xffff + sum>>16
+	}
+	binary.BigEndian.PutUint16(h[16:], ^uint16(sum))
+	return p
+}
+
+// record counts a decided flow for its session and, when refused,
+// records its flow event.
+func (nc *nameCheck) record(d namecheck.Decision) {
+	s, ok := nc.e.sessionOfGuest(d.Guest)
+	if !ok {
+		return
+	}
+	nc.cmu.Lock()
+	c := nc.counts[s.rec.Name]
+	if c == nil || !c.created.Equal(s.rec.Created) {
+		c = &nameCounts{created: s.rec.Created}
+		nc.counts[s.rec.Name] = c
+	}
+	switch d.Result {
+	case namecheck.ResultAllowed:
+		c.allowed++
+	case namecheck.ResultRefused:
+		c.refused++
+	case namecheck.ResultPassed:
+		c.passed++
+	}
+	nc.totals[d.Result]++
+	nc.cmu.Unlock()
+	if d.Result != namecheck.ResultRefused {
+		return
+	}
+	detail := map[string]any{"proto": "tcp", "dst": d.Dst.String(), "dport": d.DstPort,
+		"reason": netpolicy.ReasonNameMismatch, "cause": d.Cause}
+	if d.Via != "" {
+		detail["via"] = d.Via
+	}
+	if d.Name != "" {
+		detail["name"] = d.Name
+	}
+	if d.Lacked != "" {
+		detail["lacked"] = d.Lacked
+	}
+	// The table answers a refused (established) flow with a TCP reset
+	// under reject and reset alike (see reject_session).
+	action := eventlog.FlowActionDropped
+	if s.policy.OnDeny.Answers() {
+		action, detail["answer"] = eventlog.FlowActionRejected, AnswerTCPReset
+	}
+	ev := api.Event{Time: time.Now().UTC(), Session: s.rec.Name, Kind: api.EventKindFlow, Action: action, Detail: detail}
+	nc.e.events.RecordAsync(ev)
+	nc.e.logEvent(ev)
+}
+
+// view is a session's name check for inspect.
+func (nc *nameCheck) view(s *liveSession) api.NameCheckView {
+	v := api.NameCheckView{Mode: s.policy.NameCheck.String()}
+	if nc == nil {
+		return v
+	}
+	nc.cmu.Lock()
+	defer nc.cmu.Unlock()
+	if c := nc.counts[s.rec.Name]; c != nil && c.created.Equal(s.rec.Created) {
+		v.Allowed, v.Refused, v.Passed = c.allowed, c.refused, c.passed
+		v.Checked = c.allowed + c.refused + c.passed
+	}
+	return v
+}
+
+// NameCheckTotals is metrics.Source's: the decided flows by result, and
+// the queue's overruns.
+func (e *Engine) NameCheckTotals() (map[string]uint64, uint64) {
+	nc := e.namecheck
+	out := map[string]uint64{}
+	if nc == nil {
+		return out, 0
+	}
+	nc.cmu.Lock()
+	for k, v := range nc.totals {
+		out[k] = v
+	}
+	nc.cmu.Unlock()
+	return out, nc.q.Overruns()
+}
+
+// sessionOfGuest is the live session whose guest address is g.
+func (e *Engine) sessionOfGuest(g netip.Addr) (*liveSession, bool) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for _, s := range e.sessions {
+		if s.hasNIC() && s.rec.Guest == g {
+			return s, true
+		}
+	}
+	return nil, false
+}
+
+// judgeName is the checker's Judge: whether guest's session allows name
+// on TCP port, by its policy as now.
+func (e *Engine) judgeName(guest netip.Addr, name string, port uint16) (string, bool) {
+	lacked := name + ":" + strconv.Itoa(int(port))
+	s, ok := e.sessionOfGuest(guest)
+	if !ok {
+		return lacked, false
+	}
+	if s.policy.NameCheck == netpolicy.NameCheckOff {
+		// Switched off by an update while the flow was held.
+		return "", true
+	}
+	return nameAllowed(s.policy, name, port)
+}
+
+// nameAllowed is the name check's test of a name asked for on TCP port:
+// the DNS proxy's (an allow entry that matches the name, with no port or
+// this one; in public mode any name), deny entries winning. When not, the
+// entry the policy lacks, NAME:PORT.
+func nameAllowed(p netpolicy.Policy, name string, port uint16) (string, bool) {
+	lacked := name + ":" + strconv.Itoa(int(port))
+	n, err := netpolicy.NormalizeName(name)
+	if err != nil {
+		return lacked, false
+	}
+	lacked = n + ":" + strconv.Itoa(int(port))
+	if _, denied := p.DeniedName(n); denied {
+		return lacked, false
+	}
+	if p.Egress == netpolicy.ModePublic {
+		return "", true
+	}
+	for _, ent := range p.Allow {
+		if ent.Kind == netpolicy.KindCIDR || !ent.MatchesName(n) {
+			continue
+		}
+		switch {
+		case ent.Port == 0 && !netpolicy.IsResolverPort(port),
+			ent.Port == port && ent.Proto != netpolicy.ProtoUDP:
+			return "", true
+		}
+	}
+	return lacked, false
+}
+
+// nameCheckView is inspect's name_check: absent without a network.
+func (e *Engine) nameCheckView(s *liveSession) *api.NameCheckView {
+	if !s.hasNIC() {
+		return nil
+	}
+	v := e.namecheck.view(s)
+	return &v
+}

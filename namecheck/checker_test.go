@@ -1,0 +1,204 @@
+package namecheck
+
+import (
+	"math/rand/v2"
+	"net/netip"
+	"testing"
+	"time"
+)
+
+var (
+	guest = netip.MustParseAddr("10.20.0.2")
+	cdn   = netip.MustParseAddr("198.18.1.10")
+)
+
+// judgeOnly allows name on port 443 and nothing else.
+func judgeOnly(name string) Judge {
+	return func(_ netip.Addr, n string, port uint16) (string, bool) {
+		if n == name && port == 443 {
+			return "", true
+		}
+		return n + ":443", false
+	}
+}
+
+type run struct {
+	t    *testing.T
+	c    *Checker
+	now  time.Time
+	id   uint32
+	held map[uint32]bool
+}
+
+func newRun(t *testing.T, allowed string) *run {
+	return &run{t: t, c: NewChecker(Config{Judge: judgeOnly(allowed)}), now: time.Unix(1000, 0), held: map[uint32]bool{}}
+}
+
+// send queues a packet and returns the verdicts and decision it made.
+func (r *run) send(seq uint32, flags byte, payload []byte) ([]Verdict, *Decision) {
+	r.id++
+	vs, d := r.c.Packet(r.now, r.id, tcpPacket(guest, cdn, 443, seq, flags, payload))
+	decided := map[uint32]bool{}
+	for _, v := range vs {
+		if decided[v.ID] {
+			r.t.Fatalf("packet %d decided twice", v.ID)
+		}
+		decided[v.ID] = true
+		delete(r.held, v.ID)
+	}
+	if !decided[r.id] {
+		r.held[r.id] = true
+	}
+	return vs, d
+}
+
+var isn uint32 = 0xfffffff0 // the sequence numbers wrap inside the hello
+
+// An allowed SNI passes, split in segments sent out of order and
+// duplicated: every segment is held until the last, then all pass.
+func TestCheckerSplitOutOfOrder(t *testing.T) {
+	for _, tc := range []struct {
+		sni    string
+		result string
+		action Action
+	}{{"pkgs.example.org", ResultAllowed, Pass}, {"evil.example", ResultRefused, Refuse}} {
+		r := newRun(t, "pkgs.example.org")
+		if vs, _ := r.send(isn, tcpSYN, nil); len(vs) != 1 || vs[0].Action != Accept {
+			t.Fatalf("SYN: %+v, want accept", vs)
+		}
+		r.send(isn+1, tcpACK, nil)
+		h := clientHello(t, tc.sni)
+		var segs [][2]int
+		for off := 0; off < len(h); off += 300 {
+			segs = append(segs, [2]int{off, min(off+300, len(h))})
+		}
+		rand.New(rand.NewPCG(1, 2)).Shuffle(len(segs), func(i, j int) { segs[i], segs[j] = segs[j], segs[i] })
+		// The first segment last, so nothing can be decided before it.
+		for i, s := range segs {
+			if s[0] == 0 {
+				segs[i], segs[len(segs)-1] = segs[len(segs)-1], segs[i]
+			}
+		}
+		var d *Decision
+		var vs []Verdict
+		for i, s := range segs {
+			vs, d = r.send(isn+1+uint32(s[0]), tcpACK, h[s[0]:s[1]])
+			if i < len(segs)-1 {
+				if len(vs) != 0 || d != nil {
+					t.Fatalf("%s: segment %d decided early: %+v %+v", tc.sni, i, vs, d)
+				}
+				r.send(isn+1+uint32(s[0]), tcpACK, h[s[0]:s[1]]) // a retransmission
+			}
+		}
+		if d == nil || d.Result != tc.result || d.Via != ViaTLS || d.Name != tc.sni {
+			t.Fatalf("%s: decision %+v, want %s via tls-sni name %s", tc.sni, d, tc.result, tc.sni)
+		}
+		if tc.result == ResultRefused && d.Lacked != "evil.example:443" {
+			t.Errorf("lacked %q, want evil.example:443", d.Lacked)
+		}
+		if len(r.held) != 0 {
+			t.Fatalf("%s: packets left held: %v", tc.sni, r.held)
+		}
+		answered := 0
+		for _, v := range vs {
+			switch {
+			case v.Action == tc.action:
+				answered++
+			case tc.action == Refuse && v.Action == Drop:
+			default:
+				t.Errorf("%s: verdict %+v", tc.sni, v)
+			}
+		}
+		if tc.action == Refuse && answered != 1 || tc.action == Pass && answered != len(vs) {
+			t.Errorf("%s: %d %v verdicts of %d", tc.sni, answered, tc.action, len(vs))
+		}
+		// A late packet of the decided flow gets the same answer.
+		vs, _ = r.send(isn+1, tcpACK, h[:10])
+		if want := map[Action]Action{Pass: Pass, Refuse: Drop}[tc.action]; vs[0].Action != want {
+			t.Errorf("%s: late packet %+v, want %v", tc.sni, vs[0], want)
+		}
+	}
+}
+
+// A byte that changes on retransmission is a conflict: refused.
+func TestCheckerConflict(t *testing.T) {
+	r := newRun(t, "pkgs.example.org")
+	r.send(isn, tcpSYN, nil)
+	h := clientHello(t, "pkgs.example.org")
+	r.send(isn+1+100, tcpACK, h[100:200])
+	evil := append([]byte{}, h[100:200]...)
+	evil[5] ^= 1
+	vs, d := r.send(isn+1+100, tcpACK, evil)
+	if d == nil || d.Result != ResultRefused || d.Cause != CauseUnreadable || len(vs) != 2 {
+		t.Fatalf("conflict: %+v %+v, want refused unreadable, both packets answered", vs, d)
+	}
+}
+
+// Non-TLS, non-HTTP first bytes pass; a flow whose SYN was not seen is
+// refused; a SYN with data (TCP Fast Open) is dropped.
+func TestCheckerPassAndUnknown(t *testing.T) {
+	r := newRun(t, "pkgs.example.org")
+	r.send(isn, tcpSYN, nil)
+	vs, d := r.send(isn+1, tcpACK|0x08, []byte("SSH-2.0-OpenSSH_9.2\r\n"))
+	if d == nil || d.Result != ResultPassed || vs[0].Action != Pass {
+		t.Fatalf("ssh: %+v %+v, want passed", vs, d)
+	}
+	r2 := newRun(t, "pkgs.example.org")
+	vs, d = r2.send(isn+1, tcpACK, []byte("GET / HTTP/1.1\r\nHost: pkgs.example.org\r\n\r\n"))
+	if d == nil || d.Result != ResultRefused || d.Cause != CauseIncomplete || vs[0].Action != Refuse {
+		t.Fatalf("unknown start: %+v %+v, want refused incomplete", vs, d)
+	}
+	if vs, _ := r2.send(isn, tcpSYN, []byte("GET")); vs[len(vs)-1].Action != Drop {
+		t.Errorf("SYN with data: %+v, want drop", vs)
+	}
+}
+
+// A hello that never completes is refused after HoldFor; one past
+// MaxBytes at once.
+func TestCheckerBounds(t *testing.T) {
+	r := newRun(t, "pkgs.example.org")
+	r.send(isn, tcpSYN, nil)
+	h := clientHello(t, "pkgs.example.org")
+	r.send(isn+1, tcpACK, h[:100])
+	if vs, ds := r.c.Expire(r.now.Add(9 * time.Second)); len(vs)+len(ds) != 0 {
+		t.Fatalf("expired early: %+v %+v", vs, ds)
+	}
+	vs, ds := r.c.Expire(r.now.Add(10 * time.Second))
+	if len(ds) != 1 || ds[0].Cause != CauseIncomplete || len(vs) != 1 || vs[0].Action != Refuse {
+		t.Fatalf("trickle: %+v %+v, want refused incomplete", vs, ds)
+	}
+	r = newRun(t, "pkgs.example.org")
+	r.send(isn, tcpSYN, nil)
+	_, d := r.send(isn+1+MaxBytes-10, tcpACK, make([]byte, 20))
+	if d == nil || d.Cause != CauseIncomplete {
+		t.Fatalf("past MaxBytes: %+v, want refused incomplete", d)
+	}
+}
+
+// One guest's flows holding payload are bounded: beyond MaxHolding a
+// new flow's payload is dropped (not held), and another guest is not
+// affected.
+func TestCheckerHoldingBound(t *testing.T) {
+	c := NewChecker(Config{Judge: judgeOnly("x.example"), MaxHolding: 2})
+	now := time.Unix(1, 0)
+	other := netip.MustParseAddr("10.20.0.6")
+	pkt := func(g netip.Addr, port uint16, flags byte, payload []byte) []byte {
+		p := tcpPacket(g, cdn, 443, isn, flags, payload)
+		p[20], p[21] = byte(port>>8), byte(port)
+		if flags == tcpACK {
+			p[24+3]++ // seq isn+1
+		}
+		return p
+	}
+	for port := uint16(1); port <= 3; port++ {
+		c.Packet(now, 1, pkt(guest, port, tcpSYN, nil))
+		vs, _ := c.Packet(now, uint32(port*10), pkt(guest, port, tcpACK, []byte{0x16}))
+		if port <= 2 && len(vs) != 0 || port == 3 && (len(vs) != 1 || vs[0].Action != Drop) {
+			t.Errorf("flow %d: %+v", port, vs)
+		}
+	}
+	c.Packet(now, 1, pkt(other, 9, tcpSYN, nil))
+	if vs, _ := c.Packet(now, 90, pkt(other, 9, tcpACK, []byte{0x16})); len(vs) != 0 {
+		t.Errorf("another guest's flow was not held: %+v", vs)
+	}
+}
