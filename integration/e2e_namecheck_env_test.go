@@ -14,7 +14,6 @@ import (
 	"bytes"
 	"context"
 	"crypto/tls"
-	"encoding/json"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -25,7 +24,6 @@ import (
 
 	"github.com/miekg/dns"
 
-	"github.com/enforcerd/enforcerd/api"
 	"github.com/enforcerd/enforcerd/integration/world"
 )
 
@@ -191,15 +189,4 @@ func (n *ncEnv) opensslGet(ns string, port uint16, sni string) (string, string, 
 	req := "GET / HTTP/1.1\r\nHost: " + sni + "\r\nConnection: close\r\n\r\n"
 	return n.tool(ns, req, "timeout", "15", "openssl", "s_client", "-connect", n.at(port).String(),
 		"-servername", sni, "-CAfile", n.s.CAFile, "-verify_return_error", "-quiet")
-}
-
-// whySNI runs `session why NAME DEST --sni SNI --json`.
-func (n *ncEnv) whySNI(name, dest, sni string) api.WhyAnswer {
-	n.t.Helper()
-	out := n.cli("session", "why", name, dest, "--sni", sni, "--json")
-	var a api.WhyAnswer
-	if err := json.Unmarshal([]byte(out), &a); err != nil {
-		n.t.Fatalf("why %s %s --sni %s: %v\n%s", name, dest, sni, err, out)
-	}
-	return a
 }

@@ -165,11 +165,11 @@ func TestE2ENameCheckOtherPorts(t *testing.T) {
 	}
 }
 
-// TestE2ENameCheckQUIC: UDP/443 to an address a name admitted is refused
+// TestE2ENameCheckQUICFallback: UDP/443 to an address a name admitted is refused
 // with an ICMP error (clients fall back to TCP, where the name is
 // checked), the datagram never reaching the server; with --name-check off
 // the same datagram arrives (the control).
-func TestE2ENameCheckQUIC(t *testing.T) {
+func TestE2ENameCheckQUICFallback(t *testing.T) {
 	n := newNameCheckE2E(t)
 	n.createNetOnly("agent", "--allow", ncAllowed)
 	n.createNetOnly("open", "--allow", ncAllowed, "--name-check", "off")
@@ -193,12 +193,12 @@ func TestE2ENameCheckQUIC(t *testing.T) {
 	fe.expect(t, "quic", map[string]any{"reason": "quic", "proto": "udp", "dst": ncShared, "dport": float64(443)})
 }
 
-// TestE2ENameCheckPublicDeny: in public mode a deny entry by name is
+// TestE2ENameCheckDenyBySNIPublic: in public mode a deny entry by name is
 // enforced by the name a flow asks for, not only in DNS: a TLS connection
 // by address with the denied SNI is refused (nothing at the server), the
 // same address with another SNI is served; a public session without the
 // deny is served the denied name (the control).
-func TestE2ENameCheckPublicDeny(t *testing.T) {
+func TestE2ENameCheckDenyBySNIPublic(t *testing.T) {
 	n := newNameCheckE2E(t)
 	n.createNetOnly("pub", "--egress", "public", "--deny", ncOther)
 	n.createNetOnly("free", "--egress", "public")

@@ -15,10 +15,10 @@ import (
 	"github.com/enforcerd/enforcerd/integration/world"
 )
 
-// TestE2ENameCheckRestart: before, while down and after a SIGTERM and a
+// TestE2ENameCheckRestartFronting: before, while down and after a SIGTERM and a
 // kill -9, fronting never reaches the server; after each restart the
 // allowed name is served and fronting is refused again.
-func TestE2ENameCheckRestart(t *testing.T) {
+func TestE2ENameCheckRestartFronting(t *testing.T) {
 	n := newNameCheckE2E(t)
 	n.createNetOnly("agent", "--allow", ncAllowed)
 	ns := n.nsPath("agent")
