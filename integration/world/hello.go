@@ -103,7 +103,7 @@ func (c *planConn) Write(b []byte) (int, error) {
 // conf (its ClientHello sent as plan says), asks GET / with Host host over
 // it and returns the answer's body. timeout bounds the whole exchange.
 func TLSFetch(nsPath string, dst netip.AddrPort, conf *tls.Config, plan HelloPlan, host string, timeout time.Duration) (string, error) {
-	c, err := DialTCP(nsPath, dst, timeout)
+	c, err := dialAborting(nsPath, dst, timeout)
 	if err != nil {
 		return "", fmt.Errorf("tcp %s: %w", dst, err)
 	}
@@ -119,13 +119,29 @@ func TLSFetch(nsPath string, dst netip.AddrPort, conf *tls.Config, plan HelloPla
 // HTTPFetch asks GET / with Host host over plain HTTP/1.1 from inside
 // nsPath to dst and returns the answer's body.
 func HTTPFetch(nsPath string, dst netip.AddrPort, host string, timeout time.Duration) (string, error) {
-	c, err := DialTCP(nsPath, dst, timeout)
+	c, err := dialAborting(nsPath, dst, timeout)
 	if err != nil {
 		return "", fmt.Errorf("tcp %s: %w", dst, err)
 	}
 	defer c.Close()
 	c.SetDeadline(time.Now().Add(timeout))
 	return httpExchange(c, host)
+}
+
+// dialAborting is DialTCP for a connection whose close aborts it (a
+// reset, SO_LINGER 0): a refused or silenced connection's unacknowledged
+// bytes would keep an orphaned socket retransmitting for minutes, and
+// with it the session's netns (and its veth) alive after the session is
+// removed.
+func dialAborting(nsPath string, dst netip.AddrPort, timeout time.Duration) (net.Conn, error) {
+	c, err := DialTCP(nsPath, dst, timeout)
+	if err != nil {
+		return nil, err
+	}
+	if tc, ok := c.(*net.TCPConn); ok {
+		tc.SetLinger(0)
+	}
+	return c, nil
 }
 
 func httpExchange(c net.Conn, host string) (string, error) {
@@ -149,7 +165,7 @@ func httpExchange(c net.Conn, host string) (string, error) {
 // sends an SSH client's banner first (what the guest's first bytes are)
 // and returns what came back: the server's banner and "ok " + the line.
 func SSHLikeExchange(nsPath string, dst netip.AddrPort, timeout time.Duration) (string, error) {
-	c, err := DialTCP(nsPath, dst, timeout)
+	c, err := dialAborting(nsPath, dst, timeout)
 	if err != nil {
 		return "", fmt.Errorf("tcp %s: %w", dst, err)
 	}
