@@ -30,8 +30,10 @@ type HelloPlan struct {
 	// occurrence of this text in the hello (a server name, say).
 	SplitIn string
 	Gap     time.Duration
-	// Trickle > 0: one byte per segment, this pause between bytes.
+	// Trickle > 0: one byte per segment (Chunk bytes when set), this
+	// pause between segments.
 	Trickle time.Duration
+	Chunk   int
 	// Stop > 0: only the first Stop bytes are sent, then nothing more: a
 	// hello never completed.
 	Stop int
@@ -76,8 +78,9 @@ func (c *planConn) Write(b []byte) (int, error) {
 	var pieces [][]byte
 	switch {
 	case p.Trickle > 0:
-		for i := range out {
-			pieces = append(pieces, out[i:i+1])
+		chunk := max(p.Chunk, 1)
+		for i := 0; i < len(out); i += chunk {
+			pieces = append(pieces, out[i:min(i+chunk, len(out))])
 		}
 	case split > 0 && split < len(out):
 		pieces = [][]byte{out[:split], out[split:]}

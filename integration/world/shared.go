@@ -218,7 +218,10 @@ func (s *Shared) serveHTTP(w *World, port int, kind string, conf *tls.Config) er
 	rl := &recordingListener{Listener: l, shared: s, server: fmt.Sprintf("%s:%d", kind, port)}
 	type captureKey struct{}
 	srv := &http.Server{
-		ReadHeaderTimeout: 10 * time.Second,
+		// Longer than any bound of the check under test: a client held
+		// by it must learn its fate from the check, not from this
+		// server's own timeout (a FIN that reads as EOF).
+		ReadHeaderTimeout: 60 * time.Second,
 		TLSConfig:         conf,
 		// A refused or rewritten hello is a handshake error the tests
 		// cause on purpose; the captures say what arrived.
