@@ -144,7 +144,7 @@ type Counters struct {
 	// flow cap or over its new-flow rate (also in DroppedPackets).
 	LimitedPackets uint64 `json:"limited_packets"`
 	// DroppedByReason counts dropped packets by reason (not-allowed, port,
-	// special-purpose, resolver, spoofed, inbound, rate-limit, denied), exactly,
+	// special-purpose, resolver, spoofed, inbound, rate-limit, denied, name-mismatch, quic), exactly,
 	// whatever the log's rate limit; reasons without drops are absent.
 	// spoofed and inbound drops are not in DroppedPackets.
 	DroppedByReason map[string]uint64 `json:"dropped_by_reason,omitempty"`
@@ -231,9 +231,9 @@ type NameCheckView struct {
 	Mode    string `json:"mode"`    // tls or off
 	Checked uint64 `json:"checked"` // flows held and decided
 	Allowed uint64 `json:"allowed"` // a name the policy allows on the port
-	// Refused: a name the policy does not allow there (a name-mismatch
-	// flow event each), or a first request that never completed within
-	// the bounds (reason name-incomplete).
+	// Refused: a name the policy does not allow there, or a first
+	// request that did not show a readable name within the bounds (a flow
+	// event with reason name-mismatch each, its cause saying which).
 	Refused uint64 `json:"refused"`
 	// Passed: no name to check (a first payload that is neither a TLS
 	// ClientHello nor an HTTP/1.x request, a ClientHello without

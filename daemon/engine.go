@@ -543,6 +543,9 @@ func (e *Engine) dnsPolicy(s *liveSession) dnsproxy.SessionPolicy {
 		Allow:  s.policy.Allow,
 		Pinned: s.rec.Pinned,
 		Deny:   s.policy.Deny,
+		// Under the name check, clients get no ECH configuration: the
+		// name they want is then the server_name the check reads.
+		KeepECH: s.policy.NameCheck == netpolicy.NameCheckOff,
 	}
 }
 
@@ -616,6 +619,8 @@ func (e *Engine) teardown(rec SessionRecord, rules nft.SessionRules) error {
 			if err := e.fw.RemoveSession(rules); err != nil {
 				errs = append(errs, fmt.Errorf("remove rules: %w", err))
 			}
+			// Nothing keyed by the guest address outlives the session.
+			e.namecheck.forget(rec.Name, rules.Guest)
 		}
 	}
 	if err := e.nets.Delete(rec.Name, rec.Slot); err != nil {

@@ -222,6 +222,21 @@ func (nc *nameCheck) record(d namecheck.Decision) {
 	nc.e.logEvent(ev)
 }
 
+// forget drops what the check keeps of a removed session: its flows'
+// state (held packets are dropped) and its counts.
+func (nc *nameCheck) forget(name string, guest netip.Addr) {
+	if nc == nil {
+		return
+	}
+	nc.mu.Lock()
+	vs := nc.c.ForgetGuest(guest)
+	nc.mu.Unlock()
+	nc.finish(vs, nil)
+	nc.cmu.Lock()
+	delete(nc.counts, name)
+	nc.cmu.Unlock()
+}
+
 // view is a session's name check for inspect.
 func (nc *nameCheck) view(s *liveSession) api.NameCheckView {
 	v := api.NameCheckView{Mode: s.policy.NameCheck.String()}

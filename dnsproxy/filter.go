@@ -174,6 +174,33 @@ func (f *filtered) keptHints(kvs []dns.SVCBKeyValue) []dns.SVCBKeyValue {
 	})
 }
 
+// stripECH removes the ech parameter (the ECH configuration) from the
+// answer's SVCB and HTTPS records: a client without one sends the name it
+// wants in the clear, as the outer server_name the table's name check
+// reads (an ECH client's outer name is its provider's, never the one the
+// policy allows).
+func (f *filtered) stripECH() {
+	for _, rr := range f.answer {
+		var kvs *[]dns.SVCBKeyValue
+		switch r := rr.(type) {
+		case *dns.SVCB:
+			kvs = &r.Value
+		case *dns.HTTPS:
+			kvs = &r.Value
+		default:
+			continue
+		}
+		n := len(*kvs)
+		*kvs = slices.DeleteFunc(*kvs, func(kv dns.SVCBKeyValue) bool {
+			_, ech := kv.(*dns.SVCBECHConfig)
+			return ech
+		})
+		if len(*kvs) != n {
+			f.change(rr.Header().Rrtype)
+		}
+	}
+}
+
 // filterHints drops ipv6hint and keeps the public ipv4hint addresses of a
 // record of the chain (none for a record outside it).
 func (f *filtered) filterHints(kvs []dns.SVCBKeyValue, ttl uint32, inChain bool, public func(netip.Addr) bool, keep func(netip.Addr, uint32)) []dns.SVCBKeyValue {

@@ -153,6 +153,9 @@ func (p *Proxy) answer(ctx context.Context, s *compiledSession, req *dns.Msg, ev
 		keep = func(a netip.Addr) bool { return p.cfg.Guard.IsPublicUnicast(a) && !s.deniedAddr(a) }
 	}
 	f := filterResponse(q.Name, up, hints, keep)
+	if !s.keepECH {
+		f.stripECH()
+	}
 	ev.Dropped = f.dropped
 	if n := f.limit(p.cfg.MaxAnswerAddrs); n > 0 {
 		ev.Capped = n

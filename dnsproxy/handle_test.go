@@ -667,3 +667,31 @@ func TestDNSSECSignaturesPassWhenUnchanged(t *testing.T) {
 		t.Errorf("DO seen upstream %v, want the client's [true true false]", sawDO)
 	}
 }
+
+// The ech parameter of HTTPS and SVCB answers is removed (the name check
+// reads the name a client sends in the clear; an ECH client's outer name
+// is its provider's), the other parameters kept; a session with
+// KeepECH (its name check off) keeps it.
+func TestECHStripped(t *testing.T) {
+	up := startUpstream(t, zoneHandler(map[string][]string{
+		"ech.test.": {`ech.test. 100 IN HTTPS 1 . alpn="h2" ech="AEX+DQBBpQAgACCW2/dfOBZAtQU55/znsBFhpGgmOOyR4oBWYkWB1dDZAAQAAQABABJjbG91ZGZsYXJlLWVjaC5jb20AAA==" ipv4hint="198.18.1.10"`},
+	}))
+	tp := newTestProxy(t, []netip.AddrPort{up.addr}, nil)
+	tp.register(t, guest1, netpolicy.ModeAllowlist, "ech.test")
+	if err := tp.Register(SessionPolicy{Name: "keep", Guest: guest2, Mode: netpolicy.ModeAllowlist, Allow: entries("ech.test"), KeepECH: true}); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		guest   netip.Addr
+		wantECH bool
+	}{{guest1, false}, {guest2, true}} {
+		resp := tp.ask(t, c.guest, query("ech.test.", dns.TypeHTTPS), false)
+		if len(resp.Answer) != 1 {
+			t.Fatalf("answer %v", resp)
+		}
+		s := resp.Answer[0].String()
+		if strings.Contains(s, "ech=") != c.wantECH || !strings.Contains(s, `alpn="h2"`) || !strings.Contains(s, "ipv4hint") {
+			t.Errorf("guest %s: %s, want ech %v, alpn and ipv4hint kept", c.guest, s, c.wantECH)
+		}
+	}
+}

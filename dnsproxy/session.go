@@ -31,6 +31,10 @@ type SessionPolicy struct {
 	// NXDOMAIN, the question never sent upstream; an address a port-less
 	// deny entry covers is removed from every answer and never attested.
 	Deny []netpolicy.Entry
+	// KeepECH leaves the ech parameter of SVCB and HTTPS answers in place:
+	// for a session whose flows' names are not checked (--name-check off).
+	// By default it is removed, so clients send the name in the clear.
+	KeepECH bool
 }
 
 // compiledSession is one registration: a ready-to-match form of a
@@ -44,13 +48,14 @@ type SessionPolicy struct {
 // for writing to set gone, so it waits only for attests already in
 // progress, never for an upstream.
 type compiledSession struct {
-	name   string
-	guest  netip.Addr
-	mode   netpolicy.Mode
-	match  *matcher
-	pinned map[string][]netip.Addr // key: lower-case, no trailing dot
-	deny   *matcher                // the deny entries' names
-	denied []netip.Prefix          // the port-less deny entries' CIDRs
+	name    string
+	guest   netip.Addr
+	mode    netpolicy.Mode
+	match   *matcher
+	pinned  map[string][]netip.Addr // key: lower-case, no trailing dot
+	deny    *matcher                // the deny entries' names
+	denied  []netip.Prefix          // the port-less deny entries' CIDRs
+	keepECH bool                    // SessionPolicy.KeepECH
 
 	// ctx is the context the session's upstream waits run in; it descends
 	// from the proxy's (so Shutdown ends it too) and retire cancels it.
@@ -113,7 +118,7 @@ func compile(sp SessionPolicy) (*compiledSession, error) {
 	if err != nil {
 		return nil, fmt.Errorf("register session %q: %w: deny: %w", sp.Name, ErrBadSession, err)
 	}
-	cs := &compiledSession{name: sp.Name, guest: sp.Guest, mode: sp.Mode, match: m, deny: dm, denied: denied}
+	cs := &compiledSession{name: sp.Name, guest: sp.Guest, mode: sp.Mode, match: m, deny: dm, denied: denied, keepECH: sp.KeepECH}
 	if len(sp.Pinned) > 0 {
 		cs.pinned = make(map[string][]netip.Addr, len(sp.Pinned))
 		for name, addrs := range sp.Pinned {

@@ -347,5 +347,18 @@ func (c *Checker) Expire(now time.Time) ([]Verdict, []Decision) {
 	return vs, ds
 }
 
+// ForgetGuest drops the state of every flow of guest (its session is
+// gone): the packets they held are dropped.
+func (c *Checker) ForgetGuest(guest netip.Addr) []Verdict {
+	var vs []Verdict
+	for k, f := range c.flows {
+		if k.Guest == guest {
+			vs = append(vs, c.forget(k, f)...)
+		}
+	}
+	delete(c.guests, guest)
+	return vs
+}
+
 // Flows returns how many flows the checker keeps state for.
 func (c *Checker) Flows() int { return len(c.flows) }

@@ -202,3 +202,14 @@ func TestCheckerHoldingBound(t *testing.T) {
 		t.Errorf("another guest's flow was not held: %+v", vs)
 	}
 }
+
+// A removed session's flows are forgotten, their held packets dropped.
+func TestCheckerForgetGuest(t *testing.T) {
+	r := newRun(t, "pkgs.example.org")
+	r.send(isn, tcpSYN, nil)
+	r.send(isn+1, tcpACK, []byte{0x16, 3, 1})
+	vs := r.c.ForgetGuest(guest)
+	if len(vs) != 1 || vs[0].Action != Drop || r.c.Flows() != 0 {
+		t.Fatalf("ForgetGuest: %+v, %d flows left; want the held packet dropped, none left", vs, r.c.Flows())
+	}
+}

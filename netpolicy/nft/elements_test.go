@@ -3,6 +3,7 @@ package nft
 import (
 	"bytes"
 	"net/netip"
+	"slices"
 	"testing"
 	"time"
 
@@ -246,6 +247,39 @@ func TestRulesReferenceTheSchema(t *testing.T) {
 					t.Errorf("rule %d: dynset on unknown set %q", i, x.SetName)
 				}
 			}
+		}
+	}
+}
+
+// Every set a session's elements can go to is one RemoveSession scans (a
+// set left out keeps a removed session's elements: PITFALLS 14), and one
+// an update by dump looks at.
+func TestSessionSetsCoverEveryElement(t *testing.T) {
+	r := SessionRules{
+		Name: "s", HostIface: "enf1h", Guest: netip.MustParseAddr("10.20.0.6"), Egress: netpolicy.ModePublic,
+		Static: []netpolicy.Target{
+			{Prefix: netip.MustParsePrefix("8.8.8.0/24")}, {Prefix: netip.MustParsePrefix("8.8.4.0/24"), Port: 443, Proto: netpolicy.ProtoTCP},
+			{Prefix: netip.MustParsePrefix("1.2.3.4/32"), Port: 443}, {Prefix: netip.MustParsePrefix("9.9.9.9/32")},
+		},
+		Deny:            []netpolicy.Target{{Prefix: netip.MustParsePrefix("5.5.5.0/24")}, {Prefix: netip.MustParsePrefix("6.6.6.6/32"), Port: 22}},
+		Peers:           []netip.Addr{netip.MustParseAddr("10.20.0.10")},
+		OnDeny:          netpolicy.DenyReset,
+		NameCheck:       true,
+		DenyNames:       true,
+		InboundFromHost: []netpolicy.PortSpec{{Port: 8080, Proto: netpolicy.ProtoTCP}},
+	}
+	for _, se := range sessionElements(r) {
+		if !slices.Contains(sessionSets, se.set) {
+			t.Errorf("set %s holds session elements and is not in sessionSets", se.set)
+		}
+	}
+	for _, want := range []string{setNameCheck, setNameCheckPublic} {
+		found := false
+		for _, se := range sessionElements(r) {
+			found = found || se.set == want
+		}
+		if !found {
+			t.Errorf("a public session under the name check with deny names has no element in %s", want)
 		}
 	}
 }

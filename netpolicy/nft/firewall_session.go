@@ -69,7 +69,7 @@ func (f *Firewall) AddSession(r SessionRules) error {
 var sessionSets = []string{setSessions, setPublic, setPeers, setAttested, setAttestedPorts, setAttestedLive, setAttestedPortsLive,
 	setStatic, setStaticPorts, setStaticCIDR, setStaticCIDRPorts, setAcctAccept, setAcctDrop, setAcctLimited, setAcctReturn,
 	setFlows, setFlowRate, setIfaces, setPortHosts, setPortCIDRs, setPortAttested, setAcctReason, setLogRate,
-	setDenied, setDeniedPorts, setReject, setReset, setInboundHost}
+	setDenied, setDeniedPorts, setReject, setReset, setInboundHost, setNameCheck, setNameCheckPublic}
 
 // datapathSets hold elements the datapath creates (a session's flow budget)
 // that RemoveSession cannot know exist. The by-key batch adds each (a no-op
