@@ -74,7 +74,7 @@ func (e *Engine) serveNameCheck(q NameQueue) {
 			now := time.Now()
 			nc.mu.Lock()
 			for _, p := range pkts {
-				v, d := nc.c.Packet(now, p.ID, p.Payload)
+				v, d := nc.c.Packet(now, p.ID, p.Payload, nc.fromGuest(p.Payload))
 				vs = append(vs, v...)
 				if d != nil {
 					ds = append(ds, *d)
@@ -101,6 +101,12 @@ func (e *Engine) serveNameCheck(q NameQueue) {
 	}()
 }
 
+// fromGuest tells a guest's packet (its source in the pool) from its
+// server's: only flows from sessions to outside are checked.
+func (nc *nameCheck) fromGuest(pkt []byte) bool {
+	return len(pkt) >= 20 && nc.e.cfg.Pool.Contains(netip.AddrFrom4([4]byte(pkt[12:16])))
+}
+
 // finish sends the verdicts, then records the decisions.
 func (nc *nameCheck) finish(vs []namecheck.Verdict, ds []namecheck.Decision) {
 	for _, v := range vs {
@@ -121,8 +127,14 @@ func (nc *nameCheck) finish(vs []namecheck.Verdict, ds []namecheck.Decision) {
 	}
 	for _, d := range ds {
 		if d.Result == namecheck.ResultRefused {
-			if err := resetServer(d); err != nil {
-				nc.e.log.Warn("name check: reset the server of a refused flow", "dst", d.Dst, "err", err)
+			seqs := []uint32{d.Seq}
+			if d.SeqAlt != 0 {
+				seqs = append(seqs, d.SeqAlt)
+			}
+			for _, seq := range seqs {
+				if err := resetServer(d, seq); err != nil {
+					nc.e.log.Warn("name check: reset the server of a refused flow", "dst", d.Dst, "err", err)
+				}
 			}
 		}
 		nc.record(d)
@@ -135,13 +147,13 @@ func (nc *nameCheck) finish(vs []namecheck.Verdict, ds []namecheck.Decision) {
 // the flow's first byte, exactly the server's next expected one, which it
 // accepts at once (RFC 5961 3.2). The server then holds no half-used
 // connection; it never got a byte of the flow.
-func resetServer(d namecheck.Decision) error {
+func resetServer(d namecheck.Decision, seq uint32) error {
 	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.IPPROTO_RAW)
 	if err != nil {
 		return fmt.Errorf("raw socket: %w", err)
 	}
 	defer unix.Close(fd)
-	pkt := tcpReset(d.Guest, d.SrcPort, d.Dst, d.DstPort, d.Seq)
+	pkt := tcpReset(d.Guest, d.SrcPort, d.Dst, d.DstPort, seq)
 	return unix.Sendto(fd, pkt, 0, &unix.SockaddrInet4{Addr: d.Dst.As4()})
 }
 
@@ -186,6 +198,16 @@ func (nc *nameCheck) record(d namecheck.Decision) {
 	if c == nil || !c.created.Equal(s.rec.Created) {
 		c = &nameCounts{created: s.rec.Created}
 		nc.counts[s.rec.Name] = c
+	}
+	// A flow refused after it was allowed or passed (before the server
+	// acknowledged it) moves from that count to refused.
+	switch {
+	case d.Was == namecheck.ResultAllowed && c.allowed > 0:
+		c.allowed--
+		nc.totals[d.Was]--
+	case d.Was == namecheck.ResultPassed && c.passed > 0:
+		c.passed--
+		nc.totals[d.Was]--
 	}
 	switch d.Result {
 	case namecheck.ResultAllowed:

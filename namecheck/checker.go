@@ -10,10 +10,15 @@ import (
 type Action uint8
 
 const (
-	Accept Action = iota // no payload of an undecided flow: let it go on
-	Drop                 // gone; the guest retransmits if it cares
-	Pass                 // the flow is decided allowed: mark it so, and let the packet go on
-	Refuse               // the flow is refused: mark it so, and answer as the session's on-deny says
+	// Accept: let the packet go on; its flow stays as it is (pending):
+	// no payload, a server's packet, or the first bytes of a flow
+	// allowed but not yet acknowledged by the server.
+	Accept Action = iota
+	Drop          // gone; the guest retransmits if it cares
+	// Pass: the server acknowledged the checked bytes: mark the flow
+	// checked (the plain path from now on) and let the packet go on.
+	Pass
+	Refuse // the flow is refused: mark it so, and answer as the session's on-deny says
 )
 
 // Verdict is the action for one queued packet.
@@ -35,6 +40,10 @@ const (
 	CauseNotAllowed = "not-allowed" // a name the policy does not allow on the port
 	CauseIncomplete = "incomplete"  // no name within the bounds (bytes, time), or the flow's first byte unknown
 	CauseUnreadable = "unreadable"  // TLS or HTTP that does not parse as servers parse it, or a changed byte
+	// CauseUnconfirmed: the server did not acknowledge the checked bytes
+	// within HoldFor (a segment it discarded, a packet that died on the
+	// way: what it received is not known to be what was checked).
+	CauseUnconfirmed = "unconfirmed"
 )
 
 // Decision is one decided flow.
@@ -52,6 +61,14 @@ type Decision struct {
 	// server's receive window starts, since it got none of them (a reset
 	// for it carries this).
 	Seq uint32
+	// SeqAlt, when not 0, is a second place the server's window may
+	// start (a flow refused after its checked bytes were sent): a reset
+	// goes to both.
+	SeqAlt uint32
+	// Was is the result the flow had before this refusal (allowed or
+	// passed, then refused before the server acknowledged it); "" for a
+	// first decision.
+	Was string
 }
 
 // Judge answers whether guest's policy allows name on TCP port; when not,
@@ -82,13 +99,27 @@ type FlowKey struct {
 	DstPort uint16
 }
 
+// flowState is one flow's check. An allowed flow is awaiting until the
+// server acknowledges every byte that was checked (confirmAt): until
+// then its packets are still queued, and a byte the guest sends again
+// must be the one checked. Only then is it marked checked (Pass): what a
+// server's TCP discarded (a segment failing PAWS, one whose TTL runs out
+// past the host) cannot have been what it read.
 type flowState struct {
-	stream  *Stream
-	held    []uint32
-	since   time.Time // first payload held
-	seen    time.Time // last packet
-	decided bool
-	allowed bool
+	stream    *Stream
+	held      []uint32
+	since     time.Time // first payload held; for an awaiting flow, its decision
+	seen      time.Time // last packet
+	decided   bool
+	allowed   bool
+	awaiting  bool
+	confirmAt uint32 // the sequence number past the checked bytes
+	inFlows   bool   // counted in its guest's flows (undecided)
+	inHolding bool   // counted in its guest's holding (held or awaiting)
+	// refuseNext: refused while nothing was held (unconfirmed): the next
+	// guest packet carries the answer.
+	refuseNext bool
+	result     string // the decision's Result
 }
 
 type guestCount struct{ flows, holding int }
@@ -120,8 +151,10 @@ func NewChecker(cfg Config) *Checker {
 const forgetDecided = 30 * time.Second
 
 // forgetIdle is how long an undecided flow that holds nothing is kept
+// (a connection whose server speaks first may wait long for its client;
+// the per-guest MaxFlows bounds how many)
 // (a connection that never sends).
-const forgetIdle = 2 * time.Minute
+const forgetIdle = time.Hour
 
 // TCP flags.
 const (
@@ -135,6 +168,7 @@ const (
 type segment struct {
 	key     FlowKey
 	seq     uint32
+	ack     uint32
 	flags   byte
 	payload []byte
 }
@@ -162,6 +196,7 @@ func parseSegment(p []byte) (segment, bool) {
 		Dst: netip.AddrFrom4([4]byte(p[16:20])), DstPort: binary.BigEndian.Uint16(t[2:4]),
 	}
 	s.seq = binary.BigEndian.Uint32(t[4:8])
+	s.ack = binary.BigEndian.Uint32(t[8:12])
 	s.flags = t[13]
 	s.payload = t[off:]
 	return s, true
@@ -177,13 +212,17 @@ func (c *Checker) guest(a netip.Addr) *guestCount {
 }
 
 // Packet handles one queued packet (from its IPv4 header on), queued
-// because its flow is pending: the verdicts it makes (none while it is
-// held, several when it decides a flow that held others) and the flow it
+// because its flow is pending: fromGuest tells a guest's packet from its
+// server's. It returns the verdicts it makes (none while it is held,
+// several when it decides a flow that held others) and the flow it
 // decided, if any.
-func (c *Checker) Packet(now time.Time, id uint32, pkt []byte) ([]Verdict, *Decision) {
+func (c *Checker) Packet(now time.Time, id uint32, pkt []byte, fromGuest bool) ([]Verdict, *Decision) {
 	s, ok := parseSegment(pkt)
 	if !ok {
 		return []Verdict{{id, Drop}}, nil
+	}
+	if !fromGuest {
+		return c.serverPacket(id, s), nil
 	}
 	f := c.flows[s.key]
 	switch {
@@ -209,7 +248,7 @@ func (c *Checker) Packet(now time.Time, id uint32, pkt []byte) ([]Verdict, *Deci
 			return append(vs, Verdict{id, Drop}), nil
 		}
 		g.flows++
-		c.flows[s.key] = &flowState{stream: NewStream(s.seq + 1), seen: now}
+		c.flows[s.key] = &flowState{stream: NewStream(s.seq + 1), seen: now, inFlows: true}
 		return append(vs, Verdict{id, Accept}), nil
 	case len(s.payload) == 0:
 		if f != nil {
@@ -227,10 +266,25 @@ func (c *Checker) Packet(now time.Time, id uint32, pkt []byte) ([]Verdict, *Deci
 		return []Verdict{{id, Refuse}}, d
 	}
 	f.seen = now
-	if f.decided {
-		if f.allowed {
-			return []Verdict{{id, Pass}}, nil
+	switch {
+	case f.decided && f.awaiting:
+		if !f.stream.Matches(s.seq, s.payload) {
+			// A byte the server may not have had (it has not acknowledged
+			// it) sent again, changed: what it reads is not what was
+			// checked.
+			d := &Decision{Guest: s.key.Guest, SrcPort: s.key.SrcPort, Dst: s.key.Dst, DstPort: s.key.DstPort,
+				Result: ResultRefused, Cause: CauseUnreadable, Seq: f.stream.start, SeqAlt: f.confirmAt, Was: f.result}
+			c.release(s.key.Guest, f)
+			f.allowed, f.awaiting, f.stream = false, false, nil
+			return []Verdict{{id, Refuse}}, d
 		}
+		return []Verdict{{id, Accept}}, nil
+	case f.decided && f.allowed:
+		return []Verdict{{id, Pass}}, nil
+	case f.decided && f.refuseNext:
+		f.refuseNext = false
+		return []Verdict{{id, Refuse}}, nil
+	case f.decided:
 		return []Verdict{{id, Drop}}, nil
 	}
 	g := c.guest(s.key.Guest)
@@ -239,6 +293,7 @@ func (c *Checker) Packet(now time.Time, id uint32, pkt []byte) ([]Verdict, *Deci
 			return []Verdict{{id, Drop}}, nil
 		}
 		g.holding++
+		f.inHolding = true
 		f.since = now
 	}
 	f.held = append(f.held, id)
@@ -280,26 +335,57 @@ func (c *Checker) decide(key FlowKey, f *flowState, r Result, cause string) ([]V
 	default:
 		d.Result, d.Cause = ResultRefused, cause
 	}
-	f.decided, f.allowed = true, d.Result != ResultRefused
-	if g := c.guests[key.Guest]; g != nil {
+	f.decided, f.allowed, f.result = true, d.Result != ResultRefused, d.Result
+	if g := c.guests[key.Guest]; g != nil && f.inFlows {
 		g.flows--
-		if len(f.held) > 0 {
-			g.holding--
-		}
+		f.inFlows = false
 	}
 	vs := make([]Verdict, len(f.held))
 	for i, id := range f.held {
 		switch {
 		case f.allowed:
-			vs[i] = Verdict{id, Pass}
+			vs[i] = Verdict{id, Accept} // the flow stays pending until the server acknowledges them
 		case i == 0:
 			vs[i] = Verdict{id, Refuse} // the one that carries the answer to the guest
 		default:
 			vs[i] = Verdict{id, Drop}
 		}
 	}
-	f.held, f.stream = nil, nil
+	f.held = nil
+	if f.allowed {
+		f.awaiting, f.confirmAt, f.since = true, f.stream.start+uint32(f.stream.Len()), f.seen
+		return vs, d
+	}
+	c.release(key.Guest, f)
+	f.stream = nil
 	return vs, d
+}
+
+// release uncounts a flow's holding (held payload, or awaiting the
+// server's acknowledgement).
+func (c *Checker) release(guest netip.Addr, f *flowState) {
+	if g := c.guests[guest]; g != nil && f.inHolding {
+		g.holding--
+	}
+	f.inHolding = false
+}
+
+// serverPacket handles a packet from the server of a pending flow: it
+// goes on; an acknowledgement of every checked byte confirms the flow
+// (Pass), ending its userspace path.
+func (c *Checker) serverPacket(id uint32, s segment) []Verdict {
+	key := FlowKey{Guest: s.key.Dst, SrcPort: s.key.DstPort, Dst: s.key.Guest, DstPort: s.key.SrcPort}
+	f := c.flows[key]
+	switch {
+	case f == nil:
+	case s.flags&tcpRST != 0:
+		return append(c.forget(key, f), Verdict{id, Accept})
+	case f.awaiting && s.flags&tcpACK != 0 && int32(s.ack-f.confirmAt) >= 0:
+		f.awaiting, f.stream = false, nil
+		c.release(key.Guest, f)
+		return []Verdict{{id, Pass}}
+	}
+	return []Verdict{{id, Accept}}
 }
 
 // forget removes a flow's state; the packets it held (a RST or a new SYN
@@ -312,14 +398,10 @@ func (c *Checker) forget(key FlowKey, f *flowState) []Verdict {
 	for _, id := range f.held {
 		vs = append(vs, Verdict{id, Drop})
 	}
-	if !f.decided {
-		if g := c.guests[key.Guest]; g != nil {
-			g.flows--
-			if len(f.held) > 0 {
-				g.holding--
-			}
-		}
+	if g := c.guests[key.Guest]; g != nil && f.inFlows {
+		g.flows--
 	}
+	c.release(key.Guest, f)
 	delete(c.flows, key)
 	if g := c.guests[key.Guest]; g != nil && g.flows <= 0 && g.holding <= 0 {
 		delete(c.guests, key.Guest)
@@ -339,6 +421,14 @@ func (c *Checker) Expire(now time.Time) ([]Verdict, []Decision) {
 			v, d := c.decide(k, f, Result{Kind: NeedMore}, CauseIncomplete)
 			vs = append(vs, v...)
 			ds = append(ds, *d)
+		case f.awaiting && now.Sub(f.since) >= c.cfg.HoldFor:
+			// Nothing of the flow is held (its bytes went on): the next
+			// guest packet meets the refused state, and the server gets
+			// its reset from the decision.
+			ds = append(ds, Decision{Guest: k.Guest, SrcPort: k.SrcPort, Dst: k.Dst, DstPort: k.DstPort,
+				Result: ResultRefused, Cause: CauseUnconfirmed, Seq: f.stream.start, SeqAlt: f.confirmAt, Was: f.result})
+			c.release(k.Guest, f)
+			f.allowed, f.awaiting, f.stream, f.seen, f.refuseNext = false, false, nil, now, true
 		case f.decided && now.Sub(f.seen) >= forgetDecided,
 			!f.decided && len(f.held) == 0 && now.Sub(f.seen) >= forgetIdle:
 			vs = append(vs, c.forget(k, f)...)

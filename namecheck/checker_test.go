@@ -1,6 +1,7 @@
 package namecheck
 
 import (
+	"encoding/binary"
 	"math/rand/v2"
 	"net/netip"
 	"testing"
@@ -37,7 +38,7 @@ func newRun(t *testing.T, allowed string) *run {
 // send queues a packet and returns the verdicts and decision it made.
 func (r *run) send(seq uint32, flags byte, payload []byte) ([]Verdict, *Decision) {
 	r.id++
-	vs, d := r.c.Packet(r.now, r.id, tcpPacket(guest, cdn, 443, seq, flags, payload))
+	vs, d := r.c.Packet(r.now, r.id, tcpPacket(guest, cdn, 443, seq, flags, payload), true)
 	decided := map[uint32]bool{}
 	for _, v := range vs {
 		if decided[v.ID] {
@@ -52,6 +53,17 @@ func (r *run) send(seq uint32, flags byte, payload []byte) ([]Verdict, *Decision
 	return vs, d
 }
 
+// serverAck queues the server's acknowledgement of every byte up to ack
+// and returns its verdicts.
+func (r *run) serverAck(ack uint32) []Verdict {
+	r.id++
+	p := tcpPacket(cdn, guest, 40000, 7, tcpACK, nil)
+	p[20], p[21], p[22], p[23] = 443>>8, 443&0xff, 40000>>8, 40000&0xff
+	binary.BigEndian.PutUint32(p[28:], ack)
+	vs, _ := r.c.Packet(r.now, r.id, p, false)
+	return vs
+}
+
 var isn uint32 = 0xfffffff0 // the sequence numbers wrap inside the hello
 
 // An allowed SNI passes, split in segments sent out of order and
@@ -61,7 +73,7 @@ func TestCheckerSplitOutOfOrder(t *testing.T) {
 		sni    string
 		result string
 		action Action
-	}{{"pkgs.example.org", ResultAllowed, Pass}, {"evil.example", ResultRefused, Refuse}} {
+	}{{"pkgs.example.org", ResultAllowed, Accept}, {"evil.example", ResultRefused, Refuse}} {
 		r := newRun(t, "pkgs.example.org")
 		if vs, _ := r.send(isn, tcpSYN, nil); len(vs) != 1 || vs[0].Action != Accept {
 			t.Fatalf("SYN: %+v, want accept", vs)
@@ -109,13 +121,29 @@ func TestCheckerSplitOutOfOrder(t *testing.T) {
 				t.Errorf("%s: verdict %+v", tc.sni, v)
 			}
 		}
-		if tc.action == Refuse && answered != 1 || tc.action == Pass && answered != len(vs) {
+		if tc.action == Refuse && answered != 1 || tc.action == Accept && answered != len(vs) {
 			t.Errorf("%s: %d %v verdicts of %d", tc.sni, answered, tc.action, len(vs))
 		}
-		// A late packet of the decided flow gets the same answer.
-		vs, _ = r.send(isn+1, tcpACK, h[:10])
-		if want := map[Action]Action{Pass: Pass, Refuse: Drop}[tc.action]; vs[0].Action != want {
-			t.Errorf("%s: late packet %+v, want %v", tc.sni, vs[0], want)
+		if tc.action == Refuse {
+			if vs, _ = r.send(isn+1, tcpACK, h[:10]); vs[0].Action != Drop {
+				t.Errorf("late packet of a refused flow: %+v, want drop", vs[0])
+			}
+			continue
+		}
+		// Allowed: pending until the server acknowledges the checked
+		// bytes; a retransmission of them goes on meanwhile, an ACK short
+		// of them confirms nothing, the full one marks the flow (Pass).
+		if vs, _ = r.send(isn+1, tcpACK, h[:10]); vs[0].Action != Accept {
+			t.Errorf("retransmission while awaiting: %+v, want accept", vs[0])
+		}
+		if vs = r.serverAck(isn + 1 + uint32(len(h)) - 1); vs[0].Action != Accept {
+			t.Errorf("partial ACK: %+v, want accept", vs)
+		}
+		if vs = r.serverAck(isn + 1 + uint32(len(h))); vs[0].Action != Pass {
+			t.Errorf("full ACK: %+v, want pass", vs)
+		}
+		if vs, _ = r.send(isn+1+uint32(len(h)), tcpACK, []byte("more")); vs[0].Action != Pass {
+			t.Errorf("late packet of a confirmed flow: %+v, want pass", vs[0])
 		}
 	}
 }
@@ -140,7 +168,7 @@ func TestCheckerPassAndUnknown(t *testing.T) {
 	r := newRun(t, "pkgs.example.org")
 	r.send(isn, tcpSYN, nil)
 	vs, d := r.send(isn+1, tcpACK|0x08, []byte("SSH-2.0-OpenSSH_9.2\r\n"))
-	if d == nil || d.Result != ResultPassed || vs[0].Action != Pass {
+	if d == nil || d.Result != ResultPassed || vs[0].Action != Accept {
 		t.Fatalf("ssh: %+v %+v, want passed", vs, d)
 	}
 	r2 := newRun(t, "pkgs.example.org")
@@ -191,14 +219,14 @@ func TestCheckerHoldingBound(t *testing.T) {
 		return p
 	}
 	for port := uint16(1); port <= 3; port++ {
-		c.Packet(now, 1, pkt(guest, port, tcpSYN, nil))
-		vs, _ := c.Packet(now, uint32(port*10), pkt(guest, port, tcpACK, []byte{0x16}))
+		c.Packet(now, 1, pkt(guest, port, tcpSYN, nil), true)
+		vs, _ := c.Packet(now, uint32(port*10), pkt(guest, port, tcpACK, []byte{0x16}), true)
 		if port <= 2 && len(vs) != 0 || port == 3 && (len(vs) != 1 || vs[0].Action != Drop) {
 			t.Errorf("flow %d: %+v", port, vs)
 		}
 	}
-	c.Packet(now, 1, pkt(other, 9, tcpSYN, nil))
-	if vs, _ := c.Packet(now, 90, pkt(other, 9, tcpACK, []byte{0x16})); len(vs) != 0 {
+	c.Packet(now, 1, pkt(other, 9, tcpSYN, nil), true)
+	if vs, _ := c.Packet(now, 90, pkt(other, 9, tcpACK, []byte{0x16}), true); len(vs) != 0 {
 		t.Errorf("another guest's flow was not held: %+v", vs)
 	}
 }
@@ -211,5 +239,36 @@ func TestCheckerForgetGuest(t *testing.T) {
 	vs := r.c.ForgetGuest(guest)
 	if len(vs) != 1 || vs[0].Action != Drop || r.c.Flows() != 0 {
 		t.Fatalf("ForgetGuest: %+v, %d flows left; want the held packet dropped, none left", vs, r.c.Flows())
+	}
+}
+
+// What the server discarded cannot pass for what it read: an allowed hello
+// sent, not acknowledged, then a changed byte at the same place refuses
+// the flow (both places of the server's window get a reset); one never
+// acknowledged is refused after HoldFor, its next packet answered.
+func TestCheckerAwaitsTheServer(t *testing.T) {
+	r := newRun(t, "pkgs.example.org")
+	r.send(isn, tcpSYN, nil)
+	good, evil := clientHello(t, "pkgs.example.org"), clientHello(t, "evil.example")
+	if vs, d := r.send(isn+1, tcpACK, good); d == nil || d.Result != ResultAllowed || vs[0].Action != Accept {
+		t.Fatalf("allowed hello: %+v %+v", vs, d)
+	}
+	vs, d := r.send(isn+1, tcpACK, evil)
+	if d == nil || d.Result != ResultRefused || d.Cause != CauseUnreadable || vs[0].Action != Refuse || d.SeqAlt != isn+1+uint32(len(good)) || d.Was != ResultAllowed {
+		t.Fatalf("changed bytes before the server's ACK: %+v %+v, want refused unreadable", vs, d)
+	}
+	if vs := r.serverAck(isn + 1 + uint32(len(good))); vs[0].Action != Accept {
+		t.Errorf("the server's ACK after the refusal: %+v, want accept (no mark)", vs)
+	}
+
+	r = newRun(t, "pkgs.example.org")
+	r.send(isn, tcpSYN, nil)
+	r.send(isn+1, tcpACK, good)
+	_, ds := r.c.Expire(r.now.Add(10 * time.Second))
+	if len(ds) != 1 || ds[0].Cause != CauseUnconfirmed {
+		t.Fatalf("never acknowledged: %+v, want refused unconfirmed", ds)
+	}
+	if vs, _ := r.send(isn+1, tcpACK, good); vs[0].Action != Refuse {
+		t.Errorf("next packet after the refusal: %+v, want refuse (it carries the answer)", vs)
 	}
 }

@@ -50,6 +50,22 @@ func (s *Stream) Add(seq uint32, payload []byte) (conflict, over bool) {
 	return false, false
 }
 
+// Matches reports whether a segment agrees with every byte the stream
+// holds where they overlap (bytes it does not hold are new, and agree).
+func (s *Stream) Matches(seq uint32, payload []byte) bool {
+	off := int64(int32(seq - s.start))
+	for i, c := range payload {
+		j := off + int64(i)
+		if j < 0 || j >= int64(len(s.buf)) {
+			continue
+		}
+		if s.have[j] && s.buf[j] != c {
+			return false
+		}
+	}
+	return true
+}
+
 // Prefix is the contiguous bytes from the flow's first on.
 func (s *Stream) Prefix() []byte { return s.buf[:s.next] }
 

@@ -68,13 +68,14 @@ type ruleEnv struct {
 //	raw_output (filter hook output, priority raw)
 //	  oifname "P*" ip saddr DNS udp sport 53 notrack       # the proxy's answers, likewise
 //	forward (filter hook forward, policy accept)
+//	  meta mark NAME_OK ct mark set NAME_OK meta mark set 0      # the name check's verdict (NF_REPEAT)
+//	  meta mark NAME_REFUSED ct mark set NAME_REFUSED meta mark set 0
 //	  iifname "P*" goto from_session
 //	  oifname "P*" meta nfproto != ipv4 drop
+//	  oifname "P*" ct mark NAME_PENDING goto name_queue    # the server's ACK confirms a checked flow
 //	  oifname "P*" ct state established,related goto accept_return  # return traffic into a session
 //	  oifname "P*" goto drop_inbound                       # new connections into sessions
 //	from_session
-//	  meta mark NAME_OK ct mark set NAME_OK meta mark set 0      # the name check's verdict (NF_REPEAT)
-//	  meta mark NAME_REFUSED ct mark set NAME_REFUSED meta mark set 0
 //	  ct mark NAME_PENDING goto name_queue                 # held for the name check
 //	  ct mark NAME_REFUSED goto drop_name                  # refused: answered, counted as name-mismatch
 //	  ct state established goto accept_session
@@ -216,19 +217,22 @@ func buildRules(env ruleEnv) []ruleSpec {
 	// raw_output
 	add(chainRawOutput, toSession, v4, fromDNS, dnsPort(netpolicy.ProtoUDP, false), []expr.Any{&expr.Notrack{}})
 
-	// forward
+	// forward. The name check's verdict comes back as the packet's mark
+	// (NF_REPEAT re-enters this chain): it becomes the flow's conntrack
+	// mark, and the packet's mark goes.
+	for _, m := range []uint32{CtMarkNameOK, CtMarkNameRefused} {
+		add(chainForward, metaMarkIs(m), ctMarkSet(m), metaMarkSet(0))
+	}
 	add(chainForward, fromSession, gotoC(chainFromSession))
 	add(chainForward, toSession, nfprotoIs(false), drop)
+	// The server's packets of a pending flow: the checker reads its
+	// acknowledgement of the checked bytes.
+	add(chainForward, toSession, ctMarkIs(CtMarkNamePending), gotoC(chainNameQueue))
 	add(chainForward, toSession, ctStateIn(expr.CtStateBitESTABLISHED|expr.CtStateBitRELATED), gotoC(chainAcceptReturn))
 	add(chainForward, toSession, gotoC(chainDropInbound))
 
-	// from_session. The name check's verdict comes back as the packet's
-	// mark (NF_REPEAT re-enters this hook): it becomes the flow's
-	// conntrack mark, and the mark goes. A pending flow's packets go to
-	// the checker; a refused flow's are answered as the policy's drops.
-	for _, m := range []uint32{CtMarkNameOK, CtMarkNameRefused} {
-		add(chainFromSession, metaMarkIs(m), ctMarkSet(m), metaMarkSet(0))
-	}
+	// from_session. A pending flow's packets go to the checker; a
+	// refused flow's are answered as the policy's drops.
 	add(chainFromSession, ctMarkIs(CtMarkNamePending), gotoC(chainNameQueue))
 	add(chainFromSession, ctMarkIs(CtMarkNameRefused), gotoC(chainDropName))
 	add(chainFromSession, ctStateIn(expr.CtStateBitESTABLISHED), gotoC(chainAccept))
