@@ -98,13 +98,6 @@ func (c *Capture) Host() string {
 	return c.host
 }
 
-// Closed reports whether the connection has ended.
-func (c *Capture) Closed() bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.closed
-}
-
 func (c *Capture) String() string {
 	c.mu.Lock()
 	defer c.mu.Unlock()
