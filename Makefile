@@ -29,9 +29,10 @@ FUZZTIME  ?= 30000x
 # tar: its image import; containerd and containernetworking-plugins' loopback:
 # the kubelet path, containerd's CRI plugin driven by crictl; qemu-system-x86
 # and cpio: the VM guest tests, whose guest scripts/mkguest.sh builds from
-# Debian's kernel package, downloaded and extracted, never installed).
+# Debian's kernel package, downloaded and extracted, never installed; curl and
+# openssl: the name check's tests run them in a session's netns).
 PKGS      := gcc libc6-dev pkg-config libseccomp-dev busybox-static iproute2 util-linux nftables podman tar \
-             containerd runc containernetworking-plugins qemu-system-x86 cpio
+             containerd runc containernetworking-plugins qemu-system-x86 cpio curl openssl
 # Extra packages only the benchmarks need (the peers we compare with).
 BENCHPKGS := dnsperf dnsmasq-base iperf3
 # crictl, the CRI's client (what a kubelet speaks), built from the Go module

@@ -20,6 +20,11 @@
 //	169.254.169.254 a metadata look-alike, same servers: never reachable from a session
 //	168.63.129.16   a cloud host endpoint look-alike (Azure's), same servers: likewise
 //	10.99.0.10      a private server, same servers: never reachable from a session
+//	198.18.3.10     a shared address (a CDN's front end), servers started by
+//	                ServeShared: TLS :443 and :8443 with one certificate per
+//	                name chosen by SNI (and ECH keys), HTTP :80 routed by
+//	                Host, an SSH-like TCP :22 and a UDP :443 sink; each
+//	                records every byte it received (Shared.Captures)
 //
 // This package is only for tests and the demo; product code never imports it.
 package world

@@ -31,6 +31,9 @@ var (
 	// the IANA table, yet never reachable from a session.
 	cloudHostAddr = netip.MustParseAddr("168.63.129.16")
 	privateAddr   = netip.MustParseAddr("10.99.0.10")
+	// sharedAddr is a CDN's front end: one address serving many names,
+	// chosen by TLS SNI and HTTP Host (ServeShared starts its servers).
+	sharedAddr = netip.MustParseAddr("198.18.3.10")
 )
 
 // NetnsDir is where named network namespaces are bind-mounted, as iproute2
@@ -50,6 +53,7 @@ type World struct {
 	Metadata          netip.Addr
 	CloudHost         netip.Addr
 	Private           netip.Addr
+	SharedAddr        netip.Addr
 	PublicOverride    netip.Prefix
 
 	mu      sync.Mutex
@@ -90,6 +94,7 @@ func Build() (w *World, err error) {
 		Metadata:       metadataAddr,
 		CloudHost:      cloudHostAddr,
 		Private:        privateAddr,
+		SharedAddr:     sharedAddr,
 		PublicOverride: netip.MustParsePrefix("198.18.0.0/15"),
 	}
 	w.HostPath = filepath.Join(NetnsDir, w.HostName)
@@ -225,7 +230,7 @@ func (w *World) link() error {
 
 func serverPrefixes() []netip.Prefix {
 	var ps []netip.Prefix
-	for _, a := range append(append([]netip.Addr{dnsAddr}, webAddrs...), metadataAddr, cloudHostAddr, privateAddr) {
+	for _, a := range append(append([]netip.Addr{dnsAddr}, webAddrs...), metadataAddr, cloudHostAddr, privateAddr, sharedAddr) {
 		ps = append(ps, netip.PrefixFrom(a, 32))
 	}
 	return ps

@@ -22,6 +22,7 @@ var Packages = []string{
 	"iproute2", "util-linux", "nftables", "podman", "tar",
 	"runc", "crun", "containernetworking-plugins", "systemd", "systemd-container",
 	"debootstrap", "skopeo", "iptables", "golang-go", "containerd", "qemu-system-x86", "cpio",
+	"curl", "openssl",
 }
 
 // Kernel is the kernel's uname (sysname, release, version, machine) and

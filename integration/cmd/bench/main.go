@@ -121,6 +121,7 @@ var figures = []figure{
 	{"daemon", figDaemon},
 	{"droplog", figDropLog},
 	{"limits", figLimits}, // issue 24: the ledger's events and the counted limits, on vs off
+	{"namecheck", figNameCheck},
 	{"cni", figCNI},
 	{"update", figUpdate}, // leaves the kernel tearing down its sessions' netns
 	{"scale", figScale},   // it leaves the kernel tearing down thousands of netns
@@ -138,7 +139,7 @@ func main() {
 	quick := flag.Bool("quick", os.Getenv("BENCH_QUICK") == "1", "a short smoke run (also BENCH_QUICK=1)")
 	bin := flag.String("bin", os.Getenv("ENFORCERD_BIN"), "the enforcerd binary (default $ENFORCERD_BIN)")
 	rootfs := flag.String("rootfs", os.Getenv("ENFORCERD_ROOTFS"), "a busybox rootfs from scripts/mkrootfs.sh (default $ENFORCERD_ROOTFS)")
-	only := flag.String("only", os.Getenv("BENCH_ONLY"), "comma-separated figures to run: net,datapath,dns,runc,daemon,droplog,update,cni,scale,pool (default all)")
+	only := flag.String("only", os.Getenv("BENCH_ONLY"), "comma-separated figures to run: net,datapath,dns,runc,daemon,droplog,namecheck,update,cni,scale,pool (default all)")
 	flag.Parse()
 	if err := mainErr(*quick, *bin, *rootfs, *only); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
