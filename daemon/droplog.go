@@ -183,64 +183,60 @@ func flowDetail(fl nft.DroppedFlow, g *netpolicy.Guard) map[string]any {
 // lines the kernel suppressed since the last report: one event per
 // session and poll, {"count": N}.
 func (de *dropEvents) pollUnlogged(stop <-chan struct{}) {
-	t := time.NewTicker(unloggedPoll)
-	defer t.Stop()
-	for {
-		select {
-		case <-stop:
-			return
-		case <-t.C:
-		}
-		de.mu.Lock()
-		active := time.Since(de.lastLine) < 2*unloggedPoll
-		de.mu.Unlock()
-		if !active {
+	everyTick(unloggedPoll, stop, de.reportUnlogged)
+}
+
+// reportUnlogged is one poll of pollUnlogged.
+func (de *dropEvents) reportUnlogged() {
+	de.mu.Lock()
+	active := time.Since(de.lastLine) < 2*unloggedPoll
+	de.mu.Unlock()
+	if !active {
+		return
+	}
+	all, err := de.d.fw.AllCounters()
+	if err != nil {
+		de.d.log.Warn("read drop counters", "err", err)
+		return
+	}
+	type report struct {
+		name string
+		n    uint64
+	}
+	var out []report
+	de.mu.Lock() // de.mu before d.mu, as in session
+	de.d.mu.Lock()
+	for name, s := range de.d.sessions {
+		if !s.hasNIC() {
 			continue
 		}
-		all, err := de.d.fw.AllCounters()
-		if err != nil {
-			de.d.log.Warn("read drop counters", "err", err)
-			continue
-		}
-		type report struct {
-			name string
-			n    uint64
-		}
-		var out []report
-		de.mu.Lock() // de.mu before d.mu, as in session
-		de.d.mu.Lock()
-		for name, s := range de.d.sessions {
-			if !s.hasNIC() {
-				continue
-			}
-			now := all[s.rec.Guest].Unlogged
-			last, seen := de.unlogged[name]
-			if !seen && s.rec.Created.Before(de.start) {
-				// Adopted at a restart: what it suppressed before is not
-				// reported again.
-				de.unlogged[name] = now
-				continue
-			}
-			if now < last {
-				last = 0 // a new session on the name
-			}
-			if now > last {
-				out = append(out, report{name, now - last})
-			}
+		now := all[s.rec.Guest].Unlogged
+		last, seen := de.unlogged[name]
+		if !seen && s.rec.Created.Before(de.start) {
+			// Adopted at a restart: what it suppressed before is not
+			// reported again.
 			de.unlogged[name] = now
+			continue
 		}
-		for name := range de.unlogged {
-			if _, ok := de.d.sessions[name]; !ok {
-				delete(de.unlogged, name)
-			}
+		if now < last {
+			last = 0 // a new session on the name
 		}
-		de.d.mu.Unlock()
-		de.mu.Unlock()
-		for _, r := range out {
-			ev := api.Event{Time: time.Now().UTC(), Session: r.name, Kind: api.EventKindFlow, Action: eventlog.FlowActionUnlogged,
-				Detail: map[string]any{"count": r.n}}
-			de.d.events.RecordAsync(ev)
-			de.d.logEvent(ev)
+		if now > last {
+			out = append(out, report{name, now - last})
 		}
+		de.unlogged[name] = now
+	}
+	for name := range de.unlogged {
+		if _, ok := de.d.sessions[name]; !ok {
+			delete(de.unlogged, name)
+		}
+	}
+	de.d.mu.Unlock()
+	de.mu.Unlock()
+	for _, r := range out {
+		ev := api.Event{Time: time.Now().UTC(), Session: r.name, Kind: api.EventKindFlow, Action: eventlog.FlowActionUnlogged,
+			Detail: map[string]any{"count": r.n}}
+		de.d.events.RecordAsync(ev)
+		de.d.logEvent(ev)
 	}
 }

@@ -86,18 +86,7 @@ func (e *Engine) serveLedger(src FlowEventSource, budget int) (stop func()) {
 			}
 		}
 	}()
-	go func() {
-		t := time.NewTicker(ledgerFlushEvery)
-		defer t.Stop()
-		for {
-			select {
-			case <-quit:
-				return
-			case <-t.C:
-				fl.flush(time.Now())
-			}
-		}
-	}()
+	go everyTick(ledgerFlushEvery, quit, func() { fl.flush(time.Now()) })
 	return func() {
 		close(quit)
 		src.Close()

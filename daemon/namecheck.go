@@ -84,21 +84,12 @@ func (e *Engine) serveNameCheck(q NameQueue) {
 			nc.finish(vs, ds)
 		}
 	}()
-	go func() {
-		t := time.NewTicker(time.Second)
-		defer t.Stop()
-		for {
-			select {
-			case <-stop:
-				return
-			case <-t.C:
-			}
-			nc.mu.Lock()
-			vs, ds := nc.c.Expire(time.Now())
-			nc.mu.Unlock()
-			nc.finish(vs, ds)
-		}
-	}()
+	go everyTick(time.Second, stop, func() {
+		nc.mu.Lock()
+		vs, ds := nc.c.Expire(time.Now())
+		nc.mu.Unlock()
+		nc.finish(vs, ds)
+	})
 }
 
 // fromGuest tells a guest's packet (its source in the pool) from its

@@ -197,20 +197,13 @@ func Open(cfg Config, log *slog.Logger, reg *metrics.Registry) (_ *Engine, err e
 // of attested addresses past the maximum lifetime (or revoked, or of
 // removed sessions): see nft.Firewall.SweepRefreshed.
 func sweepRefreshed(fw *nft.Firewall, period time.Duration, stop <-chan struct{}, log *slog.Logger) {
-	t := time.NewTicker(period)
-	defer t.Stop()
-	for {
-		select {
-		case <-stop:
-			return
-		case <-t.C:
-		}
+	everyTick(period, stop, func() {
 		if n, err := fw.SweepRefreshed(); err != nil {
 			log.Warn("sweep refreshed attested addresses", "err", err)
 		} else if n > 0 {
 			log.Debug("swept refreshed attested addresses", "deleted", n)
 		}
-	}
+	})
 }
 
 // ListenDNS returns the function that serves the DNS proxy on udp and tcp

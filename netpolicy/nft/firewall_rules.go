@@ -522,18 +522,7 @@ func loadDport(reg uint32) []expr.Any {
 }
 
 func saddrIn(p netip.Prefix) []expr.Any {
-	mask := make([]byte, 4)
-	bits := p.Bits()
-	for i := range mask {
-		switch {
-		case bits >= 8:
-			mask[i] = 0xff
-			bits -= 8
-		case bits > 0:
-			mask[i] = byte(0xff << (8 - bits))
-			bits = 0
-		}
-	}
+	mask := prefixMask(p.Bits())
 	return append(loadSaddr(reg1),
 		&expr.Bitwise{SourceRegister: reg1, DestRegister: reg1, Len: 4, Mask: mask, Xor: []byte{0, 0, 0, 0}},
 		cmpEq(reg1, ipKey(p.Masked().Addr())),

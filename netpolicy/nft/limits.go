@@ -525,6 +525,7 @@ func matchTarget(t netpolicy.Target) []expr.Any {
 	return ex
 }
 
+// prefixMask is the 4-byte netmask of an IPv4 prefix of length bits.
 func prefixMask(bits int) []byte {
 	mask := make([]byte, 4)
 	for i := range mask {
