@@ -138,10 +138,10 @@ func head(b []byte, n int) []byte {
 }
 
 // tryTLS runs fetchTLS, timed.
-func (n *ncEnv) tryTLS(ns string, port uint16, conf *tls.Config, plan world.HelloPlan, timeout time.Duration) (string, error, time.Duration) {
+func (n *ncEnv) tryTLS(ns string, port uint16, conf *tls.Config, plan world.HelloPlan, timeout time.Duration) (string, time.Duration, error) {
 	start := time.Now()
 	body, err := n.fetchTLS(ns, port, conf, plan, timeout)
-	return body, err, time.Since(start)
+	return body, time.Since(start), err
 }
 
 // tool runs a host tool (curl, openssl) in a session's network namespace,

@@ -63,9 +63,9 @@ func TestE2ENameCheckFrontingBySNI(t *testing.T) {
 
 	// A Go client: the refusal is a reset or an ICMP error, quickly.
 	m = n.s.Mark()
-	body, err, took := n.tryTLS(ns, 443, n.tlsConf(ncOther), world.HelloPlan{}, 20*time.Second)
+	body, took, err := n.tryTLS(ns, 443, n.tlsConf(ncOther), world.HelloPlan{}, 20*time.Second)
 	n.refused("go client fronting by SNI", m, "", body, err, took, ncRefuseWithin)
-	body, err, _ = n.tryTLS(ns, 443, n.tlsConf(ncAllowed), world.HelloPlan{}, 10*time.Second)
+	body, _, err = n.tryTLS(ns, 443, n.tlsConf(ncAllowed), world.HelloPlan{}, 10*time.Second)
 	n.served("go client, the allowed name", body, err, ncAllowed)
 
 	// why answers for the name at the destination; inspect counts.
@@ -128,13 +128,13 @@ func TestE2ENameCheckOff(t *testing.T) {
 
 	n.update("open", "--name-check", "tls")
 	m := n.s.Mark()
-	body, err, took := n.tryTLS(ns, 443, n.tlsConf(ncOther), world.HelloPlan{}, 20*time.Second)
+	body, took, err := n.tryTLS(ns, 443, n.tlsConf(ncOther), world.HelloPlan{}, 20*time.Second)
 	n.refused("after update --name-check tls", m, "", body, err, took, ncRefuseWithin)
-	body, err, _ = n.tryTLS(ns, 443, n.tlsConf(ncAllowed), world.HelloPlan{}, 10*time.Second)
+	body, _, err = n.tryTLS(ns, 443, n.tlsConf(ncAllowed), world.HelloPlan{}, 10*time.Second)
 	n.served("after update --name-check tls, the allowed name", body, err, ncAllowed)
 
 	n.update("open", "--name-check", "off")
-	body, err, _ = n.tryTLS(ns, 443, n.tlsConf(ncOther), world.HelloPlan{}, 10*time.Second)
+	body, _, err = n.tryTLS(ns, 443, n.tlsConf(ncOther), world.HelloPlan{}, 10*time.Second)
 	n.served("after update --name-check off", body, err, ncOther)
 }
 
@@ -148,10 +148,10 @@ func TestE2ENameCheckOtherPorts(t *testing.T) {
 	ns := n.nsPath("agent")
 	n.attest(ns, ncAllowed)
 
-	body, err, _ := n.tryTLS(ns, world.SharedAltTLSPort, n.tlsConf(ncAllowed), world.HelloPlan{}, 10*time.Second)
+	body, _, err := n.tryTLS(ns, world.SharedAltTLSPort, n.tlsConf(ncAllowed), world.HelloPlan{}, 10*time.Second)
 	n.served("control: TLS :8443 "+ncAllowed, body, err, ncAllowed)
 	m := n.s.Mark()
-	body, err, took := n.tryTLS(ns, world.SharedAltTLSPort, n.tlsConf(ncOther), world.HelloPlan{}, 20*time.Second)
+	body, took, err := n.tryTLS(ns, world.SharedAltTLSPort, n.tlsConf(ncOther), world.HelloPlan{}, 20*time.Second)
 	n.refused("TLS :8443 "+ncOther, m, "", body, err, took, ncRefuseWithin)
 
 	m = n.s.Mark()
@@ -204,12 +204,12 @@ func TestE2ENameCheckDenyBySNIPublic(t *testing.T) {
 	n.createNetOnly("free", "--egress", "public")
 	ns := n.nsPath("pub")
 	e2eLookupWant(t, ns, "denied name", ncOther, dns.RcodeNameError)
-	body, err, _ := n.tryTLS(n.nsPath("free"), 443, n.tlsConf(ncOther), world.HelloPlan{}, 10*time.Second)
+	body, _, err := n.tryTLS(n.nsPath("free"), 443, n.tlsConf(ncOther), world.HelloPlan{}, 10*time.Second)
 	n.served("control: public without the deny", body, err, ncOther)
-	body, err, _ = n.tryTLS(ns, 443, n.tlsConf(ncAllowed), world.HelloPlan{}, 10*time.Second)
+	body, _, err = n.tryTLS(ns, 443, n.tlsConf(ncAllowed), world.HelloPlan{}, 10*time.Second)
 	n.served("public with the deny, another name", body, err, ncAllowed)
 	m := n.s.Mark()
-	body, err, took := n.tryTLS(ns, 443, n.tlsConf(ncOther), world.HelloPlan{}, 20*time.Second)
+	body, took, err := n.tryTLS(ns, 443, n.tlsConf(ncOther), world.HelloPlan{}, 20*time.Second)
 	n.refused("public, denied name by SNI on a direct connection", m, "", body, err, took, ncRefuseWithin)
 	m = n.s.Mark()
 	start := time.Now()
@@ -235,10 +235,10 @@ func TestE2ENameCheckOnDeny(t *testing.T) {
 		{"drop", "dropped", nil},
 	} {
 		n.update("agent", "--on-deny", tc.mode)
-		body, err, _ := n.tryTLS(ns, 443, n.tlsConf(ncAllowed), world.HelloPlan{}, 10*time.Second)
+		body, _, err := n.tryTLS(ns, 443, n.tlsConf(ncAllowed), world.HelloPlan{}, 10*time.Second)
 		n.served(tc.mode+": the allowed name", body, err, ncAllowed)
 		m := n.s.Mark()
-		body, err, took := n.tryTLS(ns, 443, n.tlsConf(ncOther), world.HelloPlan{}, 3*time.Second)
+		body, took, err := n.tryTLS(ns, 443, n.tlsConf(ncOther), world.HelloPlan{}, 3*time.Second)
 		switch {
 		case err == nil:
 			t.Errorf("%s: fronting answered %q, want refused", tc.mode, body)

@@ -42,10 +42,10 @@ func TestE2ENameCheckSplitHello(t *testing.T) {
 			return world.HelloPlan{SplitIn: name, Gap: 200 * time.Millisecond}
 		}},
 	} {
-		body, err, _ := n.tryTLS(ns, 443, n.tlsConf(ncAllowed), plan.plan(ncAllowed), 10*time.Second)
+		body, _, err := n.tryTLS(ns, 443, n.tlsConf(ncAllowed), plan.plan(ncAllowed), 10*time.Second)
 		n.served(plan.what+", the allowed name", body, err, ncAllowed)
 		m := n.s.Mark()
-		body, err, took := n.tryTLS(ns, 443, n.tlsConf(ncOther), plan.plan(ncOther), 20*time.Second)
+		body, took, err := n.tryTLS(ns, 443, n.tlsConf(ncOther), plan.plan(ncOther), 20*time.Second)
 		n.refused(plan.what+", another name", m, "", body, err, took, ncRefuseWithin)
 	}
 }
@@ -69,10 +69,10 @@ func TestE2ENameCheckTrickledHello(t *testing.T) {
 	fe := n.followFlows("agent")
 	n.attest(ns, ncAllowed)
 	quick := world.HelloPlan{Trickle: 10 * time.Millisecond, Chunk: 200} // ~9 segments
-	body, err, _ := n.tryTLS(ns, 443, n.tlsConf(ncAllowed), quick, 20*time.Second)
+	body, _, err := n.tryTLS(ns, 443, n.tlsConf(ncAllowed), quick, 20*time.Second)
 	n.served("trickled in 200-byte segments, the allowed name", body, err, ncAllowed)
 	m := n.s.Mark()
-	body, err, took := n.tryTLS(ns, 443, n.tlsConf(ncOther), quick, 20*time.Second)
+	body, took, err := n.tryTLS(ns, 443, n.tlsConf(ncOther), quick, 20*time.Second)
 	n.refused("trickled in 200-byte segments, another name", m, "", body, err, took, ncRefuseWithin)
 	fe.expect(t, "trickled, another name", map[string]any{"reason": "name-mismatch", "cause": "not-allowed", "name": ncOther})
 	fe.drain(t, 200*time.Millisecond)
@@ -86,7 +86,7 @@ func TestE2ENameCheckTrickledHello(t *testing.T) {
 		{"the name in the first segment, the rest 1 s later", ncAllowed, world.HelloPlan{SplitAt: 1000, Gap: time.Second}},
 	} {
 		m = n.s.Mark()
-		body, err, took = n.tryTLS(ns, 443, n.tlsConf(tc.name), tc.plan, ncHoldBound+10*time.Second)
+		body, took, err = n.tryTLS(ns, 443, n.tlsConf(tc.name), tc.plan, ncHoldBound+10*time.Second)
 		n.refused("trickled slowly, "+tc.what, m, "", body, err, took, ncHoldBound)
 		fe.expect(t, "trickled slowly, "+tc.what, map[string]any{"reason": "name-mismatch", "cause": "incomplete", "dst": ncShared})
 		fe.drain(t, 200*time.Millisecond)
@@ -105,12 +105,12 @@ func TestE2ENameCheckIncompleteHello(t *testing.T) {
 	n.attest(ns, ncAllowed)
 	for _, stop := range []int{100, 600} {
 		m := n.s.Mark()
-		body, err, took := n.tryTLS(ns, 443, n.tlsConf(ncAllowed), world.HelloPlan{Stop: stop}, ncHoldBound+10*time.Second)
+		body, took, err := n.tryTLS(ns, 443, n.tlsConf(ncAllowed), world.HelloPlan{Stop: stop}, ncHoldBound+10*time.Second)
 		n.refused("a hello stopped at "+strconv.Itoa(stop)+" bytes", m, "", body, err, took, ncHoldBound)
 		fe.expect(t, "a hello stopped at "+strconv.Itoa(stop)+" bytes", map[string]any{"reason": "name-mismatch", "cause": "incomplete", "dst": ncShared})
 	}
 	// The control: the whole hello is served.
-	body, err, _ := n.tryTLS(ns, 443, n.tlsConf(ncAllowed), world.HelloPlan{}, 10*time.Second)
+	body, _, err := n.tryTLS(ns, 443, n.tlsConf(ncAllowed), world.HelloPlan{}, 10*time.Second)
 	n.served("the whole hello", body, err, ncAllowed)
 }
 
@@ -123,7 +123,7 @@ func TestE2ENameCheckNoSNI(t *testing.T) {
 	ns := n.nsPath("agent")
 	n.attest(ns, ncAllowed)
 	m := n.s.Mark()
-	body, err, _ := n.tryTLS(ns, 443, world.NoSNIConfig(n.s.CA, ncAllowed), world.HelloPlan{}, 10*time.Second)
+	body, _, err := n.tryTLS(ns, 443, world.NoSNIConfig(n.s.CA, ncAllowed), world.HelloPlan{}, 10*time.Second)
 	n.served("no sni", body, err, ncAllowed)
 	if cs := n.s.Since(m, "tls:443"); len(cs) != 1 || cs[0].ServerName() != "" {
 		t.Errorf("no sni: captures %v, want one whose hello named nothing", cs)
@@ -152,7 +152,7 @@ func TestE2ENameCheckECH(t *testing.T) {
 		t.Errorf("grease ech, the allowed name: captures %v, want the server to have read the hello (sni %s)", cs, ncAllowed)
 	}
 	m = n.s.Mark()
-	body, err, took := n.tryTLS(ns, 443, n.tlsConf(ncOther), grease, 20*time.Second)
+	body, took, err := n.tryTLS(ns, 443, n.tlsConf(ncOther), grease, 20*time.Second)
 	n.refused("grease ech, another name", m, "", body, err, took, ncRefuseWithin)
 
 	echConf := func(outer, inner string) *tls.Config {
@@ -165,11 +165,11 @@ func TestE2ENameCheckECH(t *testing.T) {
 		return c
 	}
 	m = n.s.Mark()
-	body, err, took = n.tryTLS(ns, 443, echConf(ncOther, ncAllowed), world.HelloPlan{}, 20*time.Second)
+	body, took, err = n.tryTLS(ns, 443, echConf(ncOther, ncAllowed), world.HelloPlan{}, 20*time.Second)
 	n.refused("ech, outer name "+ncOther, m, "", body, err, took, ncRefuseWithin)
 
 	m = n.s.Mark()
-	body, err, _ = n.tryTLS(ns, 443, echConf(ncAllowed, ncOther), world.HelloPlan{}, 10*time.Second)
+	body, _, err = n.tryTLS(ns, 443, echConf(ncAllowed, ncOther), world.HelloPlan{}, 10*time.Second)
 	n.served("ech, outer name "+ncAllowed+", inner "+ncOther+" (the stated limit)", body, err, ncOther)
 	for _, c := range n.s.Since(m, "tls:443") {
 		if bytes.Contains(c.Bytes(), []byte(ncOther)) {

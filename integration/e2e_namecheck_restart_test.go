@@ -25,10 +25,10 @@ func TestE2ENameCheckRestartFronting(t *testing.T) {
 	n.attest(ns, ncAllowed)
 	check := func(when string) {
 		t.Helper()
-		body, err, _ := n.tryTLS(ns, 443, n.tlsConf(ncAllowed), world.HelloPlan{}, 10*time.Second)
+		body, _, err := n.tryTLS(ns, 443, n.tlsConf(ncAllowed), world.HelloPlan{}, 10*time.Second)
 		n.served(when+": the allowed name", body, err, ncAllowed)
 		m := n.s.Mark()
-		body, err, took := n.tryTLS(ns, 443, n.tlsConf(ncOther), world.HelloPlan{}, 20*time.Second)
+		body, took, err := n.tryTLS(ns, 443, n.tlsConf(ncOther), world.HelloPlan{}, 20*time.Second)
 		n.refused(when+": fronting", m, "", body, err, took, ncRefuseWithin)
 	}
 	check("before the restart")
@@ -37,7 +37,7 @@ func TestE2ENameCheckRestartFronting(t *testing.T) {
 			t.Fatalf("%s: %v", sig, err)
 		}
 		m := n.s.Mark()
-		body, err, _ := n.tryTLS(ns, 443, n.tlsConf(ncOther), world.HelloPlan{}, 3*time.Second)
+		body, _, err := n.tryTLS(ns, 443, n.tlsConf(ncOther), world.HelloPlan{}, 3*time.Second)
 		if err == nil {
 			t.Errorf("after %s, daemon down: fronting answered %q, want it held or refused (never unchecked)", sig, body)
 		}
@@ -94,7 +94,7 @@ func TestE2ENameCheckKillMidHello(t *testing.T) {
 		}
 		// Whatever happened to the held flow, the check is back.
 		mm := n.s.Mark()
-		body, err, took := n.tryTLS(ns, 443, n.tlsConf(ncOther), world.HelloPlan{}, 20*time.Second)
+		body, took, err := n.tryTLS(ns, 443, n.tlsConf(ncOther), world.HelloPlan{}, 20*time.Second)
 		n.refused(tc.what+": fronting after the restart", mm, "", body, err, took, ncRefuseWithin)
 	}
 }
