@@ -36,7 +36,7 @@ type PolicyUpdate struct {
 	OnDeny         string   `json:"on_deny,omitempty"`
 	// NameCheck is "tls" or "off" (CreateRequest.NameCheck); "" keeps the
 	// current one (PUT too: the check is not part of the entries).
-	NameCheck       string `json:"name_check,omitempty"`
+	NameCheck string `json:"name_check,omitempty"`
 	// QUIC is "refuse" or "check" (CreateRequest.QUIC); "" keeps the
 	// current one, like NameCheck.
 	QUIC            string `json:"quic,omitempty"`

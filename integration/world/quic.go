@@ -13,7 +13,6 @@ import (
 	"fmt"
 	"net/netip"
 	"time"
-
 )
 
 // QUICClientHello is crypto/tls's QUIC client's ClientHello for sni (a
