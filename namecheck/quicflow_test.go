@@ -112,3 +112,59 @@ func FuzzQUICHello(f *testing.F) {
 		}
 	})
 }
+
+// FuzzCheckerQUIC: whatever datagrams a guest sends on one flow (pieces
+// of an allowed or a refused hello's Initials, bytes of its own, time
+// passing), no datagram goes on before the flow was decided allowed or
+// passed, a refused flow's never does, and every held one is decided
+// once.
+func FuzzCheckerQUIC(f *testing.F) {
+	good, evil := initials(f, "pkgs.example.org"), initials(f, "evil.example")
+	f.Add([]byte{0, 0, 0, 1, 0, 0})
+	f.Add([]byte{1, 1, 0, 0, 0, 0, 2, 7, 9})
+	f.Add([]byte{0, 0x80, 0, 0, 1, 0, 0})
+	f.Fuzz(func(t *testing.T, ops []byte) {
+		c := NewChecker(Config{Judge: judgeOnly("pkgs.example.org")})
+		now := time.Unix(1, 0)
+		pkts := good
+		if len(ops) > 0 && ops[0]&1 == 1 {
+			pkts = evil
+		}
+		var id uint32
+		decided := map[uint32]bool{}
+		result := ""
+		for i := 1; i+2 < len(ops); i += 3 {
+			op, a, b := ops[i], ops[i+1], ops[i+2]
+			id++
+			var payload []byte
+			switch op % 3 {
+			case 0:
+				payload = pkts[a%2]
+			case 1:
+				payload = append([]byte{0xc0 | a&0x3f, 0, 0, 0, 1, 8}, pkts[a%2][6:min(len(pkts[a%2]), 6+int(b)*8)]...)
+			case 2:
+				payload = []byte{a, b}
+			}
+			if op&0x80 != 0 {
+				now = now.Add(11 * time.Second)
+			}
+			vs, d := c.Packet(now, id, udpPacket(guest, cdn, 443, payload), true)
+			if d != nil {
+				result = d.Result
+			}
+			evs, eds := c.Expire(now)
+			for _, d := range eds {
+				result = d.Result
+			}
+			for _, v := range append(vs, evs...) {
+				if (v.Action == Accept || v.Action == Pass) && result != ResultAllowed && result != ResultPassed {
+					t.Fatalf("op %d: datagram %d went on (%v) while the flow's result is %q", i, v.ID, v.Action, result)
+				}
+				if decided[v.ID] {
+					t.Fatalf("datagram %d decided twice", v.ID)
+				}
+				decided[v.ID] = true
+			}
+		}
+	})
+}
