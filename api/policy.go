@@ -36,7 +36,10 @@ type PolicyUpdate struct {
 	OnDeny         string   `json:"on_deny,omitempty"`
 	// NameCheck is "tls" or "off" (CreateRequest.NameCheck); "" keeps the
 	// current one (PUT too: the check is not part of the entries).
-	NameCheck       string `json:"name_check,omitempty"`
+	NameCheck string `json:"name_check,omitempty"`
+	// QUIC is "refuse" or "check" (CreateRequest.QUIC); "" keeps the
+	// current one, like NameCheck.
+	QUIC            string `json:"quic,omitempty"`
 	KeepEstablished bool   `json:"keep_established,omitempty"`
 	// InboundFromHost (PATCH: added; PUT: the whole new list) and
 	// RevokeInboundFromHost (PATCH only: removed) are ports the host may

@@ -43,6 +43,13 @@ type CreateRequest struct {
 	// server_name or HTTP/1.x Host the policy does not allow on that port
 	// ends the flow (docs/network-model.md, "Names on shared addresses").
 	NameCheck string `json:"name_check,omitempty"`
+	// QUIC is what the name check does with UDP/443 to a name-admitted
+	// address: "refuse" (the default when "": refused as on_deny says,
+	// so clients fall back to TCP) or "check" (the datagrams are held
+	// until the ClientHello in the QUIC Initial packets is read, and its
+	// server_name is checked as a TLS flow's). Only meaningful with
+	// name_check tls.
+	QUIC string `json:"quic,omitempty"`
 	// Attach mode (what the CNI plugin asks for): the session's interface
 	// is made in NetnsPath, a netns the caller made and keeps, instead of a
 	// netns of the session's own; there is no sandbox (network_only is
@@ -202,6 +209,7 @@ type PolicyView struct {
 	Deny      []string            `json:"deny,omitempty"`
 	OnDeny    string              `json:"on_deny"`    // reject, reset or drop
 	NameCheck string              `json:"name_check"` // tls or off
+	QUIC      string              `json:"quic"`       // refuse or check (UDP/443 under the name check)
 	// InboundFromHost: the ports the host may open connections to
 	// (CreateRequest.InboundFromHost), normalised.
 	InboundFromHost []string `json:"inbound_from_host,omitempty"`

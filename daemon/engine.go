@@ -105,6 +105,13 @@ func (e *Engine) buildPolicy(req api.CreateRequest) (netpolicy.Policy, error) {
 		}
 		p.NameCheck = n
 	}
+	if req.QUIC != "" {
+		q, err := netpolicy.ParseQUIC(req.QUIC)
+		if err != nil {
+			return p, badRequest(err)
+		}
+		p.QUIC = q
+	}
 	p.LabPeers = req.LabPeers
 	p.Lab = req.Lab
 	for _, s := range req.InboundFromHost {
@@ -539,6 +546,7 @@ func (e *Engine) sessionRules(rec SessionRecord, p netpolicy.Policy, peers []net
 		Deny:      netpolicy.DenyTargets(p),
 		OnDeny:    p.OnDeny,
 		NameCheck: p.NameCheck == netpolicy.NameCheckTLS,
+		QUICCheck: p.NameCheck == netpolicy.NameCheckTLS && p.QUIC == netpolicy.QUICCheck,
 		DenyNames: slices.ContainsFunc(p.Deny, func(e netpolicy.Entry) bool { return e.Kind != netpolicy.KindCIDR }),
 		Pinned:    netpolicy.PinnedTargets(p, rec.Pinned),
 
@@ -782,6 +790,7 @@ func (e *Engine) summary(s *liveSession) api.SessionInfo {
 			Deny:      entryStrings(s.policy.Deny),
 			OnDeny:    onDeny(s.policy),
 			NameCheck: s.policy.NameCheck.String(),
+			QUIC:      s.policy.QUIC.String(),
 
 			InboundFromHost: inboundStrings(s.policy.InboundFromHost),
 			// A record from before updates existed is generation 1.
@@ -952,6 +961,9 @@ func createEssentials(req api.CreateRequest) map[string]any {
 	}
 	if req.NameCheck != "" {
 		d["name_check"] = req.NameCheck
+	}
+	if req.QUIC != "" {
+		d["quic"] = req.QUIC
 	}
 	if len(req.InboundFromHost) > 0 {
 		d["inbound_from_host"] = req.InboundFromHost

@@ -117,7 +117,9 @@ func (nc *nameCheck) finish(vs []namecheck.Verdict, ds []namecheck.Decision) {
 		}
 	}
 	for _, d := range ds {
-		if d.Result == namecheck.ResultRefused {
+		if d.Result == namecheck.ResultRefused && !d.UDP {
+			// A QUIC flow's server got none of its datagrams: nothing
+			// to end there.
 			seqs := []uint32{d.Seq}
 			if d.SeqAlt != 0 {
 				seqs = append(seqs, d.SeqAlt)
@@ -213,7 +215,11 @@ func (nc *nameCheck) record(d namecheck.Decision) {
 	if d.Result != namecheck.ResultRefused {
 		return
 	}
-	detail := map[string]any{"proto": "tcp", "dst": d.Dst.String(), "dport": d.DstPort,
+	proto := "tcp"
+	if d.UDP {
+		proto = "udp"
+	}
+	detail := map[string]any{"proto": proto, "dst": d.Dst.String(), "dport": d.DstPort,
 		"reason": netpolicy.ReasonNameMismatch, "cause": d.Cause}
 	if d.Via != "" {
 		detail["via"] = d.Via
@@ -227,8 +233,13 @@ func (nc *nameCheck) record(d namecheck.Decision) {
 	// The table answers a refused (established) flow with a TCP reset
 	// under reject and reset alike (see reject_session).
 	action := eventlog.FlowActionDropped
+	// A QUIC flow's first datagram gets ICMP administratively
+	// prohibited under both (reject_session's non-TCP answer).
 	if s.policy.OnDeny.Answers() {
 		action, detail["answer"] = eventlog.FlowActionRejected, AnswerTCPReset
+		if d.UDP {
+			detail["answer"] = AnswerAdminProhibited
+		}
 	}
 	ev := api.Event{Time: time.Now().UTC(), Session: s.rec.Name, Kind: api.EventKindFlow, Action: action, Detail: detail}
 	nc.e.events.RecordAsync(ev)
@@ -294,8 +305,8 @@ func (e *Engine) sessionOfGuest(g netip.Addr) (*liveSession, bool) {
 }
 
 // judgeName is the checker's Judge: whether guest's session allows name
-// on TCP port, by its policy as now.
-func (e *Engine) judgeName(guest netip.Addr, name string, port uint16) (string, bool) {
+// on port (TCP, or UDP for QUIC), by its policy as now.
+func (e *Engine) judgeName(guest netip.Addr, name string, port uint16, udp bool) (string, bool) {
 	lacked := name + ":" + strconv.Itoa(int(port))
 	s, ok := e.sessionOfGuest(guest)
 	if !ok {
@@ -305,20 +316,29 @@ func (e *Engine) judgeName(guest netip.Addr, name string, port uint16) (string, 
 		// Switched off by an update while the flow was held.
 		return "", true
 	}
-	return nameAllowed(s.policy, name, port)
+	if udp && s.policy.QUIC != netpolicy.QUICCheck {
+		// Switched to refuse by an update while the flow was held.
+		return lacked + "/udp", false
+	}
+	return nameAllowed(s.policy, name, port, udp)
 }
 
-// nameAllowed is the name check's test of a name asked for on TCP port:
-// the DNS proxy's (an allow entry that matches the name, with no port or
-// this one; in public mode any name), deny entries winning. When not, the
-// entry the policy lacks, NAME:PORT.
-func nameAllowed(p netpolicy.Policy, name string, port uint16) (string, bool) {
-	lacked := name + ":" + strconv.Itoa(int(port))
+// nameAllowed is the name check's test of a name asked for on port, TCP
+// or (QUIC) UDP: the DNS proxy's (an allow entry that matches the name,
+// with no port or this one and protocol; in public mode any name), deny
+// entries winning. When not, the entry the policy lacks, NAME:PORT (with
+// /udp for UDP).
+func nameAllowed(p netpolicy.Policy, name string, port uint16, udp bool) (string, bool) {
+	suffix, other := "", netpolicy.ProtoUDP
+	if udp {
+		suffix, other = "/udp", netpolicy.ProtoTCP
+	}
+	lacked := name + ":" + strconv.Itoa(int(port)) + suffix
 	n, err := netpolicy.NormalizeName(name)
 	if err != nil {
 		return lacked, false
 	}
-	lacked = n + ":" + strconv.Itoa(int(port))
+	lacked = n + ":" + strconv.Itoa(int(port)) + suffix
 	if _, denied := p.DeniedName(n); denied {
 		return lacked, false
 	}
@@ -331,7 +351,7 @@ func nameAllowed(p netpolicy.Policy, name string, port uint16) (string, bool) {
 		}
 		switch {
 		case ent.Port == 0 && !netpolicy.IsResolverPort(port),
-			ent.Port == port && ent.Proto != netpolicy.ProtoUDP:
+			ent.Port == port && ent.Proto != other:
 			return "", true
 		}
 	}

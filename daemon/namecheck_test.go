@@ -39,7 +39,7 @@ func TestNameAllowed(t *testing.T) {
 		{public, "evil.example", 443, ""},
 		{public, "bad.cdn.example.com", 443, "bad.cdn.example.com:443"},
 	} {
-		lacked, ok := nameAllowed(c.p, c.name, c.port)
+		lacked, ok := nameAllowed(c.p, c.name, c.port, false)
 		if ok != (c.lacked == "") || lacked != c.lacked && !ok {
 			t.Errorf("%s nameAllowed(%q, %d) = %q %v, want lacked %q", c.p.Egress, c.name, c.port, lacked, ok, c.lacked)
 		}

@@ -39,7 +39,7 @@ func (e *Engine) UpdatePolicy(ctx context.Context, name string, u api.PolicyUpda
 	defer func() {
 		if err != nil && !recorded {
 			d := map[string]any{"allow": u.Allow, "scope": stripScopes(u.Scope), "revoke": stripScopes(u.Revoke), "egress": u.Egress, "replace": replace,
-				"deny": u.Deny, "revoke_deny": u.RevokeDeny, "on_deny": u.OnDeny, "name_check": u.NameCheck}
+				"deny": u.Deny, "revoke_deny": u.RevokeDeny, "on_deny": u.OnDeny, "name_check": u.NameCheck, "quic": u.QUIC}
 			e.recordCall(ctx, name, "policy_update_failed", d, err)
 		}
 	}()
@@ -245,6 +245,9 @@ func (e *Engine) updatedRequest(s *liveSession, u api.PolicyUpdate, replace bool
 		if u.NameCheck != "" {
 			req.NameCheck = u.NameCheck
 		}
+		if u.QUIC != "" {
+			req.QUIC = u.QUIC
+		}
 		return req, nil
 	}
 	req.Deny = append(slices.Clone(req.Deny), u.Deny...)
@@ -253,6 +256,9 @@ func (e *Engine) updatedRequest(s *liveSession, u api.PolicyUpdate, replace bool
 	}
 	if u.NameCheck != "" {
 		req.NameCheck = u.NameCheck
+	}
+	if u.QUIC != "" {
+		req.QUIC = u.QUIC
 	}
 	for _, r := range u.RevokeDeny {
 		ent, err := netpolicy.ParseDenyEntry(r)

@@ -117,7 +117,7 @@ func whyNameCheck(p netpolicy.Policy, d whyDest, ans api.WhyAnswer, sni string) 
 		ans.Detail += "; an address as the name passes the name check (it names the address)"
 		return ans
 	}
-	lacked, ok := nameAllowed(p, sni, d.port)
+	lacked, ok := nameAllowed(p, sni, d.port, false)
 	if ok {
 		ans.Detail += fmt.Sprintf("; the name check allows %s on port %d", sni, d.port)
 		return ans

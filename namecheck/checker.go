@@ -44,10 +44,15 @@ const (
 	// within HoldFor (a segment it discarded, a packet that died on the
 	// way: what it received is not known to be what was checked).
 	CauseUnconfirmed = "unconfirmed"
+	// CauseNotQUIC: a UDP flow to 443 whose first datagram is not a
+	// QUIC Initial of a version the check reads (v1, v2): 443/udp speaks
+	// QUIC, and no name can be read from anything else.
+	CauseNotQUIC = "not-quic"
 )
 
 // Decision is one decided flow.
 type Decision struct {
+	UDP     bool // a QUIC flow (no sequence numbers: Seq is 0)
 	Guest   netip.Addr
 	SrcPort uint16
 	Dst     netip.Addr
@@ -71,10 +76,11 @@ type Decision struct {
 	Was string
 }
 
-// Judge answers whether guest's policy allows name on TCP port; when not,
-// lacked is the entry it lacks. The daemon's answers with the session's
-// policy; ok is false for an unknown guest too.
-type Judge func(guest netip.Addr, name string, port uint16) (lacked string, ok bool)
+// Judge answers whether guest's policy allows name on port (TCP, or UDP
+// for a QUIC flow); when not, lacked is the entry it lacks. The daemon's
+// answers with the session's policy; ok is false for an unknown guest
+// too.
+type Judge func(guest netip.Addr, name string, port uint16, udp bool) (lacked string, ok bool)
 
 // Config bounds the checker.
 type Config struct {
@@ -93,6 +99,7 @@ type Config struct {
 
 // FlowKey is a flow as the guest sends it.
 type FlowKey struct {
+	UDP     bool
 	Guest   netip.Addr
 	SrcPort uint16
 	Dst     netip.Addr
@@ -120,6 +127,9 @@ type flowState struct {
 	// guest packet carries the answer.
 	refuseNext bool
 	result     string // the decision's Result
+	// udp: a QUIC flow; quic reads its Initial packets until decided.
+	udp  bool
+	quic *QUICHello
 }
 
 type guestCount struct{ flows, holding int }
@@ -218,6 +228,9 @@ func (c *Checker) guest(a netip.Addr) *guestCount {
 // several when it decides a flow that held others) and the flow it
 // decided, if any.
 func (c *Checker) Packet(now time.Time, id uint32, pkt []byte, fromGuest bool) ([]Verdict, *Decision) {
+	if len(pkt) >= 20 && pkt[9] == udpProto {
+		return c.datagram(now, id, pkt, fromGuest)
+	}
 	s, ok := parseSegment(pkt)
 	if !ok {
 		return []Verdict{{id, Drop}}, nil
@@ -332,23 +345,7 @@ func (c *Checker) Packet(now time.Time, id uint32, pkt []byte, fromGuest bool) (
 // Unreadable and NeedMore), releasing its held packets.
 func (c *Checker) decide(key FlowKey, f *flowState, r Result, cause string) ([]Verdict, *Decision) {
 	d := &Decision{Guest: key.Guest, SrcPort: key.SrcPort, Dst: key.Dst, DstPort: key.DstPort, Via: r.Via, Seq: f.stream.start}
-	switch r.Kind {
-	case NoName, Other:
-		d.Result = ResultPassed
-	case Named:
-		d.Result = ResultAllowed
-		for _, n := range r.Names {
-			if lacked, ok := c.cfg.Judge(key.Guest, n, key.DstPort); !ok {
-				d.Result, d.Cause, d.Name, d.Lacked = ResultRefused, CauseNotAllowed, n, lacked
-				break
-			}
-		}
-		if d.Result == ResultAllowed {
-			d.Name = r.Names[0]
-		}
-	default:
-		d.Result, d.Cause = ResultRefused, cause
-	}
+	c.judge(key, r, cause, d)
 	f.decided, f.allowed, f.result = true, d.Result != ResultRefused, d.Result
 	if g := c.guests[key.Guest]; g != nil && f.inFlows {
 		g.flows--
@@ -373,6 +370,28 @@ func (c *Checker) decide(key FlowKey, f *flowState, r Result, cause string) ([]V
 	c.release(key.Guest, f)
 	f.stream = nil
 	return vs, d
+}
+
+// judge fills d's result from what was read: a name the policy allows
+// (all of them), none to read (passes), or refused with cause.
+func (c *Checker) judge(key FlowKey, r Result, cause string, d *Decision) {
+	switch r.Kind {
+	case NoName, Other:
+		d.Result = ResultPassed
+	case Named:
+		d.Result = ResultAllowed
+		for _, n := range r.Names {
+			if lacked, ok := c.cfg.Judge(key.Guest, n, key.DstPort, key.UDP); !ok {
+				d.Result, d.Cause, d.Name, d.Lacked = ResultRefused, CauseNotAllowed, n, lacked
+				break
+			}
+		}
+		if d.Result == ResultAllowed {
+			d.Name = r.Names[0]
+		}
+	default:
+		d.Result, d.Cause = ResultRefused, cause
+	}
 }
 
 // release uncounts a flow's holding (held payload, or awaiting the
@@ -432,7 +451,11 @@ func (c *Checker) Expire(now time.Time) ([]Verdict, []Decision) {
 	for k, f := range c.flows {
 		switch {
 		case !f.decided && len(f.held) > 0 && now.Sub(f.since) >= c.cfg.HoldFor:
-			v, d := c.decide(k, f, Result{Kind: NeedMore}, CauseIncomplete)
+			decide := c.decide
+			if f.udp {
+				decide = c.decideQUIC
+			}
+			v, d := decide(k, f, Result{Kind: NeedMore}, CauseIncomplete)
 			vs = append(vs, v...)
 			ds = append(ds, *d)
 		case f.awaiting && now.Sub(f.since) >= c.cfg.HoldFor:

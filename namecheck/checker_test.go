@@ -15,7 +15,7 @@ var (
 
 // judgeOnly allows name on port 443 and nothing else.
 func judgeOnly(name string) Judge {
-	return func(_ netip.Addr, n string, port uint16) (string, bool) {
+	return func(_ netip.Addr, n string, port uint16, _ bool) (string, bool) {
 		if n == name && port == 443 {
 			return "", true
 		}

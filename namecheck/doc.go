@@ -1,7 +1,10 @@
 // Package namecheck decides, from the first bytes a guest sends on a TCP
 // flow, which name the flow asks for: a TLS ClientHello's server_name
 // (Inspect), an HTTP/1.x request's Host and absolute-form authority, or
-// none (any other protocol, a ClientHello without server_name). It
+// none (any other protocol, a ClientHello without server_name); and, for
+// a QUIC flow (UDP/443 under --quic check), the server_name of the
+// ClientHello in its Initial packets (QUICHello: RFC 9001 keys derived
+// from the Destination Connection ID, CRYPTO frames reassembled). It
 // reassembles those bytes by TCP sequence number (Stream: split,
 // duplicated, retransmitted and out-of-order segments; an overlap that
 // changes a byte seen before is a conflict) within fixed bounds, and keeps

@@ -141,6 +141,10 @@ type Policy struct {
 	// name have the name they ask for (TLS server_name, HTTP Host)
 	// checked against this policy (--name-check).
 	NameCheck NameCheck
+	// QUIC is what the name check does with UDP/443 to a name-admitted
+	// address: refuse (the default) or check its Initial's server_name.
+	// Only meaningful under NameCheckTLS.
+	QUIC QUIC
 	// InboundFromHost are the ports on which the host (the daemon's netns:
 	// the node, e.g. a kubelet's probes) may open connections into the
 	// session. Empty: none, every connection from the host is dropped.
@@ -229,6 +233,41 @@ func ParseNameCheck(s string) (NameCheck, error) {
 		return NameCheckOff, nil
 	}
 	return NameCheckTLS, fmt.Errorf("--name-check %q: want tls or off", s)
+}
+
+// QUIC is what a session under the name check (NameCheckTLS) does with
+// UDP/443 to a name-admitted address, whose name TCP's check cannot
+// read. The zero value is QUICRefuse: what every session did before the
+// choice existed.
+type QUIC uint8
+
+const (
+	// QUICRefuse: refused with the session's on-deny (drop reason quic):
+	// clients fall back to TCP, whose name is checked.
+	QUICRefuse QUIC = iota
+	// QUICCheck: the flow's datagrams are held until the ClientHello in
+	// its Initial packets is read (RFC 9001 5: anyone can decrypt them),
+	// and its server_name is checked as a TLS flow's is.
+	QUICCheck
+)
+
+// String is the --quic spelling: refuse or check.
+func (q QUIC) String() string {
+	if q == QUICCheck {
+		return "check"
+	}
+	return "refuse"
+}
+
+// ParseQUIC reads a --quic value: refuse or check.
+func ParseQUIC(s string) (QUIC, error) {
+	switch s {
+	case "refuse":
+		return QUICRefuse, nil
+	case "check":
+		return QUICCheck, nil
+	}
+	return QUICRefuse, fmt.Errorf("--quic %q: want refuse or check", s)
 }
 
 // DeniedName returns the deny entry that matches name, if any.

@@ -111,7 +111,7 @@ func (f *Engine) Create(ctx context.Context, req api.CreateRequest) (api.Session
 	}
 	info := api.SessionInfo{
 		Name: req.Name, Netns: "enf-" + req.Name, GuestIP: "10.20.0.2", GatewayIP: "10.20.0.1",
-		HostVeth: "enf" + req.Name + "h", Egress: "allowlist", Policy: api.PolicyView{Allow: req.Allow, Deny: req.Deny, OnDeny: cmp.Or(req.OnDeny, "reject"), NameCheck: cmp.Or(req.NameCheck, "tls")},
+		HostVeth: "enf" + req.Name + "h", Egress: "allowlist", Policy: api.PolicyView{Allow: req.Allow, Deny: req.Deny, OnDeny: cmp.Or(req.OnDeny, "reject"), NameCheck: cmp.Or(req.NameCheck, "tls"), QUIC: cmp.Or(req.QUIC, "refuse")},
 		Sandbox: !req.NetworkOnly, Rootfs: req.Rootfs, Image: req.Image, Attested: []api.AttestedAddr{}, Labels: labels,
 		Created: time.Date(2025, 1, 2, 3, 0, 0, 0, time.UTC),
 	}

@@ -43,6 +43,9 @@ func (f *Engine) UpdatePolicy(ctx context.Context, name string, u api.PolicyUpda
 	if u.NameCheck != "" {
 		s.Policy.NameCheck = u.NameCheck
 	}
+	if u.QUIC != "" {
+		s.Policy.QUIC = u.QUIC
+	}
 	s.Policy.Allow, s.Policy.Deny = allow, deny
 	s.Policy.Generation = gen + 1
 	f.sessions[name] = s

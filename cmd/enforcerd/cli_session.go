@@ -284,6 +284,7 @@ func (c *cli) sessionCreate(glob *globalOpts) *cobra.Command {
 		deny         []string
 		onDeny       = enumFlag{allowed: []string{"reject", "reset", "drop"}}
 		nameCheck    = enumFlag{allowed: []string{"tls", "off"}}
+		quic         = enumFlag{allowed: []string{"refuse", "check"}}
 		labels       kvFlag
 		memory       sizeFlag
 		cpus         cpusFlag
@@ -312,6 +313,7 @@ func (c *cli) sessionCreate(glob *globalOpts) *cobra.Command {
 	fs.StringArrayVar(&deny, "deny", nil, "deny `ENTRY` (name, *.wildcard, address or CIDR, an address or CIDR optionally :PORT), winning over every allow in every mode, repeatable")
 	fs.Var(&onDeny, "on-deny", "what the policy's drops get: `reject` (the default: ICMP administratively prohibited, a connect fails at once with \"No route to host\", a scanner says filtered), reset (a TCP reset for TCP: \"Connection refused\", a scanner says closed) or drop (silence: a client waits for its own timeout)")
 	fs.Var(&nameCheck, "name-check", "check the name a TCP flow to a name-admitted address asks for: `tls` (the default: a TLS server_name or HTTP Host the policy does not allow on that port is refused before any byte leaves the host) or off (L3 only: any name on an allowed address)")
+	fs.Var(&quic, "quic", "under --name-check tls, what UDP/443 to a name-admitted address gets: `refuse` (the default: refused as --on-deny says, so clients fall back to TCP) or check (its datagrams are held until the ClientHello in the QUIC Initial packets is read, and its server_name is checked as a TLS flow's)")
 	fs.BoolVar(&req.Pin, "pin", false, "resolve every allowed host once now and pin its IPv4 addresses")
 	fs.BoolVar(&req.Locked, "locked", false, "the policy never changes: every update is refused")
 	fs.StringVar(&req.AllowFor, "for", "", "make this call's --allow entries a grant that ends after `DURATION` (90s, 10m, 2h): then they are revoked as an update's --revoke revokes them")
@@ -331,6 +333,7 @@ func (c *cli) sessionCreate(glob *globalOpts) *cobra.Command {
 	_ = cmd.RegisterFlagCompletionFunc("egress", cobra.FixedCompletions(egress.allowed, cobra.ShellCompDirectiveNoFileComp))
 	_ = cmd.RegisterFlagCompletionFunc("on-deny", cobra.FixedCompletions(onDeny.allowed, cobra.ShellCompDirectiveNoFileComp))
 	_ = cmd.RegisterFlagCompletionFunc("name-check", cobra.FixedCompletions(nameCheck.allowed, cobra.ShellCompDirectiveNoFileComp))
+	_ = cmd.RegisterFlagCompletionFunc("quic", cobra.FixedCompletions(quic.allowed, cobra.ShellCompDirectiveNoFileComp))
 	_ = cmd.MarkFlagDirname("rootfs")
 	cmd.ValidArgsFunction = cobra.NoFileCompletions
 
@@ -405,6 +408,7 @@ func (c *cli) sessionCreate(glob *globalOpts) *cobra.Command {
 		req.Deny = deny
 		req.OnDeny = onDeny.value
 		req.NameCheck = nameCheck.value
+		req.QUIC = quic.value
 		req.Egress = egress.value
 		req.MemoryBytes = memory.bytes
 		req.Pids = pids.n

@@ -19,9 +19,10 @@ func (c *cli) sessionUpdate(glob *globalOpts) *cobra.Command {
 		revokeLP  []string
 		onDeny    = enumFlag{allowed: []string{"reject", "reset", "drop"}}
 		nameCheck = enumFlag{allowed: []string{"tls", "off"}}
+		quic      = enumFlag{allowed: []string{"refuse", "check"}}
 	)
 	cmd := &cobra.Command{
-		Use:   "update NAME [--allow ENTRY]... [--revoke ENTRY]... [--egress MODE] [--lab-peer NAME]... [--revoke-lab-peer NAME]... [--deny ENTRY]... [--revoke-deny ENTRY]... [--on-deny reject|reset|drop] [--name-check tls|off] [--inbound-from-host PORT]... [--revoke-inbound-from-host PORT]... [--for DURATION] [--replace] [options]",
+		Use:   "update NAME [--allow ENTRY]... [--revoke ENTRY]... [--egress MODE] [--lab-peer NAME]... [--revoke-lab-peer NAME]... [--deny ENTRY]... [--revoke-deny ENTRY]... [--on-deny reject|reset|drop] [--name-check tls|off] [--quic refuse|check] [--inbound-from-host PORT]... [--revoke-inbound-from-host PORT]... [--for DURATION] [--replace] [options]",
 		Short: "change a running session's policy",
 		Long: `Change a running session's policy. The entries of --allow, --scope and
 --lab-peer and --deny are added, those of --revoke, --revoke-lab-peer and
@@ -48,6 +49,7 @@ with --locked refuses every update.`,
 	fs.StringArrayVar(&u.RevokeDeny, "revoke-deny", nil, "remove the deny `ENTRY`, repeatable")
 	fs.Var(&onDeny, "on-deny", "what the policy's drops get: `reject`, reset or drop, as create (default: unchanged; with --replace, reject)")
 	fs.Var(&nameCheck, "name-check", "check the name a TCP flow to a name-admitted address asks for: `tls` or off, as create (default: unchanged, with --replace too)")
+	fs.Var(&quic, "quic", "what UDP/443 to a name-admitted address gets under the name check: `refuse` or check, as create (default: unchanged, with --replace too)")
 	fs.StringArrayVar(&u.InboundFromHost, "inbound-from-host", nil, "let the host open connections to `PORT` or PORT/tcp or PORT/udp in the session (as create), repeatable")
 	fs.StringArrayVar(&u.RevokeInboundFromHost, "revoke-inbound-from-host", nil, "remove the inbound from host `PORT`, repeatable")
 	fs.Var(&egress, "egress", "egress `MODE`: allowlist or public (default: unchanged; with --replace, derived as at create)")
@@ -61,6 +63,7 @@ with --locked refuses every update.`,
 	_ = cmd.RegisterFlagCompletionFunc("egress", cobra.FixedCompletions(egress.allowed, cobra.ShellCompDirectiveNoFileComp))
 	_ = cmd.RegisterFlagCompletionFunc("on-deny", cobra.FixedCompletions(onDeny.allowed, cobra.ShellCompDirectiveNoFileComp))
 	_ = cmd.RegisterFlagCompletionFunc("name-check", cobra.FixedCompletions(nameCheck.allowed, cobra.ShellCompDirectiveNoFileComp))
+	_ = cmd.RegisterFlagCompletionFunc("quic", cobra.FixedCompletions(quic.allowed, cobra.ShellCompDirectiveNoFileComp))
 	cmd.ValidArgsFunction = c.completeSessions(glob, 1)
 
 	cmd.RunE = func(cmd *cobra.Command, args []string) error {
@@ -73,6 +76,7 @@ with --locked refuses every update.`,
 		u.Egress = egress.value
 		u.OnDeny = onDeny.value
 		u.NameCheck = nameCheck.value
+		u.QUIC = quic.value
 		u.Generation = uint64(gen.n)
 		if u.Connections, u.Budget, u.EgressBudget, err = limits.values(); err != nil {
 			return usageErr(name, "%v", err)
@@ -112,9 +116,9 @@ with --locked refuses every update.`,
 // an update can change (lab peers only on a session that has them).
 func updateSummary(info api.SessionInfo) string {
 	p := info.Policy
-	s := fmt.Sprintf("updated %s: policy generation %d, egress %s, allow %s, deny %s, on-deny %s, name-check %s",
+	s := fmt.Sprintf("updated %s: policy generation %d, egress %s, allow %s, deny %s, on-deny %s, name-check %s, quic %s",
 		info.Name, p.Generation, info.Egress, orDash(strings.Join(p.Allow, ",")),
-		orDash(strings.Join(p.Deny, ",")), orDash(p.OnDeny), orDash(p.NameCheck))
+		orDash(strings.Join(p.Deny, ",")), orDash(p.OnDeny), orDash(p.NameCheck), orDash(p.QUIC))
 	if len(p.LabPeers) > 0 {
 		s += ", lab-peers " + strings.Join(p.LabPeers, ",")
 	}

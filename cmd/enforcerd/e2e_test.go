@@ -174,11 +174,11 @@ func TestEndToEndUpdateSummary(t *testing.T) {
 	_, c, _ := startAPI(t)
 	c.expect(t, 0, "session", "create", "u1", "--network-only", "--allow", "a.test")
 	out, _ := c.expect(t, 0, "session", "update", "u1", "--allow", "b.test:443")
-	if out != "updated u1: policy generation 2, egress allowlist, allow a.test,b.test:443, deny -, on-deny reject, name-check tls\n" {
+	if out != "updated u1: policy generation 2, egress allowlist, allow a.test,b.test:443, deny -, on-deny reject, name-check tls, quic refuse\n" {
 		t.Errorf("update --allow: %q", out)
 	}
 	out, _ = c.expect(t, 0, "session", "update", "u1", "--deny", "bad.test", "--deny", "198.51.100.0/24", "--on-deny", "reject")
-	if out != "updated u1: policy generation 3, egress allowlist, allow a.test,b.test:443, deny bad.test,198.51.100.0/24, on-deny reject, name-check tls\n" {
+	if out != "updated u1: policy generation 3, egress allowlist, allow a.test,b.test:443, deny bad.test,198.51.100.0/24, on-deny reject, name-check tls, quic refuse\n" {
 		t.Errorf("update --deny --on-deny: %q", out)
 	}
 	out, _ = c.expect(t, 0, "session", "update", "u1", "--revoke-deny", "bad.test", "--json")

@@ -142,11 +142,14 @@ func sessionElements(r SessionRules) []setElems {
 	if r.OnDeny == netpolicy.DenyReset {
 		reset = []nftables.SetElement{{Key: g}}
 	}
-	var nameCheck, nameCheckPublic, pinned, pinnedPorts []nftables.SetElement
+	var nameCheck, nameCheckPublic, nameCheckQUIC, pinned, pinnedPorts []nftables.SetElement
 	if r.NameCheck {
 		nameCheck = []nftables.SetElement{{Key: g}}
 		if r.Egress == netpolicy.ModePublic && r.DenyNames {
 			nameCheckPublic = nameCheck
+		}
+		if r.QUICCheck {
+			nameCheckQUIC = nameCheck
 		}
 		for _, t := range netpolicy.ExpandProto(r.Pinned) {
 			a := ipKey(t.Prefix.Addr())
@@ -157,7 +160,7 @@ func sessionElements(r SessionRules) []setElems {
 			pinnedPorts = append(pinnedPorts, nftables.SetElement{Key: concat(g, protoKey(t.Proto), a, portKey(t.Port))})
 		}
 	}
-	for _, se := range []setElems{{setNameCheck, nameCheck}, {setNameCheckPublic, nameCheckPublic}, {setPinned, pinned}, {setPinnedPorts, pinnedPorts}, {setPeers, peers}, {setStatic, static}, {setStaticPorts, staticPorts}, {setStaticCIDR, cidr}, {setStaticCIDRPorts, cidrPorts},
+	for _, se := range []setElems{{setNameCheck, nameCheck}, {setNameCheckPublic, nameCheckPublic}, {setNameCheckQUIC, nameCheckQUIC}, {setPinned, pinned}, {setPinnedPorts, pinnedPorts}, {setPeers, peers}, {setStatic, static}, {setStaticPorts, staticPorts}, {setStaticCIDR, cidr}, {setStaticCIDRPorts, cidrPorts},
 		{setPortHosts, portHosts}, {setPortCIDRs, portCIDR}, {setDenied, denied}, {setDeniedPorts, deniedPorts}, {setReject, reject}, {setReset, reset}} {
 		if len(se.elems) > 0 {
 			out = append(out, se)

@@ -110,6 +110,9 @@ type SessionRules struct {
 	// DenyNames: its policy has deny entries by name (in public mode,
 	// every TCP flow is then checked).
 	NameCheck, DenyNames bool
+	// QUICCheck: under NameCheck, UDP/443 to a name-admitted address is
+	// held for the check too (--quic check) instead of refused.
+	QUICCheck bool
 	// Pinned are the addresses of pinned names (PinnedTargets), a part of
 	// Static: under the name check their flows are checked like attested
 	// ones.

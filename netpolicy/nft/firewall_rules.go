@@ -122,11 +122,14 @@ type ruleEnv struct {
 //	  ct state new add @flows { ip saddr ct count over MAXFLOWS } goto drop_limited
 //	  ct state new update @flowrate { ip saddr limit rate over RATE/second burst 2*RATE packets } goto drop_limited
 //	accept_named                                           # admitted because of a name
-//	  udp dport 443 ip saddr @namecheck goto drop_quic     # QUIC's name is not read: clients fall back to TCP
+//	  meta l4proto udp ct mark NAME_OK accept              # a QUIC datagram the check passed (NF_REPEAT), counted when queued
+//	  udp dport 443 ip saddr @namecheck_quic jump flow_limit   # --quic check: held like TCP
+//	  udp dport 443 ip saddr @namecheck_quic ct mark set NAME_PENDING
 //	  meta l4proto tcp ip saddr @namecheck jump flow_limit
 //	  meta l4proto tcp ip saddr @namecheck ct mark set NAME_PENDING
 //	  ct mark NAME_PENDING update @acct_accept { ip saddr }
 //	  ct mark NAME_PENDING goto name_queue                 # the SYN too: the checker learns where the bytes start
+//	  udp dport 443 ip saddr @namecheck goto drop_quic     # --quic refuse: QUIC's name is not read, clients fall back to TCP
 //	  goto accept_new
 //	name_queue:     xt NFQUEUE num Q (no bypass: nobody reading means dropped)
 //	accept_new:     jump flow_limit; goto accept_session
@@ -307,15 +310,25 @@ func buildRules(env ruleEnv) []ruleSpec {
 	add(chainFlowLimit, isNew, v4, env.limitRate(), gotoC(chainDropLimited))
 
 	// accept_named: a new flow admitted because of a name. Under the
-	// name check, QUIC is refused (its name is not read: clients fall
-	// back to TCP) and a TCP flow is marked pending, counted, and its SYN
-	// queued (the checker learns where the flow's bytes start).
+	// name check a TCP flow is marked pending, counted, and its SYN
+	// queued (the checker learns where the flow's bytes start). QUIC
+	// (UDP/443) is, by the session's choice, held the same way (--quic
+	// check: its first datagram is queued, the checker reads the Initial
+	// packets' ClientHello) or refused (its name is not read: clients
+	// fall back to TCP).
 	checked := append(append([]expr.Any{}, v4...), append(loadSaddr(reg1), env.lookup(setNameCheck, reg1, false)...)...)
-	add(chainAcceptNamed, l4protoIs(netpolicy.ProtoUDP), loadDport(reg1), []expr.Any{cmpEq(reg1, portKey(443)[:2])}, checked, gotoC(chainDropQUIC))
+	quicChecked := append(append([]expr.Any{}, v4...), append(loadSaddr(reg1), env.lookup(setNameCheckQUIC, reg1, false)...)...)
+	quic := append(l4protoIs(netpolicy.ProtoUDP), append(loadDport(reg1), cmpEq(reg1, portKey(443)[:2]))...)
+	// A QUIC datagram the check passed comes back (NF_REPEAT) before its
+	// flow is confirmed, as a new packet: it was counted when queued.
+	add(chainAcceptNamed, l4protoIs(netpolicy.ProtoUDP), ctMarkIs(CtMarkNameOK), accept)
+	add(chainAcceptNamed, quic, quicChecked, jump(chainFlowLimit))
+	add(chainAcceptNamed, quic, quicChecked, ctMarkSet(CtMarkNamePending))
 	add(chainAcceptNamed, l4protoIs(netpolicy.ProtoTCP), checked, jump(chainFlowLimit))
 	add(chainAcceptNamed, l4protoIs(netpolicy.ProtoTCP), checked, ctMarkSet(CtMarkNamePending))
 	add(chainAcceptNamed, ctMarkIs(CtMarkNamePending), v4, env.update(setAcctAccept))
 	add(chainAcceptNamed, ctMarkIs(CtMarkNamePending), gotoC(chainNameQueue))
+	add(chainAcceptNamed, quic, checked, gotoC(chainDropQUIC))
 	add(chainAcceptNamed, gotoC(chainAcceptNew))
 	// name_queue: to the checker, without bypass: while nobody reads
 	// the queue (the daemon is down), the kernel drops what comes here.

@@ -80,7 +80,7 @@ func (f *Firewall) AddSession(r SessionRules) error {
 var sessionSets = []string{setSessions, setPublic, setPeers, setAttested, setAttestedPorts, setAttestedLive, setAttestedPortsLive,
 	setStatic, setStaticPorts, setStaticCIDR, setStaticCIDRPorts, setAcctAccept, setAcctDrop, setAcctLimited, setAcctReturn,
 	setFlows, setFlowRate, setIfaces, setPortHosts, setPortCIDRs, setPortAttested, setAcctReason, setLogRate,
-	setDenied, setDeniedPorts, setReject, setReset, setInboundHost, setNameCheck, setNameCheckPublic, setPinned, setPinnedPorts}
+	setDenied, setDeniedPorts, setReject, setReset, setInboundHost, setNameCheck, setNameCheckPublic, setNameCheckQUIC, setPinned, setPinnedPorts}
 
 // datapathSets hold elements the datapath creates (a session's flow budget)
 // that RemoveSession cannot know exist. The by-key batch adds each (a no-op

@@ -50,6 +50,7 @@ const (
 	setReset             = "reset"               // ipv4_addr: of those, guests whose TCP is answered with a reset (--on-deny reset)
 	setNameCheck         = "namecheck"           // ipv4_addr: guests whose name-admitted TCP flows are name-checked (--name-check tls)
 	setNameCheckPublic   = "namecheck_public"    // ipv4_addr: of those, public-mode guests with deny entries by name: every TCP flow checked
+	setNameCheckQUIC     = "namecheck_quic"      // ipv4_addr: of those, guests whose UDP/443 is checked too (--quic check), not refused
 	setPinned            = "pinned"              // ipv4_addr . ipv4_addr: guest . address of a pinned name (also in static), under the name check
 	setPinnedPorts       = "pinned_ports"        // ipv4_addr . inet_proto . ipv4_addr . inet_service: the same with a port
 )
@@ -177,6 +178,7 @@ func newSchema(tableName string, pool netip.Prefix) *schema {
 	add(&nftables.Set{Name: setReset, KeyType: nftables.TypeIPAddr, Size: size})
 	add(&nftables.Set{Name: setNameCheck, KeyType: nftables.TypeIPAddr, Size: size})
 	add(&nftables.Set{Name: setNameCheckPublic, KeyType: nftables.TypeIPAddr, Size: size})
+	add(&nftables.Set{Name: setNameCheckQUIC, KeyType: nftables.TypeIPAddr, Size: size})
 	add(&nftables.Set{Name: setPinned, KeyType: typeGuestPeer, Concatenation: true})
 	add(&nftables.Set{Name: setPinnedPorts, KeyType: typeGuestPort, Concatenation: true})
 	add(&nftables.Set{Name: setInboundHost, KeyType: typeGuestService, Concatenation: true}) // see inbound.go

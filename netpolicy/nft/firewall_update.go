@@ -229,7 +229,7 @@ func (f *Firewall) updateByDumpLocked(c *nftables.Conn, u SessionUpdate, p updat
 		base[se.set] = true
 	}
 	want := map[elemID]bool{}
-	sets := []string{setPublic, setPeers, setStatic, setStaticPorts, setStaticCIDR, setStaticCIDRPorts, setDenied, setDeniedPorts, setReject, setReset, setNameCheck, setNameCheckPublic, setPinned, setPinnedPorts}
+	sets := []string{setPublic, setPeers, setStatic, setStaticPorts, setStaticCIDR, setStaticCIDRPorts, setDenied, setDeniedPorts, setReject, setReset, setNameCheck, setNameCheckPublic, setNameCheckQUIC, setPinned, setPinnedPorts}
 	for _, plan := range [][]setElems{sessionElements(u.Old), sessionElements(u.New)} {
 		for _, se := range plan {
 			if !slices.Contains(sets, se.set) && !base[se.set] {
