@@ -10,6 +10,7 @@ import (
 	"net"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/miekg/dns"
 )
@@ -128,10 +129,12 @@ func (p *udpPool) exchangeOnce(ctx context.Context, query, q []byte) (*dns.Msg, 
 // send is exchangeOnce without the wait: it sends query (overwriting its
 // id) on one socket and returns; fn is then called exactly once, on the
 // socket's reader goroutine with the answer (valid only during the call),
-// or with an error: the socket failed (wrapping errSocketFailed), or ctx
-// ended (from a goroutine of its own). When send itself returns an error
-// fn is never called.
-func (p *udpPool) send(ctx context.Context, query []byte, fn func(raw []byte, err error)) error {
+// or with an error: the socket failed (wrapping errSocketFailed), timeout
+// passed or ctx ended (from a goroutine of their own). When send itself
+// returns an error fn is never called. (A timer and a function registered
+// with ctx, not a context of its own per query: that would cost a
+// context, its timer and its children map for every query.)
+func (p *udpPool) send(ctx context.Context, timeout time.Duration, query []byte, fn func(raw []byte, err error)) error {
 	q, ok := wireQuestion(query)
 	if !ok {
 		return fmt.Errorf("query upstream %s/udp: %w", p.addr, dns.ErrBuf)
@@ -140,13 +143,17 @@ func (p *udpPool) send(ctx context.Context, query []byte, fn func(raw []byte, er
 	if err != nil {
 		return err
 	}
-	stop := context.AfterFunc(ctx, func() {
+	expire := func(err error) {
 		if s.forget(w) {
-			fn(nil, fmt.Errorf("read upstream %s/udp: %w", p.addr, ctx.Err()))
+			fn(nil, fmt.Errorf("read upstream %s/udp: %w", p.addr, err))
 		}
-	})
+	}
+	stop := waitStop{
+		ctx:   context.AfterFunc(ctx, func() { expire(ctx.Err()) }),
+		timer: time.AfterFunc(timeout, func() { expire(context.DeadlineExceeded) }),
+	}
 	if !s.arm(w, stop) {
-		stop() // already answered or failed: fn has run or runs now
+		stop.stop() // already answered or failed: fn has run or runs now
 	}
 	if _, err := s.conn.Write(query); err != nil {
 		s.fail(fmt.Errorf("query upstream %s/udp: %w: %w", p.addr, errSocketFailed, ctxErr(ctx, err)))
@@ -233,12 +240,26 @@ type udpWaiter struct {
 	question []byte         // wire question (name, type, class) of the query
 	done     chan udpResult // buffered: one send never blocks
 	fn       func(raw []byte, err error)
-	stop     func() bool // ends the wait for ctx (see send)
+	stop     waitStop // ends the wait for a timeout and ctx (see send)
+}
+
+// waitStop is what ends a send's wait: its timer and its function
+// registered with ctx.
+type waitStop struct {
+	ctx   func() bool
+	timer *time.Timer
+}
+
+func (ws waitStop) stop() {
+	if ws.ctx != nil {
+		ws.ctx()
+		ws.timer.Stop()
+	}
 }
 
 // result hands w its result (once: the caller removed w from pending).
 // stop is w.stop as read under the socket's lock.
-func (w *udpWaiter) result(stop func() bool, raw []byte, err error) {
+func (w *udpWaiter) result(stop waitStop, raw []byte, err error) {
 	if w.fn == nil {
 		if raw != nil {
 			raw = bytes.Clone(raw)
@@ -246,9 +267,7 @@ func (w *udpWaiter) result(stop func() bool, raw []byte, err error) {
 		w.done <- udpResult{raw: raw, err: err}
 		return
 	}
-	if stop != nil {
-		stop()
-	}
+	stop.stop()
 	w.fn(raw, err)
 }
 
@@ -329,7 +348,7 @@ func (s *udpSock) forget(w *udpWaiter) bool {
 
 // arm records stop as the function that ends w's wait for its context; it
 // reports false when w has its result already.
-func (s *udpSock) arm(w *udpWaiter, stop func() bool) bool {
+func (s *udpSock) arm(w *udpWaiter, stop waitStop) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.pending[w.id] != w {
@@ -358,7 +377,7 @@ func (s *udpSock) fail(err error) {
 	}
 	type failed struct {
 		w    *udpWaiter
-		stop func() bool
+		stop waitStop
 	}
 	waiters := make([]failed, 0, len(s.pending))
 	for _, w := range s.pending {

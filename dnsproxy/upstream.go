@@ -192,17 +192,18 @@ func (p *Proxy) forwardAsync(ctx context.Context, q dns.Question, fl queryFlags,
 		go func() { done(p.forwardFrame(ctx, q, frame, first, nil)) }()
 		return
 	}
-	tctx, cancel := context.WithTimeout(ctx, p.cfg.Timeout)
 	start := time.Now()
 	carryOn := func(r *dns.Msg, err error) {
 		// A copy: the retries write new ids into it while send's write
 		// may still read the first one.
 		frame := bytes.Clone(frame)
 		go func() {
+			// The rest of the try keeps the try's deadline.
+			tctx, cancel := context.WithDeadline(ctx, start.Add(p.cfg.Timeout))
 			done(p.forwardFrame(ctx, q, frame, first, &udpTry{ctx: tctx, cancel: cancel, start: start, r: r, err: err, tries: 1}))
 		}()
 	}
-	err = p.udp[first].send(tctx, frame[2:], func(raw []byte, err error) {
+	err = p.udp[first].send(ctx, p.cfg.Timeout, frame[2:], func(raw []byte, err error) {
 		if err != nil {
 			carryOn(nil, err)
 			return
@@ -216,7 +217,6 @@ func (p *Proxy) forwardAsync(ctx context.Context, q dns.Question, fl queryFlags,
 			carryOn(r, nil)
 			return
 		}
-		cancel()
 		rtt := time.Since(start)
 		p.stats.upstream.observe(rtt)
 		done(r, first, rtt, nil)
