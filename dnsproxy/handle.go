@@ -55,7 +55,8 @@ func (p *Proxy) handle(ctx context.Context, src netip.Addr, raw []byte, tcp bool
 // either before handleAsync returns (no upstream needed, or the packet is
 // dropped: then with nil) or later, from the goroutine that got the
 // upstream's answer (see forwardAsync). The answer's addresses are
-// attested before reply is called, as in handle.
+// attested before reply is called, as in handle. raw is not kept after
+// handleAsync returns.
 func (p *Proxy) handleAsync(src netip.Addr, raw []byte, reply func([]byte)) {
 	ctx := p.ctx
 	x := p.parse(ctx, src, raw, false)

@@ -219,17 +219,21 @@ func (p *Proxy) growReadBuffer(uc *net.UDPConn) {
 // decides it and sends it upstream without waiting: the upstream socket's
 // reader finishes it (filter, attest, reply) and only then releases its
 // slot (handleAsync). A query that needs no upstream is answered at once.
-// A query from an unknown source gets REFUSED inline.
+// A query from an unknown source gets REFUSED inline (handleAsync too:
+// should the source register meanwhile, its query still never holds up
+// the reader).
 func (p *Proxy) serveQuery(pc net.PacketConn, src netip.Addr, addr net.Addr, data []byte) {
 	if p.session(src) == nil {
-		if out := p.handle(p.ctx, src, data, false); out != nil {
-			pc.WriteTo(out, addr)
-		}
+		p.handleAsync(src, data, func(out []byte) {
+			if out != nil {
+				pc.WriteTo(out, addr)
+			}
+		})
 		return
 	}
 	// The job may run after this returns (queued): it keeps its own copy.
 	pkt := bytes.Clone(data)
-	p.sched.submitTicket(src.Unmap(), func(t ticket) {
+	p.sched.submitTicket(src, func(t ticket) {
 		p.handleAsync(src, pkt, func(out []byte) {
 			if out != nil {
 				pc.WriteTo(out, addr)
