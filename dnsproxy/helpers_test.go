@@ -272,9 +272,7 @@ func (tp *testProxy) ask(t testing.TB, src netip.Addr, q *dns.Msg, tcp bool) *dn
 	if tcp {
 		out = tp.handle(context.Background(), src, raw, true)
 	} else {
-		replies := make(chan []byte, 1)
-		tp.handleAsync(src, raw, func(out []byte) { replies <- out })
-		out = <-replies
+		out = tp.handleUDP(src, raw)
 	}
 	if out == nil {
 		return nil
@@ -287,6 +285,14 @@ func (tp *testProxy) ask(t testing.TB, src netip.Addr, q *dns.Msg, tcp bool) *dn
 		t.Fatalf("reply id %d, want %d", resp.Id, q.Id)
 	}
 	return resp
+}
+
+// handleUDP answers raw from src as Serve's UDP readers do (handleAsync)
+// and returns the reply once it is sent (nil: dropped).
+func (tp *testProxy) handleUDP(src netip.Addr, raw []byte) []byte {
+	replies := make(chan []byte, 1)
+	tp.handleAsync(src, raw, func(out []byte) { replies <- out })
+	return <-replies
 }
 
 func query(name string, qtype uint16) *dns.Msg {
