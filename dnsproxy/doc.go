@@ -47,6 +47,16 @@
 // cache: every answer comes from an upstream (and, in allowlist mode, is
 // attested).
 //
+// A registered session's query runs under the scheduler (sched.go): a
+// bounded number in flight, shared fairly between sessions, each holding
+// its slot until its answer is sent. A UDP query that may start at once
+// starts on the goroutine that read it: it is parsed, decided and sent
+// upstream without waiting, and the goroutine that reads the upstream
+// socket finishes it (filter, attest, reply, then the slot's release), so
+// the common path wakes no other goroutine. Anything off that path (a
+// failed socket, a truncated or refused answer, a timeout, the session's
+// end) carries on as over TCP, on a goroutine of its own.
+//
 // Every decision is reported to an EventSink and counted (see Stats).
 //
 // The proxy does not create sockets in other namespaces and does not touch

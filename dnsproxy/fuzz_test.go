@@ -265,7 +265,8 @@ func hints(t *testing.T, kvs []dns.SVCBKeyValue) []net.IP {
 }
 
 // FuzzHandleRequest feeds raw bytes to the request handler, as if they had
-// arrived over UDP (or TCP) from a registered session or a stranger.
+// arrived over UDP (handleAsync) or TCP (handle) from a registered session
+// or a stranger.
 func FuzzHandleRequest(f *testing.F) {
 	for _, m := range seedQueries() {
 		raw, _ := m.Pack()
@@ -276,7 +277,12 @@ func FuzzHandleRequest(f *testing.F) {
 		tp, _ := fuzzProxy(t)
 		src := []netip.Addr{guest1, guest2, netip.MustParseAddr("10.20.0.10")}[int(who)%3]
 		tcp := who&4 != 0
-		out := tp.handle(context.Background(), src, raw, tcp)
+		var out []byte
+		if tcp {
+			out = tp.handle(context.Background(), src, raw, true)
+		} else {
+			out = tp.handleUDP(src, raw)
+		}
 		checkReply(t, tp, src, raw, out)
 		if out != nil && !tcp && len(out) > maxUDPResponse {
 			t.Fatalf("udp reply of %d bytes", len(out))
@@ -285,7 +291,8 @@ func FuzzHandleRequest(f *testing.F) {
 }
 
 // FuzzUpstreamAnswer feeds arbitrary upstream answers (anything that
-// parses) through the filter for an allowed query.
+// parses) through the filter for an allowed query (asked over UDP: the
+// upstream socket's reader finishes it).
 func FuzzUpstreamAnswer(f *testing.F) {
 	for _, m := range seedAnswers() {
 		raw, _ := m.Pack()
@@ -308,7 +315,7 @@ func FuzzUpstreamAnswer(f *testing.F) {
 		if err != nil {
 			return
 		}
-		out := tp.handle(context.Background(), guest2, req, false)
+		out := tp.handleUDP(guest2, req)
 		if out == nil {
 			t.Fatal("a valid query got no reply")
 		}

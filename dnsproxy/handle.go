@@ -39,6 +39,60 @@ var ErrAttest = errors.New("attest failed")
 // handle is the seam unit tests and the fuzz target drive directly: it does
 // no socket I/O of its own except through the upstream Dial function.
 func (p *Proxy) handle(ctx context.Context, src netip.Addr, raw []byte, tcp bool) []byte {
+	x := p.parse(ctx, src, raw, tcp)
+	if x == nil {
+		return nil
+	}
+	if x.decide(p) {
+		up, idx, rtt, err := p.forwardFor(ctx, x.s, x.q, x.flags)
+		x.useUpstream(p, up, idx, rtt, err)
+	}
+	return p.finish(ctx, x)
+}
+
+// handleAsync is handle for a UDP query that does not wait for the
+// upstream: reply is called exactly once, with what handle would return,
+// either before handleAsync returns (no upstream needed, or the packet is
+// dropped: then with nil) or later, from the goroutine that got the
+// upstream's answer (see forwardAsync). The answer's addresses are
+// attested before reply is called, as in handle. raw is not kept after
+// handleAsync returns.
+func (p *Proxy) handleAsync(src netip.Addr, raw []byte, reply func([]byte)) {
+	ctx := p.ctx
+	x := p.parse(ctx, src, raw, false)
+	if x == nil {
+		reply(nil)
+		return
+	}
+	if !x.decide(p) {
+		reply(p.finish(ctx, x))
+		return
+	}
+	p.forwardAsync(x.s.ctx, x.q, x.flags, func(up *dns.Msg, idx int, rtt time.Duration, err error) {
+		x.useUpstream(p, up, idx, rtt, p.sessionErr(x.s, err))
+		reply(p.finish(ctx, x))
+	})
+}
+
+// queryState is one query's state on its way through handle: the request,
+// the reply being built and the event describing it, and what decide
+// found for the upstream part.
+type queryState struct {
+	tcp   bool
+	req   *dns.Msg
+	resp  *dns.Msg
+	ev    Event
+	s     *compiledSession // nil: an unknown source
+	q     dns.Question
+	key   string // the lowercased name without its final dot
+	flags queryFlags
+	ports []netpolicy.PortSpec
+	hints bool
+}
+
+// parse unpacks raw; it returns nil when the packet is to be dropped
+// without an answer (counted and logged).
+func (p *Proxy) parse(ctx context.Context, src netip.Addr, raw []byte, tcp bool) *queryState {
 	req := new(dns.Msg)
 	if err := req.Unpack(raw); err != nil || req.Response {
 		p.stats.malformed.Add(1)
@@ -47,16 +101,21 @@ func (p *Proxy) handle(ctx context.Context, src netip.Addr, raw []byte, tcp bool
 		}
 		return nil
 	}
-	ev := Event{Time: time.Now(), Client: src}
+	x := &queryState{tcp: tcp, req: req, ev: Event{Time: time.Now(), Client: src}, s: p.session(src)}
 	if len(req.Question) > 0 {
-		ev.Name = req.Question[0].Name
-		ev.Type = dns.TypeToString[req.Question[0].Qtype]
+		x.ev.Name = req.Question[0].Name
+		x.ev.Type = dns.TypeToString[req.Question[0].Qtype]
 	}
-	resp := p.answer(ctx, p.session(src), req, &ev)
-	ev.Rcode = dns.RcodeToString[resp.Rcode]
+	return x
+}
 
+// finish packs x's reply (truncated to what the client takes), records
+// the decision and returns the packed reply.
+func (p *Proxy) finish(ctx context.Context, x *queryState) []byte {
+	req, resp, ev := x.req, x.resp, &x.ev
+	ev.Rcode = dns.RcodeToString[resp.Rcode]
 	size := dns.MaxMsgSize
-	if !tcp {
+	if !x.tcp {
 		size = dns.MinMsgSize
 		if opt := req.IsEdns0(); opt != nil {
 			size = min(max(int(opt.UDPSize()), dns.MinMsgSize), maxUDPResponse)
@@ -72,20 +131,23 @@ func (p *Proxy) handle(ctx context.Context, src netip.Addr, raw []byte, tcp bool
 		fail.RecursionAvailable = true
 		out, _ = fail.Pack()
 	}
-	p.record(ctx, ev)
+	p.record(ctx, *ev)
 	return out
 }
 
-// answer decides and builds the reply to req from session s (nil: unknown
-// source), filling in ev.
-func (p *Proxy) answer(ctx context.Context, s *compiledSession, req *dns.Msg, ev *Event) *dns.Msg {
+// decide starts x's reply and decides it as far as it can without an
+// upstream: it reports true when the name is to be forwarded (then
+// useUpstream completes the reply), false when x.resp is the reply.
+func (x *queryState) decide(p *Proxy) bool {
+	s, req, ev := x.s, x.req, &x.ev
 	resp := new(dns.Msg)
 	resp.SetReply(req)
 	resp.RecursionAvailable = true
-	reply := func(verdict string, rcode int) *dns.Msg {
+	x.resp = resp
+	reply := func(verdict string, rcode int) bool {
 		ev.Verdict = verdict
 		resp.Rcode = rcode
-		return resp
+		return false
 	}
 	if s == nil {
 		return reply(VerdictRefused, dns.RcodeRefused)
@@ -105,6 +167,7 @@ func (p *Proxy) answer(ctx context.Context, s *compiledSession, req *dns.Msg, ev
 		}
 	}
 	q := req.Question[0]
+	x.q = q
 	if q.Qclass != dns.ClassINET || q.Qtype == dns.TypeAXFR || q.Qtype == dns.TypeIXFR {
 		return reply(VerdictRefused, dns.RcodeRefused)
 	}
@@ -117,7 +180,8 @@ func (p *Proxy) answer(ctx context.Context, s *compiledSession, req *dns.Msg, ev
 		return reply(VerdictDenied, dns.RcodeNameError) // before pinned names and every mode
 	}
 	if addrs, ok := s.pinned[key]; ok {
-		return p.answerPinned(s, q, addrs, resp, ev)
+		p.answerPinned(s, q, addrs, resp, ev)
+		return false
 	}
 	var ports []netpolicy.PortSpec
 	hints := true
@@ -133,11 +197,23 @@ func (p *Proxy) answer(ctx context.Context, s *compiledSession, req *dns.Msg, ev
 		return reply(VerdictDenied, dns.RcodeNameError)
 	}
 
-	do := opt != nil && opt.Do()
-	up, idx, rtt, err := p.forwardFor(ctx, s, q, queryFlags{cd: req.CheckingDisabled, do: do})
+	x.key, x.ports, x.hints = key, ports, hints
+	x.flags = queryFlags{cd: req.CheckingDisabled, do: opt != nil && opt.Do()}
+	return true
+}
+
+// useUpstream completes x's reply from the upstream's answer up (or err):
+// filtered, cut, and its addresses attested before it is returned.
+func (x *queryState) useUpstream(p *Proxy, up *dns.Msg, idx int, rtt time.Duration, err error) {
+	s, q, key, resp, ev := x.s, x.q, x.key, x.resp, &x.ev
+	reply := func(verdict string, rcode int) {
+		ev.Verdict = verdict
+		resp.Rcode = rcode
+	}
 	if err != nil {
 		ev.Err = err.Error()
-		return reply(VerdictServfail, dns.RcodeServerFailure)
+		reply(VerdictServfail, dns.RcodeServerFailure)
+		return
 	}
 	ev.Upstream, ev.Latency = p.upstreamAddrs[idx], rtt
 	for _, rr := range up.Answer {
@@ -145,14 +221,15 @@ func (p *Proxy) answer(ctx context.Context, s *compiledSession, req *dns.Msg, ev
 			// An allowed name that is an alias of a denied one: the
 			// denied name's addresses must not come in through it.
 			ev.Err = "cname " + c.Target + " is denied"
-			return reply(VerdictDenied, dns.RcodeNameError)
+			reply(VerdictDenied, dns.RcodeNameError)
+			return
 		}
 	}
 	keep := p.cfg.Guard.IsPublicUnicast
 	if len(s.denied) > 0 {
 		keep = func(a netip.Addr) bool { return p.cfg.Guard.IsPublicUnicast(a) && !s.deniedAddr(a) }
 	}
-	f := filterResponse(q.Name, up, hints, keep)
+	f := filterResponse(q.Name, up, x.hints, keep)
 	if !s.keepECH {
 		f.stripECH()
 	}
@@ -165,16 +242,17 @@ func (p *Proxy) answer(ctx context.Context, s *compiledSession, req *dns.Msg, ev
 	// firewall's public set: attesting would only grow the kernel's sets.
 	if len(f.kept) > 0 && s.mode != netpolicy.ModePublic {
 		ttl := max(time.Duration(f.minTTL)*time.Second, p.cfg.MinTTL)
-		eff, err := p.attest(s, key, f.kept, ttl, ports)
+		eff, err := p.attest(s, key, f.kept, ttl, x.ports)
 		if err != nil {
 			ev.Err = err.Error()
-			return reply(VerdictServfail, dns.RcodeServerFailure)
+			reply(VerdictServfail, dns.RcodeServerFailure)
+			return
 		}
 		ev.TTL = eff
 		capTTLs(f.answer, ttlCap(eff))
 	}
 	ev.Addrs = f.kept
-	if do {
+	if x.flags.do {
 		// Signatures stay valid only over what passed unchanged: those over
 		// a changed RRset are removed, and the answer is authenticated only
 		// when nothing in it changed.
@@ -185,7 +263,6 @@ func (p *Proxy) answer(ctx context.Context, s *compiledSession, req *dns.Msg, ev
 	resp.Extra = append(f.extra, resp.Extra...) // keeps our OPT last
 	resp.Rcode = up.Rcode
 	ev.Verdict = VerdictAllowed
-	return resp
 }
 
 // forwardFor is forward for a query of s: its upstream waits end when the
@@ -194,11 +271,17 @@ func (p *Proxy) answer(ctx context.Context, s *compiledSession, req *dns.Msg, ev
 // proxy's own (tests drive handle with their own) is joined to s.ctx.
 func (p *Proxy) forwardFor(ctx context.Context, s *compiledSession, q dns.Question, fl queryFlags) (*dns.Msg, int, time.Duration, error) {
 	up, idx, rtt, err := p.forwardIn(ctx, s.ctx, q, fl)
+	return up, idx, rtt, p.sessionErr(s, err)
+}
+
+// sessionErr wraps ErrSessionGone around an upstream error of s that its
+// unregistration caused.
+func (p *Proxy) sessionErr(s *compiledSession, err error) error {
 	if err != nil && s.ctx.Err() != nil && p.ctx.Err() == nil {
 		p.stats.sessionGone.Add(1)
 		err = fmt.Errorf("%w: session %q (guest %s): %w", ErrSessionGone, s.name, s.guest, err)
 	}
-	return up, idx, rtt, err
+	return err
 }
 
 // forwardIn runs forward under session context sctx joined with ctx (no
@@ -225,10 +308,10 @@ const pinnedTTL = 60 * time.Second
 // attested: the session's static sets hold the pinned addresses with their
 // entry's port constraint (see SessionPolicy), and attesting them into the
 // port-less set would open every port.
-func (p *Proxy) answerPinned(s *compiledSession, q dns.Question, addrs []netip.Addr, resp *dns.Msg, ev *Event) *dns.Msg {
+func (p *Proxy) answerPinned(s *compiledSession, q dns.Question, addrs []netip.Addr, resp *dns.Msg, ev *Event) {
 	ev.Verdict = VerdictPinned
 	if q.Qtype != dns.TypeA {
-		return resp
+		return
 	}
 	var kept []netip.Addr
 	for _, a := range addrs {
@@ -246,7 +329,6 @@ func (p *Proxy) answerPinned(s *compiledSession, q dns.Question, addrs []netip.A
 		})
 	}
 	ev.Addrs = kept
-	return resp
 }
 
 // attest inserts addrs into the session's set through the Attester,

@@ -260,14 +260,20 @@ func (tp *testProxy) register(t testing.TB, guest netip.Addr, mode netpolicy.Mod
 }
 
 // ask sends one query through the handler as if from src over UDP (tcp
-// false) and returns the parsed reply (nil when dropped).
+// false: through handleAsync, the path Serve's UDP readers take) or TCP
+// (handle) and returns the parsed reply (nil when dropped).
 func (tp *testProxy) ask(t testing.TB, src netip.Addr, q *dns.Msg, tcp bool) *dns.Msg {
 	t.Helper()
 	raw, err := q.Pack()
 	if err != nil {
 		t.Fatal(err)
 	}
-	out := tp.handle(context.Background(), src, raw, tcp)
+	var out []byte
+	if tcp {
+		out = tp.handle(context.Background(), src, raw, true)
+	} else {
+		out = tp.handleUDP(src, raw)
+	}
 	if out == nil {
 		return nil
 	}
@@ -279,6 +285,14 @@ func (tp *testProxy) ask(t testing.TB, src netip.Addr, q *dns.Msg, tcp bool) *dn
 		t.Fatalf("reply id %d, want %d", resp.Id, q.Id)
 	}
 	return resp
+}
+
+// handleUDP answers raw from src as Serve's UDP readers do (handleAsync)
+// and returns the reply once it is sent (nil: dropped).
+func (tp *testProxy) handleUDP(src netip.Addr, raw []byte) []byte {
+	replies := make(chan []byte, 1)
+	tp.handleAsync(src, raw, func(out []byte) { replies <- out })
+	return <-replies
 }
 
 func query(name string, qtype uint16) *dns.Msg {

@@ -20,9 +20,18 @@ import (
 // contention no session grows beyond share while another waits, and a
 // flooding session cannot starve the others.
 //
-// Jobs run on reusable worker goroutines: a worker that finishes a job
-// waits up to workerIdle for the next one before it exits, so a busy proxy
-// does not pay for a new goroutine, and for growing its stack, per query.
+// A job holds its slot until it releases its ticket, which it may do after
+// it returns, from another goroutine: a UDP query's job sends the query
+// upstream and returns; the upstream socket's reader finishes the answer
+// and releases the slot (see Proxy.serveQuery). So the slots count queries
+// in flight, not goroutines.
+//
+// A job that may start at once runs on the submitter's goroutine when the
+// submitter asks for it (submitTicket with inline: the UDP reader, whose
+// jobs never wait for an upstream); other jobs run on reusable worker
+// goroutines: a worker that finishes a job waits up to workerIdle for the
+// next one before it exits, so a busy proxy does not pay for a new
+// goroutine, and for growing its stack, per query.
 //
 // mu protects every field below it; it is held only to count and to pick
 // the next job, never while a job runs.
@@ -52,15 +61,25 @@ type flow struct {
 }
 
 type queuedJob struct {
-	run, shed func()
-	at        time.Time
+	run  func(ticket)
+	shed func()
+	at   time.Time
 }
 
 // work is a started job and the flow whose slot it holds.
 type work struct {
 	f   *flow
-	run func()
+	run func(ticket)
 }
+
+// ticket is a started job's slot: release it exactly once, when the job's
+// work is done (its answer sent).
+type ticket struct {
+	s *scheduler
+	f *flow
+}
+
+func (t ticket) release() { t.s.done(t.f) }
 
 // workerIdle is how long an idle worker waits for a job before it exits.
 const workerIdle = 10 * time.Second
@@ -82,8 +101,20 @@ func newScheduler(limit, share int, maxWait time.Duration, onShed func()) *sched
 }
 
 // submit runs job for session key now, or later, or never: then it calls
-// shed instead (and onShed). It never blocks.
+// shed instead (and onShed). It never blocks. The job's slot is released
+// when job returns.
 func (s *scheduler) submit(key netip.Addr, job, shed func()) {
+	s.submitTicket(key, func(t ticket) {
+		job()
+		t.release()
+	}, shed, false)
+}
+
+// submitTicket is submit for a job that releases its slot itself (through
+// the ticket it is given, possibly after it returns). With inline, a job
+// that may start at once runs on the caller's goroutine before
+// submitTicket returns; such a job must not block for long.
+func (s *scheduler) submitTicket(key netip.Addr, job func(ticket), shed func(), inline bool) {
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
@@ -96,6 +127,13 @@ func (s *scheduler) submit(key netip.Addr, job, shed func()) {
 		s.flows[key] = f
 	}
 	if len(f.queue) == 0 && s.mayStartLocked(f) {
+		if inline {
+			s.running++
+			f.running++
+			s.mu.Unlock()
+			job(ticket{s, f})
+			return
+		}
 		s.startLocked(f, job)
 		s.mu.Unlock()
 		return
@@ -127,7 +165,7 @@ func (s *scheduler) submit(key netip.Addr, job, shed func()) {
 // startLocked starts job for f on an idle worker, or on a new one when
 // none is idle (so every started job runs at once: at most max workers are
 // busy).
-func (s *scheduler) startLocked(f *flow, job func()) {
+func (s *scheduler) startLocked(f *flow, job func(ticket)) {
 	s.running++
 	f.running++
 	select {
@@ -143,8 +181,7 @@ func (s *scheduler) worker(w work) {
 	timer := time.NewTimer(workerIdle)
 	defer timer.Stop()
 	for {
-		w.run()
-		s.done(w.f)
+		w.run(ticket{s, w.f})
 		timer.Reset(workerIdle)
 		select {
 		case w = <-s.work:
@@ -156,7 +193,8 @@ func (s *scheduler) worker(w work) {
 	}
 }
 
-// done releases f's slot and hands free slots to waiting sessions.
+// done releases f's slot and hands free slots to waiting sessions (see
+// ticket.release).
 func (s *scheduler) done(f *flow) {
 	var shed []func()
 	s.mu.Lock()

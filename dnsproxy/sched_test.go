@@ -217,3 +217,49 @@ func TestSchedulerReusesIdleWorkers(t *testing.T) {
 		time.Sleep(5 * time.Millisecond)
 	}
 }
+
+// TestSchedulerTicketHeldUntilReleased: a job started inline runs on the
+// submitter's goroutine and holds its slot after it returns, until its
+// ticket is released (as a UDP query's does until its answer is sent); a
+// job that may not start meanwhile is queued, not run inline, and starts
+// (on a worker) when a slot is released. Control: with every slot held,
+// nothing else starts.
+func TestSchedulerTicketHeldUntilReleased(t *testing.T) {
+	s := newScheduler(2, 1, time.Minute, func() {})
+	var held []ticket
+	for range 2 {
+		ran := false
+		s.submitTicket(flowA, func(tk ticket) { ran = true; held = append(held, tk) }, nil, true)
+		if !ran {
+			t.Fatal("a job that may start did not run inline")
+		}
+	}
+	if running, queued := s.load(); running != 2 || queued != 0 {
+		t.Fatalf("running %d queued %d after two unreleased jobs, want 2 and 0", running, queued)
+	}
+	started := make(chan struct{}, 1)
+	s.submitTicket(flowB, func(tk ticket) { started <- struct{}{}; tk.release() }, nil, true)
+	select {
+	case <-started:
+		t.Fatal("a job started with every slot held")
+	case <-time.After(30 * time.Millisecond):
+	}
+	if _, queued := s.load(); queued != 1 {
+		t.Fatalf("queued %d, want 1", queued)
+	}
+	held[0].release()
+	select {
+	case <-started:
+	case <-time.After(2 * time.Second):
+		t.Fatal("the queued job did not start after a release")
+	}
+	held[1].release()
+	deadline := time.Now().Add(2 * time.Second)
+	for r, q := s.load(); r != 0 || q != 0; r, q = s.load() {
+		if time.Now().After(deadline) {
+			t.Fatalf("running %d queued %d after every release, want 0 and 0", r, q)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	s.drain()
+}

@@ -133,12 +133,7 @@ func (p *Proxy) serveUDP(pc net.PacketConn) error {
 			if !ok {
 				return
 			}
-			pkt := bytes.Clone(data)
-			p.dispatch(src.Addr(), func(ctx context.Context) {
-				if out := p.handle(ctx, src.Addr(), pkt, false); out != nil {
-					pc.WriteTo(out, addr)
-				}
-			}, nil)
+			p.serveQuery(pc, src.Addr(), addr, data)
 		})
 		if err == nil {
 			failures = 0
@@ -216,6 +211,36 @@ func (p *Proxy) growReadBuffer(uc *net.UDPConn) {
 	if err := uc.SetReadBuffer(udpReadBuffer); err != nil {
 		p.log.Warn("dnsproxy: cannot raise the udp receive buffer", "addr", uc.LocalAddr(), "err", err)
 	}
+}
+
+// serveQuery answers one UDP query (data, valid only during the call) from
+// src. A registered session's query goes through the scheduler; when it
+// may start at once it starts on the reader's goroutine, which parses and
+// decides it and sends it upstream without waiting: the upstream socket's
+// reader finishes it (filter, attest, reply) and only then releases its
+// slot (handleAsync). A query that needs no upstream is answered at once.
+// A query from an unknown source gets REFUSED inline (handleAsync too:
+// should the source register meanwhile, its query still never holds up
+// the reader).
+func (p *Proxy) serveQuery(pc net.PacketConn, src netip.Addr, addr net.Addr, data []byte) {
+	if p.session(src) == nil {
+		p.handleAsync(src, data, func(out []byte) {
+			if out != nil {
+				pc.WriteTo(out, addr)
+			}
+		})
+		return
+	}
+	// The job may run after this returns (queued): it keeps its own copy.
+	pkt := bytes.Clone(data)
+	p.sched.submitTicket(src, func(t ticket) {
+		p.handleAsync(src, pkt, func(out []byte) {
+			if out != nil {
+				pc.WriteTo(out, addr)
+			}
+			t.release()
+		})
+	}, nil, true)
 }
 
 // dispatch runs fn for a query from src: through the scheduler for a

@@ -10,6 +10,7 @@ import (
 	"net"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/miekg/dns"
 )
@@ -77,12 +78,17 @@ func newUDPPool(addr string, dial func(ctx context.Context, network, addr string
 // sent again on another (up to udpTries sockets in all): one broken socket
 // fails no query that another socket could answer.
 func (p *udpPool) exchange(ctx context.Context, query []byte) (*dns.Msg, error) {
+	return p.exchangeTries(ctx, query, udpTries)
+}
+
+// exchangeTries is exchange on at most tries sockets.
+func (p *udpPool) exchangeTries(ctx context.Context, query []byte, tries int) (*dns.Msg, error) {
 	q, ok := wireQuestion(query)
 	if !ok {
 		return nil, fmt.Errorf("query upstream %s/udp: %w", p.addr, dns.ErrBuf)
 	}
-	var err error
-	for range udpTries {
+	err := fmt.Errorf("query upstream %s/udp: no try left", p.addr)
+	for range tries {
 		var r *dns.Msg
 		r, err = p.exchangeOnce(ctx, query, q)
 		if err == nil || !errors.Is(err, errSocketFailed) || ctx.Err() != nil {
@@ -95,11 +101,10 @@ func (p *udpPool) exchange(ctx context.Context, query []byte) (*dns.Msg, error) 
 // exchangeOnce is one try of exchange on one socket; q is query's wire
 // question.
 func (p *udpPool) exchangeOnce(ctx context.Context, query, q []byte) (*dns.Msg, error) {
-	s, w, err := p.register(ctx, q)
+	s, w, err := p.register(ctx, query, q, nil)
 	if err != nil {
 		return nil, err
 	}
-	binary.BigEndian.PutUint16(query, w.id)
 	if _, err := s.conn.Write(query); err != nil {
 		err = fmt.Errorf("query upstream %s/udp: %w: %w", p.addr, errSocketFailed, ctxErr(ctx, err))
 		s.fail(err) // the socket is unusable: fail its queries, ours included
@@ -121,9 +126,46 @@ func (p *udpPool) exchangeOnce(ctx context.Context, query, q []byte) (*dns.Msg, 
 	}
 }
 
-// register adds a waiter for question q to a usable socket, opening one
-// when the slot has none.
-func (p *udpPool) register(ctx context.Context, q []byte) (*udpSock, *udpWaiter, error) {
+// send is exchangeOnce without the wait: it sends query (overwriting its
+// id) on one socket and returns; fn is then called exactly once, on the
+// socket's reader goroutine with the answer (valid only during the call),
+// or with an error: the socket failed (wrapping errSocketFailed), timeout
+// passed or ctx ended (from a goroutine of their own). When send itself
+// returns an error fn is never called. (A timer and a function registered
+// with ctx, not a context of its own per query: that would cost a
+// context, its timer and its children map for every query.)
+func (p *udpPool) send(ctx context.Context, timeout time.Duration, query []byte, fn func(raw []byte, err error)) error {
+	q, ok := wireQuestion(query)
+	if !ok {
+		return fmt.Errorf("query upstream %s/udp: %w", p.addr, dns.ErrBuf)
+	}
+	s, w, err := p.register(ctx, query, q, fn)
+	if err != nil {
+		return err
+	}
+	expire := func(err error) {
+		if s.forget(w) {
+			fn(nil, fmt.Errorf("read upstream %s/udp: %w", p.addr, err))
+		}
+	}
+	stop := waitStop{
+		ctx:   context.AfterFunc(ctx, func() { expire(ctx.Err()) }),
+		timer: time.AfterFunc(timeout, func() { expire(context.DeadlineExceeded) }),
+	}
+	if !s.arm(w, stop) {
+		stop.stop() // already answered or failed: fn has run or runs now
+	}
+	if _, err := s.conn.Write(query); err != nil {
+		s.fail(fmt.Errorf("query upstream %s/udp: %w: %w", p.addr, errSocketFailed, ctxErr(ctx, err)))
+	}
+	return nil
+}
+
+// register adds a waiter for question q (of query, whose id it sets) to a
+// usable socket, opening one when the slot has none. A waiter with fn has
+// its result passed to fn (see send); one without, sent on its done
+// channel.
+func (p *udpPool) register(ctx context.Context, query, q []byte, fn func([]byte, error)) (*udpSock, *udpWaiter, error) {
 	slot := &p.slots[int(p.next.Add(1)%uint32(len(p.slots)))]
 	slot.mu.Lock()
 	defer slot.mu.Unlock()
@@ -144,7 +186,7 @@ func (p *udpPool) register(ctx context.Context, q []byte) (*udpSock, *udpWaiter,
 			slot.cur = s
 			go s.read()
 		}
-		w, err := s.add(q)
+		w, err := s.add(query, q, fn)
 		if err == nil {
 			return s, w, nil
 		}
@@ -190,11 +232,43 @@ type udpSock struct {
 	idsLeft int // unused random bytes at the end of ids
 }
 
-// udpWaiter is one query in flight on a socket.
+// udpWaiter is one query in flight on a socket. Its result goes to fn
+// when it has one (called outside the socket's lock; stop, set by arm
+// under it, is called first), else on done.
 type udpWaiter struct {
 	id       uint16
 	question []byte         // wire question (name, type, class) of the query
 	done     chan udpResult // buffered: one send never blocks
+	fn       func(raw []byte, err error)
+	stop     waitStop // ends the wait for a timeout and ctx (see send)
+}
+
+// waitStop is what ends a send's wait: its timer and its function
+// registered with ctx.
+type waitStop struct {
+	ctx   func() bool
+	timer *time.Timer
+}
+
+func (ws waitStop) stop() {
+	if ws.ctx != nil {
+		ws.ctx()
+		ws.timer.Stop()
+	}
+}
+
+// result hands w its result (once: the caller removed w from pending).
+// stop is w.stop as read under the socket's lock.
+func (w *udpWaiter) result(stop waitStop, raw []byte, err error) {
+	if w.fn == nil {
+		if raw != nil {
+			raw = bytes.Clone(raw)
+		}
+		w.done <- udpResult{raw: raw, err: err}
+		return
+	}
+	stop.stop()
+	w.fn(raw, err)
 }
 
 type udpResult struct {
@@ -214,8 +288,10 @@ func (s *udpSock) usable(maxQueries int) bool {
 	return s.dead == nil && !s.retired && s.sent < maxQueries
 }
 
-// add registers a waiter for question q under a random id not in flight.
-func (s *udpSock) add(q []byte) (*udpWaiter, error) {
+// add registers a waiter for question q under a random id not in flight,
+// and writes the id into query (under the lock, so that whoever gets the
+// waiter's result finds it written).
+func (s *udpSock) add(query, q []byte, fn func([]byte, error)) (*udpWaiter, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.dead != nil {
@@ -229,7 +305,11 @@ func (s *udpSock) add(q []byte) (*udpWaiter, error) {
 		if _, taken := s.pending[id]; taken {
 			continue
 		}
-		w := &udpWaiter{id: id, question: q, done: make(chan udpResult, 1)}
+		w := &udpWaiter{id: id, question: q, fn: fn}
+		if fn == nil {
+			w.done = make(chan udpResult, 1)
+		}
+		binary.BigEndian.PutUint16(query, id)
 		s.pending[id] = w
 		s.sent++
 		return w, nil
@@ -251,9 +331,11 @@ func (s *udpSock) randomIDLocked() (uint16, error) {
 }
 
 // forget removes a waiter that gave up; a later answer for it is dropped.
-func (s *udpSock) forget(w *udpWaiter) {
+// It reports whether w was still waiting (no result was handed to it).
+func (s *udpSock) forget(w *udpWaiter) bool {
 	s.mu.Lock()
-	if s.pending[w.id] == w {
+	waiting := s.pending[w.id] == w
+	if waiting {
 		delete(s.pending, w.id)
 	}
 	closeNow := s.retired && len(s.pending) == 0
@@ -261,6 +343,19 @@ func (s *udpSock) forget(w *udpWaiter) {
 	if closeNow {
 		s.conn.Close()
 	}
+	return waiting
+}
+
+// arm records stop as the function that ends w's wait for its context; it
+// reports false when w has its result already.
+func (s *udpSock) arm(w *udpWaiter, stop waitStop) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.pending[w.id] != w {
+		return false
+	}
+	w.stop = stop
+	return true
 }
 
 // retire stops new queries on s and closes it once none is waiting.
@@ -280,12 +375,19 @@ func (s *udpSock) fail(err error) {
 	if s.dead == nil {
 		s.dead = err
 	}
-	waiters := s.pending
+	type failed struct {
+		w    *udpWaiter
+		stop waitStop
+	}
+	waiters := make([]failed, 0, len(s.pending))
+	for _, w := range s.pending {
+		waiters = append(waiters, failed{w, w.stop})
+	}
 	s.pending = map[uint16]*udpWaiter{}
 	s.mu.Unlock()
 	s.conn.Close()
-	for _, w := range waiters {
-		w.done <- udpResult{err: err}
+	for _, f := range waiters {
+		f.w.result(f.stop, nil, err)
 	}
 }
 
@@ -318,9 +420,10 @@ func (s *udpSock) deliver(pkt []byte) {
 		return
 	}
 	delete(s.pending, id)
+	stop := w.stop
 	closeNow := s.retired && len(s.pending) == 0
 	s.mu.Unlock()
-	w.done <- udpResult{raw: bytes.Clone(pkt)}
+	w.result(stop, pkt, nil)
 	if closeNow {
 		s.conn.Close()
 	}

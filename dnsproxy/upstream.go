@@ -1,6 +1,7 @@
 package dnsproxy
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -22,6 +23,10 @@ var ErrUpstream = errors.New("all upstreams failed")
 // bytes, one question, one OPT record.
 const queryBufSize = 512
 
+// asyncQueryBufSize fits the query of a name of up to about 100 bytes;
+// forwardAsync allocates one per query (a longer name's, PackBuffer).
+const asyncQueryBufSize = 128
+
 // queryBufs recycles the buffers queries are packed into. Each holds two
 // spare bytes in front of the message for the TCP length prefix.
 var queryBufs = sync.Pool{New: func() any { b := make([]byte, queryBufSize); return &b }}
@@ -39,34 +44,72 @@ type queryFlags struct {
 // timeout per query. It returns the answer, the index of the upstream that
 // gave it and the round trip.
 func (p *Proxy) forward(ctx context.Context, q dns.Question, fl queryFlags) (*dns.Msg, int, time.Duration, error) {
+	bp := queryBufs.Get().(*[]byte)
+	defer queryBufs.Put(bp)
+	frame, err := packUpstreamQuery(q, fl, *bp)
+	if err != nil {
+		return nil, 0, 0, err
+	}
+	return p.forwardFrame(ctx, q, frame, int(p.preferred.Load())%len(p.cfg.Upstreams), nil)
+}
+
+// packUpstreamQuery packs the upstream query for q into buf (or a new
+// buffer when buf is too small): frame is two spare bytes, then the query.
+func packUpstreamQuery(q dns.Question, fl queryFlags, buf []byte) (frame []byte, err error) {
 	m := dns.Msg{Question: []dns.Question{q}}
 	m.RecursionDesired = true
 	m.CheckingDisabled = fl.cd
 	m.SetEdns0(ednsSize, fl.do)
-	bp := queryBufs.Get().(*[]byte)
-	defer queryBufs.Put(bp)
-	wire, err := m.PackBuffer((*bp)[2:])
+	wire, err := m.PackBuffer(buf[2:])
 	if err != nil {
-		return nil, 0, 0, fmt.Errorf("%w: pack query: %w", ErrUpstream, err)
+		return nil, fmt.Errorf("%w: pack query: %w", ErrUpstream, err)
 	}
-	frame := (*bp)[:2+len(wire)]
+	frame = buf[:2+len(wire)]
 	if &frame[2] != &wire[0] {
 		// The buffer was too small and PackBuffer allocated: frame it anew.
 		frame = append([]byte{0, 0}, wire...)
 	}
+	return frame, nil
+}
 
+// udpTry is the first UDP exchange of an upstream's try, made elsewhere
+// (see forwardAsync): its context (the try's deadline; cancel is called
+// once the try ends), its start, its outcome and the sockets it used.
+type udpTry struct {
+	ctx    context.Context
+	cancel context.CancelFunc
+	start  time.Time
+	r      *dns.Msg
+	err    error
+	tries  int
+}
+
+// forwardFrame is forward for the packed query in frame, starting with
+// upstream first; when ft is not nil the first upstream's try has begun
+// with ft and is carried on from there.
+func (p *Proxy) forwardFrame(ctx context.Context, q dns.Question, frame []byte, first int, ft *udpTry) (*dns.Msg, int, time.Duration, error) {
 	n := len(p.cfg.Upstreams)
-	first := int(p.preferred.Load()) % n
 	var errs []error
 	for i := range n {
 		idx := (first + i) % n
-		if err := ctx.Err(); err != nil {
-			errs = append(errs, err)
-			break
+		var (
+			r   *dns.Msg
+			err error
+			rtt time.Duration
+		)
+		if i == 0 && ft != nil {
+			r, err = p.tryRest(ft.ctx, idx, q, frame, ft.r, ft.err, ft.tries)
+			ft.cancel()
+			rtt = time.Since(ft.start)
+		} else {
+			if err := ctx.Err(); err != nil {
+				errs = append(errs, err)
+				break
+			}
+			start := time.Now()
+			r, err = p.try(ctx, idx, q, frame)
+			rtt = time.Since(start)
 		}
-		start := time.Now()
-		r, err := p.try(ctx, idx, q, frame)
-		rtt := time.Since(start)
 		if err != nil {
 			p.stats.upstreamErrors.Add(1)
 			errs = append(errs, err)
@@ -87,26 +130,100 @@ func (p *Proxy) forward(ctx context.Context, q dns.Question, fl queryFlags) (*dn
 func (p *Proxy) try(ctx context.Context, idx int, q dns.Question, frame []byte) (*dns.Msg, error) {
 	ctx, cancel := context.WithTimeout(ctx, p.cfg.Timeout)
 	defer cancel()
+	r, err := p.udp[idx].exchange(ctx, frame[2:])
+	return p.tryRest(ctx, idx, q, frame, r, err, udpTries)
+}
+
+// tryRest carries on a try whose UDP exchange gave (r, err) after using
+// tries sockets: asks again on another socket when the socket failed under
+// the query (up to udpTries in all), over TCP when the answer is truncated,
+// and checks the answer.
+func (p *Proxy) tryRest(ctx context.Context, idx int, q dns.Question, frame []byte, r *dns.Msg, err error, tries int) (*dns.Msg, error) {
+	if err != nil && errors.Is(err, errSocketFailed) && ctx.Err() == nil && tries < udpTries {
+		r, err = p.udp[idx].exchangeTries(ctx, frame[2:], udpTries-tries)
+	}
 	server := p.upstreamAddrs[idx]
-	wire := frame[2:]
-	r, err := p.udp[idx].exchange(ctx, wire)
 	if err == nil && r.Truncated {
 		r, err = p.exchangeTCP(ctx, server, frame)
 	}
 	if err != nil {
 		return nil, err
 	}
+	if err := p.checkAnswer(server, q, r); err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+// checkAnswer rejects an answer the try must not return: truncated (over
+// TCP), SERVFAIL or REFUSED, or for another question.
+func (p *Proxy) checkAnswer(server string, q dns.Question, r *dns.Msg) error {
 	if r.Truncated {
-		return nil, fmt.Errorf("upstream %s: truncated answer over tcp", server)
+		return fmt.Errorf("upstream %s: truncated answer over tcp", server)
 	}
 	if r.Rcode == dns.RcodeServerFailure || r.Rcode == dns.RcodeRefused {
-		return nil, fmt.Errorf("upstream %s: %s", server, dns.RcodeToString[r.Rcode])
+		return fmt.Errorf("upstream %s: %s", server, dns.RcodeToString[r.Rcode])
 	}
 	if len(r.Question) != 1 || !strings.EqualFold(r.Question[0].Name, q.Name) ||
 		r.Question[0].Qtype != q.Qtype || r.Question[0].Qclass != q.Qclass {
-		return nil, fmt.Errorf("upstream %s: answer for another question", server)
+		return fmt.Errorf("upstream %s: answer for another question", server)
 	}
-	return r, nil
+	return nil
+}
+
+// forwardAsync is forward without waiting: it sends the query for q to the
+// preferred upstream over UDP and returns; done is called exactly once
+// with forward's results. When that first exchange brings a usable answer
+// (the common case), done runs on the upstream socket's reader goroutine,
+// so no goroutine is woken for it; anything else (a failed socket, a
+// truncated or refused answer, a timeout, the session's end) carries the
+// query on as forward would, on a goroutine of its own. The upstream
+// waits end with ctx (the session's) as in forward.
+func (p *Proxy) forwardAsync(ctx context.Context, q dns.Question, fl queryFlags, done func(*dns.Msg, int, time.Duration, error)) {
+	// The frame is this query's own (not from queryBufs): the socket's
+	// reader may finish the query while send's write still reads it.
+	frame, err := packUpstreamQuery(q, fl, make([]byte, asyncQueryBufSize))
+	if err != nil {
+		done(nil, 0, 0, err)
+		return
+	}
+	first := int(p.preferred.Load()) % len(p.cfg.Upstreams)
+	if ctx.Err() != nil {
+		go func() { done(p.forwardFrame(ctx, q, frame, first, nil)) }()
+		return
+	}
+	start := time.Now()
+	carryOn := func(r *dns.Msg, err error) {
+		// A copy: the retries write new ids into it while send's write
+		// may still read the first one.
+		frame := bytes.Clone(frame)
+		go func() {
+			// The rest of the try keeps the try's deadline.
+			tctx, cancel := context.WithDeadline(ctx, start.Add(p.cfg.Timeout))
+			done(p.forwardFrame(ctx, q, frame, first, &udpTry{ctx: tctx, cancel: cancel, start: start, r: r, err: err, tries: 1}))
+		}()
+	}
+	err = p.udp[first].send(ctx, p.cfg.Timeout, frame[2:], func(raw []byte, err error) {
+		if err != nil {
+			carryOn(nil, err)
+			return
+		}
+		r := new(dns.Msg)
+		if err := r.Unpack(raw); err != nil {
+			carryOn(nil, fmt.Errorf("read upstream %s/udp: %w", p.upstreamAddrs[first], err))
+			return
+		}
+		if r.Truncated || p.checkAnswer(p.upstreamAddrs[first], q, r) != nil {
+			carryOn(r, nil)
+			return
+		}
+		rtt := time.Since(start)
+		p.stats.upstream.observe(rtt)
+		done(r, first, rtt, nil)
+	})
+	if err != nil {
+		carryOn(nil, err)
+	}
 }
 
 // exchangeTCP sends the query in frame (two spare bytes, then the packed
