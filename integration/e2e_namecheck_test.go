@@ -11,6 +11,7 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/netip"
@@ -531,5 +532,60 @@ func TestE2ENameCheckUrgent(t *testing.T) {
 	e.update("urg", "--name-check", "off")
 	if got, _ := send(true); !bytes.Contains(got, []byte("Host: evil.example")) {
 		t.Errorf("check off: the server read %q, want the urgent byte taken out (Host: evil.example): the attack the check refuses", got)
+	}
+}
+
+// TestE2ENameCheckLenientHTTP: requests a lenient front end still reads
+// as HTTP, each sent in two writes (the first alone in its segment, so
+// that the check must not decide on it): empty lines before the request
+// line (nginx skips them), a lower-case or long method (Go's net/http
+// takes any token; nginx any upper-case run), runs of spaces, a bare CR
+// ending the request line. With Host evil.example each is refused with
+// nothing at the server; the same bytes with the allowed Host pass (the
+// control), and a request line naming a version it does not parse as is
+// refused whatever its Host.
+func TestE2ENameCheckLenientHTTP(t *testing.T) {
+	e := newE2E(t)
+	dst := netip.MustParseAddrPort("198.18.1.10:8443")
+	cs := startCapture(t, e.w, dst)
+	e.createNetOnly("lenient", "--allow", "api.e2e.test")
+	e.resolveTo("lenient", "api.e2e.test", "198.18.1.10")
+	ns := e.nsPath("lenient")
+	send := func(first, rest string) ([]byte, error) {
+		n := cs.count()
+		c, err := world.DialTCP(ns, dst, world.ReachTimeout)
+		if err != nil {
+			return nil, err
+		}
+		defer c.Close()
+		if _, err := c.Write([]byte(first)); err != nil {
+			return nil, err
+		}
+		time.Sleep(150 * time.Millisecond)
+		if _, err := c.Write([]byte(rest)); err != nil {
+			return nil, err
+		}
+		_ = c.SetReadDeadline(time.Now().Add(3 * time.Second))
+		_, rerr := io.ReadFull(c, make([]byte, 3))
+		time.Sleep(300 * time.Millisecond)
+		_, got := cs.since(n)
+		return got, rerr
+	}
+	for _, v := range []struct{ name, first, rest string }{
+		{"empty lines first", "\r\n", "GET / HTTP/1.1\r\nHost: %s\r\n\r\n"},
+		{"lower-case method", "get", " / HTTP/1.1\r\nHost: %s\r\n\r\n"},
+		{"long method", strings.Repeat("A", 40), " / HTTP/1.1\r\nHost: %s\r\n\r\n"},
+		{"runs of spaces", "GET  /", "   HTTP/1.1\r\nHost: %s\r\n\r\n"},
+	} {
+		allowed := v.first + fmt.Sprintf(v.rest, "api.e2e.test")
+		if got, err := send(v.first, fmt.Sprintf(v.rest, "api.e2e.test")); err != nil || string(got) != allowed {
+			t.Errorf("%s, control with the allowed Host: %v, server got %q; want it through", v.name, err, got)
+		}
+		if got, err := send(v.first, fmt.Sprintf(v.rest, "evil.example")); err == nil || len(got) != 0 {
+			t.Errorf("%s with Host evil.example: %v, server got %q; want refused, nothing received", v.name, err, got)
+		}
+	}
+	if got, err := send("GET / HTTP/1.1\r", "Host: api.e2e.test\r\n\r\n"); err == nil || len(got) != 0 {
+		t.Errorf("a bare CR ending the request line: %v, server got %q; want refused, nothing received", err, got)
 	}
 }

@@ -215,49 +215,84 @@ func named(via, name string) Result {
 	return Result{Kind: Named, Via: via, Names: []string{n}}
 }
 
-// methodMax is the longest request method read as one (the registered
-// ones are at most 17 bytes: VERSION-CONTROL).
-const methodMax = 24
+// isTchar reports whether c may appear in an HTTP token (RFC 9110 5.6.2):
+// the request method. Servers differ in which methods they take (nginx
+// upper case only, Go's net/http any token), so any token counts here.
+func isTchar(c byte) bool {
+	switch {
+	case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9':
+		return true
+	}
+	return strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0
+}
 
 // inspectHTTP reads an HTTP/1.x request's Host header and, for the
 // absolute form (GET http://host/ ...) and CONNECT, its target's host: a
 // server uses the target's authority over Host (RFC 9112 3.2.2).
+//
+// What a lenient server could still read as a request never passes as
+// Other: empty lines before the request line are skipped (RFC 9112 2.2
+// lets servers ignore them, and nginx does); a method of any length and
+// case is a method; fields may be separated by runs of spaces or tabs; a
+// line that names an HTTP version it does not parse as, or a bare CR or
+// NUL inside the request line or a header, is Unreadable (refused).
 func inspectHTTP(b []byte) Result {
-	// The method: a token of upper-case letters and '-', then a space.
+	for len(b) > 0 && (b[0] == '\r' || b[0] == '\n') {
+		b = b[1:]
+	}
+	// The method: a token, then a space or tab. Until one of them comes
+	// the bytes may still become a request line.
 	i := 0
-	for i < len(b) && i <= methodMax && (b[i] >= 'A' && b[i] <= 'Z' || b[i] == '-') {
+	for i < len(b) && isTchar(b[i]) {
 		i++
 	}
 	switch {
-	case i == len(b) && i <= methodMax:
+	case i == len(b):
 		return Result{Kind: NeedMore}
-	case i == 0 || i > methodMax || b[i] != ' ':
+	case i == 0 || b[i] != ' ' && b[i] != '\t':
 		return Result{Kind: Other}
 	}
 	eol := bytes.IndexByte(b, '\n')
 	if eol < 0 {
-		if len(b) >= MaxBytes {
+		partial := strings.TrimSuffix(string(b), "\r")
+		switch {
+		case len(b) >= MaxBytes:
 			return Result{Kind: Unreadable, Via: ViaHTTP}
-		}
-		if bytes.ContainsAny(b[i+1:], "\r\x00") {
-			return Result{Kind: Other}
+		case strings.ContainsAny(partial, "\r\x00") && strings.Contains(strings.ToUpper(partial), "HTTP/"):
+			return Result{Kind: Unreadable, Via: ViaHTTP}
+		case strings.ContainsAny(partial, "\r\x00"):
+			return Result{Kind: Other} // no request line holds them
 		}
 		return Result{Kind: NeedMore}
 	}
 	line := strings.TrimSuffix(string(b[:eol]), "\r")
-	if strings.ContainsAny(line[i+1:], "\r\x00") {
-		return Result{Kind: Other} // as when the line was cut before its end
-	}
-	parts := strings.Split(line, " ")
-	if len(parts) != 3 || !strings.HasPrefix(parts[2], "HTTP/") {
+	claimsHTTP := strings.Contains(strings.ToUpper(line), "HTTP/")
+	if strings.ContainsAny(line, "\r\x00") {
+		if claimsHTTP {
+			return Result{Kind: Unreadable, Via: ViaHTTP}
+		}
 		return Result{Kind: Other}
+	}
+	parts := strings.FieldsFunc(line, func(r rune) bool { return r == ' ' || r == '\t' })
+	if !claimsHTTP {
+		// Not HTTP/1.x (SMTP's EHLO, FTP's USER, HTTP/0.9): no Host is
+		// read, but an absolute target's authority still names a host.
+		if len(parts) >= 2 {
+			if _, ok := authority(parts[1]); ok {
+				return absoluteTarget(parts[1])
+			}
+		}
+		return Result{Kind: Other}
+	}
+	if len(parts) != 3 || !strings.HasPrefix(parts[2], "HTTP/") {
+		return Result{Kind: Unreadable, Via: ViaHTTP}
 	}
 	if parts[0] == "PRI" && parts[2] == "HTTP/2.0" {
 		// HTTP/2 with prior knowledge: its :authority is in HPACK.
 		return Result{Kind: Unreadable, Via: ViaHTTP}
 	}
 	if parts[2] != "HTTP/1.1" && parts[2] != "HTTP/1.0" {
-		return Result{Kind: Other}
+		return Result{Kind: Unreadable, Via: ViaHTTP}
 	}
 	end := bytes.Index(b, []byte("\r\n\r\n"))
 	if e := bytes.Index(b, []byte("\n\n")); e >= 0 && (end < 0 || e < end) {
@@ -273,14 +308,7 @@ func inspectHTTP(b []byte) Result {
 	target := parts[1]
 	if parts[0] == "CONNECT" {
 		names = append(names, target)
-	} else if k := strings.Index(target, "://"); k > 0 && !strings.HasPrefix(target, "/") {
-		auth := target[k+3:]
-		if j := strings.IndexAny(auth, "/?#"); j >= 0 {
-			auth = auth[:j]
-		}
-		if j := strings.LastIndexByte(auth, '@'); j >= 0 {
-			auth = auth[j+1:]
-		}
+	} else if auth, ok := authority(target); ok {
 		names = append(names, auth)
 	}
 	hosts := 0
@@ -290,6 +318,9 @@ func inspectHTTP(b []byte) Result {
 	}
 	for _, h := range strings.Split(headers, "\n") {
 		h = strings.TrimSuffix(h, "\r")
+		if strings.ContainsAny(h, "\r\x00") {
+			return Result{Kind: Unreadable, Via: ViaHTTP} // a bare CR ends a line for some servers
+		}
 		k := strings.IndexByte(h, ':')
 		if k < 0 {
 			if h == "" {
@@ -327,6 +358,30 @@ func inspectHTTP(b []byte) Result {
 		}
 	}
 	return out
+}
+
+// authority is the host[:port] of an absolute-form target
+// (scheme://userinfo@host:port/path), and whether target is one.
+func authority(target string) (string, bool) {
+	k := strings.Index(target, "://")
+	if k <= 0 || strings.HasPrefix(target, "/") {
+		return "", false
+	}
+	auth := target[k+3:]
+	if j := strings.IndexAny(auth, "/?#"); j >= 0 {
+		auth = auth[:j]
+	}
+	if j := strings.LastIndexByte(auth, '@'); j >= 0 {
+		auth = auth[j+1:]
+	}
+	return auth, true
+}
+
+// absoluteTarget is what a request line without an HTTP version (HTTP/0.9,
+// which nginx still reads) asks for when its target is absolute.
+func absoluteTarget(target string) Result {
+	auth, _ := authority(target)
+	return named(ViaHTTP, stripPort(auth))
 }
 
 // stripPort removes a :port from a host (and the brackets of an IPv6

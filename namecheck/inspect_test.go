@@ -70,7 +70,32 @@ func TestInspectHTTP(t *testing.T) {
 		{"SSH-2.0-OpenSSH_9.2\r\n", Other, nil},
 		{"\x00\x00\x00\x08\x04\xd2\x16\x2f", Other, nil}, // Postgres SSLRequest
 		{"EHLO example.com\r\n", Other, nil},
-		{"hello", Other, nil},
+		{"hello", NeedMore, nil}, // a token may still become a method
+		{"hello\r\n", Other, nil},
+		// What lenient servers still read as a request (nginx skips empty
+		// lines before it and takes runs of spaces and any upper-case
+		// method; Go's net/http any token as a method).
+		{"\r\nGET / HTTP/1.1\r\nHost: evil.example\r\n\r\n", Named, []string{"evil.example"}},
+		{"\r\n", NeedMore, nil},
+		{"\n\r\n\r\nGE", NeedMore, nil},
+		{"GET  /   HTTP/1.1\r\nHost: evil.example\r\n\r\n", Named, []string{"evil.example"}},
+		{"GET\t/\tHTTP/1.1\r\nHost: evil.example\r\n\r\n", Named, []string{"evil.example"}},
+		{"get / HTTP/1.1\r\nHost: evil.example\r\n\r\n", Named, []string{"evil.example"}},
+		{"FRONT_DOOR / HTTP/1.1\r\nHost: evil.example\r\n\r\n", Named, []string{"evil.example"}},
+		{strings.Repeat("A", 40) + " / HTTP/1.1\r\nHost: evil.example\r\n\r\n", Named, []string{"evil.example"}},
+		{strings.Repeat("A", 40), NeedMore, nil},
+		{"GET / HTTP/1.2\r\nHost: evil.example\r\n\r\n", Unreadable, nil},
+		{"GET / http/1.1\r\nHost: evil.example\r\n\r\n", Unreadable, nil},
+		{"GET / HTTP/1.1 x\r\nHost: evil.example\r\n\r\n", Unreadable, nil},
+		{"GET / HTTP/1.1\rHost: evil.example\r\n\r\n", Unreadable, nil},
+		{"GET / HTTP/1.1\r\nX: a\rHost: evil.example\r\n\r\n", Unreadable, nil},
+		{"GET http://evil.example/\r\n", Named, []string{"evil.example"}}, // HTTP/0.9, absolute
+		{"GET /\r\n", Other, nil}, // HTTP/0.9: no name
+		{"USER anonymous\r\n", Other, nil},
+		{"still here", NeedMore, nil}, // may still become a request line
+		{"GET \x00\x01", Other, nil},
+		{"GET / HTTP/1.1\rHost", Unreadable, nil},
+		{"GET / HTTP/1.1\r", NeedMore, nil},
 	} {
 		r := Inspect([]byte(c.in))
 		if r.Kind != c.kind || !slices.Equal(r.Names, c.names) {
