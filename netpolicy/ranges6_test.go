@@ -108,3 +108,51 @@ func TestGuard6Overrides(t *testing.T) {
 		t.Errorf("last interval %v, want 4000:: to the end", last)
 	}
 }
+
+// TestEntry6Grammar: on a dual-stack guard the IPv6 forms parse, print back
+// to themselves, and the guard refuses special-purpose ones; without one
+// every IPv6 form is refused as before (entry_test.go).
+func TestEntry6Grammar(t *testing.T) {
+	g, err := DefaultGuard().DualStack(netip.MustParsePrefix("fd00:20::/112"), []netip.Prefix{netip.MustParsePrefix("2001:2::/48")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct{ in, want string }{
+		{"2001:2::10", "2001:2::10"},
+		{"[2001:2::10]", "2001:2::10"},
+		{"[2001:2::10]:443/tcp", "[2001:2::10]:443/tcp"},
+		{"[2001:2::10]:53/UDP", "[2001:2::10]:53/udp"},
+		{"2001:2::/64", "2001:2::/64"},
+		{"2606:4700::/32", "2606:4700::/32"},
+	} {
+		e, err := ParseEntry(tc.in, g)
+		if err != nil {
+			t.Errorf("%s: %v", tc.in, err)
+			continue
+		}
+		if e.Kind != KindCIDR || e.String() != tc.want {
+			t.Errorf("%s: %v %q, want %q", tc.in, e.Kind, e.String(), tc.want)
+		}
+		if back, err := ParseEntry(e.String(), g); err != nil || back != e {
+			t.Errorf("%s: round trip %v %v", tc.in, back, err)
+		}
+	}
+	for _, tc := range []struct{ in, want string }{
+		{"2001:db8::1", `allow entry "2001:db8::1": 2001:db8::1 is inside special-purpose range 2001:db8::/32 (documentation); only public unicast IPv6 is accepted`},
+		{"fe80::1", `allow entry "fe80::1": fe80::1 is inside special-purpose range fe80::/10 (link-local); only public unicast IPv6 is accepted`},
+		{"::ffff:8.8.8.8", `allow entry "::ffff:8.8.8.8": ::ffff:8.8.8.8 is inside special-purpose range ::ffff:0.0.0.0/96 (ipv4-mapped); only public unicast IPv6 is accepted`},
+		{"64:ff9b::8.8.8.8", `allow entry "64:ff9b::8.8.8.8": 64:ff9b::808:808 is inside special-purpose range 64:ff9b::/96 (nat64); only public unicast IPv6 is accepted`},
+		{"fd00:20::2", `allow entry "fd00:20::2": fd00:20::2 is inside special-purpose range fd00:20::/112 (session pool); only public unicast IPv6 is accepted`},
+		{"2000::/3", `allow entry "2000::/3": 2000::/3 overlaps special-purpose range 2001::/32 (teredo); only public unicast IPv6 is accepted`},
+		{"2001:2::1/48", `allow entry "2001:2::1/48": host bits set in 2001:2::1/48; did you mean 2001:2::/48?`},
+		{"2001:2::10::443", `allow entry "2001:2::10::443": invalid IPv6 address "2001:2::10::443"; want an IPv6 address, an IPv6 CIDR such as 2001:db8::/64, or [ADDRESS]:PORT, optionally followed by /tcp or /udp`},
+		{"[2001:2::10", `allow entry "[2001:2::10": unbalanced or misplaced brackets; want an IPv6 address, an IPv6 CIDR such as 2001:db8::/64, or [ADDRESS]:PORT, optionally followed by /tcp or /udp`},
+		{"[2001:2::10]:0", `allow entry "[2001:2::10]:0": port 0 is out of range; want 1 to 65535`},
+		{"fe80::1%eth0", `allow entry "fe80::1%eth0": invalid IPv6 address "fe80::1%eth0"; want an IPv6 address, an IPv6 CIDR such as 2001:db8::/64, or [ADDRESS]:PORT, optionally followed by /tcp or /udp`},
+	} {
+		_, err := ParseEntry(tc.in, g)
+		if err == nil || err.Error() != tc.want {
+			t.Errorf("%s:\n got %v\nwant %s", tc.in, err, tc.want)
+		}
+	}
+}
