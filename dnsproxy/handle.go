@@ -152,7 +152,7 @@ func (p *Proxy) answer(ctx context.Context, s *compiledSession, req *dns.Msg, ev
 	if len(s.denied) > 0 {
 		keep = func(a netip.Addr) bool { return p.cfg.Guard.IsPublicUnicast(a) && !s.deniedAddr(a) }
 	}
-	f := filterResponse(q.Name, up, hints, keep)
+	f := filterResponseFamilies(q.Name, up, hints, keep, s.aaaa)
 	if !s.keepECH {
 		f.stripECH()
 	}
