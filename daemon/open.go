@@ -104,7 +104,7 @@ func Open(cfg Config, log *slog.Logger, reg *metrics.Registry) (_ *Engine, err e
 	if err != nil {
 		return nil, err
 	}
-	guard, err := dualStackGuard(cfg)
+	guard, err := netpolicy.NewDualStackGuard(cfg.Pool, cfg.Pool6, cfg.PublicOverrides)
 	if err != nil {
 		return nil, err
 	}
@@ -278,27 +278,4 @@ func (e *Engine) shutdownDNS() {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	_ = e.proxy.Shutdown(ctx)
-}
-
-// dualStackGuard is the special-purpose guard of cfg: the IPv4 one and,
-// with a pool6, its IPv6 half (the IPv6 public overrides go there). An
-// IPv4-only daemon's guard is built exactly as before (an IPv6 override is
-// then refused by it).
-func dualStackGuard(cfg Config) (*netpolicy.Guard, error) {
-	if !cfg.Pool6.IsValid() {
-		return netpolicy.NewGuard(cfg.Pool, cfg.PublicOverrides)
-	}
-	var v4, v6 []netip.Prefix
-	for _, o := range cfg.PublicOverrides {
-		if o.Addr().Is6() && !o.Addr().Is4In6() {
-			v6 = append(v6, o)
-		} else {
-			v4 = append(v4, o)
-		}
-	}
-	g, err := netpolicy.NewGuard(cfg.Pool, v4)
-	if err != nil {
-		return nil, err
-	}
-	return g.DualStack(cfg.Pool6, v6)
 }

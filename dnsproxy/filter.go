@@ -44,25 +44,22 @@ func (f *filtered) withoutStaleSignatures() []dns.RR {
 	})
 }
 
-// filterResponse applies the answer rules to up, the upstream's answer to a
+// filterResponseFamilies applies the answer rules to up, the upstream's answer to a
 // query for qname:
 //   - the chain is qname plus every CNAME target reachable from it in the
 //     answer section (the targets need not be allowed);
 //   - A records of the chain are kept when public(addr), others dropped; A
 //     records outside the chain are removed;
-//   - AAAA records are removed everywhere (IPv4 only);
-//   - SVCB/HTTPS records lose ipv6hint; ipv4hint keeps only public
+//   - AAAA records are removed everywhere, unless v6 (below);
+//   - SVCB/HTTPS records lose ipv6hint (unless v6); ipv4hint keeps only public
 //     addresses, only for records of the chain, and only when hints is set
 //     (no entry that allowed qname said NoHints: a scope attests the
 //     host's A records and nothing else);
 //   - the authority and additional sections lose every address record and
 //     every hint, and the OPT record (the reply gets its own);
 //   - every other record passes unchanged.
-func filterResponse(qname string, up *dns.Msg, hints bool, public func(netip.Addr) bool) filtered {
-	return filterResponseFamilies(qname, up, hints, public, false)
-}
-
-// filterResponseFamilies is filterResponse, and with v6 (a dual-stack
+//
+// With v6 (a dual-stack
 // session, SessionPolicy.AAAA) the AAAA records and ipv6hints follow the
 // rules of A and ipv4hint: kept when of the chain and public(addr), an
 // IPv4-mapped address never.

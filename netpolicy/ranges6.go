@@ -209,3 +209,26 @@ func (g *Guard) BlockedRanges6() []AddrRange {
 	}
 	return out
 }
+
+// NewDualStackGuard is NewGuard for a daemon whose IPv6 session pool is
+// pool6: the IPv6 public overrides go to the guard's v6 half (DualStack).
+// Without pool6 it is NewGuard with every override (an IPv6 one is then
+// refused, as it always was).
+func NewDualStackGuard(pool, pool6 netip.Prefix, publicOverrides []netip.Prefix) (*Guard, error) {
+	if !pool6.IsValid() {
+		return NewGuard(pool, publicOverrides)
+	}
+	var v4, v6 []netip.Prefix
+	for _, o := range publicOverrides {
+		if o.Addr().Is6() && !o.Addr().Is4In6() {
+			v6 = append(v6, o)
+		} else {
+			v4 = append(v4, o)
+		}
+	}
+	g, err := NewGuard(pool, v4)
+	if err != nil {
+		return nil, err
+	}
+	return g.DualStack(pool6, v6)
+}

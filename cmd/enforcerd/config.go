@@ -70,7 +70,7 @@ func (c ServeConfig) daemonConfig() daemon.Config {
 // doctorConfig is the part of the configuration the doctor's checks read.
 func (c ServeConfig) doctorConfig() doctor.Config {
 	return doctor.Config{
-		StateDir: c.StateDir, NamePrefix: c.NamePrefix, Pool: c.Pool, Upstreams: c.Upstreams, PublicOverrides: c.PublicOverrides,
+		StateDir: c.StateDir, NamePrefix: c.NamePrefix, Pool: c.Pool, Pool6: c.Pool6, Upstreams: c.Upstreams, PublicOverrides: c.PublicOverrides,
 		MaxFlows: c.MaxFlows, FlowRate: c.FlowRate, MaxAttested: c.MaxAttested,
 	}
 }
