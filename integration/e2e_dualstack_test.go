@@ -1,7 +1,9 @@
 package integration
 
 import (
+	"errors"
 	"net"
+	"os"
 	"net/netip"
 	"slices"
 	"strings"
@@ -129,8 +131,20 @@ func TestE2EDualStackAllowlist(t *testing.T) {
 	if err := world.UDPEcho(ns, lit, time.Second); err == nil {
 		t.Error("v6 literal reached over UDP, allowed on TCP only")
 	}
-	if _, err := world.DialTCP(ns, netip.AddrPortFrom(lit.Addr(), 80), time.Second); err == nil {
-		t.Error("unlisted port 80 of the v6 literal reached")
+	// The refusals are answered as --on-deny says: reject (the default)
+	// with ICMPv6 administratively prohibited (connect: EACCES), reset
+	// with a TCP reset (ECONNREFUSED), drop with silence (a timeout).
+	unlisted := netip.AddrPortFrom(lit.Addr(), 80)
+	if _, err := world.DialTCP(ns, unlisted, 2*time.Second); err == nil || !errors.Is(err, unix.EACCES) {
+		t.Errorf("unlisted port 80 of the v6 literal, --on-deny reject: %v, want EACCES (ICMPv6 admin-prohibited)", err)
+	}
+	e.createNetOnly("r6", "--allow", "web6.e2e.test", "--on-deny", "reset", "--name-check", "off")
+	if _, err := world.DialTCP(e.nsPath("r6"), unlisted, 2*time.Second); err == nil || !errors.Is(err, unix.ECONNREFUSED) {
+		t.Errorf("unlisted v6 address, --on-deny reset: %v, want ECONNREFUSED (a TCP reset)", err)
+	}
+	e.createNetOnly("s6", "--allow", "web6.e2e.test", "--on-deny", "drop", "--name-check", "off")
+	if _, err := world.DialTCP(e.nsPath("s6"), unlisted, time.Second); err == nil || !errors.Is(err, os.ErrDeadlineExceeded) && !strings.Contains(err.Error(), "timeout") {
+		t.Errorf("unlisted v6 address, --on-deny drop: %v, want a timeout", err)
 	}
 
 	// Spoofing: a's netns takes b's v6 address (as a guest with NET_ADMIN
