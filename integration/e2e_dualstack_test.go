@@ -3,8 +3,8 @@ package integration
 import (
 	"errors"
 	"net"
-	"os"
 	"net/netip"
+	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -150,11 +150,15 @@ func TestE2EDualStackAllowlist(t *testing.T) {
 	// Spoofing: a's netns takes b's v6 address (as a guest with NET_ADMIN
 	// can) and dials from it; the same dial from its own address passes.
 	b6 := netip.MustParseAddr(b.Guest6IP)
-	eth, err := netlink.NewHandleAt(mustNetns(t, ns))
+	aNS, err := netns.GetFromPath(ns)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer eth.Close()
+	eth, err := netlink.NewHandleAt(aNS)
+	if err != nil {
+		aNS.Close()
+		t.Fatal(err)
+	}
 	link, err := eth.LinkByName("eth0")
 	if err != nil {
 		t.Fatal(err)
@@ -177,6 +181,40 @@ func TestE2EDualStackAllowlist(t *testing.T) {
 		case src != b6 && err != nil:
 			t.Errorf("control: own v6 source %s to %s: %v", src, web6, err)
 		}
+	}
+
+	if err := eth.AddrDel(link, &netlink.Addr{IPNet: &net.IPNet{IP: b6.AsSlice(), Mask: net.CIDRMask(128, 128)}}); err != nil {
+		t.Fatal(err)
+	}
+	eth.Close()
+	aNS.Close() // nothing of the test keeps a's netns once it is removed
+
+	// Removal: nothing keyed by a's v6 address outlives it. An open v6
+	// flow of a's is in the host's conntrack table, then gone once the
+	// session is removed (and its v6 set elements with it: the cleanup's
+	// object check lists the v6 sets too).
+	g6 := netip.MustParseAddr(a.Guest6IP)
+	conn, err := world.DialTCP(ns, web6, 3*time.Second)
+	if err != nil {
+		t.Fatalf("control: open a v6 flow: %v", err)
+	}
+	if n := e2eConntrack6From(t, e.w, g6); n == 0 {
+		t.Fatalf("control: no v6 conntrack entry from %s while its flow is open", g6)
+	}
+	e.cli("session", "rm", "a6")
+	// An abortive close: the socket goes at once (an orphan retrying its
+	// FIN would keep a's netns, and its veth, alive for minutes); its RST
+	// cannot leave a removed session, so the entry stays ESTABLISHED
+	// unless the removal flushed it.
+	conn.(*net.TCPConn).SetLinger(0)
+	conn.Close()
+	deadline := time.Now().Add(10 * time.Second)
+	for e2eConntrack6From(t, e.w, g6) > 0 {
+		if time.Now().After(deadline) {
+			t.Errorf("v6 conntrack entries of removed session a6 (%s) still there", g6)
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 
 	// Special-purpose: a public session reaches any public v6 address but
@@ -277,4 +315,31 @@ func e2eNftAttested6(t *testing.T, w *world.World, prefix string, guest6 netip.A
 		}
 	}
 	return out
+}
+
+// e2eConntrack6From counts the simulated host's IPv6 conntrack entries
+// whose original source is src.
+func e2eConntrack6From(t *testing.T, w *world.World, src netip.Addr) int {
+	t.Helper()
+	h, err := netlink.NewHandleAt(w.Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	var flows []*netlink.ConntrackFlow
+	for i := 0; i < 5; i++ { // an interrupted dump is retried
+		if flows, err = h.ConntrackTableList(netlink.ConntrackTable, unix.AF_INET6); err == nil {
+			break
+		}
+	}
+	if err != nil {
+		t.Fatalf("conntrack v6 dump: %v", err)
+	}
+	n := 0
+	for _, f := range flows {
+		if a, ok := netip.AddrFromSlice(f.Forward.SrcIP.To16()); ok && a == src {
+			n++
+		}
+	}
+	return n
 }

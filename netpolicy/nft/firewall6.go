@@ -486,17 +486,27 @@ func (f *Firewall) removeGuests6Locked(c *nftables.Conn, gone func(netip.Addr) b
 // gone6 maps a guest6 back to its v4 guest and asks gone; an address of no
 // slot (never ours) is gone.
 func (f *Firewall) gone6(g6 netip.Addr, gone func(netip.Addr) bool) bool {
+	g, ok := f.guest4Of6(g6)
+	return !ok || gone(g)
+}
+
+// guest4Of6 is the v4 guest whose v6 address is g6 (the inverse of
+// guest6Of); false for an address that is no slot's guest6.
+func (f *Firewall) guest4Of6(g6 netip.Addr) (netip.Addr, bool) {
+	if !f.cfg.Pool6.IsValid() || !g6.Is6() || !f.cfg.Pool6.Contains(g6) {
+		return netip.Addr{}, false
+	}
 	base := f.cfg.Pool6.Addr().As16()
 	a := g6.As16()
-	if [8]byte(a[:8]) != [8]byte(base[:8]) {
-		return true
+	if [8]byte(a[:8]) != [8]byte(base[:8]) { // slots live in the pool6's first /64
+		return netip.Addr{}, false
 	}
 	off := binary.BigEndian.Uint64(a[8:]) - binary.BigEndian.Uint64(base[8:])
-	if off%4 != 2 {
-		return true
+	if off%4 != 2 || off >= uint64(1)<<(32-f.cfg.Pool.Bits()) {
+		return netip.Addr{}, false
 	}
 	v4 := binary.BigEndian.Uint32(f.cfg.Pool.Addr().AsSlice()) + uint32(off)
 	var b [4]byte
 	binary.BigEndian.PutUint32(b[:], v4)
-	return gone(netip.AddrFrom4(b))
+	return netip.AddrFrom4(b), true
 }
