@@ -1103,7 +1103,7 @@ func attestedString(a nft.AttestedAddr) string {
 	if a.Port == 0 {
 		return a.IP.String()
 	}
-	return fmt.Sprintf("%s:%d/%s", a.IP, a.Port, a.Proto)
+	return netip.AddrPortFrom(a.IP, a.Port).String() + "/" + string(a.Proto) // [v6]:port for IPv6
 }
 
 // SessionCount is the number of live sessions (for the metrics).

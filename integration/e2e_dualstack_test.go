@@ -112,6 +112,9 @@ func TestE2EDualStackAllowlist(t *testing.T) {
 	if got := e2eNftAttested6(t, e.w, e.d.Prefix, netip.MustParseAddr(a.Guest6IP)); !slices.Contains(got, web6.Addr()) {
 		t.Errorf("kernel set attested6 of %s holds %v, want %s", a.Guest6IP, got, web6.Addr())
 	}
+	if got := e2eAttested(e.inspect("a6")); !slices.Contains(got, web6.Addr().String()) {
+		t.Errorf("inspect's attested %v lacks %s", got, web6.Addr())
+	}
 	if err := world.TCPEcho(ns, web6, 3*time.Second); err != nil {
 		t.Errorf("allowed name over v6 (AAAA attested): %v", err)
 	}

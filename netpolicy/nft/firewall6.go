@@ -510,3 +510,42 @@ func (f *Firewall) guest4Of6(g6 netip.Addr) (netip.Addr, bool) {
 	binary.BigEndian.PutUint32(b[:], v4)
 	return netip.AddrFrom4(b), true
 }
+
+// allAttested6 adds a dual-stack table's attested v6 elements to out,
+// under their sessions' v4 guests (see AllAttested).
+func (f *Firewall) allAttested6(out map[netip.Addr][]AttestedAddr) error {
+	if !f.cfg.Pool6.IsValid() {
+		return nil
+	}
+	for _, name := range []string{setAttested6, setAttested6Ports} {
+		elems, err := f.listSet(name)
+		if err != nil {
+			return err
+		}
+		for _, e := range elems {
+			if len(e.Key) < 32 {
+				continue
+			}
+			g, ok := f.guest4Of6(netip.AddrFrom16([16]byte(e.Key[:16])))
+			if !ok {
+				continue
+			}
+			a := AttestedAddr{Expires: e.Expires}
+			switch len(e.Key) {
+			case 32:
+				a.IP = netip.AddrFrom16([16]byte(e.Key[16:32]))
+			case 40: // guest6 . proto . ip . port
+				a.IP = netip.AddrFrom16([16]byte(e.Key[20:36]))
+				a.Port = binary.BigEndian.Uint16(e.Key[36:38])
+				a.Proto = netpolicy.ProtoTCP
+				if e.Key[16] == unix.IPPROTO_UDP {
+					a.Proto = netpolicy.ProtoUDP
+				}
+			default:
+				continue
+			}
+			out[g] = append(out[g], a)
+		}
+	}
+	return nil
+}

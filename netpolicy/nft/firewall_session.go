@@ -444,6 +444,9 @@ func (f *Firewall) AllAttested() (map[netip.Addr][]AttestedAddr, error) {
 			out[g] = append(out[g], a)
 		}
 	}
+	if err := f.allAttested6(out); err != nil {
+		return nil, err
+	}
 	for _, list := range out {
 		sort.Slice(list, func(i, j int) bool {
 			if c := list[i].IP.Compare(list[j].IP); c != 0 {
