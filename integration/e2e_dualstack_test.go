@@ -33,9 +33,9 @@ const e2ePool6 = "fd00:20::/112"
 // (2001:2::/48 public for it, as 198.18.0.0/15 is) and a ULA server
 // fd99::10 (TCP echo :7) on the simulated internet: a special-purpose
 // destination that is reachable, so its refusal is the table's.
-func newDualStackE2E(t *testing.T) (*e2eEnv, netip.AddrPort) {
+func newDualStackE2E(t *testing.T, extra ...string) (*e2eEnv, netip.AddrPort) {
 	t.Helper()
-	e := prepareE2E(t, "", "--pool6", e2ePool6, "--public-override", world.World6Prefix.String())
+	e := prepareE2E(t, "", append([]string{"--pool6", e2ePool6, "--public-override", world.World6Prefix.String()}, extra...)...)
 	if err := e.w.EnableIPv6(); err != nil {
 		t.Fatal(err)
 	}
@@ -345,4 +345,35 @@ func e2eConntrack6From(t *testing.T, w *world.World, src netip.Addr) int {
 		}
 	}
 	return n
+}
+
+// TestE2EDualStackFlowBudget: a dual-stack session's v6 flows have a
+// conntrack budget (--max-flows) as its v4 ones do: with 3, three v6
+// connections open and a fourth is dropped; the v4 budget is its own (a v4
+// connection still opens: each family holds up to --max-flows).
+func TestE2EDualStackFlowBudget(t *testing.T) {
+	e, _ := newDualStackE2E(t, "--max-flows", "3")
+	e.createNetOnly("f6", "--allow", "[2001:2:0:1::10]:7/tcp", "--allow", "198.18.1.10:7/tcp")
+	ns := e.nsPath("f6")
+	web6 := netip.MustParseAddrPort("[2001:2:0:1::10]:7")
+	var open []net.Conn
+	defer func() {
+		for _, c := range open {
+			c.Close()
+		}
+	}()
+	for i := 0; i < 3; i++ {
+		c, err := world.DialTCP(ns, web6, 3*time.Second)
+		if err != nil {
+			t.Fatalf("control: v6 flow %d of 3: %v", i+1, err)
+		}
+		open = append(open, c)
+	}
+	if c, err := world.DialTCP(ns, web6, time.Second); err == nil {
+		c.Close()
+		t.Error("a fourth v6 flow opened past --max-flows 3")
+	}
+	if err := world.TCPEcho(ns, netip.MustParseAddrPort("198.18.1.10:7"), 3*time.Second); err != nil {
+		t.Errorf("v4 flow beside a full v6 budget: %v", err)
+	}
 }

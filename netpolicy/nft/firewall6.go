@@ -32,6 +32,7 @@ import (
 //	from_session6
 //	  ct state established accept
 //	  ct state related,invalid drop                        # a session's ICMPv6 errors: refused
+//	  (every accept below is "goto accept_new6")
 //	  ip6 saddr . ip6 daddr @denied6 goto drop_policy6
 //	  ip6 daddr @blocked6 goto drop_policy6                # the v6 special-purpose guard
 //	  KEY6 @static6_ports accept                           # KEY6 = ip6 saddr . meta l4proto . ip6 daddr . th dport
@@ -43,6 +44,10 @@ import (
 //	  ip6 saddr . ip6 daddr @static6_cidr accept
 //	  KEY6 @static6_cidr_ports accept
 //	  goto drop_policy6
+//	accept_new6
+//	  ct state new add @flows6 { ip6 saddr ct count over MAXFLOWS } drop
+//	  ct state new update @flowrate6 { ip6 saddr limit rate over RATE/second burst 2*RATE packets } drop
+//	  accept
 //	drop_policy6
 //	  ip6 saddr @reset6 meta l4proto tcp reject with tcp reset
 //	  ip6 saddr @reject6 reject with icmpv6 admin-prohibited
@@ -82,6 +87,9 @@ const (
 	chainDropPolicy6     = "drop_policy6"
 	chainInputSession6   = "input_session6"
 	chainOutputSession6  = "output_session6"
+	chainAcceptNew6      = "accept_new6"
+	setFlows6            = "flows6"    // ipv6_addr, dynamic, ct count per element: tracked v6 flows of a guest6
+	setFlowRate6         = "flowrate6" // ipv6_addr, dynamic, limit per element: new v6 flow rate of a guest6
 	icmp6AdminProhibited = 1 // ICMPv6 destination unreachable code 1
 )
 
@@ -94,7 +102,7 @@ var (
 // sessionSets6 are the v6 sets keyed by a guest (sessions6 after its
 // interface name): what removing a session deletes from.
 var sessionSets6 = []string{setSessions6, setPublic6, setStatic6, setStatic6Ports, setStatic6CIDR, setStatic6CIDRPorts,
-	setAttested6, setAttested6Ports, setDenied6, setReject6, setReset6}
+	setAttested6, setAttested6Ports, setDenied6, setReject6, setReset6, setFlows6, setFlowRate6}
 
 // addSets6 adds the v6 sets to a dual-stack daemon's schema.
 func (s *schema) addSets6() {
@@ -115,12 +123,33 @@ func (s *schema) addSets6() {
 	add(&nftables.Set{Name: setDenied6, KeyType: typeGuestPeer6, Concatenation: true, Interval: true})
 	add(&nftables.Set{Name: setReject6, KeyType: nftables.TypeIP6Addr})
 	add(&nftables.Set{Name: setReset6, KeyType: nftables.TypeIP6Addr})
+	// Created by the datapath, one element per guest6 (the v4 ones' size).
+	size := s.sets[setFlows].Size
+	add(&nftables.Set{Name: setFlows6, KeyType: nftables.TypeIP6Addr, Dynamic: true, Size: size})
+	add(&nftables.Set{Name: setFlowRate6, KeyType: nftables.TypeIP6Addr, Dynamic: true, Size: size})
+}
+
+// limitFlows6 is limitFlows keyed by the v6 source.
+func (env ruleEnv) limitFlows6() []expr.Any {
+	s := env.set(setFlows6)
+	return append(loadSaddr6(reg1), &expr.Dynset{SrcRegKey: reg1, SetName: s.Name, SetID: s.ID,
+		Operation: unix.NFT_DYNSET_OP_ADD,
+		Exprs:     []expr.Any{&expr.Connlimit{Count: env.maxFlows, Flags: connlimitOver}}})
+}
+
+// limitRate6 is limitRate keyed by the v6 source.
+func (env ruleEnv) limitRate6() []expr.Any {
+	s := env.set(setFlowRate6)
+	return append(loadSaddr6(reg1), &expr.Dynset{SrcRegKey: reg1, SetName: s.Name, SetID: s.ID,
+		Operation: unix.NFT_DYNSET_OP_UPDATE,
+		Exprs: []expr.Any{&expr.Limit{Type: expr.LimitTypePkts, Rate: uint64(env.flowRate), Over: true,
+			Unit: expr.LimitTimeSecond, Burst: 2 * env.flowRate}}})
 }
 
 // chainDefs6 are the v6 chains (regular chains: they go before the base
 // chains that jump to them).
 func chainDefs6() []chainDef {
-	return []chainDef{{name: chainDropPolicy6}, {name: chainRawSession6}, {name: chainFromSession6}, {name: chainInputSession6}, {name: chainOutputSession6}}
+	return []chainDef{{name: chainDropPolicy6}, {name: chainAcceptNew6}, {name: chainRawSession6}, {name: chainFromSession6}, {name: chainInputSession6}, {name: chainOutputSession6}}
 }
 
 // chainDefs returns the table's chains for this firewall.
@@ -210,17 +239,25 @@ func buildRules6(env ruleEnv, where string, add func(chain string, parts ...[]ex
 		add(chainFromSession6, ctStateIn(expr.CtStateBitRELATED|expr.CtStateBitINVALID), drop)
 		add(chainFromSession6, env.lookupPair6(setDenied6), gotoC(chainDropPolicy6))
 		add(chainFromSession6, loadDaddr6(reg1), env.lookup(setBlocked6, reg1, false), gotoC(chainDropPolicy6))
-		add(chainFromSession6, env.lookupPorts6(setStatic6Ports), accept)
-		add(chainFromSession6, env.lookupPorts6(setAttested6Ports), accept)
+		acceptNew := gotoC(chainAcceptNew6)
+		add(chainFromSession6, env.lookupPorts6(setStatic6Ports), acceptNew)
+		add(chainFromSession6, env.lookupPorts6(setAttested6Ports), acceptNew)
 		for _, pp := range resolverPorts {
 			add(chainFromSession6, l4protoIs(pp.Proto), loadDport(reg1), []expr.Any{cmpEq(reg1, portKey(pp.Port)[:2])}, gotoC(chainDropPolicy6))
 		}
-		add(chainFromSession6, loadSaddr6(reg1), env.lookup(setPublic6, reg1, false), accept)
+		add(chainFromSession6, loadSaddr6(reg1), env.lookup(setPublic6, reg1, false), acceptNew)
 		for _, set := range []string{setAttested6, setStatic6, setStatic6CIDR} {
-			add(chainFromSession6, env.lookupPair6(set), accept)
+			add(chainFromSession6, env.lookupPair6(set), acceptNew)
 		}
-		add(chainFromSession6, env.lookupPorts6(setStatic6CIDRPorts), accept)
+		add(chainFromSession6, env.lookupPorts6(setStatic6CIDRPorts), acceptNew)
 		add(chainFromSession6, gotoC(chainDropPolicy6))
+
+		// accept_new6: the session's v6 conntrack budget and flow rate
+		// (a budget of their own, beside the v4 one), then accept.
+		isNew := ctStateIn(expr.CtStateBitNEW)
+		add(chainAcceptNew6, isNew, env.limitFlows6(), drop)
+		add(chainAcceptNew6, isNew, env.limitRate6(), drop)
+		add(chainAcceptNew6, accept)
 
 		add(chainDropPolicy6, loadSaddr6(reg1), env.lookup(setReset6, reg1, false), l4protoIs(netpolicy.ProtoTCP),
 			[]expr.Any{&expr.Reject{Type: unix.NFT_REJECT_TCP_RST}})
