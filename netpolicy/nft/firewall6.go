@@ -90,7 +90,7 @@ const (
 	chainAcceptNew6      = "accept_new6"
 	setFlows6            = "flows6"    // ipv6_addr, dynamic, ct count per element: tracked v6 flows of a guest6
 	setFlowRate6         = "flowrate6" // ipv6_addr, dynamic, limit per element: new v6 flow rate of a guest6
-	icmp6AdminProhibited = 1 // ICMPv6 destination unreachable code 1
+	icmp6AdminProhibited = 1           // ICMPv6 destination unreachable code 1
 )
 
 var (
