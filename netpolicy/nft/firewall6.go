@@ -30,6 +30,7 @@ import (
 //	  oifname "P*" meta nfproto ipv6 ct state established,related accept
 //	  (then the v4 table's "oifname P* meta nfproto != ipv4 drop": no new flow into a session)
 //	from_session6
+//	  icmpv6 type {133-137} drop                           # ND is link-scoped, never forwarded
 //	  ct state established accept
 //	  ct state related,invalid drop                        # a session's ICMPv6 errors: refused
 //	  (every accept below is "goto accept_new6")
@@ -235,6 +236,12 @@ func buildRules6(env ruleEnv, where string, add func(chain string, parts ...[]ex
 		add(chainForward, fromSession, v6, gotoC(chainFromSession6))
 		add(chainForward, toSession, v6, ctStateIn(expr.CtStateBitESTABLISHED|expr.CtStateBitRELATED), accept)
 
+		// Neighbour discovery is link-scoped: never forwarded. (raw_session6
+		// let it past anti-spoofing for the host side's sake; conntrack does
+		// not track it, so no state rule below would stop it.)
+		for t := byte(133); t <= 137; t++ {
+			add(chainFromSession6, icmp6TypeIn(t), drop)
+		}
 		add(chainFromSession6, ctStateIn(expr.CtStateBitESTABLISHED), accept)
 		add(chainFromSession6, ctStateIn(expr.CtStateBitRELATED|expr.CtStateBitINVALID), drop)
 		add(chainFromSession6, env.lookupPair6(setDenied6), gotoC(chainDropPolicy6))
