@@ -2,6 +2,7 @@ package integration
 
 import (
 	"errors"
+	"fmt"
 	"net"
 	"net/netip"
 	"os"
@@ -375,5 +376,40 @@ func TestE2EDualStackFlowBudget(t *testing.T) {
 	}
 	if err := world.TCPEcho(ns, netip.MustParseAddrPort("198.18.1.10:7"), 3*time.Second); err != nil {
 		t.Errorf("v4 flow beside a full v6 budget: %v", err)
+	}
+}
+
+// TestE2EDualStackNDNotForwarded: a guest with raw sockets sends a
+// neighbour solicitation (hop limit 255) with a spoofed source to an
+// allowed v6 address: raw_session6 lets NS past anti-spoofing for the host
+// side, and from_session6 must still never forward it. The control: the
+// same packet from the simulated host reaches the server's namespace.
+func TestE2EDualStackNDNotForwarded(t *testing.T) {
+	e, _ := newDualStackE2E(t)
+	info := e.createNetOnly("n6", "--allow", "[2001:2:0:1::10]:7/tcp", "--allow", "2001:2:0:1::10")
+	web6 := netip.MustParseAddr("2001:2:0:1::10")
+	spoofed := netip.MustParseAddr("fd00:20::6") // the next slot's guest6
+	for _, tc := range []struct {
+		what, ns string
+		src      netip.Addr
+		want     bool
+	}{
+		{"control: from the simulated host", e.w.HostPath, e.w.Uplink6, true},
+		{"spoofed from the session", e.nsPath("n6"), spoofed, false},
+		{"own source from the session", e.nsPath("n6"), netip.MustParseAddr(info.Guest6IP), false},
+	} {
+		target := netip.MustParseAddr(fmt.Sprintf("2001:2:0:1::%x", 0xa0+len(tc.what)))
+		pkt := world.NeighborSolicitation6(tc.src, web6, target)
+		got, err := world.WatchNS6(e.w.NetPath, target, 2*time.Second, func() {
+			if err := world.SendRaw6(tc.ns, pkt); err != nil {
+				t.Errorf("%s: send: %v", tc.what, err)
+			}
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got != tc.want {
+			t.Errorf("%s: NS reached %s = %v, want %v", tc.what, web6, got, tc.want)
+		}
 	}
 }
