@@ -217,21 +217,25 @@ func buildRules6(env ruleEnv, where string, add func(chain string, parts ...[]ex
 	toSession := ifPrefix(expr.MetaKeyOIFNAME, env.prefix, true)
 	v6 := nfproto6()
 	toDNS6 := append(loadDaddr6(reg1), cmpEq(reg1, ip6Key(env.dns6)))
+	// Every rule of the v6 chains starts with "meta nfproto ipv6" although
+	// only v6 packets get there: one compare, and nft then prints the
+	// loads as ip6 saddr/daddr (as the v4 rules do for ip).
+	add6 := func(chain string, parts ...[]expr.Any) { add(chain, append([][]expr.Any{v6}, parts...)...) }
 	switch where {
 	case chainRawPrerouting:
 		add(chainRawPrerouting, fromSession, v6, gotoC(chainRawSession6))
 		// A guest is no router: its RAs, redirects and solicitations go nowhere.
 		for _, t := range []byte{133, 134, 137} {
-			add(chainRawSession6, icmp6TypeIn(t), drop)
+			add6(chainRawSession6, icmp6TypeIn(t), drop)
 		}
 		// Neighbour discovery with the host side (link-local sources
 		// included), on-link only (hop limit 255, RFC 4861).
 		for _, t := range []byte{135, 136} {
-			add(chainRawSession6, icmp6TypeIn(t), hopLimit255(), accept)
+			add6(chainRawSession6, icmp6TypeIn(t), hopLimit255(), accept)
 		}
 		ex := []expr.Any{&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: reg1}}
 		ex = append(ex, loadSaddr6(reg32(4))...)
-		add(chainRawSession6, ex, env.lookup(setSessions6, reg1, true), drop)
+		add6(chainRawSession6, ex, env.lookup(setSessions6, reg1, true), drop)
 	case chainForward:
 		add(chainForward, fromSession, v6, gotoC(chainFromSession6))
 		add(chainForward, toSession, v6, ctStateIn(expr.CtStateBitESTABLISHED|expr.CtStateBitRELATED), accept)
@@ -240,56 +244,56 @@ func buildRules6(env ruleEnv, where string, add func(chain string, parts ...[]ex
 		// let it past anti-spoofing for the host side's sake; conntrack does
 		// not track it, so no state rule below would stop it.)
 		for t := byte(133); t <= 137; t++ {
-			add(chainFromSession6, icmp6TypeIn(t), drop)
+			add6(chainFromSession6, icmp6TypeIn(t), drop)
 		}
-		add(chainFromSession6, ctStateIn(expr.CtStateBitESTABLISHED), accept)
-		add(chainFromSession6, ctStateIn(expr.CtStateBitRELATED|expr.CtStateBitINVALID), drop)
-		add(chainFromSession6, env.lookupPair6(setDenied6), gotoC(chainDropPolicy6))
-		add(chainFromSession6, loadDaddr6(reg1), env.lookup(setBlocked6, reg1, false), gotoC(chainDropPolicy6))
+		add6(chainFromSession6, ctStateIn(expr.CtStateBitESTABLISHED), accept)
+		add6(chainFromSession6, ctStateIn(expr.CtStateBitRELATED|expr.CtStateBitINVALID), drop)
+		add6(chainFromSession6, env.lookupPair6(setDenied6), gotoC(chainDropPolicy6))
+		add6(chainFromSession6, loadDaddr6(reg1), env.lookup(setBlocked6, reg1, false), gotoC(chainDropPolicy6))
 		acceptNew := gotoC(chainAcceptNew6)
-		add(chainFromSession6, env.lookupPorts6(setStatic6Ports), acceptNew)
-		add(chainFromSession6, env.lookupPorts6(setAttested6Ports), acceptNew)
+		add6(chainFromSession6, env.lookupPorts6(setStatic6Ports), acceptNew)
+		add6(chainFromSession6, env.lookupPorts6(setAttested6Ports), acceptNew)
 		for _, pp := range resolverPorts {
-			add(chainFromSession6, l4protoIs(pp.Proto), loadDport(reg1), []expr.Any{cmpEq(reg1, portKey(pp.Port)[:2])}, gotoC(chainDropPolicy6))
+			add6(chainFromSession6, l4protoIs(pp.Proto), loadDport(reg1), []expr.Any{cmpEq(reg1, portKey(pp.Port)[:2])}, gotoC(chainDropPolicy6))
 		}
-		add(chainFromSession6, loadSaddr6(reg1), env.lookup(setPublic6, reg1, false), acceptNew)
+		add6(chainFromSession6, loadSaddr6(reg1), env.lookup(setPublic6, reg1, false), acceptNew)
 		for _, set := range []string{setAttested6, setStatic6, setStatic6CIDR} {
-			add(chainFromSession6, env.lookupPair6(set), acceptNew)
+			add6(chainFromSession6, env.lookupPair6(set), acceptNew)
 		}
-		add(chainFromSession6, env.lookupPorts6(setStatic6CIDRPorts), acceptNew)
-		add(chainFromSession6, gotoC(chainDropPolicy6))
+		add6(chainFromSession6, env.lookupPorts6(setStatic6CIDRPorts), acceptNew)
+		add6(chainFromSession6, gotoC(chainDropPolicy6))
 
 		// accept_new6: the session's v6 conntrack budget and flow rate
 		// (a budget of their own, beside the v4 one), then accept.
 		isNew := ctStateIn(expr.CtStateBitNEW)
-		add(chainAcceptNew6, isNew, env.limitFlows6(), drop)
-		add(chainAcceptNew6, isNew, env.limitRate6(), drop)
-		add(chainAcceptNew6, accept)
+		add6(chainAcceptNew6, isNew, env.limitFlows6(), drop)
+		add6(chainAcceptNew6, isNew, env.limitRate6(), drop)
+		add6(chainAcceptNew6, accept)
 
-		add(chainDropPolicy6, loadSaddr6(reg1), env.lookup(setReset6, reg1, false), l4protoIs(netpolicy.ProtoTCP),
+		add6(chainDropPolicy6, loadSaddr6(reg1), env.lookup(setReset6, reg1, false), l4protoIs(netpolicy.ProtoTCP),
 			[]expr.Any{&expr.Reject{Type: unix.NFT_REJECT_TCP_RST}})
-		add(chainDropPolicy6, loadSaddr6(reg1), env.lookup(setReject6, reg1, false),
+		add6(chainDropPolicy6, loadSaddr6(reg1), env.lookup(setReject6, reg1, false),
 			[]expr.Any{&expr.Reject{Type: unix.NFT_REJECT_ICMP_UNREACH, Code: icmp6AdminProhibited}})
-		add(chainDropPolicy6, drop)
+		add6(chainDropPolicy6, drop)
 	case chainInput:
 		add(chainInput, fromSession, v6, gotoC(chainInputSession6))
 		add(chainInput, v6, toDNS6, drop)
 		for _, t := range []byte{135, 136} {
-			add(chainInputSession6, icmp6TypeIn(t), accept)
+			add6(chainInputSession6, icmp6TypeIn(t), accept)
 		}
-		add(chainInputSession6, toDNS6, dnsPort53(netpolicy.ProtoUDP), accept)
-		add(chainInputSession6, toDNS6, ctStateIn(expr.CtStateBitESTABLISHED), accept)
-		add(chainInputSession6, toDNS6, dnsPort53(netpolicy.ProtoTCP), accept)
-		add(chainInputSession6, drop)
+		add6(chainInputSession6, toDNS6, dnsPort53(netpolicy.ProtoUDP), accept)
+		add6(chainInputSession6, toDNS6, ctStateIn(expr.CtStateBitESTABLISHED), accept)
+		add6(chainInputSession6, toDNS6, dnsPort53(netpolicy.ProtoTCP), accept)
+		add6(chainInputSession6, drop)
 	case chainOutput:
 		// The host side's neighbour discovery and the v6 proxy's answers
 		// (replies of tracked flows); nothing the host opens.
 		add(chainOutput, toSession, v6, gotoC(chainOutputSession6))
 		for _, t := range []byte{135, 136} {
-			add(chainOutputSession6, icmp6TypeIn(t), accept)
+			add6(chainOutputSession6, icmp6TypeIn(t), accept)
 		}
-		add(chainOutputSession6, ctStateIn(expr.CtStateBitESTABLISHED|expr.CtStateBitRELATED), accept)
-		add(chainOutputSession6, drop)
+		add6(chainOutputSession6, ctStateIn(expr.CtStateBitESTABLISHED|expr.CtStateBitRELATED), accept)
+		add6(chainOutputSession6, drop)
 	case chainPostrouting:
 		add(chainPostrouting, v6, saddr6In(env.pool6), ifPrefix(expr.MetaKeyOIFNAME, env.prefix, false), []expr.Any{&expr.Masq{}})
 	}
