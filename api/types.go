@@ -244,6 +244,8 @@ type SessionInfo struct {
 	Netns     string     `json:"netns"`
 	GuestIP   string     `json:"guest_ip,omitempty"`
 	GatewayIP string     `json:"gateway_ip,omitempty"`
+	Guest6IP  string     `json:"guest6_ip,omitempty"` // a dual-stack session's IPv6 address (serve --pool6)
+	DNS6      string     `json:"dns6,omitempty"`      // its IPv6 resolver (the v6 anycast address)
 	HostVeth  string     `json:"host_veth,omitempty"`
 	DNS       string     `json:"dns,omitempty"` // the resolver the session uses (the anycast address); none without a NIC
 	Egress    string     `json:"egress"`

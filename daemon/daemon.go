@@ -24,6 +24,7 @@ type Config struct {
 	StateDir        string           // holds sessions/<name>.json, containers/ and layers/
 	NamePrefix      string           // tags every kernel object
 	Pool            netip.Prefix     // the /30s of the sessions come from here
+	Pool6           netip.Prefix     // the sessions' /126s; invalid: IPv4-only (IPv6 closed)
 	Upstreams       []netip.AddrPort // DNS resolvers the proxy and pinning forward to
 	PublicOverrides []netip.Prefix   // special-purpose ranges treated as public (labs, tests)
 	DNSMinTTL       time.Duration    // floor of an attested address's lifetime
@@ -128,6 +129,7 @@ type Parts struct {
 	Guard     *netpolicy.Guard // the special-purpose address table
 	Pin       PinResolver
 	DNSAddr   netip.Addr // the anycast address sessions resolve through
+	DNS6Addr  netip.Addr // its IPv6 twin on a dual-stack daemon; invalid otherwise
 	Store     *StateStore
 	Log       *slog.Logger      // nil: discard
 	Metrics   *metrics.Registry // nil: none
@@ -164,6 +166,7 @@ type Engine struct {
 	events  *eventlog.Log
 	metrics *metrics.Registry
 	dnsAddr netip.Addr
+	dns6    netip.Addr // invalid: IPv4-only
 	pin     PinResolver
 	closeFn func()
 	proxy   *dnsproxy.Proxy // set by Open only: what ListenDNS serves
@@ -216,7 +219,7 @@ func New(cfg Config, p Parts) *Engine {
 	return &Engine{
 		cfg: cfg, log: log, nets: p.Network, guard: p.Guard, fw: p.Firewall,
 		dns: p.Resolver, boxes: p.Sandboxes, state: p.Store, events: events,
-		metrics: p.Metrics, dnsAddr: p.DNSAddr, pin: p.Pin, closeFn: p.Close,
+		metrics: p.Metrics, dnsAddr: p.DNSAddr, dns6: p.DNS6Addr, pin: p.Pin, closeFn: p.Close,
 		sessions: map[string]*liveSession{}, pending: map[string]bool{}, creating: map[string]string{},
 		images: p.Images,
 		names:  attestNames{max: cfg.MaxAttested},

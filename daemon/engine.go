@@ -478,6 +478,8 @@ func (e *Engine) Create(ctx context.Context, req api.CreateRequest) (info api.Se
 		HostIface: netSess.HostIface,
 		Guest:     netSess.Guest,
 		Gateway:   netSess.Gateway,
+		Guest6:    netSess.Guest6,
+		Gateway6:  netSess.Gateway6,
 		Pinned:    pinned,
 		Sandbox:   !req.NetworkOnly,
 		Peers:     peers,
@@ -566,6 +568,12 @@ func (e *Engine) dnsPolicy(s *liveSession) dnsproxy.SessionPolicy {
 		// Under the name check, clients get no ECH configuration: the
 		// name they want is then the server_name the check reads.
 		KeepECH: s.policy.NameCheck == netpolicy.NameCheckOff,
+		// A dual-stack session's v6 queries are its own; its AAAA answers
+		// are attested only where the name check does not apply (it reads
+		// IPv4 flows only): elsewhere they are emptied, as on IPv4-only
+		// sessions, so that no name reaches further over v6 than over v4.
+		Guest6: s.rec.Guest6,
+		AAAA:   s.rec.Guest6.IsValid() && s.policy.NameCheck == netpolicy.NameCheckOff,
 	}
 }
 
@@ -770,15 +778,20 @@ func (e *Engine) summary(s *liveSession) api.SessionInfo {
 	if labels == nil {
 		labels = map[string]string{}
 	}
-	var dns string
+	var dns, dns6 string
 	if s.hasNIC() {
 		dns = addrString(e.dnsAddr)
+		if s.rec.Guest6.IsValid() {
+			dns6 = addrString(e.dns6)
+		}
 	}
 	return api.SessionInfo{
 		Name:      s.rec.Name,
 		Netns:     s.rec.Netns,
 		GuestIP:   addrString(s.rec.Guest),
 		GatewayIP: addrString(s.rec.Gateway),
+		Guest6IP:  addrString(s.rec.Guest6),
+		DNS6:      dns6,
 		HostVeth:  s.rec.HostIface,
 		DNS:       dns,
 		Egress:    string(s.policy.Egress),
@@ -1102,7 +1115,7 @@ func attestedString(a nft.AttestedAddr) string {
 	if a.Port == 0 {
 		return a.IP.String()
 	}
-	return fmt.Sprintf("%s:%d/%s", a.IP, a.Port, a.Proto)
+	return netip.AddrPortFrom(a.IP, a.Port).String() + "/" + string(a.Proto) // [v6]:port for IPv6
 }
 
 // SessionCount is the number of live sessions (for the metrics).

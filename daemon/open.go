@@ -74,6 +74,11 @@ func Open(cfg Config, log *slog.Logger, reg *metrics.Registry) (_ *Engine, err e
 	if err := nsmgr.EnableForwarding(host); err != nil {
 		return nil, err
 	}
+	if cfg.Pool6.IsValid() {
+		if err := nsmgr.EnableForwarding6(host); err != nil {
+			return nil, err
+		}
+	}
 	// What a `doctor --datapath` killed mid-way left (its own prefix, never
 	// this daemon's): not fatal, the next start or reap tries again.
 	runs, rerr := doctor.ReapDatapathRuns(cfg.StateDir, host)
@@ -86,7 +91,7 @@ func Open(cfg Config, log *slog.Logger, reg *metrics.Registry) (_ *Engine, err e
 	// A released address is handed out again only once the firewall has
 	// flushed its conntrack entries (in the background, after removal).
 	guestClean := func(g netip.Addr) bool { return fw == nil || fw.FlowsFlushed(g) }
-	if nets, err = nsmgr.New(nsmgr.Config{Prefix: cfg.NamePrefix, Pool: cfg.Pool, HostNS: host, GuestClean: guestClean,
+	if nets, err = nsmgr.New(nsmgr.Config{Prefix: cfg.NamePrefix, Pool: cfg.Pool, Pool6: cfg.Pool6, HostNS: host, GuestClean: guestClean,
 		Prepared: cfg.PreparedNetns}); err != nil {
 		return nil, err
 	}
@@ -99,12 +104,13 @@ func Open(cfg Config, log *slog.Logger, reg *metrics.Registry) (_ *Engine, err e
 	if err != nil {
 		return nil, err
 	}
-	guard, err := netpolicy.NewGuard(cfg.Pool, cfg.PublicOverrides)
+	guard, err := netpolicy.NewDualStackGuard(cfg.Pool, cfg.Pool6, cfg.PublicOverrides)
 	if err != nil {
 		return nil, err
 	}
 	fw, err = nft.OpenFirewall(nft.FirewallConfig{
 		NetNS: host, Prefix: cfg.NamePrefix, Pool: cfg.Pool, DNSAddr: dnsAddr,
+		Pool6: cfg.Pool6, DNS6Addr: nets.DNS6Addr(),
 		Guard: guard, AttestFloor: cfg.DNSMinTTL, AttestMaxLifetime: cfg.AttestMaxLifetime,
 		MaxFlows: cfg.MaxFlows, FlowRate: cfg.FlowRate, MaxAttested: cfg.MaxAttested,
 		OnFlowFlushError: func(err error) { log.Error("flush conntrack entries of removed sessions (retrying)", "err", err) },
@@ -155,7 +161,7 @@ func Open(cfg Config, log *slog.Logger, reg *metrics.Registry) (_ *Engine, err e
 	d := New(cfg, Parts{
 		Network: nets, Firewall: fw, Sandboxes: boxes, Guard: guard,
 		Pin: upstreamResolver(cfg.Upstreams, upstreamTimeout), DNSAddr: dnsAddr,
-		Store: store, Events: events, Log: log, Metrics: reg, Close: closeAll, Images: images,
+		DNS6Addr: nets.DNS6Addr(), Store: store, Events: events, Log: log, Metrics: reg, Close: closeAll, Images: images,
 	})
 	proxy, err := dnsproxy.New(dnsproxy.Config{
 		Upstreams: cfg.Upstreams,
@@ -227,8 +233,35 @@ func (e *Engine) ListenDNS(udp net.PacketConn, tcp net.Listener) (serve func() e
 			return nil, fmt.Errorf("listen dns tcp %s: %w", at, err)
 		}
 	}
-	return func() error { return e.proxy.Serve(udp, tcp) }, nil
+	if !e.dns6.IsValid() {
+		return func() error { return e.proxy.Serve(udp, tcp) }, nil
+	}
+	// A dual-stack daemon also serves on the IPv6 anycast address.
+	at6 := netip.AddrPortFrom(e.dns6, 53)
+	udp6, err := net.ListenPacket("udp6", at6.String())
+	if err != nil {
+		udp.Close()
+		tcp.Close()
+		return nil, fmt.Errorf("listen dns udp %s: %w", at6, err)
+	}
+	tcp6, err := net.Listen("tcp6", at6.String())
+	if err != nil {
+		udp.Close()
+		tcp.Close()
+		udp6.Close()
+		return nil, fmt.Errorf("listen dns tcp %s: %w", at6, err)
+	}
+	return func() error {
+		done := make(chan error, 2)
+		go func() { done <- e.proxy.Serve(udp6, tcp6) }()
+		go func() { done <- e.proxy.Serve(udp, tcp) }()
+		return <-done
+	}, nil
 }
+
+// DNS6Addr is the IPv6 anycast address of a dual-stack daemon; invalid
+// otherwise.
+func (e *Engine) DNS6Addr() netip.Addr { return e.dns6 }
 
 // shutdownDNS stops the proxy's listeners, waiting at most 2 s.
 func (e *Engine) shutdownDNS() {

@@ -41,6 +41,8 @@ type SessionRecord struct {
 	HostIface string                  `json:"host_iface,omitempty"` // host end of the veth
 	Guest     netip.Addr              `json:"guest,omitzero"`       // the sandbox's address
 	Gateway   netip.Addr              `json:"gateway,omitzero"`     // the host end's address
+	Guest6    netip.Addr              `json:"guest6,omitzero"`      // a dual-stack session's v6 address (--pool6)
+	Gateway6  netip.Addr              `json:"gateway6,omitzero"`    // the host end's v6 address
 	Pinned    map[string][]netip.Addr `json:"pinned,omitempty"`     // --pin: host -> IPv4 addresses
 	Sandbox   bool                    `json:"sandbox"`              // a container runs (not --network-only)
 	Peers     []PeerRecord            `json:"peers,omitempty"`      // the lab targets this session was peered with at create

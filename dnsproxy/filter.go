@@ -44,21 +44,26 @@ func (f *filtered) withoutStaleSignatures() []dns.RR {
 	})
 }
 
-// filterResponse applies the answer rules to up, the upstream's answer to a
+// filterResponseFamilies applies the answer rules to up, the upstream's answer to a
 // query for qname:
 //   - the chain is qname plus every CNAME target reachable from it in the
 //     answer section (the targets need not be allowed);
 //   - A records of the chain are kept when public(addr), others dropped; A
 //     records outside the chain are removed;
-//   - AAAA records are removed everywhere (IPv4 only);
-//   - SVCB/HTTPS records lose ipv6hint; ipv4hint keeps only public
+//   - AAAA records are removed everywhere, unless v6 (below);
+//   - SVCB/HTTPS records lose ipv6hint (unless v6); ipv4hint keeps only public
 //     addresses, only for records of the chain, and only when hints is set
 //     (no entry that allowed qname said NoHints: a scope attests the
 //     host's A records and nothing else);
 //   - the authority and additional sections lose every address record and
 //     every hint, and the OPT record (the reply gets its own);
 //   - every other record passes unchanged.
-func filterResponse(qname string, up *dns.Msg, hints bool, public func(netip.Addr) bool) filtered {
+//
+// With v6 (a dual-stack
+// session, SessionPolicy.AAAA) the AAAA records and ipv6hints follow the
+// rules of A and ipv4hint: kept when of the chain and public(addr), an
+// IPv4-mapped address never.
+func filterResponseFamilies(qname string, up *dns.Msg, hints bool, public func(netip.Addr) bool, v6 bool) filtered {
 	chain := map[string]bool{dns.CanonicalName(qname): true}
 	for grew := true; grew; {
 		grew = false
@@ -100,17 +105,28 @@ func filterResponse(qname string, up *dns.Msg, hints bool, public func(netip.Add
 			keep(a, r.Hdr.Ttl)
 			f.answer = append(f.answer, r)
 		case *dns.AAAA:
-			f.change(dns.TypeAAAA)
+			a, ok := netip.AddrFromSlice(r.AAAA.To16())
+			if !v6 || !ok || !inChain || a.Is4In6() {
+				f.change(dns.TypeAAAA)
+				continue
+			}
+			if !public(a) {
+				f.change(dns.TypeAAAA)
+				f.dropped = append(f.dropped, a)
+				continue
+			}
+			keep(a, r.Hdr.Ttl)
+			f.answer = append(f.answer, r)
 		case *dns.SVCB:
 			c := dns.Copy(r).(*dns.SVCB)
-			c.Value = f.filterHints(c.Value, c.Hdr.Ttl, inChain && hints, public, keep)
+			c.Value = f.filterHints(c.Value, c.Hdr.Ttl, inChain && hints, v6, public, keep)
 			if c.String() != r.String() {
 				f.change(dns.TypeSVCB)
 			}
 			f.answer = append(f.answer, c)
 		case *dns.HTTPS:
 			c := dns.Copy(r).(*dns.HTTPS)
-			c.Value = f.filterHints(c.Value, c.Hdr.Ttl, inChain && hints, public, keep)
+			c.Value = f.filterHints(c.Value, c.Hdr.Ttl, inChain && hints, v6, public, keep)
 			if c.String() != r.String() {
 				f.change(dns.TypeHTTPS)
 			}
@@ -135,7 +151,7 @@ func (f *filtered) limit(n int) int {
 	}
 	removed := len(f.kept) - n
 	f.kept = f.kept[:n:n]
-	for _, t := range []uint16{dns.TypeA, dns.TypeSVCB, dns.TypeHTTPS} {
+	for _, t := range []uint16{dns.TypeA, dns.TypeAAAA, dns.TypeSVCB, dns.TypeHTTPS} {
 		f.change(t) // conservative: the capped RRsets may have lost records
 	}
 	out := f.answer[:0]
@@ -143,6 +159,11 @@ func (f *filtered) limit(n int) int {
 		switch r := rr.(type) {
 		case *dns.A:
 			a, _ := netip.AddrFromSlice(r.A.To4())
+			if !slices.Contains(f.kept, a) {
+				continue
+			}
+		case *dns.AAAA:
+			a, _ := netip.AddrFromSlice(r.AAAA.To16())
 			if !slices.Contains(f.kept, a) {
 				continue
 			}
@@ -162,15 +183,21 @@ func (f *filtered) limit(n int) int {
 // the filter's own copies, safe to change).
 func (f *filtered) keptHints(kvs []dns.SVCBKeyValue) []dns.SVCBKeyValue {
 	return slices.DeleteFunc(kvs, func(kv dns.SVCBKeyValue) bool {
-		h, ok := kv.(*dns.SVCBIPv4Hint)
-		if !ok {
-			return false
+		switch h := kv.(type) {
+		case *dns.SVCBIPv4Hint:
+			h.Hint = slices.DeleteFunc(h.Hint, func(ip net.IP) bool {
+				a, _ := netip.AddrFromSlice(ip.To4())
+				return !slices.Contains(f.kept, a)
+			})
+			return len(h.Hint) == 0 // an empty ipv4hint is not valid on the wire
+		case *dns.SVCBIPv6Hint:
+			h.Hint = slices.DeleteFunc(h.Hint, func(ip net.IP) bool {
+				a, _ := netip.AddrFromSlice(ip.To16())
+				return !slices.Contains(f.kept, a)
+			})
+			return len(h.Hint) == 0
 		}
-		h.Hint = slices.DeleteFunc(h.Hint, func(ip net.IP) bool {
-			a, _ := netip.AddrFromSlice(ip.To4())
-			return !slices.Contains(f.kept, a)
-		})
-		return len(h.Hint) == 0 // an empty ipv4hint is not valid on the wire
+		return false
 	})
 }
 
@@ -203,12 +230,31 @@ func (f *filtered) stripECH() {
 
 // filterHints drops ipv6hint and keeps the public ipv4hint addresses of a
 // record of the chain (none for a record outside it).
-func (f *filtered) filterHints(kvs []dns.SVCBKeyValue, ttl uint32, inChain bool, public func(netip.Addr) bool, keep func(netip.Addr, uint32)) []dns.SVCBKeyValue {
+func (f *filtered) filterHints(kvs []dns.SVCBKeyValue, ttl uint32, inChain, v6 bool, public func(netip.Addr) bool, keep func(netip.Addr, uint32)) []dns.SVCBKeyValue {
 	out := kvs[:0]
 	for _, kv := range kvs {
 		switch h := kv.(type) {
 		case *dns.SVCBIPv6Hint:
-			continue
+			if !v6 || !inChain {
+				continue
+			}
+			var hints []net.IP
+			for _, ip := range h.Hint {
+				a, ok := netip.AddrFromSlice(ip.To16())
+				if !ok || a.Is4In6() {
+					continue
+				}
+				if !public(a) {
+					f.dropped = append(f.dropped, a)
+					continue
+				}
+				keep(a, ttl)
+				hints = append(hints, ip)
+			}
+			if len(hints) == 0 {
+				continue // an empty ipv6hint is not valid on the wire
+			}
+			h.Hint = hints
 		case *dns.SVCBIPv4Hint:
 			if !inChain {
 				continue

@@ -229,7 +229,7 @@ func (x *queryState) useUpstream(p *Proxy, up *dns.Msg, idx int, rtt time.Durati
 	if len(s.denied) > 0 {
 		keep = func(a netip.Addr) bool { return p.cfg.Guard.IsPublicUnicast(a) && !s.deniedAddr(a) }
 	}
-	f := filterResponse(q.Name, up, x.hints, keep)
+	f := filterResponseFamilies(q.Name, up, x.hints, keep, s.aaaa)
 	if !s.keepECH {
 		f.stripECH()
 	}

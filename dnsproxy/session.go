@@ -35,6 +35,15 @@ type SessionPolicy struct {
 	// for a session whose flows' names are not checked (--name-check off).
 	// By default it is removed, so clients send the name in the clear.
 	KeepECH bool
+	// Guest6 is a dual-stack session's IPv6 address (invalid: IPv4-only):
+	// its queries from there are this session's too.
+	Guest6 netip.Addr
+	// AAAA keeps the AAAA records and ipv6hints of allowed answers,
+	// attested into the session's v6 set before release exactly like A
+	// (a dual-stack session whose flows' names are not checked: the name
+	// check reads IPv4 flows only). Without it they are emptied, as on
+	// every IPv4-only session.
+	AAAA bool
 }
 
 // compiledSession is one registration: a ready-to-match form of a
@@ -50,6 +59,8 @@ type SessionPolicy struct {
 type compiledSession struct {
 	name    string
 	guest   netip.Addr
+	guest6  netip.Addr // SessionPolicy.Guest6
+	aaaa    bool       // SessionPolicy.AAAA
 	mode    netpolicy.Mode
 	match   *matcher
 	pinned  map[string][]netip.Addr // key: lower-case, no trailing dot
@@ -118,7 +129,7 @@ func compile(sp SessionPolicy) (*compiledSession, error) {
 	if err != nil {
 		return nil, fmt.Errorf("register session %q: %w: deny: %w", sp.Name, ErrBadSession, err)
 	}
-	cs := &compiledSession{name: sp.Name, guest: sp.Guest, mode: sp.Mode, match: m, deny: dm, denied: denied, keepECH: sp.KeepECH}
+	cs := &compiledSession{name: sp.Name, guest: sp.Guest, mode: sp.Mode, match: m, deny: dm, denied: denied, keepECH: sp.KeepECH, guest6: sp.Guest6, aaaa: sp.AAAA && sp.Guest6.IsValid()}
 	if len(sp.Pinned) > 0 {
 		cs.pinned = make(map[string][]netip.Addr, len(sp.Pinned))
 		for name, addrs := range sp.Pinned {

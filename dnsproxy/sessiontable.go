@@ -43,12 +43,20 @@ func (t *sessionTable) get(guest netip.Addr) *compiledSession {
 // put publishes cs under its guest address and returns what it replaced.
 // The caller holds Proxy.sessionsMu.
 func (t *sessionTable) put(cs *compiledSession) (prev *compiledSession) {
-	s := &t.shards[shardOf(cs.guest)]
+	prev = t.putAt(cs.guest, cs)
+	if cs.guest6.IsValid() { // a dual-stack session: its v6 queries too
+		t.putAt(cs.guest6, cs)
+	}
+	return prev
+}
+
+func (t *sessionTable) putAt(guest netip.Addr, cs *compiledSession) (prev *compiledSession) {
+	s := &t.shards[shardOf(guest)]
 	old := *s.Load()
 	next := make(sessionMap, len(old)+1)
 	maps.Copy(next, old)
-	prev = next[cs.guest]
-	next[cs.guest] = cs
+	prev = next[guest]
+	next[guest] = cs
 	s.Store(&next)
 	return prev
 }
@@ -56,6 +64,14 @@ func (t *sessionTable) put(cs *compiledSession) (prev *compiledSession) {
 // remove unpublishes guest and returns what it held (nil: nothing). The
 // caller holds Proxy.sessionsMu.
 func (t *sessionTable) remove(guest netip.Addr) *compiledSession {
+	prev := t.removeAt(guest)
+	if prev != nil && prev.guest6.IsValid() {
+		t.removeAt(prev.guest6)
+	}
+	return prev
+}
+
+func (t *sessionTable) removeAt(guest netip.Addr) *compiledSession {
 	s := &t.shards[shardOf(guest)]
 	old := *s.Load()
 	prev, ok := old[guest]

@@ -84,6 +84,7 @@ type Config struct {
 	StateDir        string           // where the datapath check records its runs (datapathRunsDir)
 	NamePrefix      string           // tags every kernel object
 	Pool            netip.Prefix     // the /30s of the sessions come from here
+	Pool6           netip.Prefix     // the sessions' /126s (dual-stack); invalid: IPv4-only
 	Upstreams       []netip.AddrPort // DNS resolvers the proxy forwards to
 	PublicOverrides []netip.Prefix   // special-purpose ranges treated as public
 	MaxFlows        int              // per-session cap on concurrent tracked flows

@@ -156,12 +156,17 @@ func probeNftables(ns netns.NsHandle, cfg Config) error {
 	if err != nil {
 		return err
 	}
-	guard, err := netpolicy.NewGuard(cfg.Pool, cfg.PublicOverrides)
+	guard, err := netpolicy.NewDualStackGuard(cfg.Pool, cfg.Pool6, cfg.PublicOverrides)
 	if err != nil {
 		return err
 	}
+	var dns6 netip.Addr
+	if cfg.Pool6.IsValid() {
+		dns6 = nsmgr.DNS6Addr(cfg.Pool6, cfg.Pool)
+	}
 	fw, err := nft.OpenFirewall(nft.FirewallConfig{
 		NetNS: ns, Prefix: probePrefix, Pool: cfg.Pool, DNSAddr: ipam.DNSAddr(), Guard: guard,
+		Pool6: cfg.Pool6, DNS6Addr: dns6,
 		MaxFlows: cfg.MaxFlows, FlowRate: cfg.FlowRate, MaxAttested: cfg.MaxAttested,
 	})
 	if err != nil {

@@ -157,7 +157,7 @@ func e2eNftRead(t *testing.T, w *world.World, prefix string) (bool, map[string][
 	}
 	out := map[string][]netip.Addr{}
 	for _, s := range sets {
-		if s.Name == "blocked" { // the guard's ranges: not per session
+		if s.Name == "blocked" || s.Name == "blocked6" { // the guard's ranges: not per session
 			continue
 		}
 		elems, err := c.GetSetElements(s)
@@ -177,6 +177,14 @@ func e2eNftRead(t *testing.T, w *world.World, prefix string) (bool, map[string][
 					continue
 				}
 				key = key[16:]
+			case "sessions6": // ifname (16 bytes) . guest6
+				key = key[16:]
+			}
+			if strings.HasSuffix(s.Name, "6") || strings.Contains(s.Name, "6_") { // a dual-stack set: keyed by guest6
+				if len(key) >= 16 {
+					out[s.Name] = append(out[s.Name], netip.AddrFrom16([16]byte(key[:16])))
+				}
+				continue
 			}
 			if len(key) < 4 {
 				continue

@@ -65,8 +65,8 @@ func parseEntry(s string, g *Guard) (Entry, error) {
 	if strings.Contains(s, "://") {
 		return Entry{}, fmt.Errorf("a URL is not an allow entry; want its host, or list the URL as a scope")
 	}
-	if strings.ContainsAny(s, "[]") || strings.Count(s, ":") >= 2 {
-		return Entry{}, fmt.Errorf("IPv6 is not supported")
+	if looksLikeIPv6(s) {
+		return parseEntry6(s, g)
 	}
 	var e Entry
 	host := s
@@ -203,10 +203,7 @@ func (e Entry) String() string {
 	case KindMultiWildcard:
 		host = "**." + e.Name
 	case KindCIDR:
-		host = e.Prefix.String()
-		if e.Prefix.IsSingleIP() {
-			host = e.Prefix.Addr().String()
-		}
+		host = cidrHost(e.Prefix, e.Port != 0)
 	}
 	return host + e.PortSpec.String()
 }

@@ -65,6 +65,7 @@ type Guard struct {
 	pool      netip.Prefix
 	overrides []netip.Prefix
 	blocked   []namedInterval
+	v6        *guard6 // nil: IPv4-only, every IPv6 address blocked (see DualStack)
 }
 
 // defaultGuard has no overrides and no pool; it backs the package-level
@@ -195,10 +196,14 @@ func (g *Guard) IsPublicUnicast(ip netip.Addr) bool {
 	return !blocked
 }
 
-// blockedBy returns the range that blocks ip. Non-IPv4 addresses are blocked
-// with a zero Range.
+// blockedBy returns the range that blocks ip. IPv6 addresses are judged by
+// the dual-stack half (see DualStack); without it they are blocked with a
+// zero Range.
 func (g *Guard) blockedBy(ip netip.Addr) (Range, bool) {
 	ip = ip.Unmap()
+	if ip.Is6() {
+		return g.blockedBy6(ip)
+	}
 	if !ip.Is4() {
 		return Range{}, true
 	}

@@ -111,7 +111,7 @@ func compareTargets(a, b Target) int {
 func normalizeTargets(in []Target) []Target {
 	ts := make([]Target, 0, len(in))
 	for _, t := range in {
-		if !t.Prefix.IsValid() || !t.Prefix.Addr().Is4() {
+		if !t.Prefix.IsValid() || t.Prefix.Addr().Is4In6() { // IPv6 ones only come from a dual-stack guard's entries
 			continue
 		}
 		t.Prefix = t.Prefix.Masked()

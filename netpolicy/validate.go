@@ -70,7 +70,7 @@ func (e Entry) check() error {
 	}
 	switch e.Kind {
 	case KindCIDR:
-		if !e.Prefix.IsValid() || !e.Prefix.Addr().Is4() || e.Prefix != e.Prefix.Masked() || e.Name != "" {
+		if !e.Prefix.IsValid() || e.Prefix.Addr().Is4In6() || e.Prefix != e.Prefix.Masked() || e.Name != "" {
 			return fmt.Errorf("malformed CIDR entry")
 		}
 	case KindHost, KindWildcard, KindMultiWildcard:

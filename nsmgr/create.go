@@ -135,6 +135,7 @@ type creation struct {
 
 	hostName      string     // <prefix><slot>h
 	gw, guestAddr netip.Addr // of the slot
+	gw6, guest6   netip.Addr // of the slot's /126; invalid: IPv4-only
 
 	resolvDone chan error // the resolv.conf write in flight (startResolvConf); nil: none
 }
@@ -187,6 +188,9 @@ func (c *creation) run(nic bool) error {
 	}
 	c.hostName = HostIfaceName(m.cfg.Prefix, c.slot)
 	_, c.gw, c.guestAddr = m.geo.SlotAddrs(c.slot)
+	if m.cfg.Pool6.IsValid() && c.vm == nil {
+		_, c.gw6, c.guest6 = Slot6Addrs(m.cfg.Pool6, c.slot)
+	}
 	steps := []struct {
 		name string
 		fn   func() error
@@ -195,11 +199,11 @@ func (c *creation) run(nic bool) error {
 		{StepAddVeth, c.addVeth},
 		{StepTagVeth, c.tagVeth},
 		{StepHostIPv6, c.disableHostIPv6},
-		{StepHostAddr, func() error { return addAddr(m.host, c.host, c.gw) }},
+		{StepHostAddr, c.addHostAddrs},
 		{StepHostUp, func() error { return setUp(m.host, c.host) }},
 		{StepGuestAddr, c.addGuestAddr},
 		{StepGuestUp, func() error { return setUp(c.guest, c.eth0) }},
-		{StepGuestRoute, c.addDefaultRoute},
+		{StepGuestRoute, c.addDefaultRoutes},
 	}
 	if c.vm != nil {
 		// The address is the VM's: nothing in the netns holds one.
@@ -271,7 +275,7 @@ func (c *creation) createNetns() error {
 		if c.guest, err = netlink.NewHandle(unix.NETLINK_ROUTE); err != nil {
 			return fmt.Errorf("open netlink socket in netns %s: %w", path, err)
 		}
-		if err := c.step(StepDisableIPv6, disableNewNetnsIPv6); err != nil {
+		if err := c.step(StepDisableIPv6, m.configureNewNetnsIPv6); err != nil {
 			return err
 		}
 		return c.step(StepLoUp, func() error { return setLoUp(c.guest, path) })
@@ -341,8 +345,8 @@ func (c *creation) tagVeth() error {
 // rtnetlink socket, also opened once. Neither needs a thread switched into
 // the host netns.
 func (c *creation) disableHostIPv6() error {
-	if err := disableHostIfaceIPv6(c.m.hostConf, c.hostName); err != nil {
-		return fmt.Errorf("disable ipv6 on %s: %w", c.hostName, err)
+	if err := c.m.configureHostIfaceIPv6(c.hostName); err != nil {
+		return fmt.Errorf("ipv6 settings of %s: %w", c.hostName, err)
 	}
 	if err := lockARP(c.m.hostRoute, c.host.Attrs().Index); err != nil {
 		return fmt.Errorf("%s: %w", c.hostName, err)
@@ -358,7 +362,37 @@ func (c *creation) addGuestAddr() error {
 		}
 		c.eth0 = eth0
 	}
-	return addAddr(c.guest, c.eth0, c.guestAddr)
+	if err := addAddr(c.guest, c.eth0, c.guestAddr); err != nil {
+		return err
+	}
+	if c.guest6.IsValid() {
+		return addAddr6(c.guest, c.eth0, c.guest6)
+	}
+	return nil
+}
+
+// addHostAddrs puts the gateway/30 (and on a dual-stack daemon ::1/126) on
+// the host side.
+func (c *creation) addHostAddrs() error {
+	if err := addAddr(c.m.host, c.host, c.gw); err != nil {
+		return err
+	}
+	if c.gw6.IsValid() {
+		return addAddr6(c.m.host, c.host, c.gw6)
+	}
+	return nil
+}
+
+// addDefaultRoutes adds the guest's default route, and on a dual-stack
+// daemon its IPv6 one.
+func (c *creation) addDefaultRoutes() error {
+	if err := c.addDefaultRoute(); err != nil {
+		return err
+	}
+	if c.guest6.IsValid() {
+		return c.addDefaultRoute6()
+	}
+	return nil
 }
 
 func (c *creation) addDefaultRoute() error {

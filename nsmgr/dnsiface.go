@@ -33,9 +33,15 @@ func (m *Manager) EnsureDNSInterface() (netip.Addr, error) {
 	if t := link.Type(); t != "dummy" && t != "bridge" {
 		return netip.Addr{}, fmt.Errorf("dns interface %s: exists with type %s; want dummy or bridge", name, t)
 	}
-	err = Do(m.cfg.HostNS, func() error { return disableIPv6(name) })
-	if err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return netip.Addr{}, fmt.Errorf("dns interface %s: disable ipv6: %w", name, err)
+	if m.cfg.Pool6.IsValid() {
+		if err := m.ensureDNS6(link); err != nil {
+			return netip.Addr{}, err
+		}
+	} else {
+		err = Do(m.cfg.HostNS, func() error { return disableIPv6(name) })
+		if err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return netip.Addr{}, fmt.Errorf("dns interface %s: disable ipv6: %w", name, err)
+		}
 	}
 	ipnet := &net.IPNet{IP: addr.AsSlice(), Mask: net.CIDRMask(32, 32)}
 	if err := m.host.AddrReplace(link, &netlink.Addr{IPNet: ipnet}); err != nil {

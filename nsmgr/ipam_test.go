@@ -302,3 +302,34 @@ func TestIPAMModel(t *testing.T) {
 		}
 	}
 }
+
+// TestSlot6Addrs: a slot's /126 is the twin of its /30 (same index), ::1
+// the host side and ::2 the guest; the DNS address is ::2 of the /126 after
+// the last slot, inside the pool and apart from every slot's.
+func TestSlot6Addrs(t *testing.T) {
+	pool := netip.MustParsePrefix("10.20.0.0/16")
+	pool6 := netip.MustParsePrefix("fd00:20::/112")
+	if err := ValidatePool6(pool6, pool); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		slot              int
+		subnet, gw, guest string
+	}{
+		{0, "fd00:20::/126", "fd00:20::1", "fd00:20::2"},
+		{1, "fd00:20::4/126", "fd00:20::5", "fd00:20::6"},
+		{16382, "fd00:20::fff8/126", "fd00:20::fff9", "fd00:20::fffa"},
+	} {
+		sub, gw, guest := Slot6Addrs(pool6, tc.slot)
+		if sub.String() != tc.subnet || gw.String() != tc.gw || guest.String() != tc.guest {
+			t.Errorf("slot %d: %s %s %s, want %s %s %s", tc.slot, sub, gw, guest, tc.subnet, tc.gw, tc.guest)
+		}
+	}
+	dns := DNS6Addr(pool6, pool)
+	if dns.String() != "fd00:20::fffe" || !pool6.Contains(dns) {
+		t.Errorf("dns6 = %s, want fd00:20::fffe", dns)
+	}
+	if err := ValidatePool6(netip.MustParsePrefix("fd00:20::/113"), pool); err == nil {
+		t.Error("a /113 for 16383 slots accepted")
+	}
+}

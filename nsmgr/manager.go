@@ -22,6 +22,10 @@ type Config struct {
 	Prefix string
 	// Pool is the IPv4 pool the /30 slots come from (see NewIPAM).
 	Pool netip.Prefix
+	// Pool6, when set, makes every session with a NIC dual-stack: its slot's
+	// twin /126 of Pool6 (see ipv6.go and ValidatePool6). Unset, IPv6 is
+	// disabled in every session, as it always was.
+	Pool6 netip.Prefix
 	// HostNS is the daemon's netns, where the host-side veths and the DNS
 	// interface live. The caller keeps it open while the Manager is used
 	// and closes it afterwards.
@@ -71,6 +75,12 @@ type Session struct {
 	Subnet    netip.Prefix
 	Gateway   netip.Addr // on HostIface
 	Guest     netip.Addr // on eth0 (attached: IfName) in the session netns
+	// Subnet6, Gateway6 and Guest6 are the slot's /126 and its two ends
+	// on a dual-stack daemon (Config.Pool6); invalid otherwise, and for
+	// attached and VM sessions, which stay IPv4-only.
+	Subnet6  netip.Prefix
+	Gateway6 netip.Addr
+	Guest6   netip.Addr
 	// Attached: the session lives in a netns enforcerd did not make (see
 	// Attach). Recover finds it by its veth's alias but not its netns path
 	// or IfName, which the caller records.
@@ -129,6 +139,11 @@ func New(cfg Config) (*Manager, error) {
 		return nil, err
 	}
 	geo, _ := NewIPAM(cfg.Pool)
+	if cfg.Pool6.IsValid() {
+		if err := ValidatePool6(cfg.Pool6, cfg.Pool); err != nil {
+			return nil, err
+		}
+	}
 	if !cfg.HostNS.IsOpen() || cfg.HostNS == 0 { // 0: the zero value (stdin), never a netns here
 		return nil, errors.New("nsmgr config: HostNS is not an open netns handle")
 	}
@@ -260,6 +275,9 @@ func (m *Manager) session(name string, slot int) Session {
 		s.Slot = slot
 		s.HostIface = HostIfaceName(m.cfg.Prefix, slot)
 		s.Subnet, s.Gateway, s.Guest = m.geo.SlotAddrs(slot)
+		if m.cfg.Pool6.IsValid() {
+			s.Subnet6, s.Gateway6, s.Guest6 = Slot6Addrs(m.cfg.Pool6, slot)
+		}
 	}
 	return s
 }

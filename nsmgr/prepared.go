@@ -260,7 +260,7 @@ func (m *Manager) prepare(name string) (_ *preparedNetns, err error) {
 		if p.guest, err = netlink.NewHandle(unix.NETLINK_ROUTE); err != nil {
 			return fmt.Errorf("open netlink socket: %w", err)
 		}
-		if err := disableNewNetnsIPv6(); err != nil {
+		if err := m.configureNewNetnsIPv6(); err != nil {
 			return err
 		}
 		return setLoUp(p.guest, path)

@@ -35,8 +35,12 @@ func (m *Manager) ResolvConfPath(session string) string {
 // resolvConf is the file's content: the anycast address, nothing else (no
 // search domains: a search list would send bare names to the proxy under
 // names the policy never named).
-func resolvConf(dns netip.Addr) []byte {
-	return []byte("nameserver " + dns.String() + "\n")
+func resolvConf(dns, dns6 netip.Addr) []byte {
+	s := "nameserver " + dns.String() + "\n"
+	if dns6.IsValid() {
+		s += "nameserver " + dns6.String() + "\n"
+	}
+	return []byte(s)
 }
 
 // writeResolvConf writes a session's resolv.conf (mode 0644), creating
@@ -50,7 +54,7 @@ func (m *Manager) writeResolvConf(session string) error {
 	}
 	path := filepath.Join(dir, resolvConfName)
 	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, resolvConf(m.DNSAddr()), 0o644); err != nil {
+	if err := os.WriteFile(tmp, resolvConf(m.DNSAddr(), m.DNS6Addr()), 0o644); err != nil {
 		_ = os.Remove(tmp)
 		return fmt.Errorf("write %s: %w", tmp, err)
 	}

@@ -37,6 +37,7 @@ type ServeConfig struct {
 	StateDir        string           // holds sessions/<name>.json
 	NamePrefix      string           // tags every kernel object
 	Pool            netip.Prefix     // the /30s of the sessions come from here
+	Pool6           netip.Prefix     // the sessions' /126s (dual-stack); invalid: IPv4-only
 	Upstreams       []netip.AddrPort // DNS resolvers the proxy forwards to
 	PublicOverrides []netip.Prefix   // special-purpose ranges treated as public (labs, tests)
 	DNSMinTTL       time.Duration    // floor of an attested address's lifetime
@@ -58,7 +59,7 @@ type ServeConfig struct {
 // daemonConfig is the part of the configuration the session lifecycle uses.
 func (c ServeConfig) daemonConfig() daemon.Config {
 	return daemon.Config{
-		StateDir: c.StateDir, NamePrefix: c.NamePrefix, Pool: c.Pool,
+		StateDir: c.StateDir, NamePrefix: c.NamePrefix, Pool: c.Pool, Pool6: c.Pool6,
 		Upstreams: c.Upstreams, PublicOverrides: c.PublicOverrides, DNSMinTTL: c.DNSMinTTL,
 		AttestMaxLifetime: c.AttestMaxLifetime,
 		ImagesDirs:        c.ImagesDirs, MaxFlows: c.MaxFlows, FlowRate: c.FlowRate, MaxAttested: c.MaxAttested,
@@ -69,7 +70,7 @@ func (c ServeConfig) daemonConfig() daemon.Config {
 // doctorConfig is the part of the configuration the doctor's checks read.
 func (c ServeConfig) doctorConfig() doctor.Config {
 	return doctor.Config{
-		StateDir: c.StateDir, NamePrefix: c.NamePrefix, Pool: c.Pool, Upstreams: c.Upstreams, PublicOverrides: c.PublicOverrides,
+		StateDir: c.StateDir, NamePrefix: c.NamePrefix, Pool: c.Pool, Pool6: c.Pool6, Upstreams: c.Upstreams, PublicOverrides: c.PublicOverrides,
 		MaxFlows: c.MaxFlows, FlowRate: c.FlowRate, MaxAttested: c.MaxAttested,
 	}
 }
@@ -95,6 +96,7 @@ const (
 	optStateDir       = "state-dir"
 	optNamePrefix     = "name-prefix"
 	optPool           = "pool"
+	optPool6          = "pool6"
 	optUpstream       = "upstream"
 	optPublicOverride = "public-override"
 	optDNSMinTTL      = "dns-min-ttl"
@@ -119,6 +121,7 @@ var fileKinds = map[string]valueKind{
 	optStateDir:       kindPath,
 	optNamePrefix:     kindName,
 	optPool:           kindCIDR,
+	optPool6:          kindCIDR,
 	optUpstream:       kindAddrList,
 	optPublicOverride: kindCIDRList,
 	optDNSMinTTL:      kindDuration,
@@ -242,6 +245,7 @@ func defineServeFlags(fs *pflag.FlagSet) *serveFlags {
 	f.single[optStateDir] = fs.String(optStateDir, "", "state `DIR` (default "+defaultStateDir+")")
 	f.single[optNamePrefix] = fs.String(optNamePrefix, "", "prefix `P` of every kernel object, 1-6 of [a-z0-9] (default "+defaultNamePrefix+")")
 	f.single[optPool] = fs.String(optPool, "", "address pool `CIDR` of the sessions' /30s (default "+defaultPool+")")
+	f.single[optPool6] = fs.String(optPool6, "", "IPv6 pool `CIDR` of the sessions' /126s: dual-stack sessions (default none: IPv6 closed)")
 	f.lists[optUpstream] = fs.StringArray(optUpstream, nil, "upstream DNS resolver `IP[:PORT]`, repeatable (default: /etc/resolv.conf nameservers)")
 	f.lists[optPublicOverride] = fs.StringArray(optPublicOverride, nil, "treat the special-purpose `CIDR` as public (labs, tests), repeatable")
 	f.single[optDNSMinTTL] = fs.String(optDNSMinTTL, "", "minimum lifetime `DURATION` of an attested address (default "+defaultDNSMinTTL+")")
@@ -402,6 +406,17 @@ func buildServeConfig(o serveOptions, getenv func(string) string, resolvConf str
 		}
 	}
 
+	if pool6, origin := o.single(optPool6, ""); pool6 != "" {
+		if cfg.Pool6, err = parsePool6(origin, pool6, cfg.Pool); err != nil {
+			return cfg, err
+		}
+		for _, p := range cfg.PublicOverrides {
+			if p.Overlaps(cfg.Pool6) {
+				return cfg, fmt.Errorf("%s %s: overlaps the public override %s; want a pool apart from every public override", origin, cfg.Pool6, p)
+			}
+		}
+	}
+
 	ttl, origin := o.single(optDNSMinTTL, defaultDNSMinTTL)
 	d, err := time.ParseDuration(ttl)
 	if err != nil || d < 0 {
@@ -521,6 +536,18 @@ func parsePool(origin, s string) (netip.Prefix, error) {
 		return netip.Prefix{}, fmt.Errorf("%s %q: want an IPv4 CIDR such as %s", origin, s, defaultPool)
 	}
 	if err := nsmgr.ValidatePool(p); err != nil {
+		return netip.Prefix{}, fmt.Errorf("%s: %w", origin, err)
+	}
+	return p, nil
+}
+
+// parsePool6 accepts an IPv6 CIDR nsmgr.ValidatePool6 accepts for pool.
+func parsePool6(origin, s string, pool netip.Prefix) (netip.Prefix, error) {
+	p, err := netip.ParsePrefix(s)
+	if err != nil {
+		return netip.Prefix{}, fmt.Errorf("%s %q: want an IPv6 CIDR such as fd00:20::/112", origin, s)
+	}
+	if err := nsmgr.ValidatePool6(p, pool); err != nil {
 		return netip.Prefix{}, fmt.Errorf("%s: %w", origin, err)
 	}
 	return p, nil

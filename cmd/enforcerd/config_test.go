@@ -157,6 +157,7 @@ func TestServeConfigErrors(t *testing.T) {
 	badSyntax := writeTOML(t, "pool = \n")
 	badValue := writeTOML(t, "pool = \"10.20.0.1/16\"\n")
 	noNS := writeTOML(t, "")
+	smallPool6 := writeTOML(t, "pool6 = \"fd00:20::/120\"\n")
 	cases := []struct {
 		args []string
 		want string
@@ -198,6 +199,14 @@ func TestServeConfigErrors(t *testing.T) {
 		{[]string{"--config", badSyntax}, "config " + badSyntax + `: toml: line 1 (last key "pool"): expected value but found '\n' instead`},
 		{[]string{"--config", badValue}, badValue + `: pool: invalid pool 10.20.0.1/16: host bits set (did you mean 10.20.0.0/16?); want an IPv4 prefix between /8 and /28`},
 		{[]string{"--config", noNS}, ""},
+		{[]string{"--pool6", "10.30.0.0/16"}, `--pool6: invalid pool6 10.30.0.0/16: not IPv6; want a masked IPv6 prefix such as fd00:20::/112`},
+		{[]string{"--pool6", "::ffff:10.30.0.0/112"}, `--pool6: invalid pool6 ::ffff:10.30.0.0/112: not IPv6; want a masked IPv6 prefix such as fd00:20::/112`},
+		{[]string{"--pool6", "fd00:20::1/112"}, `--pool6: invalid pool6 fd00:20::1/112: host bits set (did you mean fd00:20::/112?); want a masked IPv6 prefix such as fd00:20::/112`},
+		{[]string{"--pool6", "fd00:20::/113"}, `--pool6: invalid pool6 fd00:20::/113: too small for the /126s of the 16383 slots of pool 10.20.0.0/16; want /112 or wider`},
+		{[]string{"--pool6", "fe80::/64"}, `--pool6: invalid pool6 fe80::/64: not a unicast range a host can route; want a masked IPv6 prefix such as fd00:20::/112`},
+		{[]string{"--pool6", "fd00:20::"}, `--pool6 "fd00:20::": want an IPv6 CIDR such as fd00:20::/112`},
+		{[]string{"--pool6", "fd00:20::/112", "--public-override", "fd00::/16"}, `--pool6 fd00:20::/112: overlaps the public override fd00::/16; want a pool apart from every public override`},
+		{[]string{"--config", smallPool6}, smallPool6 + `: pool6: invalid pool6 fd00:20::/120: too small for the /126s of the 16383 slots of pool 10.20.0.0/16; want /112 or wider`},
 	}
 	for _, tc := range cases {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
@@ -259,5 +268,23 @@ func TestReapConfig(t *testing.T) {
 	}
 	if want := []string{"fil", "/file/state", "10.41.0.0/16"}; !reflect.DeepEqual(c.reaped, want) {
 		t.Fatalf("reaped %v, want %v", c.reaped, want)
+	}
+}
+
+// TestServeConfigPool6: --pool6 and the pool6 key set the dual-stack pool
+// (flags win); without either the daemon stays IPv4-only.
+func TestServeConfigPool6(t *testing.T) {
+	if got := serveConfigOf(t, newTestCLI(t)).Pool6; got.IsValid() {
+		t.Errorf("default pool6 = %s, want none", got)
+	}
+	if got := serveConfigOf(t, newTestCLI(t), "--pool6", "fd00:20::/112").Pool6; got != netip.MustParsePrefix("fd00:20::/112") {
+		t.Errorf("--pool6 = %s", got)
+	}
+	file := writeTOML(t, "pool = \"10.40.0.0/24\"\npool6 = \"2001:db8:40::/120\"\n")
+	if got := serveConfigOf(t, newTestCLI(t), "--config", file).Pool6; got != netip.MustParsePrefix("2001:db8:40::/120") {
+		t.Errorf("pool6 key = %s", got)
+	}
+	if got := serveConfigOf(t, newTestCLI(t), "--config", file, "--pool6", "fd00:41::/64").Pool6; got != netip.MustParsePrefix("fd00:41::/64") {
+		t.Errorf("--pool6 over the file = %s", got)
 	}
 }

@@ -48,3 +48,16 @@ func AddrsOf(m *dns.Msg) []netip.Addr {
 	}
 	return out
 }
+
+// Addrs6Of returns the AAAA addresses of an answer, in order.
+func Addrs6Of(m *dns.Msg) []netip.Addr {
+	var out []netip.Addr
+	for _, rr := range m.Answer {
+		if a, ok := rr.(*dns.AAAA); ok {
+			if ip, ok := netip.AddrFromSlice(a.AAAA.To16()); ok {
+				out = append(out, ip)
+			}
+		}
+	}
+	return out
+}

@@ -26,5 +26,13 @@
 //	                Host, an SSH-like TCP :22 and a UDP :443 sink; each
 //	                records every byte it received (Shared.Captures)
 //
+// IPv6, only once a test calls EnableIPv6 (2001:2::/48, RFC 5180's
+// benchmarking prefix, the twin of 198.18.0.0/15):
+//
+//	2001:2::1/64    internet side of the uplink
+//	2001:2::2/64    simulated host side of the uplink (its default route via ::1)
+//	2001:2:0:1::10, 2001:2:0:1::11
+//	                web servers: HTTP :80, TCP echo :7, UDP echo :7
+//
 // This package is only for tests and the demo; product code never imports it.
 package world

@@ -23,7 +23,7 @@ import (
 func dialIn(nsPath, network string, dst netip.AddrPort, timeout time.Duration) (net.Conn, error) {
 	var c net.Conn
 	err := DoPath(nsPath, func() (err error) {
-		c, err = net.DialTimeout(network, dst.String(), timeout)
+		c, err = net.DialTimeout(family(network, dst.Addr()), dst.String(), timeout)
 		return err
 	})
 	return c, err

@@ -36,7 +36,7 @@ func (w *World) startServers() error {
 func ListenTCP(nsPath string, addr netip.AddrPort) (net.Listener, error) {
 	var l net.Listener
 	err := DoPath(nsPath, func() (err error) {
-		l, err = net.Listen("tcp4", addr.String())
+		l, err = net.Listen(family("tcp4", addr.Addr()), addr.String())
 		return err
 	})
 	if err != nil {
@@ -49,7 +49,7 @@ func ListenTCP(nsPath string, addr netip.AddrPort) (net.Listener, error) {
 func ListenUDP(nsPath string, addr netip.AddrPort) (net.PacketConn, error) {
 	var c net.PacketConn
 	err := DoPath(nsPath, func() (err error) {
-		c, err = net.ListenPacket("udp4", addr.String())
+		c, err = net.ListenPacket(family("udp4", addr.Addr()), addr.String())
 		return err
 	})
 	if err != nil {

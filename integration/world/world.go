@@ -55,6 +55,9 @@ type World struct {
 	Private           netip.Addr
 	SharedAddr        netip.Addr
 	PublicOverride    netip.Prefix
+	// Web6 and Uplink6 are set by EnableIPv6 (empty in an IPv4-only world).
+	Web6    []netip.Addr
+	Uplink6 netip.Addr
 
 	mu      sync.Mutex
 	closers []func() error

@@ -81,3 +81,39 @@ func TestWorldHasNoWayOut(t *testing.T) {
 		}
 	}
 }
+
+// TestWorldServesIPv6 is the control for every dual-stack test: with IPv6
+// enabled, the simulated host reaches the v6 web servers (TCP and UDP echo,
+// HTTP) and the world's DNS server answers AAAA, all without enforcerd.
+func TestWorldServesIPv6(t *testing.T) {
+	w := New(t)
+	if err := w.EnableIPv6(); err != nil {
+		t.Fatalf("enable IPv6: %v", err)
+	}
+	if len(w.Web6) == 0 {
+		t.Fatal("no IPv6 web servers")
+	}
+	for _, a := range w.Web6 {
+		if !World6Prefix.Contains(a) {
+			t.Errorf("web6 %s outside %s", a, World6Prefix)
+		}
+		if err := TCPEcho(w.HostPath, netip.AddrPortFrom(a, 7), 2*time.Second); err != nil {
+			t.Errorf("tcp echo %s from simulated host: %v", a, err)
+		}
+		if err := UDPEcho(w.HostPath, netip.AddrPortFrom(a, 7), 2*time.Second); err != nil {
+			t.Errorf("udp echo %s from simulated host: %v", a, err)
+		}
+		body, err := HTTPGet(w.HostPath, "http://["+a.String()+"]/", 2*time.Second)
+		if err != nil || !strings.Contains(body, a.String()) {
+			t.Errorf("http %s from simulated host: %q %v", a, body, err)
+		}
+	}
+	w.DNS.AddRR("web6.world.test. 60 IN AAAA " + w.Web6[0].String())
+	m, err := Lookup(w.HostPath, w.DNS.Addr(), "web6.world.test", dns.TypeAAAA, false, 2*time.Second)
+	if err != nil {
+		t.Fatalf("lookup AAAA: %v", err)
+	}
+	if got := Addrs6Of(m); len(got) != 1 || got[0] != w.Web6[0] {
+		t.Errorf("lookup AAAA = %v, want %v", got, w.Web6[0])
+	}
+}

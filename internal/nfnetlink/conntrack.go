@@ -1,6 +1,6 @@
 package nfnetlink
 
-// A small ctnetlink client: dump the IPv4 entries of the netns the
+// A small ctnetlink client: dump the IPv4 (or IPv6) entries of the netns the
 // connection lives in, delete one by its original tuple.
 
 import (
@@ -30,6 +30,8 @@ const (
 	ctaProtoDstPort = 3
 	ctaIPv4Src      = 1
 	ctaIPv4Dst      = 2
+	ctaIPv6Src      = 3
+	ctaIPv6Dst      = 4
 	nestedAttribute = unix.NLA_F_NESTED
 )
 
@@ -37,6 +39,7 @@ const (
 // exactly as the kernel sent it, and its zone if it has one) and what the
 // tuple says.
 type Flow struct {
+	family   uint8 // AF_INET or AF_INET6: the dump's, which a delete repeats
 	tuple    []byte
 	zone     []byte
 	Src, Dst netip.Addr
@@ -45,13 +48,24 @@ type Flow struct {
 	Dport    uint16 // the destination port of a port protocol (TCP, UDP, ...), else 0
 }
 
-func nfgenmsg() []byte { return []byte{unix.AF_INET, NfnetlinkV0, 0, 0} }
+func nfgenmsgOf(family uint8) []byte {
+	if family == 0 {
+		family = unix.AF_INET
+	}
+	return []byte{family, NfnetlinkV0, 0, 0}
+}
 
 // DumpFlows lists the IPv4 entries matching attrs (nil: all of them).
 func DumpFlows(c *netlink.Conn, attrs []byte) ([]Flow, error) {
+	return DumpFlowsOf(c, unix.AF_INET, attrs)
+}
+
+// DumpFlowsOf lists the entries of family (AF_INET or AF_INET6) matching
+// attrs (nil: all of them).
+func DumpFlowsOf(c *netlink.Conn, family uint8, attrs []byte) ([]Flow, error) {
 	msgs, err := c.Execute(netlink.Message{
 		Header: netlink.Header{Type: netlink.HeaderType(ctMsgGet), Flags: netlink.Request | netlink.Dump},
-		Data:   append(nfgenmsg(), attrs...),
+		Data:   append(nfgenmsgOf(family), attrs...),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("dump conntrack table: %w", err)
@@ -65,6 +79,7 @@ func DumpFlows(c *netlink.Conn, attrs []byte) ([]Flow, error) {
 		if err != nil {
 			return nil, err
 		}
+		e.family = family
 		if e.tuple != nil {
 			out = append(out, e)
 		}
@@ -107,14 +122,15 @@ func parseTuple(tuple []byte) (src, dst netip.Addr, proto uint8, sport, dport ui
 		case ctaTupleIP:
 			for inner.Next() {
 				v := inner.Bytes()
-				if len(v) != 4 {
-					continue
-				}
-				switch inner.Type() {
-				case ctaIPv4Src:
+				switch {
+				case inner.Type() == ctaIPv4Src && len(v) == 4:
 					src = netip.AddrFrom4([4]byte(v))
-				case ctaIPv4Dst:
+				case inner.Type() == ctaIPv4Dst && len(v) == 4:
 					dst = netip.AddrFrom4([4]byte(v))
+				case inner.Type() == ctaIPv6Src && len(v) == 16:
+					src = netip.AddrFrom16([16]byte(v))
+				case inner.Type() == ctaIPv6Dst && len(v) == 16:
+					dst = netip.AddrFrom16([16]byte(v))
 				}
 			}
 		case ctaTupleProto:
@@ -148,7 +164,7 @@ func DeleteFlow(c *netlink.Conn, e Flow) error {
 	}
 	_, err = c.Execute(netlink.Message{
 		Header: netlink.Header{Type: netlink.HeaderType(ctMsgDelete), Flags: netlink.Request | netlink.Acknowledge},
-		Data:   append(nfgenmsg(), attrs...),
+		Data:   append(nfgenmsgOf(e.family), attrs...),
 	})
 	if err != nil && !errors.Is(err, syscall.ENOENT) {
 		return fmt.Errorf("delete conntrack entry %s -> %s: %w", e.Src, e.Dst, err)

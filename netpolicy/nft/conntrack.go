@@ -44,6 +44,10 @@ type flowTable struct {
 	// afterFlush, when set, runs after a pass deleted the batch's entries and
 	// before the guests stop being pending (a failure retries the pass).
 	afterFlush func(guests []netip.Addr) error
+	// owner6, when set (a dual-stack table), maps a guest's v6 address to
+	// its v4 one, the key of pending: a pass then also deletes the IPv6
+	// entries of the guests it flushes.
+	owner6 func(netip.Addr) (netip.Addr, bool)
 }
 
 // flushRetry is how long the flusher waits after a failed pass, doubling
@@ -179,6 +183,20 @@ func (t *flowTable) prune(drop func(netip.Addr) bool) (int, error) {
 		entries, err := nfnetlink.DumpFlows(c, nil)
 		if err != nil {
 			return err
+		}
+		if t.owner6 != nil {
+			v6, err := nfnetlink.DumpFlowsOf(c, unix.AF_INET6, nil)
+			if err != nil {
+				return err
+			}
+			entries = append(entries, v6...)
+			inner := drop
+			drop = func(a netip.Addr) bool {
+				if g, ok := t.owner6(a); ok {
+					return inner(g)
+				}
+				return inner(a)
+			}
 		}
 		for _, e := range entries {
 			if !drop(e.Src) && !drop(e.Dst) {

@@ -80,6 +80,9 @@ func prefixBounds(p netip.Prefix) (netip.Addr, netip.Addr) {
 // concatenated interval sets never receive overlapping ranges; single
 // addresses go to the hash sets (see the set comments).
 func sessionElements(r SessionRules) []setElems {
+	// A dual-stack session's IPv6 targets are sessionElements6's.
+	r.Static, _ = splitFamilies(r.Static)
+	r.Deny, _ = splitFamilies(r.Deny)
 	g := ipKey(r.Guest)
 	out := []setElems{
 		{set: setSessions, elems: []nftables.SetElement{{Key: concat(ifnameKey(r.HostIface), g)}}},

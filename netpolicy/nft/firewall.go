@@ -53,6 +53,12 @@ type FirewallConfig struct {
 	// DNSAddr is the DNS anycast address, the only local address sessions
 	// may reach (UDP and TCP port 53).
 	DNSAddr netip.Addr
+	// Pool6, when set, makes the table dual-stack (firewall6.go): sessions
+	// have the v6 address of their slot in it, judged by Guard's v6 half
+	// (which must be built for this Pool6), and DNS6Addr is the v6 anycast
+	// address. Unset, the table is IPv4-only, exactly as without it.
+	Pool6    netip.Prefix
+	DNS6Addr netip.Addr
 	// Guard defines the blocked destinations; nil means NewGuard(Pool, nil).
 	// Its pool must be Pool.
 	Guard *netpolicy.Guard
@@ -208,6 +214,10 @@ func OpenFirewall(cfg FirewallConfig) (*Firewall, error) {
 		nsFd:   fd,
 		schema: newSchema(cfg.Prefix, cfg.Pool),
 	}
+	if cfg.Pool6.IsValid() {
+		f.schema.addSets6()
+		f.flows.owner6 = f.guest4Of6
+	}
 	f.admin.nsFd, f.attest.nsFd, f.flows.NetNS, f.reads.NetNS = fd, fd, fd, fd
 	f.flows.Closed, f.reads.Closed = ErrClosed, ErrClosed
 	f.flows.onError = cfg.OnFlowFlushError
@@ -242,6 +252,9 @@ func checkConfig(cfg *FirewallConfig) error {
 			return err
 		}
 		cfg.Guard = g
+	}
+	if cfg.Pool6.IsValid() && (cfg.Guard.Pool6() != cfg.Pool6 || !cfg.Pool6.Contains(cfg.DNS6Addr)) {
+		return fmt.Errorf("pool6 %s: want a dual-stack guard of the same pool6 and a DNS6 address inside it (guard %s, dns6 %s)", cfg.Pool6, cfg.Guard.Pool6(), cfg.DNS6Addr)
 	}
 	if cfg.Guard.Pool() != cfg.Pool {
 		return fmt.Errorf("guard pool %s differs from firewall pool %s", cfg.Guard.Pool(), cfg.Pool)

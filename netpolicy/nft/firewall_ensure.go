@@ -58,7 +58,8 @@ func chainDefs() []chainDef {
 func (f *Firewall) ruleEnv(set func(string) *nftables.Set) ruleEnv {
 	return ruleEnv{prefix: f.cfg.Prefix, pool: f.cfg.Pool, dns: f.cfg.DNSAddr,
 		maxFlows: uint32(f.cfg.MaxFlows), flowRate: uint32(f.cfg.FlowRate),
-		logRate: uint32(f.cfg.LogRate), logGroup: f.cfg.LogGroup, queue: f.cfg.NameQueue, refresh: f.attested.refresh, set: set}
+		logRate: uint32(f.cfg.LogRate), logGroup: f.cfg.LogGroup, queue: f.cfg.NameQueue, refresh: f.attested.refresh, set: set,
+		pool6: f.cfg.Pool6, dns6: f.cfg.DNS6Addr}
 }
 
 // Ensure makes the table match this package's design in one atomic batch:
@@ -133,8 +134,17 @@ func (f *Firewall) Ensure() error {
 				}
 			}
 		}
+		if f.cfg.Pool6.IsValid() {
+			blocked6 := batchSets[setBlocked6]
+			if _, ok := haveSets[setBlocked6]; ok {
+				c.FlushSet(blocked6)
+			}
+			if err := addElements(c, blocked6, blockedElements6(f.guard), false); err != nil {
+				return err
+			}
+		}
 		chains := map[string]*nftables.Chain{}
-		for _, d := range chainDefs() {
+		for _, d := range f.chainDefs() {
 			ch := &nftables.Chain{Name: d.name, Table: t, Type: d.typ, Hooknum: d.hook, Priority: d.priority}
 			if d.hook != nil {
 				accept := nftables.ChainPolicyAccept
@@ -227,7 +237,7 @@ func (f *Firewall) Check() error {
 				have[ch.Name] = true
 			}
 		}
-		for _, d := range chainDefs() {
+		for _, d := range f.chainDefs() {
 			if d.hook != nil && !have[d.name] {
 				return fmt.Errorf("chain %s of table inet %s is missing", d.name, f.cfg.Prefix)
 			}

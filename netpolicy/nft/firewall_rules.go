@@ -56,6 +56,8 @@ type ruleEnv struct {
 	logGroup uint16        // NFLOG group of the drop log
 	queue    uint16        // NFQUEUE number of the name check
 	refresh  time.Duration // life of a live element after the flow that refreshed it; 0: no refresh
+	pool6    netip.Prefix  // dual-stack sessions' pool (firewall6.go); invalid: IPv4-only
+	dns6     netip.Addr    // the v6 DNS anycast address
 	set      func(name string) *nftables.Set
 }
 
@@ -217,6 +219,7 @@ func buildRules(env ruleEnv) []ruleSpec {
 	}
 
 	// raw_prerouting
+	buildRules6(env, chainRawPrerouting, add)
 	add(chainRawPrerouting, fromSession, nfprotoIs(false), drop)
 	add(chainRawPrerouting, fromSession, v4, env.lookupSession(true), gotoC(chainDropSpoofed))
 	add(chainRawPrerouting, fromSession, v4, toDNS, dnsPort(netpolicy.ProtoUDP, true), []expr.Any{&expr.Notrack{}})
@@ -229,6 +232,7 @@ func buildRules(env ruleEnv) []ruleSpec {
 	for _, m := range []uint32{CtMarkNameOK, CtMarkNameRefused} {
 		add(chainForward, metaMarkIs(m), ctMarkSet(m), metaMarkSet(0))
 	}
+	buildRules6(env, chainForward, add)
 	add(chainForward, fromSession, gotoC(chainFromSession))
 	add(chainForward, toSession, nfprotoIs(false), drop)
 	// The server's packets of a pending flow: the checker reads its
@@ -392,6 +396,7 @@ func buildRules(env ruleEnv) []ruleSpec {
 	}
 
 	// input
+	buildRules6(env, chainInput, add)
 	add(chainInput, fromSession, gotoC(chainInputSession))
 	add(chainInput, v4, toDNS, drop)
 	add(chainInputSession, v4, toDNS, dnsPort(netpolicy.ProtoUDP, true), accept)
@@ -402,11 +407,13 @@ func buildRules(env ruleEnv) []ruleSpec {
 	add(chainInputSession, gotoC(chainDropNotAllowed))
 
 	// output: what the host itself sends into sessions (inbound.go)
+	buildRules6(env, chainOutput, add)
 	inboundRules(env, add)
 
 	// postrouting
 	add(chainPostrouting, nfprotoIs(true), saddrIn(env.pool), ifPrefix(expr.MetaKeyOIFNAME, p, false),
 		[]expr.Any{&expr.Masq{}})
+	buildRules6(env, chainPostrouting, add)
 	return rs
 }
 

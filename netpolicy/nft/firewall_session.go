@@ -53,7 +53,7 @@ func (f *Firewall) AddSession(r SessionRules) error {
 	// A new session on an address starts knowing nothing of it (its
 	// predecessor's removal forgot it already).
 	f.known.forgetGuest(r.Guest)
-	plan := sessionElements(r)
+	plan := append(sessionElements(r), f.sessionElements6(r)...)
 	err := f.admin.do(func(c *nftables.Conn) error {
 		for _, se := range plan {
 			if err := addElements(c, f.schema.sets[se.set], se.elems, false); err != nil {
@@ -237,6 +237,10 @@ func (f *Firewall) removeByKeyLocked(c *nftables.Conn, r SessionRules, attested 
 			return err
 		}
 	}
+	// A dual-stack session's v6 elements: found by listing (firewall6.go).
+	if _, err := f.removeGuests6Locked(c, func(a netip.Addr) bool { return a == r.Guest }); err != nil {
+		return err
+	}
 	return c.Flush()
 }
 
@@ -288,6 +292,11 @@ func (f *Firewall) removeGuestsLocked(c *nftables.Conn, gone func(netip.Addr) bo
 		}
 		queued++
 	}
+	n6, err := f.removeGuests6Locked(c, gone)
+	if err != nil {
+		return err
+	}
+	queued += n6
 	if queued == 0 {
 		return nil
 	}
@@ -434,6 +443,9 @@ func (f *Firewall) AllAttested() (map[netip.Addr][]AttestedAddr, error) {
 			at[k] = len(out[g])
 			out[g] = append(out[g], a)
 		}
+	}
+	if err := f.allAttested6(out); err != nil {
+		return nil, err
 	}
 	for _, list := range out {
 		sort.Slice(list, func(i, j int) bool {

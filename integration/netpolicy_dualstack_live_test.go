@@ -1,0 +1,85 @@
+package integration
+
+import (
+	"net/netip"
+	"strings"
+	"testing"
+
+	"github.com/enforcerd/enforcerd/integration/world"
+	"github.com/enforcerd/enforcerd/netpolicy"
+	"github.com/enforcerd/enforcerd/netpolicy/nft"
+	"github.com/enforcerd/enforcerd/nsmgr"
+)
+
+// TestNetpolicyDualStackTableReadsAsDocumented: a dual-stack table, as nft
+// prints it, holds the v6 rules docs/network-model.md shows (anti-spoofing
+// by interface and v6 source, the guest's RAs dropped, on-link ND only,
+// ND never forwarded, the v6 guard, ICMPv6 admin-prohibited, NAT66), and a
+// session's v6 elements (its interface with its ::2, a v6 literal with its
+// port) are keyed by its v6 address.
+func TestNetpolicyDualStackTableReadsAsDocumented(t *testing.T) {
+	world.RequireTool(t, "nft")
+	w := world.New(t)
+	prefix := "t" + w.ID[:4]
+	pool, pool6 := nsmgr.DefaultPool, netip.MustParsePrefix("fd00:20::/112")
+	guard, err := netpolicy.NewDualStackGuard(pool, pool6, []netip.Prefix{w.PublicOverride, world.World6Prefix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := nft.FirewallConfig{NetNS: w.Host, Prefix: prefix, Pool: pool, DNSAddr: netip.MustParseAddr("10.20.255.254"),
+		Guard: guard, Pool6: pool6, DNS6Addr: nsmgr.DNS6Addr(pool6, pool)}
+	fw, err := nft.OpenFirewall(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := fw.DeleteTable(); err != nil {
+			t.Errorf("delete table: %v", err)
+		}
+		fw.Close()
+	})
+	if err := fw.Ensure(); err != nil {
+		t.Fatal(err)
+	}
+	lit, err := netpolicy.ParseEntry("[2001:2:0:1::11]:7/tcp", guard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := nft.SessionRules{Name: "d6", HostIface: prefix + "0h", Guest: netip.MustParseAddr("10.20.0.2"), Egress: netpolicy.ModeAllowlist,
+		Static: []netpolicy.Target{{Prefix: lit.Prefix, Port: lit.Port, Proto: lit.Proto}}, OnDeny: netpolicy.DenyReject}
+	if err := fw.AddSession(r); err != nil {
+		t.Fatal(err)
+	}
+	got := run(t, "ip", "netns", "exec", w.HostName, "nft", "list", "table", "inet", prefix)
+	for _, want := range []string{
+		`iifname "` + prefix + `*" meta nfproto ipv6 goto raw_session6`,
+		`icmpv6 type nd-router-advert drop`,
+		`icmpv6 type nd-redirect drop`,
+		`icmpv6 type nd-neighbor-solicit ip6 hoplimit 255 accept`,
+		`iifname . ip6 saddr != @sessions6 drop`,
+		`ip6 daddr @blocked6 goto drop_policy6`,
+		`ip6 saddr @reject6 reject with icmpv6 admin-prohibited`,
+		`ip6 saddr @reset6 meta l4proto tcp reject with tcp reset`,
+		`ip6 saddr fd00:20::/112 oifname != "` + prefix + `*" masquerade`,
+		`"` + prefix + `0h" . fd00:20::2`,
+		`fd00:20::2 . tcp . 2001:2:0:1::11 . 7`,
+		`ct count over`,
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("table lacks %q", want)
+		}
+	}
+	// from_session6 drops every ND type: never forwarded.
+	if !strings.Contains(got, "icmpv6 type nd-neighbor-advert drop") {
+		t.Error("from_session6 does not drop ND (nd-neighbor-advert drop missing)")
+	}
+	if t.Failed() {
+		t.Logf("nft list table inet %s:\n%s", prefix, got)
+	}
+	if err := fw.RemoveSession(r); err != nil {
+		t.Fatal(err)
+	}
+	if after := run(t, "ip", "netns", "exec", w.HostName, "nft", "list", "set", "inet", prefix, "sessions6"); strings.Contains(after, "fd00:20::2") {
+		t.Errorf("sessions6 keeps the removed session's element:\n%s", after)
+	}
+}

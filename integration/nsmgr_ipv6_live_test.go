@@ -1,0 +1,140 @@
+package integration
+
+import (
+	"net"
+	"net/netip"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/enforcerd/enforcerd/integration/world"
+	"github.com/enforcerd/enforcerd/nsmgr"
+)
+
+// TestNsmgrDualStackSession: with Pool6 a session (from the prepared pool
+// and made fresh) gets its slot's /126: ::2 on eth0, ::1 on the host side,
+// the IPv6 default route via ::1, IPv6 on but closed (no RA, no autoconf,
+// no redirects, no DAD) on both ends, and a resolv.conf naming both DNS
+// anycast addresses, the v6 one on the DNS interface. The guest reaches a
+// listener on its host side over v6 (the link works). The control, IPv6
+// disabled everywhere without Pool6, is TestNsmgrIPv6SysctlsHitTheRightNetns.
+func TestNsmgrDualStackSession(t *testing.T) {
+	w := world.New(t)
+	prefix := nsmgrPrefix(t, w)
+	checkNoLeftovers(t, prefix)
+	pool6 := netip.MustParsePrefix("fd00:20::/112")
+	etc := t.TempDir()
+	m, err := nsmgr.New(nsmgr.Config{
+		Prefix: prefix, Pool: netip.MustParsePrefix("10.20.0.0/16"), Pool6: pool6,
+		HostNS: w.Host, EtcNetnsDir: etc, Prepared: 1,
+	})
+	if err != nil {
+		t.Fatalf("nsmgr.New: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := m.Close(); err != nil {
+			t.Errorf("Close: %v", err)
+		}
+	})
+	m.StartPrepared()
+	waitPrepared(t, m, 1)
+	if _, err := m.EnsureDNSInterface(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.RemoveDNSInterface() })
+	dns6 := m.DNS6Addr()
+	if !pool6.Contains(dns6) {
+		t.Fatalf("dns6 %s outside %s", dns6, pool6)
+	}
+	hh, err := netlink.NewHandleAt(w.Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hh.Close()
+	if !linkHasAddr(t, hh, nsmgr.DNSIfaceName(prefix), dns6) {
+		t.Errorf("dns interface lacks %s", dns6)
+	}
+
+	for i, name := range []string{"d6a", "d6b"} { // the first claims the prepared netns
+		s := mustCreate(t, w, m, name, true)
+		sub, gw, guest := nsmgr.Slot6Addrs(pool6, s.Slot)
+		if s.Subnet6 != sub || s.Gateway6 != gw || s.Guest6 != guest {
+			t.Fatalf("%s: session v6 %s %s %s, want %s %s %s", name, s.Subnet6, s.Gateway6, s.Guest6, sub, gw, guest)
+		}
+		ns, h, release := sessionHandle(t, s.NetnsPath)
+		if !linkHasAddr(t, h, nsmgr.GuestIface, guest) {
+			t.Errorf("%s: eth0 lacks %s", name, guest)
+		}
+		if !linkHasAddr(t, hh, s.HostIface, gw) {
+			t.Errorf("%s: %s lacks %s", name, s.HostIface, gw)
+		}
+		routes, err := h.RouteList(nil, netlink.FAMILY_V6)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var def bool
+		for _, r := range routes {
+			if (r.Dst == nil || r.Dst.String() == "::/0") && net.IP(r.Gw).Equal(gw.AsSlice()) {
+				def = true
+			}
+		}
+		if !def {
+			t.Errorf("%s: no v6 default route via %s in %v", name, gw, routes)
+		}
+		for _, key := range []string{"accept_ra", "autoconf", "accept_redirects", "accept_dad", "disable_ipv6"} {
+			if v := readSysctl(t, ns, "/proc/sys/net/ipv6/conf/eth0/"+key); v != "0" {
+				t.Errorf("%s: guest eth0 %s = %s, want 0", name, key, v)
+			}
+			if key == "disable_ipv6" {
+				continue
+			}
+			if v := readSysctl(t, w.Host, "/proc/sys/net/ipv6/conf/"+s.HostIface+"/"+key); v != "0" {
+				t.Errorf("%s: host side %s %s = %s, want 0", name, s.HostIface, key, v)
+			}
+		}
+		rc, err := os.ReadFile(m.ResolvConfPath(name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := "nameserver " + m.DNSAddr().String() + "\nnameserver " + dns6.String() + "\n"; string(rc) != want {
+			t.Errorf("%s: resolv.conf %q, want %q", name, rc, want)
+		}
+		// The link works: a listener on the host side, reached from the guest.
+		l, err := world.ListenTCP(w.HostPath, netip.AddrPortFrom(gw, uint16(7100+i)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		go world.ServeTCPEcho(l)
+		if err := world.TCPEcho(s.NetnsPath, netip.AddrPortFrom(gw, uint16(7100+i)), 3*time.Second); err != nil {
+			t.Errorf("%s: guest to its host side over v6: %v", name, err)
+		}
+		l.Close()
+		release()
+	}
+}
+
+// linkHasAddr reports whether the link name holds a (h in its netns).
+func linkHasAddr(t *testing.T, h *netlink.Handle, name string, a netip.Addr) bool {
+	t.Helper()
+	l, err := h.LinkByName(name)
+	if err != nil {
+		t.Fatalf("find %s: %v", name, err)
+	}
+	addrs, err := h.AddrList(l, unix.AF_INET6)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var have []string
+	for _, ad := range addrs {
+		if ad.IP.Equal(a.AsSlice()) {
+			return true
+		}
+		have = append(have, ad.IPNet.String())
+	}
+	t.Logf("%s holds %s", name, strings.Join(have, " "))
+	return false
+}
