@@ -226,6 +226,36 @@ func isTchar(c byte) bool {
 	return strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0
 }
 
+// nginxMethod reports whether m is a method nginx reads (upper case,
+// '_' and '-'): nginx then takes runs of spaces, and spaces inside the
+// target, so only the line's end tells whether it is HTTP/1.x.
+func nginxMethod(m []byte) bool {
+	for _, c := range m {
+		if (c < 'A' || c > 'Z') && c != '_' && c != '-' {
+			return false
+		}
+	}
+	return true
+}
+
+// goRequestLinePrefix reports whether rest, what follows a method of any
+// other token (which Go's net/http takes) and its space, can still become
+// "TARGET SP HTTP/..." as Go parses it: one space each, no space in the
+// target.
+func goRequestLinePrefix(rest string) bool {
+	target, proto, ok := strings.Cut(rest, " ")
+	if !ok {
+		return true // the target goes on
+	}
+	if target == "" {
+		return false
+	}
+	if len(proto) < len("HTTP/") {
+		return strings.HasPrefix("HTTP/", strings.ToUpper(proto))
+	}
+	return strings.HasPrefix(strings.ToUpper(proto), "HTTP/")
+}
+
 // inspectHTTP reads an HTTP/1.x request's Host header and, for the
 // absolute form (GET http://host/ ...) and CONNECT, its target's host: a
 // server uses the target's authority over Host (RFC 9112 3.2.2).
@@ -262,6 +292,8 @@ func inspectHTTP(b []byte) Result {
 			return Result{Kind: Unreadable, Via: ViaHTTP}
 		case strings.ContainsAny(partial, "\r\x00"):
 			return Result{Kind: Other} // no request line holds them
+		case !nginxMethod(b[:i]) && !goRequestLinePrefix(partial[i+1:]):
+			return Result{Kind: Other}
 		}
 		return Result{Kind: NeedMore}
 	}

@@ -93,6 +93,12 @@ func TestInspectHTTP(t *testing.T) {
 		{"GET /\r\n", Other, nil}, // HTTP/0.9: no name
 		{"USER anonymous\r\n", Other, nil},
 		{"still here", NeedMore, nil}, // may still become a request line
+		{"still there before the restart", Other, nil},
+		{"get / HT", NeedMore, nil},
+		{"get / ht", NeedMore, nil},
+		{"get / x", Other, nil},
+		{"get  /", Other, nil},
+		{"GET /a b c", NeedMore, nil}, // nginx takes spaces in the target
 		{"GET \x00\x01", Other, nil},
 		{"GET / HTTP/1.1\rHost", Unreadable, nil},
 		{"GET / HTTP/1.1\r", NeedMore, nil},
