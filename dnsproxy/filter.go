@@ -228,6 +228,33 @@ func (f *filtered) stripECH() {
 	}
 }
 
+// publicHints keeps the hint addresses of the family (v4: ipv4hint's,
+// else ipv6hint's, whose v4-mapped ones are left out) that are public,
+// each given to keep; the others are recorded as dropped.
+func (f *filtered) publicHints(ips []net.IP, v4 bool, ttl uint32, public func(netip.Addr) bool, keep func(netip.Addr, uint32)) []net.IP {
+	var out []net.IP
+	for _, ip := range ips {
+		var a netip.Addr
+		var ok bool
+		if v4 {
+			a, ok = netip.AddrFromSlice(ip.To4())
+		} else {
+			a, ok = netip.AddrFromSlice(ip.To16())
+			ok = ok && !a.Is4In6()
+		}
+		if !ok {
+			continue
+		}
+		if !public(a) {
+			f.dropped = append(f.dropped, a)
+			continue
+		}
+		keep(a, ttl)
+		out = append(out, ip)
+	}
+	return out
+}
+
 // filterHints drops ipv6hint and keeps the public ipv4hint addresses of a
 // record of the chain (none for a record outside it).
 func (f *filtered) filterHints(kvs []dns.SVCBKeyValue, ttl uint32, inChain, v6 bool, public func(netip.Addr) bool, keep func(netip.Addr, uint32)) []dns.SVCBKeyValue {
@@ -238,44 +265,16 @@ func (f *filtered) filterHints(kvs []dns.SVCBKeyValue, ttl uint32, inChain, v6 b
 			if !v6 || !inChain {
 				continue
 			}
-			var hints []net.IP
-			for _, ip := range h.Hint {
-				a, ok := netip.AddrFromSlice(ip.To16())
-				if !ok || a.Is4In6() {
-					continue
-				}
-				if !public(a) {
-					f.dropped = append(f.dropped, a)
-					continue
-				}
-				keep(a, ttl)
-				hints = append(hints, ip)
-			}
-			if len(hints) == 0 {
+			if h.Hint = f.publicHints(h.Hint, false, ttl, public, keep); len(h.Hint) == 0 {
 				continue // an empty ipv6hint is not valid on the wire
 			}
-			h.Hint = hints
 		case *dns.SVCBIPv4Hint:
 			if !inChain {
 				continue
 			}
-			var hints []net.IP
-			for _, ip := range h.Hint {
-				a, ok := netip.AddrFromSlice(ip.To4())
-				if !ok {
-					continue
-				}
-				if !public(a) {
-					f.dropped = append(f.dropped, a)
-					continue
-				}
-				keep(a, ttl)
-				hints = append(hints, ip)
-			}
-			if len(hints) == 0 {
+			if h.Hint = f.publicHints(h.Hint, true, ttl, public, keep); len(h.Hint) == 0 {
 				continue // an empty ipv4hint is not valid on the wire
 			}
-			h.Hint = hints
 		}
 		out = append(out, kv)
 	}

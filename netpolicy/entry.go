@@ -178,17 +178,23 @@ func parseCIDR(s string, g *Guard) (netip.Prefix, error) {
 		p = netip.PrefixFrom(a, 32)
 	}
 	if r, bad := g.overlapping(p); bad {
-		what := p.String()
-		if p.IsSingleIP() {
-			what = p.Addr().String()
-		}
-		verb := "overlaps"
-		if r.Prefix.Bits() <= p.Bits() && r.Prefix.Contains(p.Addr()) {
-			verb = "is inside"
-		}
-		return netip.Prefix{}, fmt.Errorf("%s %s special-purpose range %s; only public unicast IPv4 is accepted", what, verb, r)
+		return netip.Prefix{}, specialPurposeError(p, r, "IPv4")
 	}
 	return p, nil
+}
+
+// specialPurposeError says that p, an entry's address or CIDR, meets the
+// special-purpose range r.
+func specialPurposeError(p netip.Prefix, r Range, family string) error {
+	what := p.String()
+	if p.IsSingleIP() {
+		what = p.Addr().String()
+	}
+	verb := "overlaps"
+	if r.Prefix.Bits() <= p.Bits() && r.Prefix.Contains(p.Addr()) {
+		verb = "is inside"
+	}
+	return fmt.Errorf("%s %s special-purpose range %s; only public unicast %s is accepted", what, verb, r, family)
 }
 
 // String returns the canonical text of the entry, which ParseEntry accepts

@@ -74,15 +74,7 @@ func parseCIDR6(s string, g *Guard) (netip.Prefix, error) {
 		p = netip.PrefixFrom(a, 128)
 	}
 	if r, bad := g.overlapping6(p); bad {
-		what := p.String()
-		if p.IsSingleIP() {
-			what = p.Addr().String()
-		}
-		verb := "overlaps"
-		if r.Prefix.Bits() <= p.Bits() && r.Prefix.Contains(p.Addr()) {
-			verb = "is inside"
-		}
-		return netip.Prefix{}, fmt.Errorf("%s %s special-purpose range %s; only public unicast IPv6 is accepted", what, verb, r)
+		return netip.Prefix{}, specialPurposeError(p, r, "IPv6")
 	}
 	return p, nil
 }

@@ -131,21 +131,10 @@ func (s *schema) addSets6() {
 }
 
 // limitFlows6 is limitFlows keyed by the v6 source.
-func (env ruleEnv) limitFlows6() []expr.Any {
-	s := env.set(setFlows6)
-	return append(loadSaddr6(reg1), &expr.Dynset{SrcRegKey: reg1, SetName: s.Name, SetID: s.ID,
-		Operation: unix.NFT_DYNSET_OP_ADD,
-		Exprs:     []expr.Any{&expr.Connlimit{Count: env.maxFlows, Flags: connlimitOver}}})
-}
+func (env ruleEnv) limitFlows6() []expr.Any { return env.flowCount(setFlows6, loadSaddr6(reg1)) }
 
 // limitRate6 is limitRate keyed by the v6 source.
-func (env ruleEnv) limitRate6() []expr.Any {
-	s := env.set(setFlowRate6)
-	return append(loadSaddr6(reg1), &expr.Dynset{SrcRegKey: reg1, SetName: s.Name, SetID: s.ID,
-		Operation: unix.NFT_DYNSET_OP_UPDATE,
-		Exprs: []expr.Any{&expr.Limit{Type: expr.LimitTypePkts, Rate: uint64(env.flowRate), Over: true,
-			Unit: expr.LimitTimeSecond, Burst: 2 * env.flowRate}}})
-}
+func (env ruleEnv) limitRate6() []expr.Any { return env.flowRateOver(setFlowRate6, loadSaddr6(reg1)) }
 
 // chainDefs6 are the v6 chains (regular chains: they go before the base
 // chains that jump to them).

@@ -595,18 +595,26 @@ func (env ruleEnv) lookupPeerOf() []expr.Any {
 
 // limitFlows matches when the session already holds more than maxFlows
 // tracked flows: add @flows { ip saddr ct count over N }.
-func (env ruleEnv) limitFlows() []expr.Any {
-	s := env.set(setFlows)
-	return append(loadSaddr(reg1), &expr.Dynset{SrcRegKey: reg1, SetName: s.Name, SetID: s.ID,
+func (env ruleEnv) limitFlows() []expr.Any { return env.flowCount(setFlows, loadSaddr(reg1)) }
+
+// limitRate matches when the session opens new flows faster than flowRate
+// per second (burst twice that): update @flowrate { ip saddr limit rate over R/second }.
+func (env ruleEnv) limitRate() []expr.Any { return env.flowRateOver(setFlowRate, loadSaddr(reg1)) }
+
+// flowCount is "add @set { KEY ct count over maxFlows }", KEY what load
+// puts in reg1 (the session's source, v4 or v6).
+func (env ruleEnv) flowCount(set string, load []expr.Any) []expr.Any {
+	s := env.set(set)
+	return append(load, &expr.Dynset{SrcRegKey: reg1, SetName: s.Name, SetID: s.ID,
 		Operation: unix.NFT_DYNSET_OP_ADD,
 		Exprs:     []expr.Any{&expr.Connlimit{Count: env.maxFlows, Flags: connlimitOver}}})
 }
 
-// limitRate matches when the session opens new flows faster than flowRate
-// per second (burst twice that): update @flowrate { ip saddr limit rate over R/second }.
-func (env ruleEnv) limitRate() []expr.Any {
-	s := env.set(setFlowRate)
-	return append(loadSaddr(reg1), &expr.Dynset{SrcRegKey: reg1, SetName: s.Name, SetID: s.ID,
+// flowRateOver is "update @set { KEY limit rate over flowRate/second
+// burst 2*flowRate }".
+func (env ruleEnv) flowRateOver(set string, load []expr.Any) []expr.Any {
+	s := env.set(set)
+	return append(load, &expr.Dynset{SrcRegKey: reg1, SetName: s.Name, SetID: s.ID,
 		Operation: unix.NFT_DYNSET_OP_UPDATE,
 		Exprs: []expr.Any{&expr.Limit{Type: expr.LimitTypePkts, Rate: uint64(env.flowRate), Over: true,
 			Unit: expr.LimitTimeSecond, Burst: 2 * env.flowRate}}})
