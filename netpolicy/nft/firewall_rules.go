@@ -228,10 +228,10 @@ func buildRules(env ruleEnv) []ruleSpec {
 
 	// forward. The name check's verdict comes back as the packet's mark
 	// (NF_REPEAT re-enters this chain): it becomes the flow's conntrack
-	// mark, and the packet's mark goes.
-	for _, m := range []uint32{CtMarkNameOK, CtMarkNameRefused} {
-		add(chainForward, metaMarkIs(m), ctMarkSet(m), metaMarkSet(0))
-	}
+	// mark, and the packet's mark goes. One rule for both verdicts (they
+	// differ in the lowest bit only): every forwarded packet of the host
+	// passes this test.
+	add(chainForward, verdictMarkIs(), ctMarkFromMetaMark(), metaMarkSet(0))
 	buildRules6(env, chainForward, add)
 	add(chainForward, fromSession, gotoC(chainFromSession))
 	add(chainForward, toSession, nfprotoIs(false), drop)
@@ -427,10 +427,22 @@ const (
 	CtMarkNameRefused uint32 = 0x6e630003 // checked, refused: every packet answered as a policy drop
 )
 
-func metaMarkIs(m uint32) []expr.Any {
+// verdictMarkIs matches a packet whose mark is one of the name check's
+// verdicts, CtMarkNameOK or CtMarkNameRefused: meta mark & ~1 == OK.
+func verdictMarkIs() []expr.Any {
 	return []expr.Any{
 		&expr.Meta{Key: expr.MetaKeyMARK, Register: reg1},
-		cmpEq(reg1, binaryutil.NativeEndian.PutUint32(m)),
+		&expr.Bitwise{SourceRegister: reg1, DestRegister: reg1, Len: 4,
+			Mask: binaryutil.NativeEndian.PutUint32(^(CtMarkNameOK ^ CtMarkNameRefused)), Xor: []byte{0, 0, 0, 0}},
+		cmpEq(reg1, binaryutil.NativeEndian.PutUint32(CtMarkNameOK&CtMarkNameRefused)),
+	}
+}
+
+// ctMarkFromMetaMark is "ct mark set meta mark".
+func ctMarkFromMetaMark() []expr.Any {
+	return []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyMARK, Register: reg1},
+		&expr.Ct{Register: reg1, Key: expr.CtKeyMARK, SourceRegister: true},
 	}
 }
 
