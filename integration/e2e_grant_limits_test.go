@@ -298,6 +298,12 @@ func (s *byteSink) received(client string) int64 {
 func upload(t *testing.T, ns, dst string, size int64) (string, bool) {
 	t.Helper()
 	c := e2eDial(t, ns, dst)
+	// A fixed send buffer: autotuning grows it up to tcp_wmem's 4 MiB on a
+	// fast path, and then every write of an upload the network stopped
+	// could still return, queued, and read as completed.
+	if err := c.(*net.TCPConn).SetWriteBuffer(256 << 10); err != nil {
+		t.Fatalf("upload to %s: send buffer: %v", dst, err)
+	}
 	id := fmt.Sprintf("%0*d", uploadIDLen, uploads.Add(1))
 	c.SetWriteDeadline(time.Now().Add(2 * time.Second))
 	if _, err := c.Write([]byte(id)); err != nil {

@@ -54,7 +54,39 @@ func attachTap(t *testing.T, ns netns.NsHandle, ifname string) *os.File {
 		t.Fatalf("attach to tap %s: %v", ifname, err)
 	}
 	t.Cleanup(func() { f.Close() })
+	waitTapActive(t, ns, ifname)
 	return f
+}
+
+// waitTapActive waits until the kernel has brought the tap's carrier up
+// after an attach. The attach turns the carrier on at once, but the tap's
+// transmit queue is activated later, by the link-watch worker, which runs
+// at most once a second: a frame the responder sends before that is
+// dropped without an error (a real guest's DHCP client retransmits; a test
+// sends once). The worker sets the operational state up just before it
+// activates the queue, so the test waits for that state and a margin.
+func waitTapActive(t *testing.T, ns netns.NsHandle, ifname string) {
+	t.Helper()
+	h, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		t.Fatalf("netlink in the tap's netns: %v", err)
+	}
+	defer h.Close()
+	deadline := time.Now().Add(3 * time.Second)
+	for {
+		l, err := h.LinkByName(ifname)
+		if err != nil {
+			t.Fatalf("find tap %s: %v", ifname, err)
+		}
+		if l.Attrs().OperState == netlink.OperUp {
+			time.Sleep(20 * time.Millisecond)
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("tap %s: operational state %s 3 s after the attach, want up", ifname, l.Attrs().OperState)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 }
 
 // readDHCPReply reads frames from the tap until a DHCP reply for xid
