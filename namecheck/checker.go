@@ -74,6 +74,9 @@ type Decision struct {
 	// passed, then refused before the server acknowledged it); "" for a
 	// first decision.
 	Was string
+	// NoReset: the flow was refused at its SYN, which never left: its
+	// server knows nothing to reset.
+	NoReset bool
 }
 
 // Judge answers whether guest's policy allows name on port (TCP, or UDP
@@ -175,41 +178,38 @@ const (
 	tcpURG = 0x20
 )
 
-// segment is what the checker reads of a queued IPv4 TCP packet.
+const tcpProto = 6
+
+// segment is what the checker reads of a queued TCP packet (IPv4 or
+// IPv6).
 type segment struct {
 	key     FlowKey
 	seq     uint32
 	ack     uint32
 	flags   byte
 	payload []byte
+	ext     bool // IPv6 extension headers before the TCP header
 }
 
-func parseSegment(p []byte) (segment, bool) {
+func parseSegment(ip ipPacket) (segment, bool) {
 	var s segment
-	if len(p) < 20 || p[0]>>4 != 4 || p[9] != 6 {
+	t := ip.l4
+	if ip.proto != tcpProto || len(t) < 20 {
 		return s, false
 	}
-	ihl := int(p[0]&0x0f) * 4
-	total := int(binary.BigEndian.Uint16(p[2:4]))
-	if ihl < 20 || total < ihl+20 || total > len(p) {
-		return s, false
-	}
-	if binary.BigEndian.Uint16(p[6:8])&0x3fff != 0 {
-		return s, false // a fragment: conntrack reassembles before forward, so never here
-	}
-	t := p[ihl:total]
 	off := int(t[12]>>4) * 4
 	if off < 20 || off > len(t) {
 		return s, false
 	}
 	s.key = FlowKey{
-		Guest: netip.AddrFrom4([4]byte(p[12:16])), SrcPort: binary.BigEndian.Uint16(t[0:2]),
-		Dst: netip.AddrFrom4([4]byte(p[16:20])), DstPort: binary.BigEndian.Uint16(t[2:4]),
+		Guest: ip.src, SrcPort: binary.BigEndian.Uint16(t[0:2]),
+		Dst: ip.dst, DstPort: binary.BigEndian.Uint16(t[2:4]),
 	}
 	s.seq = binary.BigEndian.Uint32(t[4:8])
 	s.ack = binary.BigEndian.Uint32(t[8:12])
 	s.flags = t[13]
 	s.payload = t[off:]
+	s.ext = ip.ext
 	return s, true
 }
 
@@ -222,21 +222,29 @@ func (c *Checker) guest(a netip.Addr) *guestCount {
 	return g
 }
 
-// Packet handles one queued packet (from its IPv4 header on), queued
-// because its flow is pending: fromGuest tells a guest's packet from its
-// server's. It returns the verdicts it makes (none while it is held,
-// several when it decides a flow that held others) and the flow it
-// decided, if any.
+// Packet handles one queued packet (from its IPv4 or IPv6 header on),
+// queued because its flow is pending: fromGuest tells a guest's packet
+// from its server's. It returns the verdicts it makes (none while it is
+// held, several when it decides a flow that held others) and the flow it
+// decided, if any. A guest's IPv6 packet with extension headers before
+// its transport header refuses its flow (refuseExtended).
 func (c *Checker) Packet(now time.Time, id uint32, pkt []byte, fromGuest bool) ([]Verdict, *Decision) {
-	if len(pkt) >= 20 && pkt[9] == udpProto {
-		return c.datagram(now, id, pkt, fromGuest)
+	ip, ok := parseIP(pkt)
+	if !ok {
+		return []Verdict{{id, Drop}}, nil
 	}
-	s, ok := parseSegment(pkt)
+	if ip.proto == udpProto {
+		return c.datagram(now, id, ip, fromGuest)
+	}
+	s, ok := parseSegment(ip)
 	if !ok {
 		return []Verdict{{id, Drop}}, nil
 	}
 	if !fromGuest {
 		return c.serverPacket(id, s), nil
+	}
+	if s.ext {
+		return c.refuseExtended(now, id, s)
 	}
 	f := c.flows[s.key]
 	switch {
@@ -339,6 +347,45 @@ func (c *Checker) Packet(now time.Time, id uint32, pkt []byte, fromGuest bool) (
 		return nil, nil
 	}
 	return c.decide(s.key, f, r, CauseUnreadable)
+}
+
+// refuseExtended refuses the flow of a guest's IPv6 TCP packet that
+// carries extension headers before its TCP header (hop-by-hop or
+// destination options, a routing header, AH). No client needs them on a
+// connection's first packets, and each is a way to make the server read
+// other bytes, or another destination, than the checker: a routing
+// header's final destination is not the address the table judged. So the
+// flow is refused (cause unreadable), not passed unread: its SYN, its
+// first segments, or a segment sent again while the server has not
+// acknowledged the checked bytes. Once a flow passed, its packets take the
+// plain path and are not queued; one queued meanwhile is dropped.
+func (c *Checker) refuseExtended(now time.Time, id uint32, s segment) ([]Verdict, *Decision) {
+	f := c.flows[s.key]
+	refused := func(seq, alt uint32, was string) *Decision {
+		return &Decision{Guest: s.key.Guest, SrcPort: s.key.SrcPort, Dst: s.key.Dst, DstPort: s.key.DstPort,
+			Result: ResultRefused, Cause: CauseUnreadable, Seq: seq, SeqAlt: alt, Was: was}
+	}
+	switch {
+	case f == nil || s.flags&tcpSYN != 0 && !f.decided:
+		// A SYN (it never leaves: nothing to reset), or a segment of a
+		// flow whose first byte is unknown.
+		vs := c.forget(s.key, f)
+		d := refused(s.seq, 0, "")
+		d.NoReset = s.flags&tcpSYN != 0
+		c.flows[s.key] = &flowState{decided: true, seen: now}
+		return append(vs, Verdict{id, Refuse}), d
+	case !f.decided:
+		f.seen = now
+		f.held = append(f.held, id)
+		return c.decide(s.key, f, Result{Kind: Unreadable}, CauseUnreadable)
+	case f.awaiting:
+		f.seen = now
+		d := refused(f.stream.start, f.confirmAt, f.result)
+		c.release(s.key.Guest, f)
+		f.allowed, f.awaiting, f.stream = false, false, nil
+		return []Verdict{{id, Refuse}}, d
+	}
+	return []Verdict{{id, Drop}}, nil
 }
 
 // decide ends flow key with what Inspect read (or the refusal cause for

@@ -9,7 +9,10 @@
 // duplicated, retransmitted and out-of-order segments; an overlap that
 // changes a byte seen before is a conflict) within fixed bounds, and keeps
 // the per-flow state of the check (Checker): which queued packets are
-// held, and the verdict each gets once the name is known.
+// held, and the verdict each gets once the name is known. Packets are
+// IPv4 or IPv6 (a flow is keyed by its family's 5-tuple); a guest's IPv6
+// packet with extension headers before its transport header refuses its
+// flow instead of being read past.
 //
 // It exists apart from the daemon and the table because it is the part of
 // the name check an attacker feeds directly (every byte comes from the

@@ -2,42 +2,36 @@ package namecheck
 
 import (
 	"encoding/binary"
-	"net/netip"
 	"time"
 )
 
 const udpProto = 17
 
-// datagram is what the checker reads of a queued IPv4 UDP packet.
+// datagram is what the checker reads of a queued UDP packet (IPv4 or
+// IPv6).
 type datagram struct {
 	key     FlowKey
 	payload []byte
+	ext     bool // IPv6 extension headers before the UDP header
 }
 
-func parseDatagram(p []byte) (datagram, bool) {
+func parseDatagram(ip ipPacket) (datagram, bool) {
 	var d datagram
-	if len(p) < 28 || p[0]>>4 != 4 || p[9] != udpProto {
+	u := ip.l4
+	if ip.proto != udpProto || len(u) < 8 {
 		return d, false
 	}
-	ihl := int(p[0]&0x0f) * 4
-	total := int(binary.BigEndian.Uint16(p[2:4]))
-	if ihl < 20 || total < ihl+8 || total > len(p) {
-		return d, false
-	}
-	if binary.BigEndian.Uint16(p[6:8])&0x3fff != 0 {
-		return d, false // a fragment: conntrack reassembles before forward, so never here
-	}
-	u := p[ihl:total]
 	n := int(binary.BigEndian.Uint16(u[4:6]))
 	if n < 8 || n > len(u) {
 		return d, false
 	}
 	d.key = FlowKey{
 		UDP:   true,
-		Guest: netip.AddrFrom4([4]byte(p[12:16])), SrcPort: binary.BigEndian.Uint16(u[0:2]),
-		Dst: netip.AddrFrom4([4]byte(p[16:20])), DstPort: binary.BigEndian.Uint16(u[2:4]),
+		Guest: ip.src, SrcPort: binary.BigEndian.Uint16(u[0:2]),
+		Dst: ip.dst, DstPort: binary.BigEndian.Uint16(u[2:4]),
 	}
 	d.payload = u[8:n]
+	d.ext = ip.ext
 	return d, true
 }
 
@@ -49,8 +43,8 @@ func parseDatagram(p []byte) (datagram, bool) {
 // ICMP error under reject and reset). Nothing of a refused flow reaches
 // its server: unlike TCP's, a UDP server has no handshake to finish
 // before the client's first bytes.
-func (c *Checker) datagram(now time.Time, id uint32, pkt []byte, fromGuest bool) ([]Verdict, *Decision) {
-	d, ok := parseDatagram(pkt)
+func (c *Checker) datagram(now time.Time, id uint32, ip ipPacket, fromGuest bool) ([]Verdict, *Decision) {
+	d, ok := parseDatagram(ip)
 	if !ok {
 		return []Verdict{{id, Drop}}, nil
 	}
@@ -76,6 +70,11 @@ func (c *Checker) datagram(now time.Time, id uint32, pkt []byte, fromGuest bool)
 	}
 	f.seen = now
 	f.held = append(f.held, id)
+	if d.ext {
+		// IPv6 extension headers before the UDP header: refused, never
+		// read past (see refuseExtended).
+		return c.decideQUIC(d.key, f, Result{Kind: Unreadable}, CauseUnreadable)
+	}
 	r := f.quic.Add(d.payload)
 	switch {
 	case r.Kind == NeedMore && f.quic.datagrams >= MaxQUICDatagrams:
