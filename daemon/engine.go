@@ -568,12 +568,12 @@ func (e *Engine) dnsPolicy(s *liveSession) dnsproxy.SessionPolicy {
 		// Under the name check, clients get no ECH configuration: the
 		// name they want is then the server_name the check reads.
 		KeepECH: s.policy.NameCheck == netpolicy.NameCheckOff,
-		// A dual-stack session's v6 queries are its own; its AAAA answers
-		// are attested only where the name check does not apply (it reads
-		// IPv4 flows only): elsewhere they are emptied, as on IPv4-only
-		// sessions, so that no name reaches further over v6 than over v4.
+		// A dual-stack session's v6 queries are its own, and its AAAA
+		// answers are attested into its v6 sets (the name check reads
+		// IPv6 flows as it reads IPv4 ones); an IPv4-only session's are
+		// emptied.
 		Guest6: s.rec.Guest6,
-		AAAA:   s.rec.Guest6.IsValid() && s.policy.NameCheck == netpolicy.NameCheckOff,
+		AAAA:   s.rec.Guest6.IsValid(),
 	}
 }
 
@@ -648,7 +648,7 @@ func (e *Engine) teardown(rec SessionRecord, rules nft.SessionRules) error {
 				errs = append(errs, fmt.Errorf("remove rules: %w", err))
 			}
 			// Nothing keyed by the guest address outlives the session.
-			e.namecheck.forget(rec.Name, rules.Guest)
+			e.namecheck.forget(rec.Name, rules.Guest, rec.Guest6)
 		}
 	}
 	if err := e.nets.Delete(rec.Name, rec.Slot); err != nil {

@@ -92,10 +92,17 @@ func (e *Engine) serveNameCheck(q NameQueue) {
 	})
 }
 
-// fromGuest tells a guest's packet (its source in the pool) from its
-// server's: only flows from sessions to outside are checked.
+// fromGuest tells a guest's packet (its source in the pool, or in the
+// v6 pool for a dual-stack session's IPv6 packet) from its server's: only
+// flows from sessions to outside are checked.
 func (nc *nameCheck) fromGuest(pkt []byte) bool {
-	return len(pkt) >= 20 && nc.e.cfg.Pool.Contains(netip.AddrFrom4([4]byte(pkt[12:16])))
+	switch {
+	case len(pkt) >= 20 && pkt[0]>>4 == 4:
+		return nc.e.cfg.Pool.Contains(netip.AddrFrom4([4]byte(pkt[12:16])))
+	case len(pkt) >= 40 && pkt[0]>>4 == 6:
+		return nc.e.cfg.Pool6.IsValid() && nc.e.cfg.Pool6.Contains(netip.AddrFrom16([16]byte(pkt[8:24])))
+	}
+	return false
 }
 
 // finish sends the verdicts, then records the decisions.
@@ -117,7 +124,7 @@ func (nc *nameCheck) finish(vs []namecheck.Verdict, ds []namecheck.Decision) {
 		}
 	}
 	for _, d := range ds {
-		if d.Result == namecheck.ResultRefused && !d.UDP {
+		if d.Result == namecheck.ResultRefused && !d.UDP && !d.NoReset {
 			// A QUIC flow's server got none of its datagrams: nothing
 			// to end there.
 			seqs := []uint32{d.Seq}
@@ -140,7 +147,19 @@ func (nc *nameCheck) finish(vs []namecheck.Verdict, ds []namecheck.Decision) {
 // the flow's first byte, exactly the server's next expected one, which it
 // accepts at once (RFC 5961 3.2). The server then holds no half-used
 // connection; it never got a byte of the flow.
+//
+// An IPv6 flow's reset goes the same way, through a raw IPv6 socket
+// (IPPROTO_RAW: the header is ours, as with IPV6_HDRINCL).
 func resetServer(d namecheck.Decision, seq uint32) error {
+	if d.Dst.Is6() {
+		fd, err := unix.Socket(unix.AF_INET6, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.IPPROTO_RAW)
+		if err != nil {
+			return fmt.Errorf("raw socket: %w", err)
+		}
+		defer unix.Close(fd)
+		pkt := tcpReset6(d.Guest, d.SrcPort, d.Dst, d.DstPort, seq)
+		return unix.Sendto(fd, pkt, 0, &unix.SockaddrInet6{Addr: d.Dst.As16()})
+	}
 	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.IPPROTO_RAW)
 	if err != nil {
 		return fmt.Errorf("raw socket: %w", err)
@@ -159,15 +178,34 @@ func tcpReset(src netip.Addr, sport uint16, dst netip.Addr, dport uint16, seq ui
 	s, t := src.As4(), dst.As4()
 	copy(p[12:], s[:])
 	copy(p[16:], t[:])
-	h := p[20:]
+	fillReset(p[20:], s[:], t[:], sport, dport, seq)
+	return p
+}
+
+// tcpReset6 is tcpReset over IPv6 (a raw IPv6 socket sends the header as
+// given, with the TCP checksum filled here).
+func tcpReset6(src netip.Addr, sport uint16, dst netip.Addr, dport uint16, seq uint32) []byte {
+	p := make([]byte, 60)
+	p[0] = 0x60
+	binary.BigEndian.PutUint16(p[4:], 20)
+	p[6], p[7] = unix.IPPROTO_TCP, 64
+	s, t := src.As16(), dst.As16()
+	copy(p[8:], s[:])
+	copy(p[24:], t[:])
+	fillReset(p[40:], s[:], t[:], sport, dport, seq)
+	return p
+}
+
+// fillReset writes a 20-byte TCP RST header into h, its checksum over the
+// pseudo header of addresses src and dst (either family: the sum of
+// their 16-bit words, the protocol and the length) and the header.
+func fillReset(h, src, dst []byte, sport, dport uint16, seq uint32) {
 	binary.BigEndian.PutUint16(h[0:], sport)
 	binary.BigEndian.PutUint16(h[2:], dport)
 	binary.BigEndian.PutUint32(h[4:], seq)
 	h[12], h[13] = 5<<4, 0x04 // RST
-	// The checksum over the pseudo header (addresses, protocol, length)
-	// and the 20-byte header.
 	var sum uint32
-	for _, b := range [][]byte{s[:], t[:], {0, unix.IPPROTO_TCP, 0, 20}, h} {
+	for _, b := range [][]byte{src, dst, {0, unix.IPPROTO_TCP, 0, 20}, h[:20]} {
 		for i := 0; i < len(b); i += 2 {
 			sum += uint32(b[i])<<8 | uint32(b[i+1])
 		}
@@ -176,7 +214,6 @@ func tcpReset(src netip.Addr, sport uint16, dst netip.Addr, dport uint16, seq ui
 		sum = sum&0xffff + sum>>16
 	}
 	binary.BigEndian.PutUint16(h[16:], ^uint16(sum))
-	return p
 }
 
 // record counts a decided flow for its session and, when refused,
@@ -247,13 +284,16 @@ func (nc *nameCheck) record(d namecheck.Decision) {
 }
 
 // forget drops what the check keeps of a removed session: its flows'
-// state (held packets are dropped) and its counts.
-func (nc *nameCheck) forget(name string, guest netip.Addr) {
+// state over both families (held packets are dropped) and its counts.
+func (nc *nameCheck) forget(name string, guest, guest6 netip.Addr) {
 	if nc == nil {
 		return
 	}
 	nc.mu.Lock()
 	vs := nc.c.ForgetGuest(guest)
+	if guest6.IsValid() {
+		vs = append(vs, nc.c.ForgetGuest(guest6)...)
+	}
 	nc.mu.Unlock()
 	nc.finish(vs, nil)
 	nc.cmu.Lock()
@@ -292,12 +332,13 @@ func (e *Engine) NameCheckTotals() (map[string]uint64, uint64) {
 	return out, nc.q.Overruns()
 }
 
-// sessionOfGuest is the live session whose guest address is g.
+// sessionOfGuest is the live session whose guest address (or, for a
+// dual-stack session, v6 address) is g.
 func (e *Engine) sessionOfGuest(g netip.Addr) (*liveSession, bool) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	for _, s := range e.sessions {
-		if s.hasNIC() && s.rec.Guest == g {
+		if s.hasNIC() && (s.rec.Guest == g || s.rec.Guest6.IsValid() && s.rec.Guest6 == g) {
 			return s, true
 		}
 	}

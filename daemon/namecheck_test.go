@@ -95,3 +95,25 @@ func TestTCPResetChecksum(t *testing.T) {
 		t.Errorf("reset % x: checksum sum %#x (want 0xffff), flags %#x, seq % x", p, sum, p[33], p[24:28])
 	}
 }
+
+// The v6 server's reset is a valid TCP segment too: its checksum over the
+// IPv6 pseudo header sums to zero, and its IPv6 header carries TCP with
+// the addresses given.
+func TestTCPReset6Checksum(t *testing.T) {
+	g, s := netip.MustParseAddr("fd00:20::2"), netip.MustParseAddr("2001:2:0:3::10")
+	p := tcpReset6(g, 40000, s, 443, 0xfffffff1)
+	ga, sa := g.As16(), s.As16()
+	pseudo := append(append(append([]byte{}, ga[:]...), sa[:]...), 0, 0, 0, 20, 0, 0, 0, 6)
+	var sum uint32
+	for _, b := range [][]byte{pseudo, p[40:]} {
+		for i := 0; i < len(b); i += 2 {
+			sum += uint32(b[i])<<8 | uint32(b[i+1])
+		}
+	}
+	for sum > 0xffff {
+		sum = sum&0xffff + sum>>16
+	}
+	if sum != 0xffff || p[0]>>4 != 6 || p[6] != 6 || !bytes.Equal(p[8:24], ga[:]) || !bytes.Equal(p[24:40], sa[:]) || p[53] != 0x04 {
+		t.Errorf("v6 reset % x: checksum sum %#x (want 0xffff)", p, sum)
+	}
+}

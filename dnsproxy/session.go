@@ -40,9 +40,9 @@ type SessionPolicy struct {
 	Guest6 netip.Addr
 	// AAAA keeps the AAAA records and ipv6hints of allowed answers,
 	// attested into the session's v6 set before release exactly like A
-	// (a dual-stack session whose flows' names are not checked: the name
-	// check reads IPv4 flows only). Without it they are emptied, as on
-	// every IPv4-only session.
+	// (a dual-stack session: the name check reads its v6 flows as its
+	// v4 ones). Without it they are emptied, as on every IPv4-only
+	// session.
 	AAAA bool
 }
 

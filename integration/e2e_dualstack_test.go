@@ -235,7 +235,8 @@ func TestE2EDualStackAllowlist(t *testing.T) {
 
 // TestE2ENoPool6NoIPv6: the same dual-stack world, a daemon without
 // --pool6: the session has no IPv6 at all (disabled on eth0, no v6
-// address, no guest6 in inspect), its AAAA answers are emptied, and the v6
+// address, no guest6 in inspect), its AAAA answers are emptied (with the
+// name check off or on), and the v6
 // web server is unreachable, while the simulated host reaches it (the
 // control) and the session reaches the same name's v4 address.
 func TestE2ENoPool6NoIPv6(t *testing.T) {
@@ -280,6 +281,17 @@ func TestE2ENoPool6NoIPv6(t *testing.T) {
 	}
 	if err == nil {
 		t.Errorf("IPv4-only session reached %s", web6)
+	}
+	// A name-checked session (the default) of the same IPv4-only daemon:
+	// its AAAA stays emptied too (a dual-stack one's is attested:
+	// TestE2EDualStackNameCheckFronting).
+	nc := e.createNetOnly("v4nc", "--allow", "web6.e2e.test")
+	m, err = world.Lookup(e.nsPath("v4nc"), netip.AddrPortFrom(netip.MustParseAddr(nc.DNS), 53), "web6.e2e.test", dns.TypeAAAA, false, 3*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := world.Addrs6Of(m); len(got) != 0 {
+		t.Errorf("AAAA released to a name-checked IPv4-only session: %v", got)
 	}
 }
 

@@ -16,7 +16,8 @@ import (
 // by interface and v6 source, the guest's RAs dropped, on-link ND only,
 // ND never forwarded, the v6 guard, ICMPv6 admin-prohibited, NAT66), and a
 // session's v6 elements (its interface with its ::2, a v6 literal with its
-// port) are keyed by its v6 address.
+// port; under the name check, its guest6 in namecheck6) are keyed by its
+// v6 address, and the name check's v6 rules queue and answer its flows.
 func TestNetpolicyDualStackTableReadsAsDocumented(t *testing.T) {
 	world.RequireTool(t, "nft")
 	w := world.New(t)
@@ -46,7 +47,8 @@ func TestNetpolicyDualStackTableReadsAsDocumented(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := nft.SessionRules{Name: "d6", HostIface: prefix + "0h", Guest: netip.MustParseAddr("10.20.0.2"), Egress: netpolicy.ModeAllowlist,
-		Static: []netpolicy.Target{{Prefix: lit.Prefix, Port: lit.Port, Proto: lit.Proto}}, OnDeny: netpolicy.DenyReject}
+		Static: []netpolicy.Target{{Prefix: lit.Prefix, Port: lit.Port, Proto: lit.Proto}}, OnDeny: netpolicy.DenyReject,
+		NameCheck: true, QUICCheck: true}
 	if err := fw.AddSession(r); err != nil {
 		t.Fatal(err)
 	}
@@ -64,6 +66,17 @@ func TestNetpolicyDualStackTableReadsAsDocumented(t *testing.T) {
 		`"` + prefix + `0h" . fd00:20::2`,
 		`fd00:20::2 . tcp . 2001:2:0:1::11 . 7`,
 		`ct count over`,
+		// The name check over v6 (namecheck6.go): the server's packets
+		// and the guest's of a pending flow queued, a refused flow
+		// answered, name-admitted flows marked pending.
+		`oifname "` + prefix + `*" meta nfproto ipv6 ct mark 0x6e630001 goto name_queue`,
+		`meta nfproto ipv6 ct mark 0x6e630003 goto drop_name6`,
+		`ip6 saddr . ip6 daddr @attested6 goto accept_named6`,
+		`ip6 saddr @namecheck6_public goto accept_named6`,
+		`meta l4proto tcp ip6 saddr @namecheck6 ct mark set 0x6e630001`,
+		`udp dport 443 ip6 saddr @namecheck6_quic ct mark set 0x6e630001`,
+		`udp dport 443 ip6 saddr @namecheck6 goto drop_policy6`,
+		`ip6 saddr @reject6 meta l4proto tcp reject with tcp reset`,
 	} {
 		if !strings.Contains(got, want) {
 			t.Errorf("table lacks %q", want)
@@ -79,7 +92,9 @@ func TestNetpolicyDualStackTableReadsAsDocumented(t *testing.T) {
 	if err := fw.RemoveSession(r); err != nil {
 		t.Fatal(err)
 	}
-	if after := run(t, "ip", "netns", "exec", w.HostName, "nft", "list", "set", "inet", prefix, "sessions6"); strings.Contains(after, "fd00:20::2") {
-		t.Errorf("sessions6 keeps the removed session's element:\n%s", after)
+	for _, set := range []string{"sessions6", "namecheck6", "namecheck6_quic"} {
+		if after := run(t, "ip", "netns", "exec", w.HostName, "nft", "list", "set", "inet", prefix, set); strings.Contains(after, "fd00:20::2") {
+			t.Errorf("%s keeps the removed session's element:\n%s", set, after)
+		}
 	}
 }

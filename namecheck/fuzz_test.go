@@ -65,14 +65,40 @@ func FuzzStream(f *testing.F) {
 
 // FuzzChecker: whatever a guest sends (segments of an allowed or a
 // refused hello at any sequence numbers, with any flags, its server's
-// acknowledgements in between), a packet with payload never goes on
-// before its flow was decided allowed or passed, a refused flow's never
-// does, and every held packet is decided once.
+// acknowledgements in between; over IPv4 or, when ops[0]&2, over IPv6
+// with a destination options header on some of the guest's segments), a
+// packet with payload never goes on before its flow was decided allowed
+// or passed, a refused flow's never does, and every held packet is
+// decided once.
 func FuzzChecker(f *testing.F) {
 	good, evil := clientHello(f, "pkgs.example.org"), clientHello(f, "evil.example")
 	f.Add([]byte{0, 2, 1, 0, 0, 10, 1, 16, 0, 200})
 	f.Add([]byte{1, 2, 1, 0, 0, 255, 3, 16, 1, 7, 2, 16, 0, 0})
+	f.Add([]byte{2, 1, 0, 0, 0, 10, 1, 0x40, 0, 200, 2, 16, 0})
 	f.Fuzz(func(t *testing.T, ops []byte) {
+		v6 := len(ops) > 0 && ops[0]&2 == 2
+		// segment is a guest's (or, from the server, its) TCP packet in
+		// the fuzzed family; ext puts a destination options header on a
+		// v6 one.
+		segment := func(fromGuest bool, seq, ack uint32, flags byte, payload []byte, ext bool) []byte {
+			if !v6 {
+				if !fromGuest {
+					p := tcpPacket(cdn, guest, 40000, seq, flags, payload)
+					p[20], p[21], p[22], p[23] = 443>>8, 443&0xff, 40000>>8, 40000&0xff
+					binary.BigEndian.PutUint32(p[28:], ack)
+					return p
+				}
+				return tcpPacket(guest, cdn, 443, seq, flags, payload)
+			}
+			var hdrs [][]byte
+			if ext {
+				hdrs = append(hdrs, destOpts)
+			}
+			if !fromGuest {
+				return tcp6Packet(cdn6, guest6, 443, 40000, seq, ack, flags, payload, hdrs...)
+			}
+			return tcp6Packet(guest6, cdn6, 40000, 443, seq, 0, flags, payload, hdrs...)
+		}
 		c := NewChecker(Config{Judge: judgeOnly("pkgs.example.org")})
 		now := time.Unix(1, 0)
 		hello := good
@@ -88,22 +114,21 @@ func FuzzChecker(f *testing.F) {
 			var pkt []byte
 			fromGuest := true
 			payload := false
+			ext := op&0x40 != 0
 			switch op % 4 {
 			case 0: // a segment of the hello at its place
 				off := a * len(hello) / 256
 				end := min(len(hello), off+1+b*8)
-				pkt = tcpPacket(guest, cdn, 443, isn+1+uint32(off), tcpACK, hello[off:end])
+				pkt = segment(true, isn+1+uint32(off), 0, tcpACK, hello[off:end], ext)
 				payload = true
 			case 1: // a SYN: a new flow on the same ports (port reuse)
-				pkt = tcpPacket(guest, cdn, 443, isn, tcpSYN, nil)
+				pkt = segment(true, isn, 0, tcpSYN, nil, ext)
 				result = ""
 			case 2: // the server's acknowledgement
-				pkt = tcpPacket(cdn, guest, 40000, 9, byte(a)&tcpACK|tcpACK, nil)
-				pkt[20], pkt[21], pkt[22], pkt[23] = 443>>8, 443&0xff, 40000>>8, 40000&0xff
-				binary.BigEndian.PutUint32(pkt[28:], isn+1+uint32(b*16))
+				pkt = segment(false, 9, isn+1+uint32(b*16), byte(a)&tcpACK|tcpACK, nil, ext)
 				fromGuest = false
 			case 3: // a segment with other bytes, anywhere
-				pkt = tcpPacket(guest, cdn, 443, isn+uint32(a), byte(b)&^tcpSYN|tcpACK, []byte{byte(a), byte(b)})
+				pkt = segment(true, isn+uint32(a), 0, byte(b)&^tcpSYN|tcpACK, []byte{byte(a), byte(b)}, ext)
 				payload = byte(b)&tcpRST == 0
 			}
 			if op&0x80 != 0 {
@@ -130,6 +155,23 @@ func FuzzChecker(f *testing.F) {
 				}
 				decided[v.ID] = true
 			}
+		}
+	})
+}
+
+// FuzzParseIP: any bytes parse or not without a panic, and what parses
+// keeps its transport header inside the packet, with its addresses of the
+// packet's own family.
+func FuzzParseIP(f *testing.F) {
+	f.Add(tcpPacket(guest, cdn, 443, 1, tcpSYN, nil))
+	f.Add(tcp6Packet(guest6, cdn6, 40000, 443, 1, 0, tcpSYN, nil, destOpts, destOpts))
+	f.Fuzz(func(t *testing.T, p []byte) {
+		ip, ok := parseIP(p)
+		if !ok {
+			return
+		}
+		if len(ip.l4) > len(p) || ip.src.Is4() != (p[0]>>4 == 4) || ip.ext && p[0]>>4 != 6 {
+			t.Fatalf("parsed %+v from % x", ip, p)
 		}
 	})
 }

@@ -226,7 +226,8 @@ func QUICInitial(nsPath string, dst netip.AddrPort, timeout time.Duration) error
 func IsRefusal(err error) bool {
 	return errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.ECONNREFUSED) ||
 		errors.Is(err, syscall.EHOSTUNREACH) || errors.Is(err, syscall.ENETUNREACH) ||
-		errors.Is(err, syscall.EPIPE) || errors.Is(err, syscall.ECONNABORTED)
+		errors.Is(err, syscall.EPIPE) || errors.Is(err, syscall.ECONNABORTED) ||
+		errors.Is(err, syscall.EACCES) // ICMPv6 administratively prohibited
 }
 
 // AddGreaseECH returns the ClientHello record hello with a GREASE

@@ -90,3 +90,21 @@ func family(network string, a netip.Addr) string {
 	}
 	return network
 }
+
+// addLoopback6 puts a v6 address (/128, DAD off) on the loopback of the
+// internet side: a server of the world's IPv6 internet.
+func (w *World) addLoopback6(a netip.Addr) error {
+	ih, err := netlink.NewHandleAt(w.Net)
+	if err != nil {
+		return fmt.Errorf("netlink handle in %s: %w", w.NetName, err)
+	}
+	defer ih.Close()
+	lo, err := ih.LinkByName("lo")
+	if err != nil {
+		return fmt.Errorf("find link lo: %w", err)
+	}
+	if err := ih.AddrAdd(lo, &netlink.Addr{IPNet: prefixToIPNet(netip.PrefixFrom(a, 128)), Flags: unix.IFA_F_NODAD}); err != nil {
+		return fmt.Errorf("add %s to lo: %w", a, err)
+	}
+	return nil
+}

@@ -48,7 +48,10 @@ const (
 // Answers name what was served: "served NAME\n", NAME the certificate's
 // name over TLS, the Host over plain HTTP.
 type Shared struct {
-	Addr  netip.Addr
+	Addr netip.Addr
+	// Addr6 is the v6 twin of Addr (SharedAddr6, once ServeIPv6 ran):
+	// the same servers, names and captures.
+	Addr6 netip.Addr
 	Names []string // the names served; the first is the default (a hello without SNI)
 	// CAFile is the PEM of the test CA that signed every certificate, for
 	// curl --cacert and openssl s_client -CAfile; CA the same as a pool.
@@ -57,6 +60,7 @@ type Shared struct {
 
 	echKeys []tls.EncryptedClientHelloKey
 	echPub  []byte // the X25519 public key every ECH config carries
+	tlsConf *tls.Config
 
 	mu       sync.Mutex
 	captures []*Capture
@@ -96,6 +100,14 @@ func (c *Capture) Host() string {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.host
+}
+
+// Closed reports whether the server closed the connection (a reset it
+// got ends its read at once).
+func (c *Capture) Closed() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.closed
 }
 
 func (c *Capture) String() string {
@@ -184,27 +196,51 @@ func (w *World) ServeShared(names ...string) (*Shared, error) {
 		},
 		EncryptedClientHelloKeys: s.echKeys,
 	}
-	for _, port := range []int{SharedTLSPort, SharedAltTLSPort} {
-		if err := s.serveHTTP(w, port, "tls", tlsConf); err != nil {
-			return nil, err
-		}
-	}
-	if err := s.serveHTTP(w, SharedHTTPPort, "http", nil); err != nil {
-		return nil, err
-	}
-	if err := s.serveSSHLike(w); err != nil {
-		return nil, err
-	}
-	if err := s.serveUDPSink(w); err != nil {
+	s.tlsConf = tlsConf
+	if err := s.serveAt(w, s.Addr); err != nil {
 		return nil, err
 	}
 	return s, nil
 }
 
+// SharedAddr6 is the shared address's v6 twin in the world's IPv6
+// internet (2001:2::/48), as 198.18.3.10 is in the IPv4 one.
+var SharedAddr6 = netip.MustParseAddr("2001:2:0:3::10")
+
+// ServeIPv6 serves the same names, by SNI and Host, on SharedAddr6 too
+// (the world must have IPv6: EnableIPv6); its connections are captures of
+// the same log, told apart by their From.
+func (s *Shared) ServeIPv6(w *World) error {
+	if len(w.Web6) == 0 {
+		return errors.New("serve shared over ipv6: the world has no ipv6 (want EnableIPv6 first)")
+	}
+	if err := w.addLoopback6(SharedAddr6); err != nil {
+		return fmt.Errorf("serve shared over ipv6: %w", err)
+	}
+	s.Addr6 = SharedAddr6
+	return s.serveAt(w, SharedAddr6)
+}
+
+// serveAt starts every server of the shared address on addr.
+func (s *Shared) serveAt(w *World, addr netip.Addr) error {
+	for _, port := range []int{SharedTLSPort, SharedAltTLSPort} {
+		if err := s.serveHTTP(w, addr, port, "tls", s.tlsConf); err != nil {
+			return err
+		}
+	}
+	if err := s.serveHTTP(w, addr, SharedHTTPPort, "http", nil); err != nil {
+		return err
+	}
+	if err := s.serveSSHLike(w, addr); err != nil {
+		return err
+	}
+	return s.serveUDPSink(w, addr)
+}
+
 // serveHTTP serves HTTP/1.1 on port (over TLS when conf is set), each
 // answer naming what was served.
-func (s *Shared) serveHTTP(w *World, port int, kind string, conf *tls.Config) error {
-	l, err := ListenTCP(w.NetPath, netip.AddrPortFrom(s.Addr, uint16(port)))
+func (s *Shared) serveHTTP(w *World, addr netip.Addr, port int, kind string, conf *tls.Config) error {
+	l, err := ListenTCP(w.NetPath, netip.AddrPortFrom(addr, uint16(port)))
 	if err != nil {
 		return err
 	}
@@ -266,8 +302,8 @@ func (s *Shared) serveHTTP(w *World, port int, kind string, conf *tls.Config) er
 
 // serveSSHLike speaks first, as an SSH server does: a banner; then it
 // answers every line it reads with "ok LINE".
-func (s *Shared) serveSSHLike(w *World) error {
-	l, err := ListenTCP(w.NetPath, netip.AddrPortFrom(s.Addr, SharedSSHPort))
+func (s *Shared) serveSSHLike(w *World, addr netip.Addr) error {
+	l, err := ListenTCP(w.NetPath, netip.AddrPortFrom(addr, SharedSSHPort))
 	if err != nil {
 		return err
 	}
@@ -303,8 +339,8 @@ func (s *Shared) serveSSHLike(w *World) error {
 
 // serveUDPSink records every datagram to UDP :443, one Capture per source,
 // and answers none (no QUIC server: a datagram that arrives is the leak).
-func (s *Shared) serveUDPSink(w *World) error {
-	pc, err := ListenUDP(w.NetPath, netip.AddrPortFrom(s.Addr, SharedQUICPort))
+func (s *Shared) serveUDPSink(w *World, addr netip.Addr) error {
+	pc, err := ListenUDP(w.NetPath, netip.AddrPortFrom(addr, SharedQUICPort))
 	if err != nil {
 		return err
 	}

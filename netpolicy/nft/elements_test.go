@@ -181,8 +181,18 @@ func TestAttestElements(t *testing.T) {
 // rule names exists, and every concatenated lookup loads exactly the bytes
 // of its set's key.
 func TestRulesReferenceTheSchema(t *testing.T) {
+	t.Run("ipv4", func(t *testing.T) { testRulesReferenceTheSchema(t, netip.Prefix{}) })
+	t.Run("dual-stack", func(t *testing.T) { testRulesReferenceTheSchema(t, netip.MustParsePrefix("fd00:20::/112")) })
+}
+
+func testRulesReferenceTheSchema(t *testing.T, pool6 netip.Prefix) {
 	sc := newSchema("enf", pool16)
-	env := ruleEnv{prefix: "enf", pool: pool16, dns: netip.MustParseAddr("10.20.255.254"), set: func(n string) *nftables.Set {
+	defs := chainDefs()
+	if pool6.IsValid() {
+		sc.addSets6()
+		defs = append(chainDefs6(), defs...)
+	}
+	env := ruleEnv{prefix: "enf", pool: pool16, dns: netip.MustParseAddr("10.20.255.254"), pool6: pool6, dns6: netip.MustParseAddr("fd00:20::1"), set: func(n string) *nftables.Set {
 		s, ok := sc.sets[n]
 		if !ok {
 			t.Fatalf("rule names unknown set %q", n)
@@ -190,7 +200,7 @@ func TestRulesReferenceTheSchema(t *testing.T) {
 		return s
 	}}
 	chains := map[string]bool{}
-	for _, d := range chainDefs() {
+	for _, d := range defs {
 		chains[d.name] = true
 	}
 	for i, r := range buildRules(env) {

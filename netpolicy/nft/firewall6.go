@@ -27,20 +27,24 @@ import (
 //	  iifname . ip6 saddr != @sessions6 drop               # anti-spoofing, before conntrack
 //	forward (before the v4 rules of sessions)
 //	  iifname "P*" meta nfproto ipv6 goto from_session6
+//	  oifname "P*" meta nfproto ipv6 ct mark NAME_PENDING goto name_queue  # the server's ACK confirms a checked flow
 //	  oifname "P*" meta nfproto ipv6 ct state established,related accept
 //	  (then the v4 table's "oifname P* meta nfproto != ipv4 drop": no new flow into a session)
 //	from_session6
 //	  icmpv6 type {133-137} drop                           # ND is link-scoped, never forwarded
+//	  ct mark NAME_PENDING goto name_queue                 # the name check (namecheck6.go)
+//	  ct mark NAME_REFUSED goto drop_name6
 //	  ct state established accept
 //	  ct state related,invalid drop                        # a session's ICMPv6 errors: refused
 //	  (every accept below is "goto accept_new6")
 //	  ip6 saddr . ip6 daddr @denied6 goto drop_policy6
 //	  ip6 daddr @blocked6 goto drop_policy6                # the v6 special-purpose guard
 //	  KEY6 @static6_ports accept                           # KEY6 = ip6 saddr . meta l4proto . ip6 daddr . th dport
-//	  KEY6 @attested6_ports accept
+//	  KEY6 @attested6_ports goto accept_named6             # admitted by a name: the name check (namecheck6.go)
 //	  meta l4proto {tcp,udp} th dport {53,853} goto drop_policy6  # resolvers: only the proxy, or an entry naming the port
+//	  ip6 saddr @namecheck6_public goto accept_named6      # public, deny entries by name: every flow checked
 //	  ip6 saddr @public6 accept
-//	  ip6 saddr . ip6 daddr @attested6 accept
+//	  ip6 saddr . ip6 daddr @attested6 goto accept_named6
 //	  ip6 saddr . ip6 daddr @static6 accept
 //	  ip6 saddr . ip6 daddr @static6_cidr accept
 //	  KEY6 @static6_cidr_ports accept
@@ -102,8 +106,8 @@ var (
 
 // sessionSets6 are the v6 sets keyed by a guest (sessions6 after its
 // interface name): what removing a session deletes from.
-var sessionSets6 = []string{setSessions6, setPublic6, setStatic6, setStatic6Ports, setStatic6CIDR, setStatic6CIDRPorts,
-	setAttested6, setAttested6Ports, setDenied6, setReject6, setReset6, setFlows6, setFlowRate6}
+var sessionSets6 = append([]string{setSessions6, setPublic6, setStatic6, setStatic6Ports, setStatic6CIDR, setStatic6CIDRPorts,
+	setAttested6, setAttested6Ports, setDenied6, setReject6, setReset6, setFlows6, setFlowRate6}, nameCheckSets6...)
 
 // addSets6 adds the v6 sets to a dual-stack daemon's schema.
 func (s *schema) addSets6() {
@@ -128,6 +132,9 @@ func (s *schema) addSets6() {
 	size := s.sets[setFlows].Size
 	add(&nftables.Set{Name: setFlows6, KeyType: nftables.TypeIP6Addr, Dynamic: true, Size: size})
 	add(&nftables.Set{Name: setFlowRate6, KeyType: nftables.TypeIP6Addr, Dynamic: true, Size: size})
+	for _, set := range nameCheckSetDefs6() { // namecheck6.go
+		add(set)
+	}
 }
 
 // limitFlows6 is limitFlows keyed by the v6 source.
@@ -139,7 +146,8 @@ func (env ruleEnv) limitRate6() []expr.Any { return env.flowRateOver(setFlowRate
 // chainDefs6 are the v6 chains (regular chains: they go before the base
 // chains that jump to them).
 func chainDefs6() []chainDef {
-	return []chainDef{{name: chainDropPolicy6}, {name: chainAcceptNew6}, {name: chainRawSession6}, {name: chainFromSession6}, {name: chainInputSession6}, {name: chainOutputSession6}}
+	return append([]chainDef{{name: chainDropPolicy6}, {name: chainAcceptNew6}}, append(nameCheckChainDefs6(),
+		chainDef{name: chainRawSession6}, chainDef{name: chainFromSession6}, chainDef{name: chainInputSession6}, chainDef{name: chainOutputSession6})...)
 }
 
 // chainDefs returns the table's chains for this firewall.
@@ -227,6 +235,9 @@ func buildRules6(env ruleEnv, where string, add func(chain string, parts ...[]ex
 		add6(chainRawSession6, ex, env.lookup(setSessions6, reg1, true), drop)
 	case chainForward:
 		add(chainForward, fromSession, v6, gotoC(chainFromSession6))
+		// The server's packets of a pending flow: the checker reads its
+		// acknowledgement of the checked bytes (namecheck6.go).
+		add(chainForward, toSession, v6, ctMarkIs(CtMarkNamePending), gotoC(chainNameQueue))
 		add(chainForward, toSession, v6, ctStateIn(expr.CtStateBitESTABLISHED|expr.CtStateBitRELATED), accept)
 
 		// Neighbour discovery is link-scoped: never forwarded. (raw_session6
@@ -235,18 +246,23 @@ func buildRules6(env ruleEnv, where string, add func(chain string, parts ...[]ex
 		for t := byte(133); t <= 137; t++ {
 			add6(chainFromSession6, icmp6TypeIn(t), drop)
 		}
+		// The name check's pending and refused flows (namecheck6.go).
+		add6(chainFromSession6, ctMarkIs(CtMarkNamePending), gotoC(chainNameQueue))
+		add6(chainFromSession6, ctMarkIs(CtMarkNameRefused), gotoC(chainDropName6))
 		add6(chainFromSession6, ctStateIn(expr.CtStateBitESTABLISHED), accept)
 		add6(chainFromSession6, ctStateIn(expr.CtStateBitRELATED|expr.CtStateBitINVALID), drop)
 		add6(chainFromSession6, env.lookupPair6(setDenied6), gotoC(chainDropPolicy6))
 		add6(chainFromSession6, loadDaddr6(reg1), env.lookup(setBlocked6, reg1, false), gotoC(chainDropPolicy6))
-		acceptNew := gotoC(chainAcceptNew6)
+		acceptNew, acceptNamed := gotoC(chainAcceptNew6), gotoC(chainAcceptNamed6)
 		add6(chainFromSession6, env.lookupPorts6(setStatic6Ports), acceptNew)
-		add6(chainFromSession6, env.lookupPorts6(setAttested6Ports), acceptNew)
+		add6(chainFromSession6, env.lookupPorts6(setAttested6Ports), acceptNamed)
 		for _, pp := range resolverPorts {
 			add6(chainFromSession6, l4protoIs(pp.Proto), loadDport(reg1), []expr.Any{cmpEq(reg1, portKey(pp.Port)[:2])}, gotoC(chainDropPolicy6))
 		}
+		add6(chainFromSession6, loadSaddr6(reg1), env.lookup(setNameCheck6Public, reg1, false), acceptNamed)
 		add6(chainFromSession6, loadSaddr6(reg1), env.lookup(setPublic6, reg1, false), acceptNew)
-		for _, set := range []string{setAttested6, setStatic6, setStatic6CIDR} {
+		add6(chainFromSession6, env.lookupPair6(setAttested6), acceptNamed)
+		for _, set := range []string{setStatic6, setStatic6CIDR} {
 			add6(chainFromSession6, env.lookupPair6(set), acceptNew)
 		}
 		add6(chainFromSession6, env.lookupPorts6(setStatic6CIDRPorts), acceptNew)
@@ -258,6 +274,7 @@ func buildRules6(env ruleEnv, where string, add func(chain string, parts ...[]ex
 		add6(chainAcceptNew6, isNew, env.limitFlows6(), drop)
 		add6(chainAcceptNew6, isNew, env.limitRate6(), drop)
 		add6(chainAcceptNew6, accept)
+		nameCheckRules6(env, add6)
 
 		add6(chainDropPolicy6, loadSaddr6(reg1), env.lookup(setReset6, reg1, false), l4protoIs(netpolicy.ProtoTCP),
 			[]expr.Any{&expr.Reject{Type: unix.NFT_REJECT_TCP_RST}})
@@ -395,7 +412,7 @@ func (f *Firewall) sessionElements6(r SessionRules) []setElems {
 			out = append(out, se)
 		}
 	}
-	return out
+	return append(out, nameCheckElements6(g, r)...)
 }
 
 func prefixesOf(ts []netpolicy.Target) []netip.Prefix {

@@ -194,6 +194,9 @@ func (f *Firewall) updateByKeyLocked(c *nftables.Conn, u SessionUpdate, p update
 	if err := f.queueLimitsLocked(c, u.New.Guest, u.New.Limits, wantedLimits(u.Old.Guest, u.Old.Limits)); err != nil {
 		return err
 	}
+	if err := f.queueNameCheck6Locked(c, u); err != nil {
+		return err
+	}
 	return c.Flush()
 }
 
@@ -276,6 +279,9 @@ func (f *Firewall) updateByDumpLocked(c *nftables.Conn, u SessionUpdate, p updat
 		return err
 	}
 	if err := f.queueLimitsLocked(c, u.New.Guest, u.New.Limits, have[u.New.Guest]); err != nil {
+		return err
+	}
+	if err := f.queueNameCheck6Locked(c, u); err != nil {
 		return err
 	}
 	return c.Flush()
