@@ -151,22 +151,22 @@ func (nc *nameCheck) finish(vs []namecheck.Verdict, ds []namecheck.Decision) {
 // An IPv6 flow's reset goes the same way, through a raw IPv6 socket
 // (IPPROTO_RAW: the header is ours, as with IPV6_HDRINCL).
 func resetServer(d namecheck.Decision, seq uint32) error {
+	var (
+		family = unix.AF_INET
+		pkt    []byte
+		to     unix.Sockaddr
+	)
 	if d.Dst.Is6() {
-		fd, err := unix.Socket(unix.AF_INET6, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.IPPROTO_RAW)
-		if err != nil {
-			return fmt.Errorf("raw socket: %w", err)
-		}
-		defer unix.Close(fd)
-		pkt := tcpReset6(d.Guest, d.SrcPort, d.Dst, d.DstPort, seq)
-		return unix.Sendto(fd, pkt, 0, &unix.SockaddrInet6{Addr: d.Dst.As16()})
+		family, pkt, to = unix.AF_INET6, tcpReset6(d.Guest, d.SrcPort, d.Dst, d.DstPort, seq), &unix.SockaddrInet6{Addr: d.Dst.As16()}
+	} else {
+		pkt, to = tcpReset(d.Guest, d.SrcPort, d.Dst, d.DstPort, seq), &unix.SockaddrInet4{Addr: d.Dst.As4()}
 	}
-	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.IPPROTO_RAW)
+	fd, err := unix.Socket(family, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.IPPROTO_RAW)
 	if err != nil {
 		return fmt.Errorf("raw socket: %w", err)
 	}
 	defer unix.Close(fd)
-	pkt := tcpReset(d.Guest, d.SrcPort, d.Dst, d.DstPort, seq)
-	return unix.Sendto(fd, pkt, 0, &unix.SockaddrInet4{Addr: d.Dst.As4()})
+	return unix.Sendto(fd, pkt, 0, to)
 }
 
 // tcpReset is an IPv4 TCP RST from src to dst with sequence number seq
