@@ -240,19 +240,20 @@ type SandboxView struct {
 
 // SessionInfo is what list and inspect return.
 type SessionInfo struct {
-	Name      string     `json:"name"`
-	Netns     string     `json:"netns"`
-	GuestIP   string     `json:"guest_ip,omitempty"`
-	GatewayIP string     `json:"gateway_ip,omitempty"`
-	Guest6IP  string     `json:"guest6_ip,omitempty"` // a dual-stack session's IPv6 address (serve --pool6)
-	DNS6      string     `json:"dns6,omitempty"`      // its IPv6 resolver (the v6 anycast address)
-	HostVeth  string     `json:"host_veth,omitempty"`
-	DNS       string     `json:"dns,omitempty"` // the resolver the session uses (the anycast address); none without a NIC
-	Egress    string     `json:"egress"`
-	Policy    PolicyView `json:"policy"`
-	Sandbox   bool       `json:"sandbox"`
-	Rootfs    string     `json:"rootfs,omitempty"`
-	Image     string     `json:"image,omitempty"` // the image store's image the sandbox runs from, if one
+	Name       string     `json:"name"`
+	Netns      string     `json:"netns"`
+	GuestIP    string     `json:"guest_ip,omitempty"`
+	GatewayIP  string     `json:"gateway_ip,omitempty"`
+	Guest6IP   string     `json:"guest6_ip,omitempty"`   // a dual-stack session's IPv6 address (serve --pool6)
+	Gateway6IP string     `json:"gateway6_ip,omitempty"` // its IPv6 gateway (the host end of its /126)
+	DNS6       string     `json:"dns6,omitempty"`        // its IPv6 resolver (the v6 anycast address)
+	HostVeth   string     `json:"host_veth,omitempty"`
+	DNS        string     `json:"dns,omitempty"` // the resolver the session uses (the anycast address); none without a NIC
+	Egress     string     `json:"egress"`
+	Policy     PolicyView `json:"policy"`
+	Sandbox    bool       `json:"sandbox"`
+	Rootfs     string     `json:"rootfs,omitempty"`
+	Image      string     `json:"image,omitempty"` // the image store's image the sandbox runs from, if one
 	// Attached sessions only (see CreateRequest.NetnsPath); Netns is then
 	// the netns path too.
 	NetnsPath   string `json:"netns_path,omitempty"`

@@ -786,15 +786,16 @@ func (e *Engine) summary(s *liveSession) api.SessionInfo {
 		}
 	}
 	return api.SessionInfo{
-		Name:      s.rec.Name,
-		Netns:     s.rec.Netns,
-		GuestIP:   addrString(s.rec.Guest),
-		GatewayIP: addrString(s.rec.Gateway),
-		Guest6IP:  addrString(s.rec.Guest6),
-		DNS6:      dns6,
-		HostVeth:  s.rec.HostIface,
-		DNS:       dns,
-		Egress:    string(s.policy.Egress),
+		Name:       s.rec.Name,
+		Netns:      s.rec.Netns,
+		GuestIP:    addrString(s.rec.Guest),
+		GatewayIP:  addrString(s.rec.Gateway),
+		Guest6IP:   addrString(s.rec.Guest6),
+		Gateway6IP: addrString(s.rec.Gateway6),
+		DNS6:       dns6,
+		HostVeth:   s.rec.HostIface,
+		DNS:        dns,
+		Egress:     string(s.policy.Egress),
 		Policy: api.PolicyView{
 			Allow:     entryStrings(s.policy.Allow),
 			LabPeers:  s.policy.LabPeers,

@@ -1,9 +1,11 @@
 package integration
 
 import (
+	"errors"
 	"net"
 	"net/netip"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -137,4 +139,86 @@ func linkHasAddr(t *testing.T, h *netlink.Handle, name string, a netip.Addr) boo
 	}
 	t.Logf("%s holds %s", name, strings.Join(have, " "))
 	return false
+}
+
+// TestNsmgrAttachDualStack: with Pool6 an attached session gets its slot's
+// /126 in the runtime's netns as an owned one does (::2 on the guest
+// interface, ::1 on the host side, the v6 default route), IPv6 closed down
+// on that interface alone (the runtime's "default" keeps its value); and a
+// fault at every step of Attach unwinds.
+func TestNsmgrAttachDualStack(t *testing.T) {
+	w := world.New(t)
+	prefix := nsmgrPrefix(t, w)
+	checkNoLeftovers(t, prefix)
+	pool6 := netip.MustParsePrefix("fd00:20::/112")
+	path := runtimeNetns(t, w, "a6")
+	newM := func(fault func(string) error) *nsmgr.Manager {
+		m, err := nsmgr.New(nsmgr.Config{Prefix: prefix, Pool: netip.MustParsePrefix("10.20.0.0/16"), Pool6: pool6,
+			HostNS: w.Host, EtcNetnsDir: t.TempDir(), Fault: fault})
+		if err != nil {
+			t.Fatalf("nsmgr.New: %v", err)
+		}
+		return m
+	}
+	for _, step := range nsmgr.AttachSteps {
+		m := newM(func(s string) error {
+			if s == step {
+				return errInjected
+			}
+			return nil
+		})
+		if _, err := m.Attach("f", nsmgr.Attachment{NetnsPath: path, IfName: "eth0"}); !errors.Is(err, errInjected) {
+			t.Fatalf("fault at %s: Attach = %v", step, err)
+		}
+		_, h, release := sessionHandle(t, path)
+		if names := linkNames(t, h); !slices.Equal(names, []string{"lo"}) {
+			t.Errorf("fault at %s: links left in the runtime's netns: %v", step, names)
+		}
+		release()
+		if names := linkNames(t, hostHandle(t, w)); slices.ContainsFunc(names, func(n string) bool { return strings.HasPrefix(n, prefix) }) {
+			t.Errorf("fault at %s: host links of the prefix left: %v", step, names)
+		}
+		m.Close()
+	}
+
+	m := newM(nil)
+	t.Cleanup(func() { m.Close() })
+	ns, h, release := sessionHandle(t, path)
+	defer release()
+	defaultRA := readSysctl(t, ns, "/proc/sys/net/ipv6/conf/default/accept_ra")
+	s, err := m.Attach("a6", nsmgr.Attachment{NetnsPath: path, IfName: "net1"})
+	if err != nil {
+		t.Fatalf("Attach: %v", err)
+	}
+	defer cleanupSession(t, w, prefix, "a6", s.Slot)
+	sub, gw, guest := nsmgr.Slot6Addrs(pool6, s.Slot)
+	if !s.Attached || s.Subnet6 != sub || s.Gateway6 != gw || s.Guest6 != guest {
+		t.Fatalf("attached session v6 %s %s %s (attached %v), want %s %s %s", s.Subnet6, s.Gateway6, s.Guest6, s.Attached, sub, gw, guest)
+	}
+	if !linkHasAddr(t, h, "net1", guest) {
+		t.Errorf("net1 lacks %s", guest)
+	}
+	if !linkHasAddr(t, hostHandle(t, w), s.HostIface, gw) {
+		t.Errorf("%s lacks %s", s.HostIface, gw)
+	}
+	routes, err := h.RouteList(nil, netlink.FAMILY_V6)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.ContainsFunc(routes, func(r netlink.Route) bool {
+		return (r.Dst == nil || r.Dst.String() == "::/0") && net.IP(r.Gw).Equal(gw.AsSlice())
+	}) {
+		t.Errorf("no v6 default route via %s in the runtime's netns: %v", gw, routes)
+	}
+	for _, key := range []string{"accept_ra", "autoconf", "accept_redirects", "accept_dad", "disable_ipv6"} {
+		if v := readSysctl(t, ns, "/proc/sys/net/ipv6/conf/net1/"+key); v != "0" {
+			t.Errorf("net1 %s = %s, want 0", key, v)
+		}
+	}
+	if v := readSysctl(t, ns, "/proc/sys/net/ipv6/conf/default/accept_ra"); v != defaultRA {
+		t.Errorf("the runtime's default accept_ra went from %s to %s: Attach changes its own interface only", defaultRA, v)
+	}
+	if defaultRA == "0" {
+		t.Errorf("control: the runtime's default accept_ra is already 0, so the test cannot tell")
+	}
 }

@@ -14,7 +14,7 @@ import (
 // StepCreateNetns and StepResolvConf (an attached session has neither).
 const (
 	StepOpenNetns = "open-netns" // open the runtime's netns, check it may be used
-	StepGuestIPv6 = "guest-ipv6" // in the netns: IPv6 disabled on the guest interface
+	StepGuestIPv6 = "guest-ipv6" // in the netns: IPv6 disabled on the guest interface (dual-stack: closed down)
 )
 
 // AttachSteps lists every step of Attach, in order.
@@ -56,7 +56,10 @@ func ValidateAttachment(at Attachment) error {
 // veth pair with its peer created directly in that netns under at.IfName,
 // the slot's /30, IPv6 disabled on both sides, the host side's ARP locked,
 // and the default route via the gateway, exactly as Create does for a netns
-// of its own. It writes no resolv.conf (the runtime owns the container's
+// of its own. On a dual-stack daemon (Config.Pool6) the slot's /126 goes on
+// both sides too, with the guest's IPv6 default route, and IPv6 is closed
+// down on the guest interface alone (ipv6Closed on at.IfName in the
+// runtime's netns: its "all" and "default" are the runtime's). It writes no resolv.conf (the runtime owns the container's
 // /etc) and never touches lo or anything else already in the netns.
 //
 // The host veth's alias is "<prefix>-<session> attached", so Recover and
@@ -84,19 +87,22 @@ func (c *creation) runAttach() error {
 	}
 	c.hostName = HostIfaceName(m.cfg.Prefix, c.slot)
 	_, c.gw, c.guestAddr = m.geo.SlotAddrs(c.slot)
+	if m.cfg.Pool6.IsValid() {
+		_, c.gw6, c.guest6 = Slot6Addrs(m.cfg.Pool6, c.slot)
+	}
 	steps := []struct {
 		name string
 		fn   func() error
 	}{
 		{StepAddVeth, c.addVeth},
 		{StepTagVeth, c.tagVeth},
-		{StepGuestIPv6, c.disableGuestIPv6},
+		{StepGuestIPv6, c.configureGuestIPv6},
 		{StepHostIPv6, c.disableHostIPv6},
-		{StepHostAddr, func() error { return addAddr(m.host, c.host, c.gw) }},
+		{StepHostAddr, c.addHostAddrs},
 		{StepHostUp, func() error { return setUp(m.host, c.host) }},
 		{StepGuestAddr, c.addGuestAddr},
 		{StepGuestUp, func() error { return setUp(c.guest, c.eth0) }},
-		{StepGuestRoute, c.addDefaultRoute},
+		{StepGuestRoute, c.addDefaultRoutes},
 	}
 	for _, s := range steps {
 		if err := c.step(s.name, s.fn); err != nil {
@@ -248,13 +254,30 @@ func sameNetns(a, b netns.NsHandle) (bool, error) {
 	return sa.Dev == sb.Dev && sa.Ino == sb.Ino, nil
 }
 
-// disableGuestIPv6 disables IPv6 on the guest interface before it goes up
-// (the netns's "default" is the runtime's to choose; this interface's is
-// ours), from a thread in the runtime's netns.
-func (c *creation) disableGuestIPv6() error {
+// configureGuestIPv6 sets IPv6 on the guest interface before it goes up
+// (the netns's "all" and "default" are the runtime's to choose; this
+// interface's are ours), from a thread in the runtime's netns: disabled on
+// an IPv4-only daemon; on a dual-stack one enabled and closed down to the
+// address Attach assigns (ipv6Closed: no RA, no autoconfiguration, no
+// redirects, no DAD, no router solicitation).
+func (c *creation) configureGuestIPv6() error {
+	if !c.guest6.IsValid() {
+		return Do(c.nsFD, func() error {
+			if err := disableIPv6(c.ifname); err != nil && !errors.Is(err, fs.ErrNotExist) { // (no such file: a kernel without IPv6)
+				return fmt.Errorf("disable ipv6 on %s in netns %s: %w", c.ifname, c.attach.NetnsPath, err)
+			}
+			return nil
+		})
+	}
 	return Do(c.nsFD, func() error {
-		if err := disableIPv6(c.ifname); err != nil && !errors.Is(err, fs.ErrNotExist) { // (no such file: a kernel without IPv6)
-			return fmt.Errorf("disable ipv6 on %s in netns %s: %w", c.ifname, c.attach.NetnsPath, err)
+		dir := ipv6ConfDir + "/" + c.ifname + "/"
+		for _, s := range ipv6Closed {
+			if err := writeSysctl(dir+s.key, s.value); err != nil {
+				return fmt.Errorf("dual-stack: ipv6 settings of %s in netns %s: %w", c.ifname, c.attach.NetnsPath, err)
+			}
+		}
+		if err := writeSysctl(dir+"disable_ipv6", "0"); err != nil { // the runtime's default may disable it
+			return fmt.Errorf("dual-stack: enable ipv6 on %s in netns %s: %w", c.ifname, c.attach.NetnsPath, err)
 		}
 		return nil
 	})

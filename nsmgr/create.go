@@ -95,6 +95,7 @@ func (m *Manager) createWith(name string, nic bool, at *Attachment, vm *VMConfig
 	}
 	if vm != nil {
 		sess.VM = &VMNet{Bridge: VMBridge, Tap: vm.Tap, TapOwner: vm.TapOwner, MAC: vm.MAC}
+		sess.Subnet6, sess.Gateway6, sess.Guest6 = netip.Prefix{}, netip.Addr{}, netip.Addr{} // IPv4-only
 	}
 	return sess, nil
 }

@@ -76,8 +76,8 @@ type Session struct {
 	Gateway   netip.Addr // on HostIface
 	Guest     netip.Addr // on eth0 (attached: IfName) in the session netns
 	// Subnet6, Gateway6 and Guest6 are the slot's /126 and its two ends
-	// on a dual-stack daemon (Config.Pool6); invalid otherwise, and for
-	// attached and VM sessions, which stay IPv4-only.
+	// on a dual-stack daemon (Config.Pool6), attached sessions included;
+	// invalid otherwise, and for VM sessions, which stay IPv4-only.
 	Subnet6  netip.Prefix
 	Gateway6 netip.Addr
 	Guest6   netip.Addr

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"net/netip"
 	"path/filepath"
 	"sort"
 
@@ -62,6 +63,7 @@ func (m *Manager) Recover() ([]Session, error) {
 				vm = &VMNet{Bridge: VMBridge, TapOwner: NoTapOwner}
 			}
 			sess.VM = vm
+			sess.Subnet6, sess.Gateway6, sess.Guest6 = netip.Prefix{}, netip.Addr{}, netip.Addr{} // IPv4-only
 		}
 		sessions[session] = sess
 	}

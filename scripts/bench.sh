@@ -4,9 +4,9 @@
 # by side in the same run, inside network namespaces the program creates, and prints the
 # ratios: a table plus one `RESULT name=... k=v` line per figure (docs/benchmarks.md).
 #
-#   make bench                 full run (about 16-17 minutes on 2 cores)
+#   make bench                 full run (about 23-24 minutes on 2 cores, the IPv6 figures included)
 #   BENCH_QUICK=1 make bench   smoke run (about 2 minutes)
-#   BENCH_ONLY=dns,runc make bench    some figures only (net,datapath,dns,runc,daemon,droplog,namecheck,cni,update,scale,pool)
+#   BENCH_ONLY=dns,runc make bench    some figures only (net,datapath,dns,net6,datapath6,dns6,runc,daemon,droplog,namecheck,cni,update,scale,pool)
 #
 # Needs ENFORCERD_BIN (the daemon binary) and ENFORCERD_ROOTFS (a busybox image from
 # scripts/mkrootfs.sh); the Makefile sets both. Results also go to .cache/bench/last.txt.

@@ -12,6 +12,8 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"slices"
+	"strconv"
 	"time"
 
 	"github.com/containernetworking/cni/pkg/skel"
@@ -99,7 +101,9 @@ var supportedVersions = version.All
 // result is the CNI result of a session: the host veth and the container's
 // interface with its MAC (read in the netns: runtimes such as podman
 // require it), the guest's /30 with its gateway, the default route, and
-// the DNS anycast address as the nameserver. The host veth's MAC is not
+// the DNS anycast address as the nameserver. On a dual-stack daemon
+// (serve --pool6) also the guest's /126 with its gateway, the IPv6
+// default route and the v6 anycast address. The host veth's MAC is not
 // there: it lives in the daemon's netns, which the plugin does not enter,
 // and inspect does not report it.
 func result(info api.SessionInfo, ifname, netns string, mac net.HardwareAddr) (*types100.Result, error) {
@@ -128,8 +132,32 @@ func result(info api.SessionInfo, ifname, netns string, mac net.HardwareAddr) (*
 	if info.DNS != "" {
 		res.DNS.Nameservers = []string{info.DNS}
 	}
+	if info.Guest6IP == "" {
+		return res, nil
+	}
+	guest6, err := netip.ParseAddr(info.Guest6IP)
+	if err != nil || !guest6.Is6() {
+		return nil, fmt.Errorf("session %s: guest IPv6 address %q: want an IPv6 address", info.Name, info.Guest6IP)
+	}
+	gw6, err := netip.ParseAddr(info.Gateway6IP)
+	if err != nil || !gw6.Is6() {
+		return nil, fmt.Errorf("session %s: IPv6 gateway %q: want an IPv6 address", info.Name, info.Gateway6IP)
+	}
+	res.IPs = append(res.IPs, &types100.IPConfig{
+		Interface: &inContainer,
+		Address:   net.IPNet{IP: guest6.AsSlice(), Mask: net.CIDRMask(guest6Bits, 128)},
+		Gateway:   gw6.AsSlice(),
+	})
+	res.Routes = append(res.Routes, &types.Route{Dst: net.IPNet{IP: net.IPv6zero, Mask: net.CIDRMask(0, 128)}, GW: gw6.AsSlice()})
+	if info.DNS6 != "" {
+		res.DNS.Nameservers = append(res.DNS.Nameservers, info.DNS6)
+	}
 	return res, nil
 }
+
+// guest6Bits is the prefix length of a dual-stack session's IPv6 address
+// (its slot's /126, nsmgr.Pool6SlotBits; the plugin imports no nsmgr).
+const guest6Bits = 126
 
 // cmdDel deletes the attachment's session. Gone already (or never made,
 // or the netns gone) is success; a session of that name that is another
@@ -201,8 +229,13 @@ func cmdCheck(args *skel.CmdArgs) error {
 		return types.NewError(types.ErrDecodingFailure, "check: prevResult: "+err.Error(), "")
 	}
 	for _, ip := range prev.IPs {
-		if ip.Address.IP.String() != info.GuestIP {
-			return fmt.Errorf("check: session %s has address %s, the result said %s", name, info.GuestIP, ip.Address.IP)
+		a, _ := netip.AddrFromSlice(ip.Address.IP)
+		want := info.GuestIP
+		if a.Unmap().Is6() {
+			want = info.Guest6IP
+		}
+		if got := a.Unmap().String(); got != want {
+			return fmt.Errorf("check: session %s has address %s, the result said %s", name, addrOrNone(want != "", want), got)
 		}
 	}
 	if len(prev.IPs) == 0 {
@@ -234,6 +267,16 @@ func checkIface(ci containerIface, info api.SessionInfo, prev *types100.Result, 
 	}
 	if !ci.HasRoute || ci.Gateway.String() != info.GatewayIP {
 		return fmt.Errorf("check: %s has default route %s, want via %s", where, addrOrNone(ci.HasRoute, "via "+ci.Gateway.String()), info.GatewayIP)
+	}
+	if info.Guest6IP == "" {
+		return nil
+	}
+	want6 := info.Guest6IP + "/" + strconv.Itoa(guest6Bits)
+	if !slices.ContainsFunc(ci.Addrs6, func(p netip.Prefix) bool { return p.String() == want6 }) {
+		return fmt.Errorf("check: %s has IPv6 addresses %v, want %s among them", where, ci.Addrs6, want6)
+	}
+	if !ci.HasRoute6 || ci.Gateway6.String() != info.Gateway6IP {
+		return fmt.Errorf("check: %s has IPv6 default route %s, want via %s", where, addrOrNone(ci.HasRoute6, "via "+ci.Gateway6.String()), info.Gateway6IP)
 	}
 	return nil
 }

@@ -12,6 +12,7 @@ package main
 import (
 	"bufio"
 	"encoding/binary"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"net"
@@ -32,6 +33,11 @@ type containerIface struct {
 	Addr     netip.Prefix // the primary IPv4 address; invalid when it has none
 	Gateway  netip.Addr   // of the IPv4 default route through it; invalid when none
 	HasRoute bool
+	// Addrs6 are its global IPv6 addresses (no link-local); Gateway6 is
+	// the next hop of the IPv6 default route through it.
+	Addrs6    []netip.Prefix
+	Gateway6  netip.Addr
+	HasRoute6 bool
 }
 
 // errNoIface is an interface the netns does not have.
@@ -93,7 +99,87 @@ func inspectIfaceHere(path, ifname string) (containerIface, error) {
 	if ci.Gateway, ci.HasRoute, err = defaultRoute(ifname); err != nil {
 		return ci, fmt.Errorf("routes of netns %s: %w", path, err)
 	}
+	// IPv6, when the netns has it (no such file: a kernel without IPv6).
+	if ci.Addrs6, err = readProcNet("if_inet6", func(sc *bufio.Scanner) ([]netip.Prefix, error) { return parseIfInet6(sc, ifname) }); err != nil {
+		return ci, fmt.Errorf("IPv6 addresses of netns %s: %w", path, err)
+	}
+	type route6 struct {
+		gw netip.Addr
+		ok bool
+	}
+	r, err := readProcNet("ipv6_route", func(sc *bufio.Scanner) (route6, error) {
+		gw, ok, err := parseRoutes6(sc, ifname)
+		return route6{gw, ok}, err
+	})
+	if err != nil {
+		return ci, fmt.Errorf("IPv6 routes of netns %s: %w", path, err)
+	}
+	ci.Gateway6, ci.HasRoute6 = r.gw, r.ok
 	return ci, nil
+}
+
+// readProcNet parses /proc/thread-self/net/NAME (the calling thread's
+// netns) with parse; a missing file is the zero value.
+func readProcNet[T any](name string, parse func(*bufio.Scanner) (T, error)) (T, error) {
+	var zero T
+	f, err := os.Open("/proc/thread-self/net/" + name)
+	if errors.Is(err, os.ErrNotExist) {
+		return zero, nil
+	}
+	if err != nil {
+		return zero, err
+	}
+	defer f.Close()
+	return parse(bufio.NewScanner(f))
+}
+
+// parseIfInet6 reads /proc/net/if_inet6: "ADDR IFINDEX PREFIXLEN SCOPE
+// FLAGS IFNAME", the address as 32 hex digits, the length in hex; it
+// returns ifname's addresses of global scope (0).
+func parseIfInet6(sc *bufio.Scanner, ifname string) ([]netip.Prefix, error) {
+	var out []netip.Prefix
+	for sc.Scan() {
+		f := strings.Fields(sc.Text())
+		if len(f) < 6 || f[5] != ifname || f[3] != "00" {
+			continue
+		}
+		a, err := hex16(f[0])
+		if err != nil {
+			return nil, err
+		}
+		bits, err := strconv.ParseUint(f[2], 16, 8)
+		if err != nil || bits > 128 {
+			return nil, fmt.Errorf("prefix length %q", f[2])
+		}
+		out = append(out, netip.PrefixFrom(a, int(bits)))
+	}
+	return out, sc.Err()
+}
+
+// parseRoutes6 reads /proc/net/ipv6_route: "DST DSTLEN SRC SRCLEN NEXTHOP
+// METRIC REFCNT USE FLAGS IFNAME", addresses as 32 hex digits; it returns
+// the next hop of the default route (::/0) through ifname.
+func parseRoutes6(sc *bufio.Scanner, ifname string) (netip.Addr, bool, error) {
+	for sc.Scan() {
+		f := strings.Fields(sc.Text())
+		if len(f) < 10 || f[9] != ifname || f[1] != "00" || strings.Trim(f[0], "0") != "" {
+			continue
+		}
+		gw, err := hex16(f[4])
+		if err != nil {
+			return netip.Addr{}, false, err
+		}
+		return gw, true, nil
+	}
+	return netip.Addr{}, false, sc.Err()
+}
+
+func hex16(s string) (netip.Addr, error) {
+	b, err := hex.DecodeString(s)
+	if err != nil || len(b) != 16 {
+		return netip.Addr{}, fmt.Errorf("IPv6 address %q: want 32 hex digits", s)
+	}
+	return netip.AddrFrom16([16]byte(b)), nil
 }
 
 // ifreqHW is struct ifreq with its union read as ifr_hwaddr (a sockaddr);

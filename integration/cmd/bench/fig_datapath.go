@@ -73,28 +73,7 @@ func figDatapath(ctx context.Context, cfg *config, rep *Report) error {
 		}
 		return time.Since(start), nil
 	}
-	iperf := func() (gbps float64, retrans int, err error) {
-		secs := int(cfg.iperfDuration / time.Second)
-		out, err := run(ctx, cfg.iperfDuration+30*time.Second, inNS(client.NetnsPath, "taskset", "-c", "1",
-			"iperf3", "-c", iperfTarget.String(), "-p", "5201", "-t", fmt.Sprint(secs), "-J")...)
-		if err != nil {
-			return 0, 0, err
-		}
-		var res struct {
-			End struct {
-				Received struct {
-					BPS float64 `json:"bits_per_second"`
-				} `json:"sum_received"`
-				Sent struct {
-					Retransmits int `json:"retransmits"`
-				} `json:"sum_sent"`
-			} `json:"end"`
-		}
-		if err := json.Unmarshal([]byte(out), &res); err != nil {
-			return 0, 0, fmt.Errorf("iperf3 json: %w: %s", err, lastLines(out, 5))
-		}
-		return res.End.Received.BPS / 1e9, res.End.Sent.Retransmits, nil
-	}
+	iperf := func() (float64, int, error) { return iperfRun(ctx, cfg, client.NetnsPath, iperfTarget) }
 
 	// The floor any stateful, masquerading design pays: conntrack with
 	// established traffic accepted first, and the pool masqueraded; nothing
@@ -209,4 +188,30 @@ func joinFloats(v []float64) string {
 		s[i] = fmt.Sprintf("%.2f", f)
 	}
 	return strings.Join(s, ",")
+}
+
+// iperfRun is one iperf3 run (pinned to CPU 1) from the netns at nsPath to
+// the server at target:5201: the received rate in Gbit/s and the sender's
+// retransmits.
+func iperfRun(ctx context.Context, cfg *config, nsPath string, target netip.Addr) (gbps float64, retrans int, err error) {
+	secs := int(cfg.iperfDuration / time.Second)
+	out, err := run(ctx, cfg.iperfDuration+30*time.Second, inNS(nsPath, "taskset", "-c", "1",
+		"iperf3", "-c", target.String(), "-p", "5201", "-t", fmt.Sprint(secs), "-J")...)
+	if err != nil {
+		return 0, 0, err
+	}
+	var res struct {
+		End struct {
+			Received struct {
+				BPS float64 `json:"bits_per_second"`
+			} `json:"sum_received"`
+			Sent struct {
+				Retransmits int `json:"retransmits"`
+			} `json:"sum_sent"`
+		} `json:"end"`
+	}
+	if err := json.Unmarshal([]byte(out), &res); err != nil {
+		return 0, 0, fmt.Errorf("iperf3 json: %w: %s", err, lastLines(out, 5))
+	}
+	return res.End.Received.BPS / 1e9, res.End.Sent.Retransmits, nil
 }

@@ -34,13 +34,29 @@ type netFloor struct {
 	route  *nl.SocketHandle // a rtnetlink socket there, for the veth's create
 	dir    string           // where its netns are mounted
 	prefix string           // of its netns and links: unique per run
+	pool6  netip.Prefix     // valid: dual-stack (floorPool6), each slot also gets a /126
 	live   map[int]bool
 }
+
+// floorPool6 holds the dual-stack floor's /126s: slot i's ::1 (host) and
+// ::2 (guest) at offset 4i, as nsmgr lays out its pool6.
+var floorPool6 = netip.MustParsePrefix("fd00:22::/112")
 
 // floorPool holds the floor's /30s: slot i is 10.22.0.4i/30, the host side
 // .1, the guest .2, apart from nsmgr's default pool (10.20.0.0/16) and the
 // ptp peer's (10.21.0.0/16, peerPool) in the same simulated host.
 var floorPool = netip.MustParsePrefix("10.22.0.0/16")
+
+// newNetFloor6 is newNetFloor for dual-stack slots: each also gets its
+// /126 of floorPool6 (an address on each side, DAD off as nsmgr's, and the
+// guest's IPv6 default route); IPv6 is otherwise left as a new netns has it.
+func newNetFloor6(host netns.NsHandle, prefix string) (*netFloor, error) {
+	f, err := newNetFloor(host, prefix)
+	if f != nil {
+		f.pool6 = floorPool6
+	}
+	return f, err
+}
 
 func newNetFloor(host netns.NsHandle, prefix string) (*netFloor, error) {
 	h, err := netlink.NewHandleAt(host)
@@ -148,7 +164,24 @@ func (f *netFloor) Create(i int) (time.Duration, error) {
 	if err := g.RouteAdd(&netlink.Route{LinkIndex: eth0.Attrs().Index, Gw: gw.AsSlice()}); err != nil {
 		return 0, fmt.Errorf("network floor: default route: %w", err)
 	}
+	if f.pool6.IsValid() {
+		_, gw6, guest6 := nsmgr.Slot6Addrs(f.pool6, i)
+		if err := f.host.AddrAdd(host, floorAddr6(gw6)); err != nil {
+			return 0, fmt.Errorf("network floor: v6 address of %s: %w", hostName, err)
+		}
+		if err := g.AddrAdd(eth0, floorAddr6(guest6)); err != nil {
+			return 0, fmt.Errorf("network floor: guest v6 address: %w", err)
+		}
+		def := &net.IPNet{IP: net.IPv6zero, Mask: net.CIDRMask(0, 128)}
+		if err := g.RouteAdd(&netlink.Route{LinkIndex: eth0.Attrs().Index, Dst: def, Gw: gw6.AsSlice()}); err != nil {
+			return 0, fmt.Errorf("network floor: v6 default route: %w", err)
+		}
+	}
 	return time.Since(start), nil
+}
+
+func floorAddr6(a netip.Addr) *netlink.Addr {
+	return &netlink.Addr{IPNet: &net.IPNet{IP: a.AsSlice(), Mask: net.CIDRMask(nsmgr.Pool6SlotBits, 128)}, Flags: unix.IFA_F_NODAD}
 }
 
 // addVeth creates the pair, its peer in the netns of nsFD, with one
@@ -213,6 +246,16 @@ func (f *netFloor) Check(i int) error {
 	}
 	if len(routes) == 0 || !routes[0].Gw.Equal(gw.AsSlice()) || !routes[0].Src.Equal(guest.AsSlice()) {
 		return fmt.Errorf("network floor: slot %d routes %v, want via %s from %s", i, routes, gw, guest)
+	}
+	if f.pool6.IsValid() {
+		_, gw6, guest6 := nsmgr.Slot6Addrs(f.pool6, i)
+		routes, err := g.RouteGet(net.ParseIP("2001:2::1"))
+		if err != nil {
+			return fmt.Errorf("network floor: v6 route from slot %d: %w", i, err)
+		}
+		if len(routes) == 0 || !routes[0].Gw.Equal(gw6.AsSlice()) || !routes[0].Src.Equal(guest6.AsSlice()) {
+			return fmt.Errorf("network floor: slot %d v6 routes %v, want via %s from %s", i, routes, gw6, guest6)
+		}
 	}
 	return nil
 }

@@ -117,6 +117,9 @@ var figures = []figure{
 	{"net", figSessionNet},
 	{"datapath", figDatapath},
 	{"dns", figDNS},
+	{"net6", figNet6},           // issue 26: dual-stack create/delete vs IPv4-only
+	{"datapath6", figDatapath6}, // issue 26: TCP over IPv6 vs IPv4 through the dual-stack table
+	{"dns6", figDNS6},           // issue 26: AAAA through the dual-stack proxy vs A
 	{"runc", figRunc},
 	{"daemon", figDaemon},
 	{"droplog", figDropLog},
@@ -139,7 +142,7 @@ func main() {
 	quick := flag.Bool("quick", os.Getenv("BENCH_QUICK") == "1", "a short smoke run (also BENCH_QUICK=1)")
 	bin := flag.String("bin", os.Getenv("ENFORCERD_BIN"), "the enforcerd binary (default $ENFORCERD_BIN)")
 	rootfs := flag.String("rootfs", os.Getenv("ENFORCERD_ROOTFS"), "a busybox rootfs from scripts/mkrootfs.sh (default $ENFORCERD_ROOTFS)")
-	only := flag.String("only", os.Getenv("BENCH_ONLY"), "comma-separated figures to run: net,datapath,dns,runc,daemon,droplog,namecheck,update,cni,scale,pool (default all)")
+	only := flag.String("only", os.Getenv("BENCH_ONLY"), "comma-separated figures to run: net,datapath,dns,net6,datapath6,dns6,runc,daemon,droplog,namecheck,update,cni,scale,pool (default all)")
 	flag.Parse()
 	if err := mainErr(*quick, *bin, *rootfs, *only); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)

@@ -35,7 +35,16 @@ type netEnv struct {
 // newNetEnv builds a world and opens nsmgr and the firewall in its simulated
 // host, with the table loaded. tag (one letter) starts the prefix, which
 // carries the world's run ID.
-func newNetEnv(tag string) (e *netEnv, err error) {
+func newNetEnv(tag string) (*netEnv, error) { return newNetEnvPool6(tag, netip.Prefix{}) }
+
+// benchPool6 is the dual-stack figures' --pool6 (a /112 for the default
+// pool): ULA, masqueraded to the world's uplink.
+var benchPool6 = netip.MustParsePrefix("fd00:20::/112")
+
+// newNetEnvPool6 is newNetEnv for a dual-stack daemon when pool6 is valid:
+// the world gets its IPv6 internet (world.EnableIPv6, public for the
+// guard as 198.18.0.0/15 is), nsmgr and the table get pool6.
+func newNetEnvPool6(tag string, pool6 netip.Prefix) (e *netEnv, err error) {
 	w, err := world.Build()
 	if err != nil {
 		return nil, fmt.Errorf("build world: %w", err)
@@ -50,6 +59,14 @@ func newNetEnv(tag string) (e *netEnv, err error) {
 	if err = nsmgr.EnableForwarding(w.Host); err != nil {
 		return e, err
 	}
+	if pool6.IsValid() {
+		if err = w.EnableIPv6(); err != nil {
+			return e, err
+		}
+		if err = nsmgr.EnableForwarding6(w.Host); err != nil {
+			return e, err
+		}
+	}
 	// With the daemon's default pool of prepared netns (serve's
 	// --prepared-netns), or BENCH_PREPARED_NETNS of them (0: none).
 	prepared := nsmgr.DefaultPrepared
@@ -58,8 +75,8 @@ func newNetEnv(tag string) (e *netEnv, err error) {
 			return e, fmt.Errorf("BENCH_PREPARED_NETNS %q: want a number, 0 or more", v)
 		}
 	}
-	e.m, err = nsmgr.New(nsmgr.Config{Prefix: e.prefix, Pool: nsmgr.DefaultPool, HostNS: w.Host, StepStarted: e.clock.mark,
-		Prepared: prepared})
+	e.m, err = nsmgr.New(nsmgr.Config{Prefix: e.prefix, Pool: nsmgr.DefaultPool, Pool6: pool6, HostNS: w.Host,
+		StepStarted: e.clock.mark, Prepared: prepared})
 	if err != nil {
 		return e, err
 	}
@@ -67,11 +84,16 @@ func newNetEnv(tag string) (e *netEnv, err error) {
 	if e.geo, err = nsmgr.NewIPAM(nsmgr.DefaultPool); err != nil {
 		return e, err
 	}
-	if e.guard, err = netpolicy.NewGuard(nsmgr.DefaultPool, []netip.Prefix{w.PublicOverride}); err != nil {
+	overrides := []netip.Prefix{w.PublicOverride}
+	if pool6.IsValid() {
+		overrides = append(overrides, world.World6Prefix)
+	}
+	if e.guard, err = netpolicy.NewDualStackGuard(nsmgr.DefaultPool, pool6, overrides); err != nil {
 		return e, err
 	}
 	e.fw, err = nft.OpenFirewall(nft.FirewallConfig{NetNS: w.Host, Prefix: e.prefix,
-		Pool: nsmgr.DefaultPool, DNSAddr: e.m.DNSAddr(), Guard: e.guard, AttestFloor: time.Minute})
+		Pool: nsmgr.DefaultPool, DNSAddr: e.m.DNSAddr(), Pool6: pool6, DNS6Addr: e.m.DNS6Addr(),
+		Guard: e.guard, AttestFloor: time.Minute})
 	if err != nil {
 		return e, err
 	}

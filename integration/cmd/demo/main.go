@@ -11,12 +11,16 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"net/netip"
 	"os"
 	"slices"
 	"sort"
 	"strings"
 	"sync"
 	"text/tabwriter"
+	"time"
+
+	"github.com/miekg/dns"
 
 	"github.com/enforcerd/enforcerd/api"
 	"github.com/enforcerd/enforcerd/integration/enforcerd"
@@ -234,7 +238,89 @@ func run(bin, rootfs string) (err error) {
 		fmt.Printf("    guest %s behind %s; attested: %s; counters: accepted %d packets, dropped %d (flow limits %d)\n",
 			in.GuestIP, in.HostVeth, strings.Join(att, ", "), c.AcceptedPackets, c.DroppedPackets, c.LimitedPackets)
 	}
+	return dualStack(bin)
+}
+
+// dualStack is the demo's IPv6 step (issue 26): a second daemon with
+// --pool6, in a world of its own with an IPv6 internet (2001:2::/48), and
+// one network-only session allowed one name. From inside its netns the demo
+// resolves the name's AAAA through the session's v6 resolver and connects
+// to it over IPv6 (reached), then connects to another v6 address of the
+// same internet, a literal no entry names (refused). It fails on any other
+// outcome.
+func dualStack(bin string) (err error) {
+	step("dual-stack: a second enforcerd with --pool6 fd00:20::/112 in a world with an IPv6 internet (2001:2::/48)")
+	w, err := world.Build()
+	if err != nil {
+		return err
+	}
+	defer func() {
+		step("removing the dual-stack world %s", w.ID)
+		w.Close()
+	}()
+	if err := w.EnableIPv6(); err != nil {
+		return err
+	}
+	w.DNS.AddRR("web6.demo.test. 300 IN AAAA 2001:2:0:1::10")
+	dir, err := os.MkdirTemp("", "enforcerd-demo6-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	d := enforcerd.New(bin, w, dir, "--pool6", "fd00:20::/112", "--public-override", world.World6Prefix.String())
+	if err := d.Start(); err != nil {
+		return err
+	}
+	defer func() {
+		d.Stop()
+		if out, err := d.Reap(); err != nil {
+			fmt.Print(out)
+		}
+	}()
+	args := []string{"session", "create", "agent6", "--json", "--network-only", "--allow", "web6.demo.test"}
+	fmt.Printf("    enforcerd %s\n", strings.Join(args, " "))
+	out, _, err := d.CLI(args...)
+	if err != nil {
+		return err
+	}
+	defer d.CLI("session", "rm", "agent6")
+	var in api.SessionInfo
+	if err := json.Unmarshal([]byte(out), &in); err != nil {
+		return fmt.Errorf("session create agent6: %w", err)
+	}
+	dns6, err := netip.ParseAddr(in.DNS6)
+	if err != nil {
+		return fmt.Errorf("agent6: no v6 resolver (%q)", in.DNS6)
+	}
+	ns := "/run/netns/" + in.Netns
+	fmt.Printf("    agent6: guest %s and %s, resolvers %s and %s\n", in.GuestIP, in.Guest6IP, in.DNS, in.DNS6)
+	m, err := world.Lookup(ns, netip.AddrPortFrom(dns6, 53), "web6.demo.test", dns.TypeAAAA, false, 3*time.Second)
+	if err != nil {
+		return fmt.Errorf("agent6: AAAA web6.demo.test: %w", err)
+	}
+	addrs := world.Addrs6Of(m)
+	if len(addrs) != 1 {
+		return fmt.Errorf("agent6: AAAA web6.demo.test = %v, want one address", addrs)
+	}
+	allowed := netip.AddrPortFrom(addrs[0], 7)
+	literal := netip.MustParseAddrPort("[2001:2:0:1::11]:7")
+	reached := world.TCPEcho(ns, allowed, 3*time.Second)
+	refused := world.TCPEcho(ns, literal, time.Second)
+	fmt.Printf("    agent6 -> web6.demo.test (AAAA %s, attested), TCP %s: %s\n", addrs[0], allowed, mark(reached == nil, reached))
+	fmt.Printf("    agent6 -> the v6 literal %s, named by no entry: %s\n", literal, mark(refused == nil, refused))
+	if reached != nil || refused == nil {
+		return fmt.Errorf("dual-stack: agent6 reached web6.demo.test: %v, the v6 literal: %v; want the name reached and the literal refused", reached == nil, refused == nil)
+	}
+	step("dual-stack: the allowed name reached over IPv6, the unlisted v6 literal refused")
 	return nil
+}
+
+// mark is ✔ for a reached destination, ✘ and the error for a refused one.
+func mark(ok bool, err error) string {
+	if ok {
+		return "✔ reached"
+	}
+	return "✘ refused (" + err.Error() + ")"
 }
 
 func guestIP(d *enforcerd.Daemon, name string) (string, error) {
