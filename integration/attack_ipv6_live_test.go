@@ -200,17 +200,19 @@ func TestAttack6ExtensionHeaders(t *testing.T) {
 			return [][]byte{world.Packet6(a.g6, to.Addr(), 64, exts, unix.IPPROTO_TCP, syn(to, m))}
 		}
 	}
-	// tiny: the first fragment holds 8 bytes of the TCP header (no flags,
-	// no port beyond the first 4 bytes), the second the rest.
-	tiny := func(to netip.AddrPort) func([]byte) [][]byte {
+	// split: two fragments, the first with n bytes of the segment (a
+	// multiple of 8), sent last first. tiny: the first holds 8 bytes of
+	// the TCP header (the ports, not the flags), the second the rest.
+	split := func(to netip.AddrPort, n int) func([]byte) [][]byte {
 		return func(m []byte) [][]byte {
 			l4, id := syn(to, m), rand32()
 			return [][]byte{
-				world.Packet6(a.g6, to.Addr(), 64, []world.Ext6{world.Fragment6(0, true, id)}, unix.IPPROTO_TCP, l4[:8]),
-				world.Packet6(a.g6, to.Addr(), 64, []world.Ext6{world.Fragment6(1, false, id)}, unix.IPPROTO_TCP, l4[8:]),
+				world.Packet6(a.g6, to.Addr(), 64, []world.Ext6{world.Fragment6(uint16(n/8), false, id)}, unix.IPPROTO_TCP, l4[n:]),
+				world.Packet6(a.g6, to.Addr(), 64, []world.Ext6{world.Fragment6(0, true, id)}, unix.IPPROTO_TCP, l4[:n]),
 			}
 		}
 	}
+	tiny := func(to netip.AddrPort) func([]byte) [][]byte { return split(to, 8) }
 	allowed, denied := netip.AddrPortFrom(atk6Allowed, 7), netip.AddrPortFrom(atk6Denied, 7)
 	deniedPort := netip.AddrPortFrom(atk6Allowed, 80)
 	// overlap: the first fragment names the allowed port, a second one at
@@ -254,6 +256,8 @@ func TestAttack6ExtensionHeaders(t *testing.T) {
 		{"destination options to the denied destination", plain(denied, dst), false},
 		{"hop-by-hop and destination options to the denied destination", plain(denied, hbh, dst), false},
 		{"atomic fragment to the denied destination", plain(denied, world.Fragment6(0, false, rand32())), false},
+		{"two fragments to the denied destination", split(denied, 24), false},
+		{"two fragments to the denied port", split(deniedPort, 24), false},
 		{"tiny first fragment to the denied destination", tiny(denied), false},
 		{"tiny first fragment to the denied port", tiny(deniedPort), false},
 		{"overlapping fragments rewriting the port", overlap, false},
@@ -263,6 +267,14 @@ func TestAttack6ExtensionHeaders(t *testing.T) {
 		{"hop-by-hop to the allowed destination", plain(allowed, hbh), true},
 		{"destination options to the allowed destination", plain(allowed, dst), true},
 		{"atomic fragment to the allowed destination", plain(allowed, world.Fragment6(0, false, rand32())), true},
+		{"two fragments to the allowed destination", split(allowed, 24), true},
+		{"hop-by-hop, destination options and two fragments to the allowed destination", func(m []byte) [][]byte {
+			l4, id := syn(allowed, m), rand32()
+			return [][]byte{
+				world.Packet6(a.g6, allowed.Addr(), 64, []world.Ext6{hbh, dst, world.Fragment6(0, true, id)}, unix.IPPROTO_TCP, l4[:24]),
+				world.Packet6(a.g6, allowed.Addr(), 64, []world.Ext6{hbh, dst, world.Fragment6(3, false, id)}, unix.IPPROTO_TCP, l4[24:]),
+			}
+		}, true},
 		// The kernel's reassembly drops a first fragment without the whole
 		// upper-layer header (RFC 7112), wherever it goes.
 		{"tiny first fragment to the allowed destination", tiny(allowed), false},
@@ -332,46 +344,50 @@ func TestAttack6LinkLocal(t *testing.T) {
 		t.Fatalf("control: the host service on [::]:%d did not hear the world: %v", port, err)
 	}
 
+	for _, ll := range []struct {
+		what string
+		a    netip.Addr
+	}{{"the host veth", a.hostLL}, {a.name + "'s eth0", a.ll}, {b.name + "'s eth0", b.ll}} {
+		if !ll.a.IsValid() {
+			t.Fatalf("%s has no link-local address", ll.what)
+		}
+	}
 	type dest struct {
 		what string
 		addr netip.Addr
 		mac  net.HardwareAddr
 	}
-	var dests []dest
-	if a.hostLL.IsValid() {
-		dests = append(dests, dest{"the host veth's link-local", a.hostLL, a.hostMAC})
-	}
+	dests := []dest{{"the host veth's link-local", a.hostLL, a.hostMAC}}
 	for _, g := range []string{"ff02::1", "ff02::2", "ff02::16", "ff02::fb"} {
 		ga := netip.MustParseAddr(g)
 		dests = append(dests, dest{g, ga, world.MulticastMAC6(ga)}, dest{g + " to the host veth's MAC", ga, a.hostMAC})
 	}
-	dests = append(dests, dest{"its gateway", a.gw6, a.hostMAC}, dest{"the v6 DNS address", dns6, a.hostMAC})
-	if b.ll.IsValid() {
-		dests = append(dests, dest{"another session's link-local", b.ll, a.hostMAC})
-	}
-	srcs := []netip.Addr{a.g6}
-	if a.ll.IsValid() {
-		srcs = append(srcs, a.ll)
-	}
+	dests = append(dests, dest{"its gateway", a.gw6, a.hostMAC}, dest{"the v6 DNS address", dns6, a.hostMAC},
+		dest{"another session's link-local", b.ll, a.hostMAC})
+	// One marker for every packet, each naming its case after it: a
+	// listener that finds the marker says which case got through.
+	m := atkMarker(e.w, "ll")
 	for _, d := range dests {
-		for _, src := range srcs {
-			m := atkMarker(e.w, "ll")
+		for _, src := range []netip.Addr{a.g6, a.ll} {
+			payload := fmt.Appendf(m, " from %s to %s (%s)", src, d.addr, d.what)
 			to := netip.AddrPortFrom(d.addr, port)
 			from := netip.AddrPortFrom(src, atk6Port())
 			for _, hop := range []uint8{1, 255} {
 				a.sendTo(t, d.mac,
-					world.Packet6(src, d.addr, hop, nil, unix.IPPROTO_UDP, world.UDP6(from, to, m)),
-					world.Packet6(src, d.addr, hop, nil, unix.IPPROTO_TCP, world.TCPSyn6(from, to, m)))
-			}
-			if hostUDP.Saw(m, 300*time.Millisecond) || hostTCP.Saw(m, 300*time.Millisecond) {
-				t.Errorf("from %s to %s (%s): reached the host's stack", src, d.addr, d.what)
-			}
-			if bUDP.Saw(m, 100*time.Millisecond) || bTCP.Saw(m, 100*time.Millisecond) {
-				t.Errorf("from %s to %s (%s): reached session %s", src, d.addr, d.what, b.name)
+					world.Packet6(src, d.addr, hop, nil, unix.IPPROTO_UDP, world.UDP6(from, to, payload)),
+					world.Packet6(src, d.addr, hop, nil, unix.IPPROTO_TCP, world.TCPSyn6(from, to, payload)))
 			}
 		}
 	}
-	if ok, _ := atkSawMarker(svc, []byte("atk-"+e.w.ID+"-ll-"), 100*time.Millisecond); ok {
+	for _, l := range []struct {
+		where string
+		s     *world.Sniff6
+	}{{"the host's stack", hostUDP}, {"the host's stack", hostTCP}, {"session " + b.name, bUDP}, {"session " + b.name, bTCP}} {
+		if got, ok := l.s.Find(m, time.Second); ok {
+			t.Errorf("reached %s: %q", l.where, got[max(0, len(got)-120):])
+		}
+	}
+	if ok, _ := atkSawMarker(svc, m, 100*time.Millisecond); ok {
 		t.Error("the host service on [::] received a session's datagram")
 	}
 
@@ -399,25 +415,30 @@ func TestAttack6Spoof(t *testing.T) {
 	bUDP := atk6Sniff(t, b.ns, unix.IPPROTO_UDP)
 	bTCP := atk6Sniff(t, b.ns, unix.IPPROTO_TCP)
 	dns6 := netip.MustParseAddr(e.inspect(a.name).DNS6)
-	spoofed := []netip.Addr{b.g6, a.g6.Next(), netip.MustParseAddr("fd00:20::ff01"), a.gw6, b.gw6, dns6, e.w.Uplink6}
-	if b.ll.IsValid() {
-		spoofed = append(spoofed, b.ll)
+	if !b.ll.IsValid() {
+		t.Fatalf("%s's eth0 has no link-local address", b.name)
 	}
+	spoofed := []netip.Addr{b.g6, b.ll, a.ll, a.g6.Next(), netip.MustParseAddr("fd00:20::ff01"), a.gw6, b.gw6, dns6, e.w.Uplink6}
 	send := func(src netip.Addr, m []byte) {
 		to := netip.AddrPortFrom(atk6Allowed, 7)
 		a.send(t,
 			world.Packet6(src, atk6Allowed, 64, nil, unix.IPPROTO_UDP, world.UDP6(netip.AddrPortFrom(src, atk6Port()), to, m)),
 			world.Packet6(src, atk6Allowed, 64, nil, unix.IPPROTO_TCP, world.TCPSyn6(netip.AddrPortFrom(src, atk6Port()), to, m)))
 	}
+	// One marker for every spoofed packet, each naming its source after it.
+	sm := atkMarker(e.w, "spoof")
 	for _, src := range spoofed {
-		m := atkMarker(e.w, "spoof")
-		send(src, m)
-		if udp.Saw(m, time.Second) || tcp.Saw(m, 100*time.Millisecond) {
-			t.Errorf("spoofed source %s reached the world", src)
+		send(src, fmt.Appendf(sm, " from %s", src))
+	}
+	for _, l := range []struct {
+		where string
+		s     *world.Sniff6
+	}{{"the world", udp}, {"the world", tcp}, {"session " + b.name, bUDP}, {"session " + b.name, bTCP}} {
+		if got, ok := l.s.Find(sm, time.Second); ok {
+			t.Errorf("a spoofed packet reached %s: %q", l.where, got[max(0, len(got)-80):])
 		}
-		if bUDP.Saw(m, 100*time.Millisecond) || bTCP.Saw(m, 100*time.Millisecond) {
-			t.Errorf("spoofed source %s: an answer reached session %s", src, b.name)
-		}
+	}
+	for _, src := range spoofed {
 		if n := e2eConntrack6From(t, e.w, src); n != 0 {
 			t.Errorf("spoofed source %s left %d conntrack entries", src, n)
 		}
@@ -434,9 +455,9 @@ func TestAttack6Spoof(t *testing.T) {
 
 // TestAttack6ICMPErrors: a guest sends ICMPv6 packet-too-big and
 // destination-unreachable errors quoting another session's flow (to the
-// server of that flow, and to the other session), and a host flow (to its
-// gateway): none is delivered, and the other session's flow keeps
-// echoing. Control: a genuine packet-too-big from the world about the
+// server of that flow, and to the other session), and a flow of the host
+// (to its gateway and to the host's address): none is delivered, and both
+// flows keep echoing (a port unreachable would have ended them). Control: a genuine packet-too-big from the world about the
 // guest's own flow is delivered to the guest.
 func TestAttack6ICMPErrors(t *testing.T) {
 	e, _, _ := atk6World(t)
@@ -457,6 +478,19 @@ func TestAttack6ICMPErrors(t *testing.T) {
 	bSrc := bc.LocalAddr().(*net.UDPAddr).AddrPort()
 	bSrc = netip.AddrPortFrom(b.g6, bSrc.Port())
 	bMasq := atk6MasqPort(t, e, bSrc, server)
+	// A flow of the host's own (the simulated host to the same server).
+	var hc net.Conn
+	if err := world.DoPath(e.w.HostPath, func() (err error) {
+		hc, err = net.Dial("udp6", server.String())
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer hc.Close()
+	if err := atkEcho(hc, 3*time.Second); err != nil {
+		t.Fatalf("control before: the host's flow to %s: %v", server, err)
+	}
+	hostSrc := hc.LocalAddr().(*net.UDPAddr).AddrPort()
 	worldICMP := atk6Sniff(t, e.w.NetPath, unix.IPPROTO_ICMPV6)
 	bICMP := atk6Sniff(t, b.ns, unix.IPPROTO_ICMPV6)
 	hostICMP := atk6Sniff(t, e.w.HostPath, unix.IPPROTO_ICMPV6)
@@ -483,9 +517,8 @@ func TestAttack6ICMPErrors(t *testing.T) {
 			return quote(server, netip.AddrPortFrom(e.w.Uplink6, bMasq), m)
 		}, worldICMP},
 		{"to " + b.name + ", quoting its own flow", b.g6, func(m []byte) []byte { return quote(bSrc, server, m) }, bICMP},
-		{"to its gateway, quoting a host flow", a.gw6, func(m []byte) []byte {
-			return quote(netip.AddrPortFrom(e.w.Uplink6, 53), netip.AddrPortFrom(atk6Allowed, 53), m)
-		}, hostICMP},
+		{"to its gateway, quoting the host's flow", a.gw6, func(m []byte) []byte { return quote(hostSrc, server, m) }, hostICMP},
+		{"to the host's uplink address, quoting the host's flow", hostSrc.Addr(), func(m []byte) []byte { return quote(hostSrc, server, m) }, hostICMP},
 	} {
 		m := atkMarker(e.w, "icmp6")
 		a.send(t, errs(c.dst, c.quote(m))...)
@@ -495,6 +528,9 @@ func TestAttack6ICMPErrors(t *testing.T) {
 	}
 	if err := atkEcho(bc, 3*time.Second); err != nil {
 		t.Errorf("control after: %s's flow to %s: %v", b.name, server, err)
+	}
+	if err := atkEcho(hc, 3*time.Second); err != nil {
+		t.Errorf("control after: the host's flow to %s: %v", server, err)
 	}
 
 	// Control: a genuine packet-too-big from the path about a's own flow.
