@@ -46,6 +46,9 @@ func atk6Session(t *testing.T, e *e2eEnv, name string, args ...string) atk6Sess 
 	s.gw6 = s.g6.Prev()
 	s.mac, s.ll = atk6Link(t, mustNetns(t, s.ns), "eth0")
 	s.hostMAC, s.hostLL = atk6Link(t, e.w.Host, s.hostVeth)
+	if !s.ll.IsValid() || !s.hostLL.IsValid() {
+		t.Fatalf("%s: link-local addresses %v (eth0) and %v (%s), want both", name, s.ll, s.hostLL, s.hostVeth)
+	}
 	return s
 }
 
