@@ -22,8 +22,10 @@ import (
 //	raw_prerouting (first rule)
 //	  iifname "P*" meta nfproto ipv6 goto raw_session6
 //	raw_session6
+//	  exthdr rt exists drop                                # no source routing (routingHeader6)
 //	  icmpv6 type {nd-router-advert, nd-redirect, nd-router-solicit} drop  # a guest is no router
-//	  icmpv6 type {nd-neighbor-solicit, nd-neighbor-advert} ip6 hoplimit 255 accept  # NDP with the host side
+//	  icmpv6 type {nd-neighbor-solicit, nd-neighbor-advert} ip6 hoplimit 255 ip6 saddr fe80::/10 accept  # NDP with the host side
+//	  icmpv6 type nd-neighbor-solicit ip6 hoplimit 255 ip6 saddr :: accept  # DAD probes
 //	  iifname . ip6 saddr != @sessions6 drop               # anti-spoofing, before conntrack
 //	forward (before the v4 rules of sessions)
 //	  iifname "P*" meta nfproto ipv6 goto from_session6
@@ -221,15 +223,22 @@ func buildRules6(env ruleEnv, where string, add func(chain string, parts ...[]ex
 	switch where {
 	case chainRawPrerouting:
 		add(chainRawPrerouting, fromSession, v6, gotoC(chainRawSession6))
+		add6(chainRawSession6, routingHeader6(), drop)
 		// A guest is no router: its RAs, redirects and solicitations go nowhere.
 		for _, t := range []byte{133, 134, 137} {
 			add6(chainRawSession6, icmp6TypeIn(t), drop)
 		}
-		// Neighbour discovery with the host side (link-local sources
-		// included), on-link only (hop limit 255, RFC 4861).
+		// Neighbour discovery with the host side, on-link only (hop limit
+		// 255, RFC 4861), from the addresses anti-spoofing cannot know
+		// before it: link-local, and :: for DAD probes. From the guest's own
+		// v6 address it passes anti-spoofing below; from any other address
+		// (another session's, with the guest's MAC in its source link-layer
+		// option) it is dropped there, so it never enters the host's
+		// neighbour table (TestAttack6NDPGames).
 		for _, t := range []byte{135, 136} {
-			add6(chainRawSession6, icmp6TypeIn(t), hopLimit255(), accept)
+			add6(chainRawSession6, icmp6TypeIn(t), hopLimit255(), saddr6In(linkLocal6), accept)
 		}
+		add6(chainRawSession6, icmp6TypeIn(135), hopLimit255(), saddr6In(unspecified6), accept)
 		ex := []expr.Any{&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: reg1}}
 		ex = append(ex, loadSaddr6(reg32(4))...)
 		add6(chainRawSession6, ex, env.lookup(setSessions6, reg1, true), drop)
@@ -302,6 +311,26 @@ func buildRules6(env ruleEnv, where string, add func(chain string, parts ...[]ex
 		add6(chainOutputSession6, drop)
 	case chainPostrouting:
 		add(chainPostrouting, v6, saddr6In(env.pool6), ifPrefix(expr.MetaKeyOIFNAME, env.prefix, false), []expr.Any{&expr.Masq{}})
+	}
+}
+
+var (
+	linkLocal6   = netip.MustParsePrefix("fe80::/10")
+	unspecified6 = netip.MustParsePrefix("::/128")
+)
+
+// routingHeader6 matches a packet with a routing header (any type: 0, 2
+// Mobile IPv6, 3 RPL, 4 segment routing). The table judges a packet by its
+// IPv6 destination, which is only a routing header's next segment: a
+// guest naming an allowed destination first and a denied one after would
+// reach the denied one through any server that processes the header
+// (TestAttack6ExtensionHeaders performs it with segment routing). A
+// session has no use for source routing; its packets carrying a routing
+// header are dropped in raw_session6.
+func routingHeader6() []expr.Any {
+	return []expr.Any{
+		&expr.Exthdr{Op: expr.ExthdrOpIpv6, Type: unix.IPPROTO_ROUTING, Len: 1, Flags: unix.NFT_EXTHDR_F_PRESENT, DestRegister: reg1},
+		cmpEq(reg1, []byte{1}),
 	}
 }
 
