@@ -8,6 +8,7 @@ package integration
 import (
 	"bytes"
 	"errors"
+	"maps"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -22,6 +23,9 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/enforcerd/enforcerd/integration/world"
+	"github.com/enforcerd/enforcerd/netpolicy"
+	"github.com/enforcerd/enforcerd/netpolicy/nft"
+	"github.com/enforcerd/enforcerd/nsmgr"
 )
 
 // The v6 servers of the dual-stack world (newDualStackE2E): echo on :7.
@@ -327,4 +331,101 @@ func TestE2EDualStackRevokeResetsBothSides(t *testing.T) {
 	}
 	rs.mu.Unlock()
 	rs.closeAll()
+}
+
+// TestNetpolicyDualStackUpdateConverges: UpdateSession on a dual-stack
+// table, at the table's level: the update's batch rewrites the session's
+// v6 elements (a v6 literal, public mode, --on-deny reset, a v6 deny
+// entry) and removes a stale attestation's attested6 element while a kept
+// one's stays; the same update applied again (the kernel already holds the
+// new rules, as after a crash between the batch and the record: the
+// by-key batch meets missing elements and the dump path converges)
+// succeeds and leaves the same elements; the way back deletes every v6
+// element the first update added and no other (sessions6 stays).
+func TestNetpolicyDualStackUpdateConverges(t *testing.T) {
+	w := world.New(t)
+	prefix := "t" + w.ID[:4]
+	pool, pool6 := nsmgr.DefaultPool, netip.MustParsePrefix("fd00:20::/112")
+	guard, err := netpolicy.NewDualStackGuard(pool, pool6, []netip.Prefix{w.PublicOverride, world.World6Prefix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fw, err := nft.OpenFirewall(nft.FirewallConfig{NetNS: w.Host, Prefix: prefix, Pool: pool, DNSAddr: netip.MustParseAddr("10.20.255.254"),
+		Guard: guard, Pool6: pool6, DNS6Addr: nsmgr.DNS6Addr(pool6, pool)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := fw.DeleteTable(); err != nil {
+			t.Errorf("delete table: %v", err)
+		}
+		fw.Close()
+	})
+	if err := fw.Ensure(); err != nil {
+		t.Fatal(err)
+	}
+	guest, g6 := netip.MustParseAddr("10.20.0.2"), netip.MustParseAddr("fd00:20::2")
+	old := nft.SessionRules{Name: "c6", HostIface: prefix + "0h", Guest: guest, Egress: netpolicy.ModeAllowlist, OnDeny: netpolicy.DenyReject,
+		Static: []netpolicy.Target{{Prefix: netip.MustParsePrefix("2001:2:0:1::10/128")}}}
+	next := old
+	next.Egress, next.OnDeny = netpolicy.ModePublic, netpolicy.DenyReset
+	next.Static = []netpolicy.Target{{Prefix: netip.MustParsePrefix("2001:2:0:1::11/128"), Port: 7, Proto: netpolicy.ProtoTCP}}
+	next.Deny = []netpolicy.Target{{Prefix: netip.MustParsePrefix("2001:2:0:2::/64")}}
+	if err := fw.AddSession(old); err != nil {
+		t.Fatal(err)
+	}
+	stale, kept := netip.MustParseAddr("2001:2:0:1::20"), netip.MustParseAddr("2001:2:0:1::21")
+	if _, err := fw.Attest(guest, []netip.Addr{stale, kept}, time.Minute, nil); err != nil {
+		t.Fatal(err)
+	}
+	before := e2eNftGuest6Elements(t, w, prefix, g6)
+	if before["static6"] != 1 || before["reject6"] != 1 || before["attested6"] != 2 || before["public6"] != 0 {
+		t.Fatalf("v6 elements before the update: %v, want static6, reject6 and two attested6", before)
+	}
+	u := nft.SessionUpdate{Old: old, New: next,
+		Stale: []netpolicy.Attestation{{Addrs: []netip.Addr{guest.Next(), stale, kept}}},
+		Keep:  []netpolicy.Attestation{{Addrs: []netip.Addr{kept}}}}
+	want := map[string]int{"sessions6": 1, "static6_ports": 1, "public6": 1, "reject6": 1, "reset6": 1, "denied6": 1, "attested6": 1}
+	check := func(when string) {
+		t.Helper()
+		got := e2eNftGuest6Elements(t, w, prefix, g6)
+		delete(got, "flows6")
+		delete(got, "flowrate6")
+		if !maps.Equal(got, want) {
+			t.Errorf("%s: v6 elements %v, want %v", when, got, want)
+		}
+		if a := e2eNftAttested6(t, w, prefix, g6); !slices.Equal(a, []netip.Addr{kept}) {
+			t.Errorf("%s: attested6 %v, want only the kept %s", when, a, kept)
+		}
+	}
+	if err := fw.UpdateSession(u); err != nil {
+		t.Fatal(err)
+	}
+	check("after the update")
+	if err := fw.UpdateSession(u); err != nil {
+		t.Fatalf("the same update again (the kernel holds the new rules): %v", err)
+	}
+	check("after the same update again")
+	if err := fw.UpdateSession(nft.SessionUpdate{Old: next, New: old}); err != nil {
+		t.Fatal(err)
+	}
+	want = map[string]int{"sessions6": 1, "static6": 1, "reject6": 1, "attested6": 1}
+	check("after the way back")
+	// An in-between state neither side names (a v6 literal and public
+	// mode of a third policy added on top): an update whose old rules the
+	// kernel lacks goes the dump way, which deletes every v6 element of the
+	// guest its new rules lack.
+	third := old
+	third.Egress = netpolicy.ModePublic
+	third.Static = []netpolicy.Target{{Prefix: netip.MustParsePrefix("2001:2:0:1::12/128")}}
+	if err := fw.AddSession(third); err != nil {
+		t.Fatal(err)
+	}
+	if got := e2eNftGuest6Elements(t, w, prefix, g6); got["static6"] != 2 || got["public6"] != 1 {
+		t.Fatalf("the in-between state: %v, want two static6 and public6", got)
+	}
+	if err := fw.UpdateSession(nft.SessionUpdate{Old: next, New: old}); err != nil {
+		t.Fatal(err)
+	}
+	check("after an update from an in-between state")
 }
