@@ -203,15 +203,20 @@ func TestE2EDualStackUpdateRevokeName(t *testing.T) {
 	expect6(t, "the name revoked", ns, map[netip.AddrPort]string{web6Echo: "reject", lit6Echo: "reach"})
 }
 
-// TestE2EDualStackRestartKill9: a dual-stack session's v6 enforcement
-// survives enforcerd's SIGKILL and restart: its v6 elements are the same
+// TestE2EDualStackRestartKill9 and TestE2EDualStackRestartSIGTERM: a
+// dual-stack session's v6 enforcement survives enforcerd's SIGKILL (or
+// SIGTERM) and restart: its v6 elements are the same
 // after the restart, the allowed v6 destinations are reachable and the
 // unlisted one refused, the DNS proxy answers AAAA over v6 again (and the
 // name's v6 server is reachable), and an update after the restart still
 // reaches the v6 side. A session whose record is removed while the daemon
 // is down (gone, as far as the restarted daemon knows) leaves no element
 // keyed by its v6 address.
-func TestE2EDualStackRestartKill9(t *testing.T) {
+func TestE2EDualStackRestartKill9(t *testing.T) { e2eDualStackRestart(t, syscall.SIGKILL) }
+
+func TestE2EDualStackRestartSIGTERM(t *testing.T) { e2eDualStackRestart(t, syscall.SIGTERM) }
+
+func e2eDualStackRestart(t *testing.T, sig syscall.Signal) {
 	e, _ := newDualStackE2E(t)
 	info := e.createNetOnly("k6", "--allow", "web6.e2e.test", "--allow", "[2001:2:0:1::10]:7/tcp", "--name-check", "off")
 	gone := e.createNetOnly("g6", "--allow", "[2001:2:0:1::11]:7/tcp", "--egress", "public", "--on-deny", "reset")
@@ -227,11 +232,11 @@ func TestE2EDualStackRestartKill9(t *testing.T) {
 	}
 	expect6(t, "before the restart", ns, map[netip.AddrPort]string{web6Echo: "reach", lit6Echo: "reject"})
 
-	if err := e.d.Signal(syscall.SIGKILL); err != nil {
+	if err := e.d.Signal(sig); err != nil {
 		t.Fatal(err)
 	}
 	if done, _ := e.d.Exited(); !done {
-		t.Fatal("enforcerd still runs after SIGKILL")
+		t.Fatalf("enforcerd still runs after %s", sig)
 	}
 	expect6(t, "while the daemon is down", ns, map[netip.AddrPort]string{web6Echo: "reach", lit6Echo: "reject"})
 	if err := os.Remove(filepath.Join(e.d.StateDir, "sessions", "g6.json")); err != nil {
