@@ -31,8 +31,15 @@ type revokeServers struct {
 
 func startRevokeServers(t *testing.T, e *e2eEnv) *revokeServers {
 	t.Helper()
+	return startRevokeServersAt(t, e, netip.MustParseAddrPort("198.18.1.11:8083"), netip.MustParseAddrPort("198.18.1.10:8082"))
+}
+
+// startRevokeServersAt starts the two servers at the given addresses (the
+// idle one's port must be 8083).
+func startRevokeServersAt(t *testing.T, e *e2eEnv, idle, dl netip.AddrPort) *revokeServers {
+	t.Helper()
 	rs := &revokeServers{
-		idle: netip.MustParseAddrPort("198.18.1.11:8083"), dl: netip.MustParseAddrPort("198.18.1.10:8082"),
+		idle: idle, dl: dl,
 		ended: map[string]time.Time{}, accepted: make(chan string, 16), sent: map[net.Conn]int64{},
 	}
 	for kind, at := range map[string]netip.AddrPort{"idle": rs.idle, "dl": rs.dl} {

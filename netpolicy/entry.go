@@ -31,9 +31,28 @@ func ParseEntry(s string, g *Guard) (Entry, error) {
 // denied at the resolver, which knows no ports (deny its addresses with a
 // port instead). Errors are one line: `deny entry "X": reason`.
 func ParseDenyEntry(s string) (Entry, error) {
-	e, err := parseEntry(strings.TrimSpace(s), anyRange)
-	if err == nil && e.Kind != KindCIDR && e.Port != 0 {
+	return parseDeny(s, anyRange)
+}
+
+// ParseDeny is ParseDenyEntry on a daemon judged by g: when g is
+// dual-stack (DualStack) an IPv6 address or CIDR may be denied too, any
+// range, and on every port (the v6 table's denied6 has no ports: such an
+// entry with a port is refused rather than widened).
+func (g *Guard) ParseDeny(s string) (Entry, error) {
+	if g == nil || g.v6 == nil {
+		return parseDeny(s, anyRange)
+	}
+	return parseDeny(s, anyRange6)
+}
+
+func parseDeny(s string, any *Guard) (Entry, error) {
+	e, err := parseEntry(strings.TrimSpace(s), any)
+	switch {
+	case err != nil:
+	case e.Kind != KindCIDR && e.Port != 0:
 		err = fmt.Errorf("a name is denied on every port (the resolver knows no ports); want %s, or deny an address or CIDR with a port", e.Name)
+	case e.Kind == KindCIDR && e.Prefix.Addr().Is6() && e.Port != 0:
+		err = fmt.Errorf("an IPv6 address or CIDR is denied on every port; want %s without the port", cidrHost(e.Prefix, false))
 	}
 	if err != nil {
 		return Entry{}, fmt.Errorf("deny entry %q: %w", s, err)
@@ -42,8 +61,12 @@ func ParseDenyEntry(s string) (Entry, error) {
 }
 
 // anyRange is the guard of deny entries: it blocks nothing, so no range is
-// refused.
-var anyRange = &Guard{}
+// refused. anyRange6 is a dual-stack daemon's: it blocks no IPv6 range
+// either.
+var (
+	anyRange  = &Guard{}
+	anyRange6 = &Guard{v6: &guard6{}}
+)
 
 // MustParseEntry is ParseEntry with the default guard for constants in tests
 // and examples: it panics on error, so it must never see user input.

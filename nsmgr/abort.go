@@ -33,7 +33,7 @@ const tcpListen = 10
 // inetDiagNoCookie is INET_DIAG_NOCOOKIE: match the socket by tuple alone.
 const inetDiagNoCookie = ^uint32(0)
 
-// AbortTCP aborts the TCP sockets of conns in the network namespace at
+// AbortTCP aborts the TCP sockets of conns (IPv4 or IPv6) in the network namespace at
 // netnsPath, as `ss -K` does, over sock_diag (SOCK_DESTROY: the kernel
 // needs CONFIG_INET_DIAG_DESTROY and the caller CAP_NET_ADMIN in that
 // netns's owner). An aborted socket fails at once: a blocked read, a
@@ -59,8 +59,8 @@ func AbortTCP(netnsPath string, conns []TCPConn) (int, error) {
 	defer c.Close()
 	n := 0
 	for _, conn := range conns {
-		if !conn.Local.Addr().Is4() || !conn.Remote.Addr().Is4() {
-			continue
+		if l, r := conn.Local.Addr(), conn.Remote.Addr(); !(l.Is4() && r.Is4() || l.Is6() && !l.Is4In6() && r.Is6() && !r.Is4In6()) {
+			continue // one family at both ends: an IPv4 or an IPv6 socket
 		}
 		// The kernel's lookup by tuple falls back to the socket listening on
 		// the local port when no connection matches (the connection ended,
@@ -113,11 +113,16 @@ func connCookie(c *netlink.Conn, conn TCPConn) (cookie []byte, found bool, err e
 		// struct inet_diag_msg: family, state, timer, retrans, then
 		// inet_diag_sockid as in the request (ports, addresses, interface,
 		// cookie).
+		// The addresses are 16 bytes each; an IPv4 one fills the first 4.
 		d := m.Data
-		if len(d) < 52 || d[0] != unix.AF_INET || d[1] == tcpListen {
+		if len(d) < 52 || d[0] != want[0] || d[1] == tcpListen {
 			continue
 		}
-		if string(d[4:8]) == string(want[8:12]) && string(d[8:12]) == string(want[12:16]) && string(d[24:28]) == string(want[28:32]) {
+		n := 4
+		if want[0] == unix.AF_INET6 {
+			n = 16
+		}
+		if string(d[4:8]) == string(want[8:12]) && string(d[8:8+n]) == string(want[12:12+n]) && string(d[24:24+n]) == string(want[28:28+n]) {
 			return append([]byte(nil), d[44:52]...), true, nil
 		}
 	}
@@ -125,18 +130,20 @@ func connCookie(c *netlink.Conn, conn TCPConn) (cookie []byte, found bool, err e
 }
 
 // inetDiagReq encodes struct inet_diag_req_v2 (linux/inet_diag.h) naming
-// the IPv4 TCP socket of conn: family, protocol, ext, pad, states, then
-// inet_diag_sockid (ports and addresses in network order, the interface
-// and the cookie in host order).
+// the TCP socket of conn, IPv4 or IPv6 (a dual-stack session's): family,
+// protocol, ext, pad, states, then inet_diag_sockid (ports and addresses
+// in network order, the interface and the cookie in host order).
 func inetDiagReq(conn TCPConn) []byte {
 	b := make([]byte, 56)
 	b[0], b[1] = unix.AF_INET, unix.IPPROTO_TCP
+	if conn.Local.Addr().Is6() {
+		b[0] = unix.AF_INET6
+	}
 	binary.NativeEndian.PutUint32(b[4:], ^uint32(0)) // every state
 	binary.BigEndian.PutUint16(b[8:], conn.Local.Port())
 	binary.BigEndian.PutUint16(b[10:], conn.Remote.Port())
-	l, r := conn.Local.Addr().As4(), conn.Remote.Addr().As4()
-	copy(b[12:], l[:])
-	copy(b[28:], r[:])
+	copy(b[12:], conn.Local.Addr().AsSlice())
+	copy(b[28:], conn.Remote.Addr().AsSlice())
 	binary.NativeEndian.PutUint32(b[48:], inetDiagNoCookie)
 	binary.NativeEndian.PutUint32(b[52:], inetDiagNoCookie)
 	return b

@@ -8,6 +8,7 @@ import (
 
 	"github.com/google/nftables"
 	"github.com/mdlayher/netlink"
+	"golang.org/x/sys/unix"
 
 	"github.com/enforcerd/enforcerd/internal/nfnetlink"
 	"github.com/enforcerd/enforcerd/netpolicy"
@@ -59,8 +60,8 @@ type updatePlan struct {
 	del, add, unattest []setElems
 }
 
-func planUpdate(u SessionUpdate) updatePlan {
-	oldEls, newEls := sessionElements(u.Old), sessionElements(u.New)
+func (f *Firewall) planUpdate(u SessionUpdate) updatePlan {
+	oldEls, newEls := f.allSessionElements(u.Old), f.allSessionElements(u.New)
 	in := func(plan []setElems) map[elemID]bool {
 		m := map[elemID]bool{}
 		for _, se := range plan {
@@ -93,7 +94,7 @@ func planUpdate(u SessionUpdate) updatePlan {
 	p := updatePlan{del: minus(oldEls, newIDs, true), add: minus(newEls, oldIDs, false)}
 	kept := map[elemID]bool{}
 	for _, a := range u.Keep {
-		for _, se := range attestElements(u.New.Guest, a.Addrs, 0, a.Ports) {
+		for _, se := range f.allAttestElements(u.New.Guest, a) {
 			for _, e := range se.elems {
 				kept[idOf(se.set, e)] = true
 			}
@@ -103,7 +104,7 @@ func planUpdate(u SessionUpdate) updatePlan {
 	bySet := map[string][]nftables.SetElement{}
 	var order []string
 	for _, a := range u.Stale {
-		for _, se := range attestElements(u.New.Guest, a.Addrs, 0, a.Ports) {
+		for _, se := range f.allAttestElements(u.New.Guest, a) {
 			for _, e := range se.elems {
 				id := idOf(se.set, e)
 				if kept[id] || seen[id] {
@@ -123,10 +124,30 @@ func planUpdate(u SessionUpdate) updatePlan {
 	return p
 }
 
+// allSessionElements are every element AddSession inserts for r: the v4
+// ones and, on a dual-stack daemon, the v6 ones (sessionElements6).
+func (f *Firewall) allSessionElements(r SessionRules) []setElems {
+	return append(sessionElements(r), f.sessionElements6(r)...)
+}
+
+// allAttestElements are the elements an attestation of the guest put in
+// the kernel: its IPv4 addresses' and, on a dual-stack daemon, its IPv6
+// addresses' (an AAAA answer's, keyed by the guest's v6 address).
+func (f *Firewall) allAttestElements(guest netip.Addr, a netpolicy.Attestation) []setElems {
+	out := attestElements(guest, a.Addrs, 0, a.Ports)
+	if g6 := f.guest6Of(guest); g6.IsValid() {
+		out = append(out, attestElements6(g6, a.Addrs, 0, a.Ports)...)
+	}
+	return out
+}
+
 // UpdateSession changes a running session's elements from u.Old to u.New
 // and removes the attested elements u.Stale names (unless u.Keep holds
 // them too), in one batch: until the kernel applies it the old policy holds
-// in full, after it the new one, never a mix. It changes nothing of another
+// in full, after it the new one, never a mix: on a dual-stack daemon the
+// batch holds the session's v6 elements too (static6*, public6, denied6,
+// reject6, reset6, the name check's, and the stale attested6 elements of
+// revoked names), so neither family changes without the other. It changes nothing of another
 // session. New connections to what was revoked are dropped as soon as it
 // returns; established ones are CutFlows' business.
 //
@@ -146,7 +167,7 @@ func (f *Firewall) UpdateSession(u SessionUpdate) error {
 	if err := u.New.Limits.check(); err != nil {
 		return fmt.Errorf("update session %s: %w", u.New.Name, err)
 	}
-	plan := planUpdate(u)
+	plan := f.planUpdate(u)
 	if len(plan.del)+len(plan.add)+len(plan.unattest) == 0 && reflect.DeepEqual(u.Old.Limits, u.New.Limits) {
 		return nil
 	}
@@ -194,9 +215,6 @@ func (f *Firewall) updateByKeyLocked(c *nftables.Conn, u SessionUpdate, p update
 	if err := f.queueLimitsLocked(c, u.New.Guest, u.New.Limits, wantedLimits(u.Old.Guest, u.Old.Limits)); err != nil {
 		return err
 	}
-	if err := f.queueNameCheck6Locked(c, u); err != nil {
-		return err
-	}
 	return c.Flush()
 }
 
@@ -228,19 +246,22 @@ func (f *Firewall) updateByDumpLocked(c *nftables.Conn, u SessionUpdate, p updat
 	// The sets every session holds the same elements in whatever its
 	// policy (interface, address, counters) are never touched.
 	base := map[string]bool{}
-	for _, se := range sessionElements(SessionRules{Guest: u.New.Guest, HostIface: u.New.HostIface, Egress: netpolicy.ModeAllowlist}) {
+	for _, se := range f.allSessionElements(SessionRules{Guest: u.New.Guest, HostIface: u.New.HostIface, Egress: netpolicy.ModeAllowlist}) {
 		base[se.set] = true
 	}
 	want := map[elemID]bool{}
 	sets := []string{setPublic, setPeers, setStatic, setStaticPorts, setStaticCIDR, setStaticCIDRPorts, setDenied, setDeniedPorts, setReject, setReset, setNameCheck, setNameCheckPublic, setNameCheckQUIC, setPinned, setPinnedPorts}
-	for _, plan := range [][]setElems{sessionElements(u.Old), sessionElements(u.New)} {
+	if f.cfg.Pool6.IsValid() {
+		sets = append(sets, policySets6...)
+	}
+	for _, plan := range [][]setElems{f.allSessionElements(u.Old), f.allSessionElements(u.New)} {
 		for _, se := range plan {
 			if !slices.Contains(sets, se.set) && !base[se.set] {
 				sets = append(sets, se.set)
 			}
 		}
 	}
-	for _, se := range sessionElements(u.New) {
+	for _, se := range f.allSessionElements(u.New) {
 		for _, e := range se.elems {
 			want[idOf(se.set, e)] = true
 		}
@@ -255,7 +276,7 @@ func (f *Firewall) updateByDumpLocked(c *nftables.Conn, u SessionUpdate, p updat
 			if e.IntervalEnd {
 				continue // the dump's end markers belong to their start
 			}
-			if g, ok := keyGuest(name, e.Key); ok && g == u.New.Guest && !want[idOf(name, e)] {
+			if g, ok := f.keyOwner(name, e.Key); ok && g == u.New.Guest && !want[idOf(name, e)] {
 				del = append(del, nftables.SetElement{Key: e.Key, KeyEnd: e.KeyEnd})
 			}
 		}
@@ -266,7 +287,7 @@ func (f *Firewall) updateByDumpLocked(c *nftables.Conn, u SessionUpdate, p updat
 	if err := f.queueUnattest(c, p.unattest); err != nil {
 		return err
 	}
-	for _, se := range sessionElements(u.New) {
+	for _, se := range f.allSessionElements(u.New) {
 		if base[se.set] {
 			continue
 		}
@@ -281,10 +302,29 @@ func (f *Firewall) updateByDumpLocked(c *nftables.Conn, u SessionUpdate, p updat
 	if err := f.queueLimitsLocked(c, u.New.Guest, u.New.Limits, have[u.New.Guest]); err != nil {
 		return err
 	}
-	if err := f.queueNameCheck6Locked(c, u); err != nil {
-		return err
-	}
 	return c.Flush()
+}
+
+// policySets6 are the v6 sets whose elements a session's policy decides
+// (sessionElements6 but sessions6): those an update may change.
+var policySets6 = append([]string{setPublic6, setStatic6, setStatic6Ports, setStatic6CIDR, setStatic6CIDRPorts,
+	setDenied6, setReject6, setReset6}, nameCheckSets6...)
+
+// keyOwner returns the (v4) guest a session-keyed element of set belongs
+// to: keyGuest's for the v4 sets; for a v6 set, the session whose guest6
+// leads the key (after the interface name in sessions6).
+func (f *Firewall) keyOwner(set string, key []byte) (netip.Addr, bool) {
+	if !slices.Contains(sessionSets6, set) {
+		return keyGuest(set, key)
+	}
+	off := 0
+	if set == setSessions6 {
+		off = ifNameSize
+	}
+	if len(key) < off+16 {
+		return netip.Addr{}, false
+	}
+	return f.guest4Of6(netip.AddrFrom16([16]byte(key[off : off+16])))
 }
 
 // cutsFlow reports whether an update takes away a flow of the guest to dst
@@ -433,23 +473,34 @@ type CutFlow struct {
 // accept, since there is no entry left to be established. (The guest's own
 // socket learns nothing from this: the caller aborts it, see
 // nsmgr.AbortTCP.) Call it after UpdateSession. It walks the conntrack
-// table once (the kernel's dump filters nothing by destination port),
+// table once per family (the kernel's dump filters nothing by destination
+// port; a dual-stack session's v6 flows, from its guest6, are cut by the
+// same judgement),
 // unless the update only widens (widensOnly): then there is nothing to cut.
 func (f *Firewall) CutFlows(u SessionUpdate) ([]CutFlow, error) {
 	if u.widensOnly() {
 		return nil, nil
 	}
-	guest := u.New.Guest
+	guest, guest6 := u.New.Guest, f.guest6Of(u.New.Guest)
 	var cut []CutFlow
 	err := f.flows.Do(func(c *netlink.Conn) error {
 		entries, err := nfnetlink.DumpFlows(c, nil)
 		if err != nil {
 			return err
 		}
+		if guest6.IsValid() {
+			// A dual-stack session's v6 flows: a second dump, of the
+			// AF_INET6 entries, judged by the same policy.
+			more, err := nfnetlink.DumpFlowsOf(c, unix.AF_INET6, nil)
+			if err != nil {
+				return err
+			}
+			entries = append(entries, more...)
+		}
 		for _, e := range entries {
 			var flow CutFlow
 			switch {
-			case e.Src == guest && u.cutsFlow(f.guard, e.Dst, e.Proto, e.Dport):
+			case (e.Src == guest || guest6.IsValid() && e.Src == guest6) && u.cutsFlow(f.guard, e.Dst, e.Proto, e.Dport):
 				flow = CutFlow{Proto: e.Proto, Src: netip.AddrPortFrom(e.Src, e.Sport), Dst: netip.AddrPortFrom(e.Dst, e.Dport)}
 			case e.Dst == guest && u.cutsInbound(f.cfg.Pool, e.Src, e.Proto, e.Dport):
 				// A connection the host opened under a revoked --inbound-from-host port.

@@ -24,7 +24,7 @@ func TestPlanUpdateTouchesOnlyTheDifference(t *testing.T) {
 	b := netpolicy.Target{Prefix: netip.MustParsePrefix("198.51.100.0/24"), Port: 443, Proto: netpolicy.ProtoTCP}
 	peer := netip.MustParseAddr("10.20.0.10")
 	u := SessionUpdate{Old: updRules(netpolicy.ModePublic, []netpolicy.Target{a}, peer), New: updRules(netpolicy.ModeAllowlist, []netpolicy.Target{b})}
-	p := planUpdate(u)
+	p := (&Firewall{}).planUpdate(u)
 	del, add := setsOf(p.del), setsOf(p.add)
 	if del[setPublic] != 1 || del[setStatic] != 1 || del[setPeers] != 1 || add[setStaticCIDRPorts] != 1 {
 		t.Fatalf("del %v add %v: want public, static and peers deleted, the port CIDR added", del, add)
@@ -34,7 +34,7 @@ func TestPlanUpdateTouchesOnlyTheDifference(t *testing.T) {
 			t.Errorf("%s touched (del %d, add %d): the session's own elements must stay", s, del[s], add[s])
 		}
 	}
-	if len(planUpdate(SessionUpdate{Old: u.New, New: u.New}).add) != 0 {
+	if len((&Firewall{}).planUpdate(SessionUpdate{Old: u.New, New: u.New}).add) != 0 {
 		t.Error("an update to the same rules adds elements")
 	}
 }
@@ -45,7 +45,7 @@ func TestPlanUpdateKeepsWhatAnotherNameAttested(t *testing.T) {
 	u := SessionUpdate{Old: r, New: r,
 		Stale: []netpolicy.Attestation{{Addrs: []netip.Addr{x, y}}},
 		Keep:  []netpolicy.Attestation{{Addrs: []netip.Addr{y}}}}
-	p := planUpdate(u)
+	p := (&Firewall{}).planUpdate(u)
 	if got := setsOf(p.unattest); got[setAttested] != 1 {
 		t.Fatalf("unattest %v: want only x's element removed", got)
 	}
@@ -54,7 +54,7 @@ func TestPlanUpdateKeepsWhatAnotherNameAttested(t *testing.T) {
 	}
 	// A port-constrained attestation removes its ported elements.
 	u.Stale = []netpolicy.Attestation{{Addrs: []netip.Addr{x}, Ports: []netpolicy.PortSpec{{Port: 443, Proto: netpolicy.ProtoTCP}}}}
-	if got := setsOf(planUpdate(u).unattest); got[setAttestedPorts] != 1 {
+	if got := setsOf((&Firewall{}).planUpdate(u).unattest); got[setAttestedPorts] != 1 {
 		t.Errorf("unattest %v: want the 443/tcp element", got)
 	}
 }
@@ -179,6 +179,60 @@ func TestCutsInbound(t *testing.T) {
 	} {
 		if got := u.cutsInbound(pool, netip.MustParseAddr(c.src), c.proto, c.port); got != c.want {
 			t.Errorf("cutsInbound(%s %d/%d) = %v, want %v", c.src, c.proto, c.port, got, c.want)
+		}
+	}
+}
+
+// TestPlanUpdateRewritesTheV6Side: on a dual-stack firewall an update's
+// plan holds the session's v6 elements beside the v4 ones (one batch):
+// an added v6 literal, the egress mode and --on-deny in public6 and
+// reject6/reset6, a v6 deny entry, and the attested6 elements of a
+// revoked name's AAAA answer (unless a kept name holds them); the
+// session's own sessions6 element is never touched.
+func TestPlanUpdateRewritesTheV6Side(t *testing.T) {
+	f := &Firewall{cfg: FirewallConfig{Pool: netip.MustParsePrefix("10.20.0.0/16"), Pool6: netip.MustParsePrefix("fd00:20::/112")}}
+	lit := netpolicy.Target{Prefix: netip.MustParsePrefix("2001:2:0:1::11/128"), Port: 7, Proto: netpolicy.ProtoTCP}
+	deny := netpolicy.Target{Prefix: netip.MustParsePrefix("2001:2:0:2::/64")}
+	old := updRules(netpolicy.ModeAllowlist, nil)
+	old.OnDeny = netpolicy.DenyReject
+	next := updRules(netpolicy.ModePublic, []netpolicy.Target{lit})
+	next.Deny, next.OnDeny = []netpolicy.Target{deny}, netpolicy.DenyReset
+	x, y := netip.MustParseAddr("2001:2:0:1::10"), netip.MustParseAddr("2001:2:0:1::12")
+	u := SessionUpdate{Old: old, New: next,
+		Stale: []netpolicy.Attestation{{Addrs: []netip.Addr{netip.MustParseAddr("198.18.1.10"), x, y}}},
+		Keep:  []netpolicy.Attestation{{Addrs: []netip.Addr{y}}}}
+	p := f.planUpdate(u)
+	add, del, un := setsOf(p.add), setsOf(p.del), setsOf(p.unattest)
+	for _, s := range []string{setStatic6Ports, setPublic6, setDenied6, setReset6} {
+		if add[s] != 1 {
+			t.Errorf("add %v: want one element in %s", add, s)
+		}
+	}
+	if add[setReject6] != 0 || del[setReject6] != 0 {
+		t.Errorf("reject6 touched (add %v, del %v): reject and reset both answer", add, del)
+	}
+	if add[setSessions6] != 0 || del[setSessions6] != 0 {
+		t.Errorf("sessions6 touched (add %v, del %v): the session's own element must stay", add, del)
+	}
+	if un[setAttested6] != 1 || un[setAttested] != 1 {
+		t.Fatalf("unattest %v: want the revoked name's v4 element and x's v6 one (y is kept)", un)
+	}
+	for _, se := range p.unattest {
+		if se.set == setAttested6 {
+			if k := se.elems[0].Key; netip.AddrFrom16([16]byte(k[16:32])) != x || netip.AddrFrom16([16]byte(k[:16])) != f.guest6Of(old.Guest) {
+				t.Errorf("unattest6 removes %x, want %s . %s", k, f.guest6Of(old.Guest), x)
+			}
+		}
+	}
+	// And back: every v6 element the first update added is deleted.
+	back := f.planUpdate(SessionUpdate{Old: next, New: old})
+	if d := setsOf(back.del); d[setStatic6Ports] != 1 || d[setPublic6] != 1 || d[setDenied6] != 1 || d[setReset6] != 1 || d[setReject6] != 0 {
+		t.Errorf("the way back deletes %v, want static6_ports, public6, denied6 and reset6 (reject6 stays)", d)
+	}
+	// The owner of each v6 element is the session's v4 guest.
+	for _, se := range p.add {
+		if g, ok := f.keyOwner(se.set, se.elems[0].Key); !ok || g != old.Guest {
+			t.Errorf("keyOwner(%s) = %s, %v: want %s", se.set, g, ok, old.Guest)
 		}
 	}
 }

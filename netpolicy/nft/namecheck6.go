@@ -80,35 +80,6 @@ func nameCheckElements6(g []byte, r SessionRules) []setElems {
 	return out
 }
 
-// queueNameCheck6Locked makes the name check's v6 elements of an updated
-// session u.New's (an update may switch the check, its QUIC mode, or
-// public mode's deny names): each of the guest6's elements is added, then
-// deleted (so the delete never meets a missing element), then u.New's
-// added, all in the caller's batch. Without Pool6 it does nothing.
-func (f *Firewall) queueNameCheck6Locked(c *nftables.Conn, u SessionUpdate) error {
-	g6 := f.guest6Of(u.New.Guest)
-	if !g6.IsValid() {
-		return nil
-	}
-	g := ip6Key(g6)
-	for _, name := range nameCheckSets6 {
-		set := f.schema.sets[name]
-		e := []nftables.SetElement{{Key: g}}
-		if err := addElements(c, set, e, false); err != nil {
-			return err
-		}
-		if err := addElements(c, set, e, true); err != nil {
-			return err
-		}
-	}
-	for _, se := range nameCheckElements6(g, u.New) {
-		if err := addElements(c, f.schema.sets[se.set], se.elems, false); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
 // nameCheckRules6 adds the rules of accept_named6 and drop_name6.
 func nameCheckRules6(env ruleEnv, add6 func(chain string, parts ...[]expr.Any)) {
 	accept := verdict(expr.VerdictAccept, "")
