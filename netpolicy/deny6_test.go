@@ -8,7 +8,7 @@ import (
 // TestParseDenyIPv6: a dual-stack daemon's guard takes IPv6 deny entries
 // (any range, special-purpose ones too: a deny is never unsafe) without a
 // port, and refuses one with a port (denied6 has no ports: it would be
-// widened); an IPv4-only daemon's, and ParseDenyEntry, refuse IPv6 as its
+// widened); an IPv4-only daemon's, and a nil guard's, refuse IPv6 as its
 // allow entries do. IPv4 deny entries are the same on both.
 func TestParseDenyIPv6(t *testing.T) {
 	ds, err := DefaultGuard().DualStack(netip.MustParsePrefix("fd00:20::/112"), nil)
@@ -35,7 +35,7 @@ func TestParseDenyIPv6(t *testing.T) {
 			t.Errorf("dual-stack ParseDeny(%q) passed, want %q", s, want)
 		}
 	}
-	for _, parse := range []func(string) (Entry, error){ParseDenyEntry, DefaultGuard().ParseDeny} {
+	for _, parse := range []func(string) (Entry, error){(*Guard)(nil).ParseDeny, DefaultGuard().ParseDeny} {
 		if _, err := parse("2001:2:0:1::11"); err == nil || err.Error() != `deny entry "2001:2:0:1::11": IPv6 is not supported` {
 			t.Errorf("IPv4-only deny of 2001:2:0:1::11: %v, want IPv6 is not supported", err)
 		}

@@ -25,19 +25,15 @@ func ParseEntry(s string, g *Guard) (Entry, error) {
 	return e, nil
 }
 
-// ParseDenyEntry parses a deny entry: the grammar of ParseEntry, except
-// that an address or CIDR may be any IPv4 range (denying a special-purpose
-// range is redundant, never unsafe) and a name takes no port: a name is
-// denied at the resolver, which knows no ports (deny its addresses with a
-// port instead). Errors are one line: `deny entry "X": reason`.
-func ParseDenyEntry(s string) (Entry, error) {
-	return parseDeny(s, anyRange)
-}
-
-// ParseDeny is ParseDenyEntry on a daemon judged by g: when g is
-// dual-stack (DualStack) an IPv6 address or CIDR may be denied too, any
-// range, and on every port (the v6 table's denied6 has no ports: such an
-// entry with a port is refused rather than widened).
+// ParseDeny parses a deny entry on a daemon judged by g: the grammar of
+// ParseEntry, except that an address or CIDR may be any IPv4 range
+// (denying a special-purpose range is redundant, never unsafe) and a name
+// takes no port: a name is denied at the resolver, which knows no ports
+// (deny its addresses with a port instead). When g is dual-stack
+// (DualStack) an IPv6 address or CIDR may be denied too, any range, and
+// on every port (the v6 table's denied6 has no ports: such an entry with a
+// port is refused rather than widened). Errors are one line:
+// `deny entry "X": reason`.
 func (g *Guard) ParseDeny(s string) (Entry, error) {
 	if g == nil || g.v6 == nil {
 		return parseDeny(s, anyRange)

@@ -132,7 +132,7 @@ type Policy struct {
 	Lab bool
 	// Deny wins over every allow, in every mode (public, attested, static,
 	// lab peers): a name entry is answered NXDOMAIN and never sent upstream
-	// (ParseDenyEntry: names take no port), an address or CIDR entry is
+	// (Guard.ParseDeny: names take no port), an address or CIDR entry is
 	// dropped in the kernel before any accept and removed from DNS answers.
 	Deny []Entry
 	// OnDeny is what a packet the session's policy drops gets (--on-deny).
