@@ -158,11 +158,21 @@ func TestE2ERevokeResetsBothSides(t *testing.T) {
 	e.create("rv", "--allow", "198.18.1.10", "--allow", "198.18.1.11")
 	rs := startRevokeServers(t, e)
 
-	// The control: --keep-established.
-	done := guestClients(e, "rv", rs)
+	revokeCutsBothSides(t, e, "rv", rs, "198.18.1.10", "198.18.1.11")
+}
+
+// revokeCutsBothSides runs, in session (whose sandbox reaches a and b
+// through rs), the control first: a revoke of both with
+// --keep-established leaves both clients connected, the download flowing
+// and no server's side ended; then, the two allowed again, the revoke
+// without it ends both clients within a second of the update's start, and
+// both servers' sides.
+func revokeCutsBothSides(t *testing.T, e *e2eEnv, session string, rs *revokeServers, a, b string) {
+	t.Helper()
+	done := guestClients(e, session, rs)
 	rs.waitAccepted(t)
 	time.Sleep(300 * time.Millisecond)
-	info := e.update("rv", "--revoke", "198.18.1.10", "--revoke", "198.18.1.11", "--keep-established")
+	info := e.update(session, "--revoke", a, "--revoke", b, "--keep-established")
 	if len(info.Policy.Allow) != 0 {
 		t.Fatalf("after the revoke: allow %v, want none", info.Policy.Allow)
 	}
@@ -191,12 +201,12 @@ func TestE2ERevokeResetsBothSides(t *testing.T) {
 	}
 
 	// The revoke without --keep-established.
-	e.update("rv", "--allow", "198.18.1.10", "--allow", "198.18.1.11")
-	done = guestClients(e, "rv", rs)
+	e.update(session, "--allow", a, "--allow", b)
+	done = guestClients(e, session, rs)
 	rs.waitAccepted(t)
 	time.Sleep(300 * time.Millisecond)
 	start := time.Now()
-	e.update("rv", "--revoke", "198.18.1.10", "--revoke", "198.18.1.11")
+	e.update(session, "--revoke", a, "--revoke", b)
 	// Measured from before the update began: the CLI's round trip is in it.
 	within := time.After(time.Until(start.Add(time.Second)))
 	for range 2 {
