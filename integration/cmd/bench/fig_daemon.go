@@ -184,7 +184,7 @@ func (f *daemonFig) memoryAndRate(ctx context.Context) error {
 	logf("%d live sessions: daemon RSS %d -> %d KiB (%.2f MiB per 1000); created in %s (%.1f/s)",
 		n, before, after, perK, took.Round(time.Millisecond), float64(n)/took.Seconds())
 	f.rep.Add(Result{Name: "api-memory-per-1000", Unit: "MiB", Ours: perK, Peer: nan(), Goal: AtMost, Target: 16, Abs: true,
-		Note:  memNote(n),
+		Note: memNote(n),
 		Extra: []string{fmt.Sprintf("live=%d", n), fmt.Sprintf("rss_fresh_kib=%d", fresh), fmt.Sprintf("rss_before_kib=%d", before), fmt.Sprintf("rss_after_kib=%d", after),
 			fmt.Sprintf("warmup_fill_mib=%.1f", float64(before-fresh)/1024)}})
 	createRate := float64(n) / took.Seconds()
