@@ -39,6 +39,20 @@ type dnsRun struct {
 	noerror  float64 // fraction of NOERROR answers in the fixed-rate run
 }
 
+// dnsRunsMedian is the median of f over the runs of one scenario.
+func dnsRunsMedian(runs []dnsRun, f func(dnsRun) float64) float64 {
+	var v []float64
+	for _, r := range runs {
+		v = append(v, f(r))
+	}
+	return median(v)
+}
+
+// The dnsRun figures dnsRunsMedian takes.
+func (r dnsRun) qpsOf() float64 { return r.qps }
+func (r dnsRun) p50Of() float64 { return r.p50 }
+func (r dnsRun) p99Of() float64 { return r.p99 }
+
 // dnsBench holds figure 4's world: a session netns running dnsperf, an
 // upstream dnsmasq in the simulated internet, and the zone and query files.
 // The peer and the upstream queried directly are measured from a netns made
@@ -171,16 +185,8 @@ func figDNS(ctx context.Context, cfg *config, rep *Report) error {
 	if err != nil {
 		return err
 	}
-	med := func(sc string, f func(dnsRun) float64) float64 {
-		var v []float64
-		for _, r := range runs[sc] {
-			v = append(v, f(r))
-		}
-		return median(v)
-	}
-	qps := func(r dnsRun) float64 { return r.qps }
-	p50 := func(r dnsRun) float64 { return r.p50 }
-	p99 := func(r dnsRun) float64 { return r.p99 }
+	med := func(sc string, f func(dnsRun) float64) float64 { return dnsRunsMedian(runs[sc], f) }
+	qps, p50, p99 := dnsRun.qpsOf, dnsRun.p50Of, dnsRun.p99Of
 	common := []string{fmt.Sprintf("reps=%d", cfg.dnsReps), fmt.Sprintf("sat_s=%d", int(cfg.dnsSat/time.Second)),
 		fmt.Sprintf("lat_s=%d", int(cfg.dnsLat/time.Second)), fmt.Sprintf("names=%d", cfg.dnsNames),
 		fmt.Sprintf("direct_qps=%.0f", med("direct", qps))}

@@ -424,16 +424,8 @@ func figDNS6(ctx context.Context, cfg *config, rep *Report) error {
 	if attested6 == 0 {
 		return fmt.Errorf("no v6 address attested after the AAAA runs")
 	}
-	med := func(sc string, f func(dnsRun) float64) float64 {
-		var v []float64
-		for _, r := range runs[sc] {
-			v = append(v, f(r))
-		}
-		return median(v)
-	}
-	qps := func(r dnsRun) float64 { return r.qps }
-	p50 := func(r dnsRun) float64 { return r.p50 }
-	p99 := func(r dnsRun) float64 { return r.p99 }
+	med := func(sc string, f func(dnsRun) float64) float64 { return dnsRunsMedian(runs[sc], f) }
+	qps, p50, p99 := dnsRun.qpsOf, dnsRun.p50Of, dnsRun.p99Of
 	common := []string{fmt.Sprintf("reps=%d", cfg.dnsReps), fmt.Sprintf("sat_s=%d", int(cfg.dnsSat/time.Second)),
 		fmt.Sprintf("lat_s=%d", int(cfg.dnsLat/time.Second)), fmt.Sprintf("names=%d", cfg.dnsNames),
 		"live_sessions=1", fmt.Sprintf("attested6=%d", attested6)}
