@@ -184,6 +184,46 @@ func atk6Neigh(t *testing.T, ns netns.NsHandle, ip netip.Addr) map[int]string {
 	return out
 }
 
+// atk6NeighCount is the number of v6 neighbour entries on link index in ns.
+func atk6NeighCount(t *testing.T, ns netns.NsHandle, index int) int {
+	t.Helper()
+	h, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	ns6, err := h.NeighList(index, netlink.FAMILY_V6)
+	if err != nil {
+		t.Fatalf("v6 neighbours of link %d: %v", index, err)
+	}
+	return len(ns6)
+}
+
+// atk6LinkLocals are a link's link-local addresses in ns.
+func atk6LinkLocals(t *testing.T, ns netns.NsHandle, name string) []netip.Addr {
+	t.Helper()
+	h, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	l, err := h.LinkByName(name)
+	if err != nil {
+		t.Fatalf("link %s: %v", name, err)
+	}
+	addrs, err := h.AddrList(l, netlink.FAMILY_V6)
+	if err != nil {
+		t.Fatalf("addresses of %s: %v", name, err)
+	}
+	var out []netip.Addr
+	for _, a := range addrs {
+		if ip, ok := netip.AddrFromSlice(a.IP); ok && ip.IsLinkLocalUnicast() {
+			out = append(out, ip)
+		}
+	}
+	return out
+}
+
 // atk6LinkIndex is a link's index in ns.
 func atk6LinkIndex(t *testing.T, ns netns.NsHandle, name string) int {
 	t.Helper()

@@ -23,6 +23,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/enforcerd/enforcerd/integration/world"
+	"github.com/enforcerd/enforcerd/nsmgr"
 )
 
 // TestAttack6RouterAdvert: a guest sends router advertisements (a default
@@ -148,6 +149,72 @@ func TestAttack6NDPGames(t *testing.T) {
 	}
 	if _, err := world.Lookup(b.ns, netip.AddrPortFrom(dns6, 53), "web6.e2e.test", dns.TypeAAAA, false, 3*time.Second); err != nil {
 		t.Errorf("control: %s's DNS over v6 after %s's NDP games: %v", b.name, a.name, err)
+	}
+	if err := world.TCPEcho(a.ns, netip.AddrPortFrom(atk6Allowed, 7), 3*time.Second); err != nil {
+		t.Errorf("control: %s's own neighbour discovery and flow: %v", a.name, err)
+	}
+	atk6Control(t, e, a, udp)
+}
+
+// TestAttack6NeighbourFlood: a guest sends neighbour solicitations, hop
+// limit 255 and carrying its MAC, from 200 link-local sources it makes up,
+// half to the host veth's link-local address and half to the solicited-node
+// group of its gateway: the host's neighbour table gains no entry for any
+// of them, on the guest's veth or elsewhere (a flood of them would crowd
+// the table all of the host shares up to gc_thresh3). The guest's eth0
+// holds one link-local address, the pinned nsmgr.GuestLinkLocal6, and no
+// kernel-generated one. Controls: the same solicitation from that pinned
+// address puts it in the host's neighbour table with the guest's MAC (the
+// channel creates entries when the table lets it through), and the guest's
+// own neighbour discovery and flow to its allowed destination work.
+func TestAttack6NeighbourFlood(t *testing.T) {
+	e, _, udp := atk6World(t)
+	a := atk6Session(t, e, "nfl", "--allow", atk6Allowed.String())
+	if got := atk6LinkLocals(t, mustNetns(t, a.ns), "eth0"); len(got) != 1 || got[0] != nsmgr.GuestLinkLocal6 {
+		t.Fatalf("%s's eth0 has link-local addresses %v, want only %s", a.name, got, nsmgr.GuestLinkLocal6)
+	}
+	veth := atk6LinkIndex(t, e.w.Host, a.hostVeth)
+	before := atk6NeighCount(t, e.w.Host, veth)
+
+	ns := func(src, dst, target netip.Addr) []byte {
+		return world.Packet6(src, dst, 255, nil, unix.IPPROTO_ICMPV6, world.ICMP6(src, dst, 135, 0, atk6NS(target, a.mac)))
+	}
+	group := atk6SolicitedNode(a.gw6)
+	var unicast, multicast [][]byte
+	var madeUp []netip.Addr
+	for i := range 200 {
+		b := [16]byte{0xfe, 0x80, 8: 0x02, 9: 0x5e, 10: byte(i >> 8), 11: byte(i), 12: byte(rand.IntN(256)), 13: byte(rand.IntN(256)), 14: 0xaa, 15: byte(i)}
+		src := netip.AddrFrom16(b)
+		madeUp = append(madeUp, src)
+		if i%2 == 0 {
+			unicast = append(unicast, ns(src, a.hostLL, a.hostLL))
+		} else {
+			multicast = append(multicast, ns(src, group, a.gw6))
+		}
+	}
+	a.send(t, unicast...)
+	a.sendTo(t, world.MulticastMAC6(group), multicast...)
+	time.Sleep(500 * time.Millisecond)
+
+	for _, src := range madeUp {
+		if got := atk6Neigh(t, e.w.Host, src); len(got) > 0 {
+			t.Errorf("the host has a neighbour entry for the made-up link-local %s: %v", src, got)
+			break
+		}
+	}
+	if after := atk6NeighCount(t, e.w.Host, veth); after > before {
+		t.Errorf("the host's v6 neighbour entries on %s grew from %d to %d after %d solicitations from made-up link-local sources", a.hostVeth, before, after, len(madeUp))
+	}
+
+	// Control: the guest's own link-local passes, and the host learns it.
+	a.send(t, ns(nsmgr.GuestLinkLocal6, a.hostLL, a.hostLL))
+	deadline := time.Now().Add(3 * time.Second)
+	for atk6Neigh(t, e.w.Host, nsmgr.GuestLinkLocal6)[veth] != a.mac.String() {
+		if time.Now().After(deadline) {
+			t.Fatalf("control: after a solicitation from %s the host's neighbour entries for it are %v, want %s on %s",
+				nsmgr.GuestLinkLocal6, atk6Neigh(t, e.w.Host, nsmgr.GuestLinkLocal6), a.mac, a.hostVeth)
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 	if err := world.TCPEcho(a.ns, netip.AddrPortFrom(atk6Allowed, 7), 3*time.Second); err != nil {
 		t.Errorf("control: %s's own neighbour discovery and flow: %v", a.name, err)

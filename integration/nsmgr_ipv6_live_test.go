@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
 	"github.com/enforcerd/enforcerd/integration/world"
@@ -20,7 +21,9 @@ import (
 // TestNsmgrDualStackSession: with Pool6 a session (from the prepared pool
 // and made fresh) gets its slot's /126: ::2 on eth0, ::1 on the host side,
 // the IPv6 default route via ::1, IPv6 on but closed (no RA, no autoconf,
-// no redirects, no DAD) on both ends, and a resolv.conf naming both DNS
+// no redirects, no DAD) on both ends, eth0's link-local pinned to
+// nsmgr.GuestLinkLocal6 with none generated (the host side keeps its
+// kernel's, the control), and a resolv.conf naming both DNS
 // anycast addresses, the v6 one on the DNS interface. The guest reaches a
 // listener on its host side over v6 (the link works). The control, IPv6
 // disabled everywhere without Pool6, is TestNsmgrIPv6SysctlsHitTheRightNetns.
@@ -74,6 +77,7 @@ func TestNsmgrDualStackSession(t *testing.T) {
 		if !linkHasAddr(t, hh, s.HostIface, gw) {
 			t.Errorf("%s: %s lacks %s", name, s.HostIface, gw)
 		}
+		checkPinnedLinkLocal(t, name, ns, h, nsmgr.GuestIface, hh, s.HostIface)
 		routes, err := h.RouteList(nil, netlink.FAMILY_V6)
 		if err != nil {
 			t.Fatal(err)
@@ -119,6 +123,44 @@ func TestNsmgrDualStackSession(t *testing.T) {
 	}
 }
 
+// checkPinnedLinkLocal checks that a dual-stack session's guest interface
+// (iface, h in its netns ns) generates no link-local address
+// (addr_gen_mode 1) and holds one, nsmgr.GuestLinkLocal6, while its host
+// side (hostIface, hh in the host netns) holds one its kernel generated
+// (the control: the kernel does generate them where it is not turned off).
+func checkPinnedLinkLocal(t *testing.T, name string, ns netns.NsHandle, h *netlink.Handle, iface string, hh *netlink.Handle, hostIface string) {
+	t.Helper()
+	if v := readSysctl(t, ns, "/proc/sys/net/ipv6/conf/"+iface+"/addr_gen_mode"); v != "1" {
+		t.Errorf("%s: %s addr_gen_mode = %s, want 1 (none)", name, iface, v)
+	}
+	if got := linkLocalsOf(t, h, iface); !slices.Equal(got, []netip.Addr{nsmgr.GuestLinkLocal6}) {
+		t.Errorf("%s: %s's link-local addresses are %v, want only %s", name, iface, got, nsmgr.GuestLinkLocal6)
+	}
+	if got := linkLocalsOf(t, hh, hostIface); len(got) != 1 || got[0] == nsmgr.GuestLinkLocal6 {
+		t.Errorf("control: %s: the host side %s's link-local addresses are %v, want one its kernel generated", name, hostIface, got)
+	}
+}
+
+// linkLocalsOf are the link-local addresses of the link name (h in its netns).
+func linkLocalsOf(t *testing.T, h *netlink.Handle, name string) []netip.Addr {
+	t.Helper()
+	l, err := h.LinkByName(name)
+	if err != nil {
+		t.Fatalf("find %s: %v", name, err)
+	}
+	addrs, err := h.AddrList(l, unix.AF_INET6)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []netip.Addr
+	for _, ad := range addrs {
+		if a, ok := netip.AddrFromSlice(ad.IP); ok && a.IsLinkLocalUnicast() {
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
 // linkHasAddr reports whether the link name holds a (h in its netns).
 func linkHasAddr(t *testing.T, h *netlink.Handle, name string, a netip.Addr) bool {
 	t.Helper()
@@ -143,8 +185,8 @@ func linkHasAddr(t *testing.T, h *netlink.Handle, name string, a netip.Addr) boo
 
 // TestNsmgrAttachDualStack: with Pool6 an attached session gets its slot's
 // /126 in the runtime's netns as an owned one does (::2 on the guest
-// interface, ::1 on the host side, the v6 default route), IPv6 closed down
-// on that interface alone (the runtime's "default" keeps its value); and a
+// interface, ::1 on the host side, the v6 default route, the pinned
+// link-local), IPv6 closed down on that interface alone (the runtime's "default" keeps its value); and a
 // fault at every step of Attach unwinds.
 func TestNsmgrAttachDualStack(t *testing.T) {
 	w := world.New(t)
@@ -201,6 +243,7 @@ func TestNsmgrAttachDualStack(t *testing.T) {
 	if !linkHasAddr(t, hostHandle(t, w), s.HostIface, gw) {
 		t.Errorf("%s lacks %s", s.HostIface, gw)
 	}
+	checkPinnedLinkLocal(t, "a6", ns, h, "net1", hostHandle(t, w), s.HostIface)
 	routes, err := h.RouteList(nil, netlink.FAMILY_V6)
 	if err != nil {
 		t.Fatal(err)

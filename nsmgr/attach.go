@@ -59,7 +59,8 @@ func ValidateAttachment(at Attachment) error {
 // of its own. On a dual-stack daemon (Config.Pool6) the slot's /126 goes on
 // both sides too, with the guest's IPv6 default route, and IPv6 is closed
 // down on the guest interface alone (ipv6Closed on at.IfName in the
-// runtime's netns: its "all" and "default" are the runtime's). It writes no resolv.conf (the runtime owns the container's
+// runtime's netns: its "all" and "default" are the runtime's), its
+// link-local address pinned to GuestLinkLocal6 as an owned eth0's is. It writes no resolv.conf (the runtime owns the container's
 // /etc) and never touches lo or anything else already in the netns.
 //
 // The host veth's alias is "<prefix>-<session> attached", so Recover and

@@ -367,6 +367,9 @@ func (c *creation) addGuestAddr() error {
 		return err
 	}
 	if c.guest6.IsValid() {
+		if err := pinLinkLocal6(c.guest, c.eth0); err != nil {
+			return fmt.Errorf("netns %s: %w", c.netnsName(), err)
+		}
 		return addAddr6(c.guest, c.eth0, c.guest6)
 	}
 	return nil

@@ -10,6 +10,7 @@ import (
 	"net/netip"
 
 	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netlink/nl"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 )
@@ -151,6 +152,31 @@ func addAddr6(h *netlink.Handle, link netlink.Link, a netip.Addr) error {
 	ipnet := &net.IPNet{IP: a.AsSlice(), Mask: net.CIDRMask(Pool6SlotBits, 128)}
 	if err := h.AddrAdd(link, &netlink.Addr{IPNet: ipnet, Flags: unix.IFA_F_NODAD}); err != nil {
 		return fmt.Errorf("add address %s/%d to %s: %w", a, Pool6SlotBits, link.Attrs().Name, err)
+	}
+	return nil
+}
+
+// GuestLinkLocal6 is the link-local address of a dual-stack session's
+// guest interface, the same in every session (a link-local address is
+// scoped to its link, and each session's link is its own veth): the
+// kernel generates none there (IN6_ADDR_GEN_MODE_NONE), so the only
+// link-local source a well-behaved guest has is this one, and the table
+// accepts neighbour discovery before anti-spoofing from it alone
+// (netpolicy/nft: raw_session6). The host side keeps the link-local
+// address its kernel generates.
+var GuestLinkLocal6 = netip.MustParseAddr("fe80::2")
+
+// pinLinkLocal6 turns off link-local generation on the guest interface
+// (before it goes up, which is when the kernel would generate one) and
+// puts GuestLinkLocal6/64 there with DAD off.
+func pinLinkLocal6(h *netlink.Handle, link netlink.Link) error {
+	name := link.Attrs().Name
+	if err := h.LinkSetIP6AddrGenMode(link, nl.IN6_ADDR_GEN_MODE_NONE); err != nil {
+		return fmt.Errorf("%s: turn off link-local address generation: %w", name, err)
+	}
+	ipnet := &net.IPNet{IP: GuestLinkLocal6.AsSlice(), Mask: net.CIDRMask(64, 128)}
+	if err := h.AddrAdd(link, &netlink.Addr{IPNet: ipnet, Flags: unix.IFA_F_NODAD}); err != nil {
+		return fmt.Errorf("add address %s/64 to %s: %w", GuestLinkLocal6, name, err)
 	}
 	return nil
 }

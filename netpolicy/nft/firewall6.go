@@ -24,7 +24,7 @@ import (
 //	raw_session6
 //	  exthdr rt exists drop                                # no source routing (routingHeader6)
 //	  icmpv6 type {nd-router-advert, nd-redirect, nd-router-solicit} drop  # a guest is no router
-//	  icmpv6 type {nd-neighbor-solicit, nd-neighbor-advert} ip6 hoplimit 255 ip6 saddr fe80::/10 accept  # NDP with the host side
+//	  icmpv6 type {nd-neighbor-solicit, nd-neighbor-advert} ip6 hoplimit 255 ip6 saddr fe80::2 accept  # NDP with the host side, from the guest's pinned link-local
 //	  icmpv6 type nd-neighbor-solicit ip6 hoplimit 255 ip6 saddr :: accept  # DAD probes
 //	  iifname . ip6 saddr != @sessions6 drop               # anti-spoofing, before conntrack
 //	forward (before the v4 rules of sessions)
@@ -230,13 +230,16 @@ func buildRules6(env ruleEnv, where string, add func(chain string, parts ...[]ex
 		}
 		// Neighbour discovery with the host side, on-link only (hop limit
 		// 255, RFC 4861), from the addresses anti-spoofing cannot know
-		// before it: link-local, and :: for DAD probes. From the guest's own
-		// v6 address it passes anti-spoofing below; from any other address
-		// (another session's, with the guest's MAC in its source link-layer
-		// option) it is dropped there, so it never enters the host's
-		// neighbour table (TestAttack6NDPGames).
+		// before it: the guest's link-local, which nsmgr pins (the kernel
+		// generates none on a session's eth0), and :: for DAD probes. From
+		// the guest's own v6 address it passes anti-spoofing below; from
+		// any other address (another session's, with the guest's MAC in
+		// its source link-layer option, or a made-up link-local one) it is
+		// dropped there, so it never enters the host's neighbour table,
+		// which a flood of made-up sources would fill for every session
+		// (TestAttack6NDPGames, TestAttack6NeighbourFlood).
 		for _, t := range []byte{135, 136} {
-			add6(chainRawSession6, icmp6TypeIn(t), hopLimit255(), saddr6In(linkLocal6), accept)
+			add6(chainRawSession6, icmp6TypeIn(t), hopLimit255(), loadSaddr6(reg1), []expr.Any{cmpEq(reg1, ip6Key(guestLinkLocal6))}, accept)
 		}
 		add6(chainRawSession6, icmp6TypeIn(135), hopLimit255(), saddr6In(unspecified6), accept)
 		ex := []expr.Any{&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: reg1}}
@@ -315,8 +318,11 @@ func buildRules6(env ruleEnv, where string, add func(chain string, parts ...[]ex
 }
 
 var (
-	linkLocal6   = netip.MustParsePrefix("fe80::/10")
-	unspecified6 = netip.MustParsePrefix("::/128")
+	// guestLinkLocal6 is the link-local address of every dual-stack
+	// session's eth0 (nsmgr.GuestLinkLocal6, pinned there with address
+	// generation off; TestAttack6NeighbourFlood checks the two agree).
+	guestLinkLocal6 = netip.MustParseAddr("fe80::2")
+	unspecified6    = netip.MustParsePrefix("::/128")
 )
 
 // routingHeader6 matches a packet with a routing header (any type: 0, 2
