@@ -128,6 +128,7 @@ func (s *schema) addSets6() {
 	size := s.sets[setFlows].Size
 	add(&nftables.Set{Name: setFlows6, KeyType: nftables.TypeIP6Addr, Dynamic: true, Size: size})
 	add(&nftables.Set{Name: setFlowRate6, KeyType: nftables.TypeIP6Addr, Dynamic: true, Size: size})
+	s.addLimitSets6(add)
 }
 
 // limitFlows6 is limitFlows keyed by the v6 source.
@@ -139,7 +140,8 @@ func (env ruleEnv) limitRate6() []expr.Any { return env.flowRateOver(setFlowRate
 // chainDefs6 are the v6 chains (regular chains: they go before the base
 // chains that jump to them).
 func chainDefs6() []chainDef {
-	return []chainDef{{name: chainDropPolicy6}, {name: chainAcceptNew6}, {name: chainRawSession6}, {name: chainFromSession6}, {name: chainInputSession6}, {name: chainOutputSession6}}
+	out := append([]chainDef{{name: chainDropPolicy6}}, reasonChainDefs6()...)
+	return append(out, []chainDef{{name: chainAcceptNew6}, {name: chainRawSession6}, {name: chainFromSession6}, {name: chainInputSession6}, {name: chainOutputSession6}}...)
 }
 
 // chainDefs returns the table's chains for this firewall.
@@ -224,10 +226,11 @@ func buildRules6(env ruleEnv, where string, add func(chain string, parts ...[]ex
 		}
 		ex := []expr.Any{&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: reg1}}
 		ex = append(ex, loadSaddr6(reg32(4))...)
-		add6(chainRawSession6, ex, env.lookup(setSessions6, reg1, true), drop)
+		add6(chainRawSession6, ex, env.lookup(setSessions6, reg1, true), gotoC(chainDropSpoofed6))
 	case chainForward:
 		add(chainForward, fromSession, v6, gotoC(chainFromSession6))
 		add(chainForward, toSession, v6, ctStateIn(expr.CtStateBitESTABLISHED|expr.CtStateBitRELATED), accept)
+		add(chainForward, toSession, v6, gotoC(chainDropInbound6))
 
 		// Neighbour discovery is link-scoped: never forwarded. (raw_session6
 		// let it past anti-spoofing for the host side's sake; conntrack does
@@ -235,29 +238,33 @@ func buildRules6(env ruleEnv, where string, add func(chain string, parts ...[]ex
 		for t := byte(133); t <= 137; t++ {
 			add6(chainFromSession6, icmp6TypeIn(t), drop)
 		}
+		add6(chainFromSession6, env.dispatchBudget6())
 		add6(chainFromSession6, ctStateIn(expr.CtStateBitESTABLISHED), accept)
 		add6(chainFromSession6, ctStateIn(expr.CtStateBitRELATED|expr.CtStateBitINVALID), drop)
-		add6(chainFromSession6, env.lookupPair6(setDenied6), gotoC(chainDropPolicy6))
-		add6(chainFromSession6, loadDaddr6(reg1), env.lookup(setBlocked6, reg1, false), gotoC(chainDropPolicy6))
+		add6(chainFromSession6, env.lookupPair6(setDenied6), gotoC(chainDropDenied6))
+		add6(chainFromSession6, loadDaddr6(reg1), env.lookup(setBlocked6, reg1, false), gotoC(chainDropSpecial6))
+		add6(chainFromSession6, env.dispatchGrants6())
 		acceptNew := gotoC(chainAcceptNew6)
 		add6(chainFromSession6, env.lookupPorts6(setStatic6Ports), acceptNew)
 		add6(chainFromSession6, env.lookupPorts6(setAttested6Ports), acceptNew)
 		for _, pp := range resolverPorts {
-			add6(chainFromSession6, l4protoIs(pp.Proto), loadDport(reg1), []expr.Any{cmpEq(reg1, portKey(pp.Port)[:2])}, gotoC(chainDropPolicy6))
+			add6(chainFromSession6, l4protoIs(pp.Proto), loadDport(reg1), []expr.Any{cmpEq(reg1, portKey(pp.Port)[:2])}, gotoC(chainDropResolver6))
 		}
 		add6(chainFromSession6, loadSaddr6(reg1), env.lookup(setPublic6, reg1, false), acceptNew)
 		for _, set := range []string{setAttested6, setStatic6, setStatic6CIDR} {
 			add6(chainFromSession6, env.lookupPair6(set), acceptNew)
 		}
 		add6(chainFromSession6, env.lookupPorts6(setStatic6CIDRPorts), acceptNew)
-		add6(chainFromSession6, gotoC(chainDropPolicy6))
+		add6(chainFromSession6, gotoC(chainDropNotAllowed6))
 
 		// accept_new6: the session's v6 conntrack budget and flow rate
 		// (a budget of their own, beside the v4 one), then accept.
 		isNew := ctStateIn(expr.CtStateBitNEW)
-		add6(chainAcceptNew6, isNew, env.limitFlows6(), drop)
-		add6(chainAcceptNew6, isNew, env.limitRate6(), drop)
+		add6(chainAcceptNew6, isNew, env.limitFlows6(), gotoC(chainDropLimited6))
+		add6(chainAcceptNew6, isNew, env.limitRate6(), gotoC(chainDropLimited6))
 		add6(chainAcceptNew6, accept)
+
+		env.reasonRules6(add, add6)
 
 		add6(chainDropPolicy6, loadSaddr6(reg1), env.lookup(setReset6, reg1, false), l4protoIs(netpolicy.ProtoTCP),
 			[]expr.Any{&expr.Reject{Type: unix.NFT_REJECT_TCP_RST}})
@@ -460,7 +467,7 @@ func attestElements6(g6 netip.Addr, ips []netip.Addr, timeout time.Duration, por
 // in one batch of its own and returns once the kernel acked it (the answer
 // is released after). Without Pool6, or without v6 addresses, it does
 // nothing.
-func (f *Firewall) attest6(guest netip.Addr, ips []netip.Addr, timeout time.Duration, ports []netpolicy.PortSpec) error {
+func (f *Firewall) attest6(guest netip.Addr, name string, ips []netip.Addr, timeout time.Duration, ports []netpolicy.PortSpec) error {
 	g6 := f.guest6Of(guest)
 	if !g6.IsValid() {
 		return nil
@@ -474,6 +481,11 @@ func (f *Firewall) attest6(guest netip.Addr, ips []netip.Addr, timeout time.Dura
 			if err := addElements(c, f.schema.sets[se.set], se.elems, false); err != nil {
 				return err
 			}
+		}
+		// The answer's v6 addresses for the session's limited names
+		// (limits6.go), in the same batch.
+		if err := f.queueNamed6(c, f.namedElements6(guest, name, ips, timeout)); err != nil {
+			return err
 		}
 		return c.Flush()
 	})

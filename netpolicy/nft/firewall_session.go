@@ -47,7 +47,7 @@ func (f *Firewall) AddSession(r SessionRules) error {
 	if err := f.checkRules(r); err != nil {
 		return fmt.Errorf("add session %s: %w", r.Name, err)
 	}
-	if err := r.Limits.check(); err != nil {
+	if err := r.Limits.check(f.dualStack()); err != nil {
 		return fmt.Errorf("add session %s: %w", r.Name, err)
 	}
 	// A new session on an address starts knowing nothing of it (its

@@ -143,7 +143,7 @@ func (f *Firewall) UpdateSession(u SessionUpdate) error {
 	if err := u.check(f); err != nil {
 		return fmt.Errorf("update session %s: %w", u.New.Name, err)
 	}
-	if err := u.New.Limits.check(); err != nil {
+	if err := u.New.Limits.check(f.dualStack()); err != nil {
 		return fmt.Errorf("update session %s: %w", u.New.Name, err)
 	}
 	plan := planUpdate(u)
