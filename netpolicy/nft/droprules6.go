@@ -23,7 +23,8 @@ import (
 //	  [ct state new] meta nfproto ipv6 meta mark != 0 update @lograte { meta mark limit rate over R/s } update @acct_reason { meta mark . 255 } FINAL
 //	  [ct state new] meta nfproto ipv6 meta mark != 0 log prefix "P:REASON" group G snaplen 64
 //	  FINAL
-//	drop_limited6: the same with update @acct_limited { meta mark } as its count
+//	drop_limited6: the same with update @acct_limited { meta mark } and
+//	  update @acct_drop { meta mark } as its counts
 //	drop_policy6 (first rule): meta mark != 0 update @acct_drop { meta mark }
 //
 // FINAL is "goto drop_policy6" (reject, reset or drop by the session's
@@ -113,6 +114,7 @@ func (env ruleEnv) reasonRules6(add, add6 func(chain string, parts ...[]expr.Any
 	limited := env.reasonRulesFam(nfproto6(), dropCode{reason: netpolicy.ReasonRateLimit}, guestByIface, true, drop)
 	add6(chainDropLimited6, limited[0])
 	add6(chainDropLimited6, env.updateMark(setAcctLimited))
+	add6(chainDropLimited6, env.updateMark(setAcctDrop)) // rate-limited packets are in DroppedPackets too
 	for _, r := range limited[2 : len(limited)-1] {
 		add(chainDropLimited6, r)
 	}
