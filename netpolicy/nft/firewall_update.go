@@ -60,37 +60,8 @@ type updatePlan struct {
 }
 
 func planUpdate(u SessionUpdate) updatePlan {
-	oldEls, newEls := sessionElements(u.Old), sessionElements(u.New)
-	in := func(plan []setElems) map[elemID]bool {
-		m := map[elemID]bool{}
-		for _, se := range plan {
-			for _, e := range se.elems {
-				m[idOf(se.set, e)] = true
-			}
-		}
-		return m
-	}
-	oldIDs, newIDs := in(oldEls), in(newEls)
-	minus := func(plan []setElems, other map[elemID]bool, forDelete bool) []setElems {
-		var out []setElems
-		for _, se := range plan {
-			var elems []nftables.SetElement
-			for _, e := range se.elems {
-				if other[idOf(se.set, e)] {
-					continue
-				}
-				if forDelete {
-					e = nftables.SetElement{Key: e.Key, KeyEnd: e.KeyEnd} // a delete names the key only
-				}
-				elems = append(elems, e)
-			}
-			if len(elems) > 0 {
-				out = append(out, setElems{se.set, elems})
-			}
-		}
-		return out
-	}
-	p := updatePlan{del: minus(oldEls, newIDs, true), add: minus(newEls, oldIDs, false)}
+	del, add := diffElements(sessionElements(u.Old), sessionElements(u.New))
+	p := updatePlan{del: del, add: add}
 	kept := map[elemID]bool{}
 	for _, a := range u.Keep {
 		for _, se := range attestElements(u.New.Guest, a.Addrs, 0, a.Ports) {
@@ -123,6 +94,41 @@ func planUpdate(u SessionUpdate) updatePlan {
 	return p
 }
 
+// diffElements returns what takes a session's elements from oldEls to
+// newEls: the elements to delete (keys only) and those to add.
+func diffElements(oldEls, newEls []setElems) (del, add []setElems) {
+	in := func(plan []setElems) map[elemID]bool {
+		m := map[elemID]bool{}
+		for _, se := range plan {
+			for _, e := range se.elems {
+				m[idOf(se.set, e)] = true
+			}
+		}
+		return m
+	}
+	oldIDs, newIDs := in(oldEls), in(newEls)
+	minus := func(plan []setElems, other map[elemID]bool, forDelete bool) []setElems {
+		var out []setElems
+		for _, se := range plan {
+			var elems []nftables.SetElement
+			for _, e := range se.elems {
+				if other[idOf(se.set, e)] {
+					continue
+				}
+				if forDelete {
+					e = nftables.SetElement{Key: e.Key, KeyEnd: e.KeyEnd} // a delete names the key only
+				}
+				elems = append(elems, e)
+			}
+			if len(elems) > 0 {
+				out = append(out, setElems{se.set, elems})
+			}
+		}
+		return out
+	}
+	return minus(oldEls, newIDs, true), minus(newEls, oldIDs, false)
+}
+
 // UpdateSession changes a running session's elements from u.Old to u.New
 // and removes the attested elements u.Stale names (unless u.Keep holds
 // them too), in one batch: until the kernel applies it the old policy holds
@@ -147,6 +153,10 @@ func (f *Firewall) UpdateSession(u SessionUpdate) error {
 		return fmt.Errorf("update session %s: %w", u.New.Name, err)
 	}
 	plan := planUpdate(u)
+	// A dual-stack session's v6 elements change in the same batch.
+	del6, add6 := diffElements(f.sessionElements6(u.Old), f.sessionElements6(u.New))
+	plan.del, plan.add = append(plan.del, del6...), append(plan.add, add6...)
+	plan.unattest = append(plan.unattest, f.unattest6(u)...)
 	if len(plan.del)+len(plan.add)+len(plan.unattest) == 0 && reflect.DeepEqual(u.Old.Limits, u.New.Limits) {
 		return nil
 	}

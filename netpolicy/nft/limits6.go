@@ -275,3 +275,37 @@ func (f *Firewall) queueNamed6(c *nftables.Conn, named []namedElems) error {
 	}
 	return nil
 }
+
+// unattest6 are the v6 attested elements of u.Stale not in u.Keep (see
+// planUpdate): a revoked name's AAAA addresses leave the kernel with its A
+// addresses.
+func (f *Firewall) unattest6(u SessionUpdate) []setElems {
+	g6 := f.guest6Of(u.New.Guest)
+	if !g6.IsValid() {
+		return nil
+	}
+	kept := map[elemID]bool{}
+	for _, a := range u.Keep {
+		for _, se := range attestElements6(g6, a.Addrs, 0, a.Ports) {
+			for _, e := range se.elems {
+				kept[idOf(se.set, e)] = true
+			}
+		}
+	}
+	var out []setElems
+	for _, a := range u.Stale {
+		for _, se := range attestElements6(g6, a.Addrs, 0, a.Ports) {
+			var elems []nftables.SetElement
+			for _, e := range se.elems {
+				if id := idOf(se.set, e); !kept[id] {
+					kept[id] = true // once
+					elems = append(elems, nftables.SetElement{Key: e.Key})
+				}
+			}
+			if len(elems) > 0 {
+				out = append(out, setElems{se.set, elems})
+			}
+		}
+	}
+	return out
+}
