@@ -256,4 +256,26 @@ func TestE2EDualStackDropReasons(t *testing.T) {
 			t.Errorf("why %s: %+v, want %s %s (detail with %q)", c.dest, a, c.verdict, c.reason, c.detail)
 		}
 	}
+
+	// A live update revokes v6 entries in its batch: the literal and the
+	// name's AAAA-attested address are refused at once, an established v6
+	// flow to the literal is cut, the v6 CIDR entry the update kept still
+	// allows (why, the control).
+	web6 := netip.MustParseAddrPort("[2001:2:0:1::10]:7")
+	if err := world.TCPEcho(ns, web6, 3*time.Second); err != nil {
+		t.Fatalf("control: the AAAA-attested address before the revoke: %v", err)
+	}
+	held := e2eDial(t, ns, lit.String())
+	if err := e2eEchoRound(held, "before the revoke", 3*time.Second); err != nil {
+		t.Fatalf("control: an established v6 flow to the literal before the revoke: %v", err)
+	}
+	e.update("r6", "--revoke", "[2001:2:0:1::11]:7/tcp", "--revoke", "web6.e2e.test")
+	if err := e2eEchoRound(held, "after the revoke", time.Second); err == nil {
+		t.Error("an established v6 flow to the revoked literal still echoes (not cut)")
+	}
+	e2eRefused6(t, "the revoked v6 literal", ns, lit)
+	e2eRefused6(t, "the revoked name's AAAA address", ns, web6)
+	if a := e.why("r6", "[2001:2:0:2::6]:443"); a.Verdict != api.WhyAllowed {
+		t.Errorf("why for the kept v6 CIDR entry after the revoke: %+v", a)
+	}
 }

@@ -450,6 +450,21 @@ func (f *Firewall) CutFlows(u SessionUpdate) ([]CutFlow, error) {
 		if err != nil {
 			return err
 		}
+		// A dual-stack session's v6 flows (limits6.go): cut by the same
+		// test, from its v6 address.
+		g6, err := f.flows6Of(c, guest)
+		if err != nil {
+			return err
+		}
+		for _, e := range g6 {
+			if !u.cutsFlow(f.guard, e.Dst, e.Proto, e.Dport) {
+				continue
+			}
+			if err := nfnetlink.DeleteFlow(c, e); err != nil {
+				return err
+			}
+			cut = append(cut, CutFlow{Proto: e.Proto, Src: netip.AddrPortFrom(e.Src, e.Sport), Dst: netip.AddrPortFrom(e.Dst, e.Dport)})
+		}
 		for _, e := range entries {
 			var flow CutFlow
 			switch {

@@ -6,9 +6,11 @@ import (
 	"time"
 
 	"github.com/google/nftables"
+	"github.com/mdlayher/netlink"
 	"github.com/google/nftables/expr"
 	"golang.org/x/sys/unix"
 
+	"github.com/enforcerd/enforcerd/internal/nfnetlink"
 	"github.com/enforcerd/enforcerd/netpolicy"
 )
 
@@ -308,4 +310,24 @@ func (f *Firewall) unattest6(u SessionUpdate) []setElems {
 		}
 	}
 	return out
+}
+
+// flows6Of are the v6 conntrack entries the guest's v6 address opened (none
+// on an IPv4-only daemon).
+func (f *Firewall) flows6Of(c *netlink.Conn, guest netip.Addr) ([]nfnetlink.Flow, error) {
+	g6 := f.guest6Of(guest)
+	if !g6.IsValid() {
+		return nil, nil
+	}
+	all, err := nfnetlink.DumpFlowsOf(c, unix.AF_INET6, nil)
+	if err != nil {
+		return nil, err
+	}
+	var out []nfnetlink.Flow
+	for _, e := range all {
+		if e.Src == g6 {
+			out = append(out, e)
+		}
+	}
+	return out, nil
 }
