@@ -369,7 +369,7 @@ func (e *Engine) whyAddr(s *liveSession, d whyDest, a netip.Addr, attested []nft
 		return set(refused, netpolicy.ReasonDenied, fmt.Sprintf("denied by %q: %s before any accept", den.String(), refused))
 	}
 	for _, p := range s.rules.Peers {
-		if p == a {
+		if p == a || (a.Is6() && e.guest6Of(p) == a) {
 			return set(api.WhyAllowed, "lab-peer", "a lab target this session was peered with")
 		}
 	}
@@ -485,4 +485,17 @@ func deniedAddr(p netpolicy.Policy, a netip.Addr, port uint16, proto netpolicy.P
 		return netpolicy.Entry{}, false
 	}
 	return p.DeniedAddr(a, port, proto)
+}
+
+// guest6Of is the v6 address of the session whose v4 address is guest
+// (invalid for none, or one without IPv6).
+func (e *Engine) guest6Of(guest netip.Addr) netip.Addr {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for _, s := range e.sessions {
+		if s.rec.Guest == guest {
+			return s.rec.Guest6
+		}
+	}
+	return netip.Addr{}
 }

@@ -279,3 +279,52 @@ func TestE2EDualStackDropReasons(t *testing.T) {
 		t.Errorf("why for the kept v6 CIDR entry after the revoke: %+v", a)
 	}
 }
+
+// TestE2EDualStackLabAndInbound: a lab target's peer reaches it over v6,
+// and the host reaches the port the target names (--inbound-from-host)
+// on its v6 address; a third session, the target towards its peer, the
+// peer towards the third, and the host towards the peer's (unnamed) port
+// are refused, the host's attempt counted as an inbound drop of the peer.
+// The v4 twins of the first two are the controls of the address family.
+func TestE2EDualStackLabAndInbound(t *testing.T) {
+	e, _ := newDualStackE2E(t)
+	lab := e.createNetOnly("lab6", "--lab", "--inbound-from-host", "7/tcp")
+	tester := e.createNetOnly("tester6", "--lab-peer", "lab6")
+	third := e.createNetOnly("third6", "--egress", "public")
+	at6 := func(in api.SessionInfo) netip.AddrPort { return netip.MustParseAddrPort("[" + in.Guest6IP + "]:7") }
+	for _, s := range []api.SessionInfo{lab, tester, third} {
+		e2eServeTCPEcho(t, e.nsPath(s.Name), at6(s))
+		e2eServeTCPEcho(t, e.nsPath(s.Name), netip.MustParseAddrPort(s.GuestIP+":7"))
+	}
+	lns, tns, ons, host := e.nsPath("lab6"), e.nsPath("tester6"), e.nsPath("third6"), e.w.HostPath
+	reach := func(what, ns string, dst netip.AddrPort) {
+		t.Helper()
+		if err := world.TCPEcho(ns, dst, 3*time.Second); err != nil {
+			t.Errorf("%s: %s: %v", what, dst, err)
+		}
+	}
+	refused := func(what, ns string, dst netip.AddrPort) {
+		t.Helper()
+		if err := world.TCPEcho(ns, dst, time.Second); err == nil {
+			t.Errorf("%s: %s reached", what, dst)
+		}
+	}
+	reach("control: the peer to its lab target over v4", tns, netip.MustParseAddrPort(lab.GuestIP+":7"))
+	reach("the peer to its lab target over v6", tns, at6(lab))
+	reach("control: the host to the target's named port over v4", host, netip.MustParseAddrPort(lab.GuestIP+":7"))
+	reach("the host to the target's named port over v6", host, at6(lab))
+	refused("a third session to the lab target", ons, at6(lab))
+	refused("the lab target to its peer", lns, at6(tester))
+	refused("the peer to a third session", tns, at6(third))
+	before := e.inspect("tester6").Counters.DroppedByReason["inbound"]
+	refused("the host to the peer's unnamed port", host, at6(tester))
+	e.eventually("the host's v6 attempt counted as the peer's inbound drop", func() error {
+		if e.inspect("tester6").Counters.DroppedByReason["inbound"] <= before {
+			return errors.New("not counted")
+		}
+		return nil
+	})
+	if a := e.why("tester6", at6(lab).String()); a.Verdict != api.WhyAllowed || a.Reason != "lab-peer" {
+		t.Errorf("why %s from the peer: %+v", at6(lab), a)
+	}
+}

@@ -24,32 +24,36 @@ import (
 //	raw_session6
 //	  icmpv6 type {nd-router-advert, nd-redirect, nd-router-solicit} drop  # a guest is no router
 //	  icmpv6 type {nd-neighbor-solicit, nd-neighbor-advert} ip6 hoplimit 255 accept  # NDP with the host side
-//	  iifname . ip6 saddr != @sessions6 drop               # anti-spoofing, before conntrack
+//	  iifname . ip6 saddr != @sessions6 goto drop_spoofed6  # anti-spoofing, before conntrack
 //	forward (before the v4 rules of sessions)
 //	  iifname "P*" meta nfproto ipv6 goto from_session6
 //	  oifname "P*" meta nfproto ipv6 ct state established,related accept
-//	  (then the v4 table's "oifname P* meta nfproto != ipv4 drop": no new flow into a session)
+//	  oifname "P*" meta nfproto ipv6 goto drop_inbound6     # no new flow into a session
 //	from_session6
 //	  icmpv6 type {133-137} drop                           # ND is link-scoped, never forwarded
+//	  ip6 saddr vmap @budget_chains6                       # byte budgets (limits6.go)
 //	  ct state established accept
 //	  ct state related,invalid drop                        # a session's ICMPv6 errors: refused
-//	  (every accept below is "goto accept_new6")
-//	  ip6 saddr . ip6 daddr @denied6 goto drop_policy6
-//	  ip6 daddr @blocked6 goto drop_policy6                # the v6 special-purpose guard
+//	  (every accept below is "goto accept_new6"; every drop_X6 a reason chain, droprules6.go)
+//	  ip6 saddr . ip6 daddr @denied6 goto drop_denied6
+//	  ip6 saddr . ip6 daddr @peers6 accept                 # lab peers (peers6.go), before the guard: in the pool6
+//	  ip6 daddr @blocked6 goto drop_special6               # the v6 special-purpose guard
+//	  ip6 saddr vmap @grant_chains6                        # connection grants (limits6.go)
 //	  KEY6 @static6_ports accept                           # KEY6 = ip6 saddr . meta l4proto . ip6 daddr . th dport
 //	  KEY6 @attested6_ports accept
-//	  meta l4proto {tcp,udp} th dport {53,853} goto drop_policy6  # resolvers: only the proxy, or an entry naming the port
+//	  meta l4proto {tcp,udp} th dport {53,853} goto drop_resolver6  # resolvers: only the proxy, or an entry naming the port
 //	  ip6 saddr @public6 accept
 //	  ip6 saddr . ip6 daddr @attested6 accept
 //	  ip6 saddr . ip6 daddr @static6 accept
 //	  ip6 saddr . ip6 daddr @static6_cidr accept
 //	  KEY6 @static6_cidr_ports accept
-//	  goto drop_policy6
+//	  goto drop_not_allowed6
 //	accept_new6
-//	  ct state new add @flows6 { ip6 saddr ct count over MAXFLOWS } drop
-//	  ct state new update @flowrate6 { ip6 saddr limit rate over RATE/second burst 2*RATE packets } drop
+//	  ct state new add @flows6 { ip6 saddr ct count over MAXFLOWS } goto drop_limited6
+//	  ct state new update @flowrate6 { ip6 saddr limit rate over RATE/second burst 2*RATE packets } goto drop_limited6
 //	  accept
 //	drop_policy6
+//	  update @acct_drop { meta mark }                      # the reason chain's mark: the v4 guest
 //	  ip6 saddr @reset6 meta l4proto tcp reject with tcp reset
 //	  ip6 saddr @reject6 reject with icmpv6 admin-prohibited
 //	  drop
@@ -59,7 +63,7 @@ import (
 //	input_session6
 //	  icmpv6 type {nd-neighbor-solicit, nd-neighbor-advert} accept
 //	  ip6 daddr DNS6 udp dport 53 accept
-//	  ip6 daddr DNS6 ct state established accept
+//	  ct state established accept                          # DNS over TCP; replies to --inbound-from-host flows
 //	  ip6 daddr DNS6 tcp dport 53 accept
 //	  drop
 //	output (first rule)
@@ -67,7 +71,8 @@ import (
 //	output_session6
 //	  icmpv6 type {nd-neighbor-solicit, nd-neighbor-advert} accept
 //	  ct state established,related accept                  # the proxy's answers
-//	  drop                                                 # nothing the host opens
+//	  ip6 daddr . meta l4proto . th dport @inbound_host6 accept  # --inbound-from-host (peers6.go)
+//	  goto drop_inbound6                                   # nothing else the host opens
 //	postrouting
 //	  meta nfproto ipv6 ip6 saddr POOL6 oifname != "P*" masquerade   # NAT66
 const (
@@ -103,7 +108,7 @@ var (
 // sessionSets6 are the v6 sets keyed by a guest (sessions6 after its
 // interface name): what removing a session deletes from.
 var sessionSets6 = []string{setSessions6, setPublic6, setStatic6, setStatic6Ports, setStatic6CIDR, setStatic6CIDRPorts,
-	setAttested6, setAttested6Ports, setDenied6, setReject6, setReset6, setFlows6, setFlowRate6}
+	setAttested6, setAttested6Ports, setDenied6, setReject6, setReset6, setFlows6, setFlowRate6, setPeers6, setInboundHost6}
 
 // addSets6 adds the v6 sets to a dual-stack daemon's schema.
 func (s *schema) addSets6() {
@@ -129,6 +134,7 @@ func (s *schema) addSets6() {
 	add(&nftables.Set{Name: setFlows6, KeyType: nftables.TypeIP6Addr, Dynamic: true, Size: size})
 	add(&nftables.Set{Name: setFlowRate6, KeyType: nftables.TypeIP6Addr, Dynamic: true, Size: size})
 	s.addLimitSets6(add)
+	addPeerSets6(add)
 }
 
 // limitFlows6 is limitFlows keyed by the v6 source.
@@ -242,6 +248,7 @@ func buildRules6(env ruleEnv, where string, add func(chain string, parts ...[]ex
 		add6(chainFromSession6, ctStateIn(expr.CtStateBitESTABLISHED), accept)
 		add6(chainFromSession6, ctStateIn(expr.CtStateBitRELATED|expr.CtStateBitINVALID), drop)
 		add6(chainFromSession6, env.lookupPair6(setDenied6), gotoC(chainDropDenied6))
+		add6(chainFromSession6, env.peerRule6())
 		add6(chainFromSession6, loadDaddr6(reg1), env.lookup(setBlocked6, reg1, false), gotoC(chainDropSpecial6))
 		add6(chainFromSession6, env.dispatchGrants6())
 		acceptNew := gotoC(chainAcceptNew6)
@@ -278,7 +285,9 @@ func buildRules6(env ruleEnv, where string, add func(chain string, parts ...[]ex
 			add6(chainInputSession6, icmp6TypeIn(t), accept)
 		}
 		add6(chainInputSession6, toDNS6, dnsPort53(netpolicy.ProtoUDP), accept)
-		add6(chainInputSession6, toDNS6, ctStateIn(expr.CtStateBitESTABLISHED), accept)
+		// Established: the session's DNS over TCP, and replies to what
+		// the host opened on a port the session names (peers6.go).
+		add6(chainInputSession6, ctStateIn(expr.CtStateBitESTABLISHED), accept)
 		add6(chainInputSession6, toDNS6, dnsPort53(netpolicy.ProtoTCP), accept)
 		add6(chainInputSession6, drop)
 	case chainOutput:
@@ -289,7 +298,8 @@ func buildRules6(env ruleEnv, where string, add func(chain string, parts ...[]ex
 			add6(chainOutputSession6, icmp6TypeIn(t), accept)
 		}
 		add6(chainOutputSession6, ctStateIn(expr.CtStateBitESTABLISHED|expr.CtStateBitRELATED), accept)
-		add6(chainOutputSession6, drop)
+		add6(chainOutputSession6, env.inboundRule6())
+		add6(chainOutputSession6, gotoC(chainDropInbound6))
 	case chainPostrouting:
 		add(chainPostrouting, v6, saddr6In(env.pool6), ifPrefix(expr.MetaKeyOIFNAME, env.prefix, false), []expr.Any{&expr.Masq{}})
 	}
@@ -396,6 +406,7 @@ func (f *Firewall) sessionElements6(r SessionRules) []setElems {
 	if r.OnDeny == netpolicy.DenyReset {
 		reset = []nftables.SetElement{{Key: g}}
 	}
+	out = append(out, f.peerElements6(g, r)...)
 	for _, se := range []setElems{{setStatic6, hosts}, {setStatic6Ports, hostPorts}, {setStatic6CIDR, cidrs},
 		{setStatic6CIDRPorts, cidrPorts}, {setDenied6, denied}, {setReject6, reject}, {setReset6, reset}} {
 		if len(se.elems) > 0 {
