@@ -80,7 +80,7 @@ func (e *Engine) buildPolicy(req api.CreateRequest) (netpolicy.Policy, error) {
 	}
 	p.Allow = netpolicy.DedupEntries(p.Allow)
 	for _, s := range req.Deny {
-		ent, err := netpolicy.ParseDenyEntry(s)
+		ent, err := netpolicy.ParseDenyEntryFor(s, e.guard)
 		if err != nil {
 			return p, badRequest(err)
 		}

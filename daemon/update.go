@@ -261,11 +261,11 @@ func (e *Engine) updatedRequest(s *liveSession, u api.PolicyUpdate, replace bool
 		req.QUIC = u.QUIC
 	}
 	for _, r := range u.RevokeDeny {
-		ent, err := netpolicy.ParseDenyEntry(r)
+		ent, err := netpolicy.ParseDenyEntryFor(r, e.guard)
 		n := len(req.Deny)
 		if err == nil {
 			req.Deny = slices.DeleteFunc(req.Deny, func(a string) bool {
-				x, err := netpolicy.ParseDenyEntry(a)
+				x, err := netpolicy.ParseDenyEntryFor(a, e.guard)
 				return err == nil && x.String() == ent.String()
 			})
 		}

@@ -196,22 +196,25 @@ func TestE2EDualStackGrantBothFamilies(t *testing.T) {
 // TestE2EDualStackDropReasons: a dual-stack session's v6 drops carry the
 // v4 table's reasons, in the flow events (with the v6 destination) and
 // the counters: not-allowed (an unlisted address), special-purpose (a ULA
-// server the world routes), resolver (DNS to the allowed literal); the
+// server the world routes), resolver (DNS to the allowed literal), denied
+// (a v6 deny entry inside an allowed v6 CIDR: every port of it); the
 // allowed literal, the control, echoes and leaves no such drop event. why answers the same for the same v6
 // destinations (the special-purpose one named by its registry row), and
 // allowed for an AAAA-attested address (by its name) and a v6 CIDR entry.
 func TestE2EDualStackDropReasons(t *testing.T) {
 	e, ula := newDualStackE2E(t)
 	in := e.createNetOnly("r6", "--allow", "[2001:2:0:1::11]:7/tcp", "--allow", "web6.e2e.test", "--allow", "2001:2:0:2::/64",
-		"--name-check", "off")
+		"--deny", "[2001:2:0:2::5]:443/tcp", "--name-check", "off")
 	ns := e.nsPath("r6")
 	lit := netip.MustParseAddrPort("[2001:2:0:1::11]:7")
 	unlisted := netip.MustParseAddrPort("[2001:2:0:1::12]:7")
+	denied := netip.MustParseAddrPort("[2001:2:0:2::5]:7") // a v6 deny entry drops every port of its range
 	if err := world.TCPEcho(ns, lit, 3*time.Second); err != nil {
 		t.Fatalf("control: the allowed v6 literal: %v", err)
 	}
 	e2eRefused6(t, "unlisted", ns, unlisted)
 	e2eRefused6(t, "special-purpose", ns, ula)
+	e2eRefused6(t, "denied", ns, denied)
 	if err := world.UDPEcho(ns, netip.AddrPortFrom(lit.Addr(), 53), time.Second); err == nil {
 		t.Error("DNS to the allowed v6 literal passed the resolver rule")
 	}
@@ -219,7 +222,7 @@ func TestE2EDualStackDropReasons(t *testing.T) {
 		reason string
 		dst    netip.Addr
 	}{
-		{"not-allowed", unlisted.Addr()}, {"special-purpose", ula.Addr()}, {"resolver", lit.Addr()},
+		{"not-allowed", unlisted.Addr()}, {"special-purpose", ula.Addr()}, {"resolver", lit.Addr()}, {"denied", denied.Addr()},
 	} {
 		e.eventually(c.reason+" flow event for "+c.dst.String(), func() error {
 			if len(e.flowLinesTo("r6", c.reason, c.dst)) == 0 {
@@ -250,6 +253,7 @@ func TestE2EDualStackDropReasons(t *testing.T) {
 		{"2001:2:0:1::12", api.WhyRejected, "not-allowed", ""},
 		{"[fd99::10]:7", api.WhyRejected, "special-purpose", "fc00::/7"},
 		{"[2001:2:0:2::6]:443", api.WhyAllowed, "static", "2001:2:0:2::/64"},
+		{"[2001:2:0:2::5]:80", api.WhyRejected, "denied", "[2001:2:0:2::5]:443/tcp"},
 		{"[2001:2:0:1::10]:7", api.WhyAllowed, "attested", "web6.e2e.test"},
 		{"[2001:2:0:1::11]:53/udp", api.WhyRejected, "resolver", ""},
 		{in.Guest6IP, api.WhyAllowed, "self", ""},

@@ -25,13 +25,23 @@ func ParseEntry(s string, g *Guard) (Entry, error) {
 	return e, nil
 }
 
-// ParseDenyEntry parses a deny entry: the grammar of ParseEntry, except
+// ParseDenyEntryFor parses a deny entry: the grammar of ParseEntry, except
 // that an address or CIDR may be any IPv4 range (denying a special-purpose
 // range is redundant, never unsafe) and a name takes no port: a name is
 // denied at the resolver, which knows no ports (deny its addresses with a
 // port instead). Errors are one line: `deny entry "X": reason`.
-func ParseDenyEntry(s string) (Entry, error) {
-	e, err := parseEntry(strings.TrimSpace(s), anyRange)
+// g is the daemon's guard: on a dual-stack daemon (g judges IPv6) an IPv6
+// address or CIDR may be any range too; elsewhere (g nil or IPv4-only)
+// IPv6 is refused as in allow entries.
+func ParseDenyEntryFor(s string, g *Guard) (Entry, error) {
+	r := anyRange
+	if g != nil && g.v6 != nil {
+		r = anyRange6
+	}
+	e, err := parseEntry(strings.TrimSpace(s), r)
+	if err == nil && e.Kind == KindCIDR && e.Prefix.Addr().Is4In6() {
+		err = fmt.Errorf("%s is IPv4-mapped, never on the wire; want the IPv4 address or CIDR", e.Prefix)
+	}
 	if err == nil && e.Kind != KindCIDR && e.Port != 0 {
 		err = fmt.Errorf("a name is denied on every port (the resolver knows no ports); want %s, or deny an address or CIDR with a port", e.Name)
 	}
@@ -44,6 +54,9 @@ func ParseDenyEntry(s string) (Entry, error) {
 // anyRange is the guard of deny entries: it blocks nothing, so no range is
 // refused.
 var anyRange = &Guard{}
+
+// anyRange6 is anyRange of a dual-stack daemon: no IPv6 range refused.
+var anyRange6 = &Guard{v6: &guard6{}}
 
 // MustParseEntry is ParseEntry with the default guard for constants in tests
 // and examples: it panics on error, so it must never see user input.

@@ -156,3 +156,25 @@ func TestEntry6Grammar(t *testing.T) {
 		}
 	}
 }
+
+// TestDenyEntry6: on a dual-stack daemon a deny entry may be any IPv6
+// address or CIDR (special-purpose ones too: denying is never unsafe); on
+// an IPv4-only one IPv6 is refused, as before.
+func TestDenyEntry6(t *testing.T) {
+	g, err := DefaultGuard().DualStack(netip.MustParsePrefix("fd00:20::/112"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range []string{"2001:db8::/32", "2001:2::5", "[2001:2::5]:443/tcp", "fd00:20::/112"} {
+		e, err := ParseDenyEntryFor(s, g)
+		if err != nil || e.Kind != KindCIDR || !e.Prefix.Addr().Is6() {
+			t.Errorf("ParseDenyEntryFor(%q, dual-stack) = %+v, %v", s, e, err)
+		}
+		if _, err := ParseDenyEntryFor(s, DefaultGuard()); err == nil || !strings.Contains(err.Error(), "IPv6 is not supported") {
+			t.Errorf("ParseDenyEntryFor(%q, IPv4-only) = %v, want IPv6 is not supported", s, err)
+		}
+	}
+	if _, err := ParseDenyEntryFor("::ffff:198.18.0.1", g); err == nil {
+		t.Error("a v4-mapped deny entry parsed")
+	}
+}
