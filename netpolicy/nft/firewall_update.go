@@ -348,7 +348,8 @@ func (u SessionUpdate) widensOnly() bool {
 
 func rulesDeny(r SessionRules, dst netip.Addr, proto uint8, dport uint16) bool {
 	for _, t := range r.Deny {
-		if t.Prefix.Contains(dst) && portAllows(t.Port, t.Proto, proto, dport) {
+		// A v6 deny entry drops its range on every port (denied6).
+		if t.Prefix.Contains(dst) && (dst.Is6() || portAllows(t.Port, t.Proto, proto, dport)) {
 			return true
 		}
 	}
