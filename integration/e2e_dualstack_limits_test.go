@@ -411,3 +411,42 @@ func TestE2EDualStackGrantCountsAFlowOnce(t *testing.T) {
 		t.Errorf("remaining: %d, want 0", n)
 	}
 }
+
+// TestE2EDualStackAttestCap: the per-session cap on attested elements
+// (--max-attested) holds for v6 elements: with 40, a session that resolved
+// one name of 32 AAAA records gets SERVFAIL for a second such name (never
+// an answer with unattested addresses) and the kernel holds the first 32
+// only; the first name resolves again (a refresh adds nothing) and
+// another session resolves the second name (the cap is per session).
+func TestE2EDualStackAttestCap(t *testing.T) {
+	e, _ := newDualStackE2E(t, "--max-attested", "40")
+	for i := range 32 {
+		e.w.DNS.AddRR(fmt.Sprintf("one.cap6.e2e.test. 60 IN AAAA 2001:2:0:5::%x", i+1))
+		e.w.DNS.AddRR(fmt.Sprintf("two.cap6.e2e.test. 60 IN AAAA 2001:2:0:6::%x", i+1))
+	}
+	capped := e.createNetOnly("cap6", "--allow", "one.cap6.e2e.test", "--allow", "two.cap6.e2e.test", "--name-check", "off")
+	other := e.createNetOnly("cao6", "--allow", "two.cap6.e2e.test", "--name-check", "off")
+	lookup := func(in api.SessionInfo, name string) *dns.Msg {
+		t.Helper()
+		m, err := world.Lookup(e.nsPath(in.Name), netip.AddrPortFrom(netip.MustParseAddr(in.DNS6), 53), name, dns.TypeAAAA, true, 3*time.Second)
+		if err != nil {
+			t.Fatalf("%s: AAAA %s: %v", in.Name, name, err)
+		}
+		return m
+	}
+	if got := world.Addrs6Of(lookup(capped, "one.cap6.e2e.test")); len(got) != 32 {
+		t.Fatalf("first name: %d addresses, want 32", len(got))
+	}
+	if m := lookup(capped, "two.cap6.e2e.test"); m.Rcode != dns.RcodeServerFailure || len(world.Addrs6Of(m)) != 0 {
+		t.Errorf("second name over the session's cap: rcode %s, %d addresses; want SERVFAIL and none", dns.RcodeToString[m.Rcode], len(world.Addrs6Of(m)))
+	}
+	if got := e2eNftAttested6(t, e.w, e.d.Prefix, netip.MustParseAddr(capped.Guest6IP)); len(got) != 32 {
+		t.Errorf("kernel: %d attested v6 addresses after the refused answer, want the first 32", len(got))
+	}
+	if got := world.Addrs6Of(lookup(capped, "one.cap6.e2e.test")); len(got) != 32 {
+		t.Errorf("first name again: %d addresses, want 32", len(got))
+	}
+	if got := world.Addrs6Of(lookup(other, "two.cap6.e2e.test")); len(got) != 32 {
+		t.Errorf("another session, second name: %d addresses, want 32", len(got))
+	}
+}

@@ -487,7 +487,11 @@ func (f *Firewall) attest6(guest netip.Addr, name string, ips []netip.Addr, time
 	if len(plan) == 0 {
 		return nil
 	}
-	return f.attest.do(func(c *nftables.Conn) error {
+	if !f.attested6.admits(guest, plan, f.cfg.MaxAttested, time.Now()) { // attestcap6.go
+		return fmt.Errorf("attest %d addresses for %s: %w (%d IPv6 elements)", len(ips), guest, netpolicy.ErrAttestCap, f.cfg.MaxAttested)
+	}
+	sent := time.Now()
+	err := f.attest.do(func(c *nftables.Conn) error {
 		for _, se := range plan {
 			if err := addElements(c, f.schema.sets[se.set], se.elems, false); err != nil {
 				return err
@@ -500,6 +504,10 @@ func (f *Firewall) attest6(guest netip.Addr, name string, ips []netip.Addr, time
 		}
 		return c.Flush()
 	})
+	if err == nil {
+		f.attested6.record(guest, plan, sent)
+	}
+	return err
 }
 
 // removeGuests6Locked queues the deletion of every v6 element of the
@@ -530,6 +538,9 @@ func (f *Firewall) removeGuests6Locked(c *nftables.Conn, gone func(netip.Addr) b
 			if !seen {
 				mine = f.gone6(g6, gone)
 				owners[g6] = mine
+				if g, ok := f.guest4Of6(g6); ok && mine {
+					f.attested6.forget(g, nil)
+				}
 			}
 			if mine {
 				del = append(del, nftables.SetElement{Key: e.Key, KeyEnd: e.KeyEnd})

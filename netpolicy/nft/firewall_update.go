@@ -156,7 +156,8 @@ func (f *Firewall) UpdateSession(u SessionUpdate) error {
 	// A dual-stack session's v6 elements change in the same batch.
 	del6, add6 := diffElements(f.sessionElements6(u.Old), f.sessionElements6(u.New))
 	plan.del, plan.add = append(plan.del, del6...), append(plan.add, add6...)
-	plan.unattest = append(plan.unattest, f.unattest6(u)...)
+	stale6 := f.unattest6(u)
+	plan.unattest = append(plan.unattest, stale6...)
 	if len(plan.del)+len(plan.add)+len(plan.unattest) == 0 && reflect.DeepEqual(u.Old.Limits, u.New.Limits) {
 		return nil
 	}
@@ -181,6 +182,7 @@ func (f *Firewall) UpdateSession(u SessionUpdate) error {
 		return fmt.Errorf("update session %s (guest %s): %w", u.New.Name, u.New.Guest, err)
 	}
 	f.named.set(u.New.Guest, newNamed)
+	f.attested6.forget(u.New.Guest, stale6)
 	if err := f.seedNamed(u.New.Guest, freshNamed(oldNamed, newNamed)); err != nil {
 		return fmt.Errorf("update session %s (guest %s): fill the address sets of its limited names: %w", u.New.Name, u.New.Guest, err)
 	}

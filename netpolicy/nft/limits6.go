@@ -6,8 +6,8 @@ import (
 	"time"
 
 	"github.com/google/nftables"
-	"github.com/mdlayher/netlink"
 	"github.com/google/nftables/expr"
+	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
 
 	"github.com/enforcerd/enforcerd/internal/nfnetlink"
