@@ -191,6 +191,15 @@ func TestE2EDualStackGrantBothFamilies(t *testing.T) {
 		}
 		return nil
 	})
+	// Removing the session removes its chains, its sets (the name's v6
+	// address set, addrs6_, with the v4 one) and map elements.
+	if objs := strings.Join(e.limitObjects(t), " "); !strings.Contains(objs, "addrs6_") {
+		t.Fatalf("positive control: no v6 address set among the limit objects before the removal: %s", objs)
+	}
+	e.cli("session", "rm", "g6")
+	if objs := e.limitObjects(t); len(objs) != 0 {
+		t.Errorf("limit objects left after the session's removal: %v", objs)
+	}
 }
 
 // TestE2EDualStackDropReasons: a dual-stack session's v6 drops carry the
