@@ -155,7 +155,7 @@ func (e *Engine) denyEntry(name string, dst netip.Addr, dport uint16, proto netp
 	if !ok {
 		return netpolicy.Entry{}, false
 	}
-	return s.policy.DeniedAddr(dst, dport, proto)
+	return deniedAddr(s.policy, dst, dport, proto)
 }
 
 // flowDetail is a dropped flow as its event shows it: proto, dst, dport

@@ -73,7 +73,7 @@ func (e *Engine) limitsOf(rec SessionRecord, p netpolicy.Policy) sessionLimits {
 			le.limit.Targets = []netpolicy.Target{{Prefix: ent.Prefix, Port: ent.Port, Proto: ent.Proto}}
 		case ent.Kind == netpolicy.KindHost && pinned:
 			for _, a := range pins {
-				le.limit.Targets = append(le.limit.Targets, netpolicy.Target{Prefix: netip.PrefixFrom(a, 32), Port: ent.Port, Proto: ent.Proto})
+				le.limit.Targets = append(le.limit.Targets, netpolicy.Target{Prefix: netip.PrefixFrom(a, a.BitLen()), Port: ent.Port, Proto: ent.Proto})
 			}
 		default:
 			name := ent

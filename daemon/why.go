@@ -27,10 +27,12 @@ type whyDest struct {
 	proto netpolicy.Proto
 }
 
-// parseWhyDest parses NAME|IPv4[:PORT][/tcp|udp].
+// parseWhyDest parses NAME|IPv4[:PORT][/tcp|udp], or an IPv6 address as
+// IPv6 or [IPv6][:PORT][/tcp|udp] (the entry grammar's forms).
 func parseWhyDest(s string) (whyDest, error) {
 	var d whyDest
 	in := s
+	v6 := ""
 	if i := strings.LastIndexByte(s, '/'); i >= 0 {
 		switch p := strings.ToLower(s[i+1:]); p {
 		case "tcp":
@@ -41,6 +43,19 @@ func parseWhyDest(s string) (whyDest, error) {
 			return d, fmt.Errorf("destination %q: protocol %q: want tcp or udp", in, s[i+1:])
 		}
 		s = s[:i]
+	}
+	switch {
+	case strings.HasPrefix(s, "["):
+		end := strings.IndexByte(s, ']')
+		if end < 0 {
+			return d, fmt.Errorf("destination %q: want [IPv6]:PORT", in)
+		}
+		v6, s = s[1:end], s[end+1:]
+		if s != "" && !strings.HasPrefix(s, ":") {
+			return d, fmt.Errorf("destination %q: want [IPv6]:PORT", in)
+		}
+	case strings.Count(s, ":") > 1: // a bare IPv6 address: no port
+		v6, s = s, ""
 	}
 	if i := strings.LastIndexByte(s, ':'); i >= 0 {
 		n, err := strconv.ParseUint(s[i+1:], 10, 16)
@@ -55,6 +70,14 @@ func parseWhyDest(s string) (whyDest, error) {
 	}
 	if d.port != 0 && d.proto == netpolicy.ProtoAny {
 		d.proto = netpolicy.ProtoTCP
+	}
+	if v6 != "" {
+		a, err := netip.ParseAddr(v6)
+		if err != nil || !a.Is6() || a.Zone() != "" || a.Is4In6() {
+			return d, fmt.Errorf("destination %q: IPv6 address %q: want one without a zone, not v4-mapped", in, v6)
+		}
+		d.addr = a
+		return d, nil
 	}
 	if a, err := netip.ParseAddr(s); err == nil {
 		if !a.Is4() {
@@ -141,6 +164,11 @@ func (e *Engine) why(ctx context.Context, name, dest string, d whyDest) (api.Why
 	ans := api.WhyAnswer{Session: name, Dest: dest}
 	if !s.hasNIC() {
 		ans.Verdict, ans.Reason, ans.Detail = api.WhyDropped, "no-network", "egress none: the session has no interface, no route and no DNS"
+		return ans, nil
+	}
+	if d.addr.Is6() && !s.rec.Guest6.IsValid() {
+		ans.Verdict, ans.Reason = api.WhyDropped, "not-allowed"
+		ans.Detail = "the session has no IPv6 (a daemon without --pool6, or an attached or VM session): IPv6 is off in its netns"
 		return ans, nil
 	}
 	if d.name == "" {
@@ -328,20 +356,20 @@ func (e *Engine) whyAddr(s *liveSession, d whyDest, a netip.Addr, attested []nft
 		r.Verdict, r.Reason, r.Detail = verdict, reason, detail
 		return r
 	}
-	if a == s.rec.Guest {
+	if a == s.rec.Guest || (s.rec.Guest6.IsValid() && a == s.rec.Guest6) {
 		return set(api.WhyAllowed, "self", "the session's own address: it never leaves the session's netns")
 	}
-	if a == e.dnsAddr && (d.port == 0 || d.port == 53) {
+	if (a == e.dnsAddr || (e.dns6.IsValid() && a == e.dns6)) && (d.port == 0 || d.port == 53) {
 		return set(api.WhyAllowed, "resolver", "the DNS proxy on the anycast address")
 	}
 	// A deny wins over every allow: lab peers, public mode, static and
 	// attested elements (the policy chain's first rules).
-	if den, ok := s.policy.DeniedAddr(a, d.port, d.proto); ok {
+	if den, ok := deniedAddr(s.policy, a, d.port, d.proto); ok {
 		r.entry = den.String()
 		return set(refused, netpolicy.ReasonDenied, fmt.Sprintf("denied by %q: %s before any accept", den.String(), refused))
 	}
 	for _, p := range s.rules.Peers {
-		if p == a {
+		if p == a || (a.Is6() && e.guest6Of(p) == a) {
 			return set(api.WhyAllowed, "lab-peer", "a lab target this session was peered with")
 		}
 	}
@@ -436,8 +464,38 @@ func (s *liveSession) isPinnedAddr(a netip.Addr) bool {
 
 func targetString(t netpolicy.Target) string {
 	s := t.Prefix.String()
-	if t.Prefix.Bits() == 32 {
+	switch {
+	case t.Prefix.IsSingleIP() && t.Prefix.Addr().Is6() && t.Port != 0:
+		s = "[" + t.Prefix.Addr().String() + "]"
+	case t.Prefix.IsSingleIP():
 		s = t.Prefix.Addr().String()
 	}
 	return s + netpolicy.PortSpec{Port: t.Port, Proto: t.Proto}.String()
+}
+
+// deniedAddr is the deny entry the table applies to a on port and proto: a
+// v6 deny entry drops its range on every port (the table's denied6).
+func deniedAddr(p netpolicy.Policy, a netip.Addr, port uint16, proto netpolicy.Proto) (netpolicy.Entry, bool) {
+	if a.Is6() {
+		for _, e := range p.Deny {
+			if e.Kind == netpolicy.KindCIDR && e.Prefix.Contains(a) {
+				return e, true
+			}
+		}
+		return netpolicy.Entry{}, false
+	}
+	return p.DeniedAddr(a, port, proto)
+}
+
+// guest6Of is the v6 address of the session whose v4 address is guest
+// (invalid for none, or one without IPv6).
+func (e *Engine) guest6Of(guest netip.Addr) netip.Addr {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for _, s := range e.sessions {
+		if s.rec.Guest == guest {
+			return s.rec.Guest6
+		}
+	}
+	return netip.Addr{}
 }

@@ -25,7 +25,14 @@ func TestParseWhyDest(t *testing.T) {
 		{in: "198.18.1.10:0", error: `destination "198.18.1.10:0": port "0": want 1 to 65535`},
 		{in: "198.18.1.10/tcp", error: `destination "198.18.1.10/tcp": a protocol needs a port, e.g. 198.18.1.10:443/tcp`},
 		{in: "a.test:80/icmp", error: `destination "a.test:80/icmp": protocol "icmp": want tcp or udp`},
-		{in: "2001:db8::1", error: "want a name or an IPv4 address"},
+		{in: "2001:db8::1", want: whyDest{addr: netip.MustParseAddr("2001:db8::1")}},
+		{in: "[2001:2::10]:443", want: whyDest{addr: netip.MustParseAddr("2001:2::10"), port: 443, proto: netpolicy.ProtoTCP}},
+		{in: "[2001:2::10]:53/udp", want: whyDest{addr: netip.MustParseAddr("2001:2::10"), port: 53, proto: netpolicy.ProtoUDP}},
+		{in: "[2001:2::10]", want: whyDest{addr: netip.MustParseAddr("2001:2::10")}},
+		{in: "[2001:2::10]x", error: "want [IPv6]:PORT"},
+		{in: "[::ffff:198.18.1.10]:80", error: "want one without a zone, not v4-mapped"},
+		{in: "[fe80::1%eth0]:80", error: "want one without a zone, not v4-mapped"},
+		{in: "2001:2::10:443", want: whyDest{addr: netip.MustParseAddr("2001:2::10:443")}},
 		{in: "bad name!", error: "want a name or an IPv4 address"},
 	} {
 		got, err := parseWhyDest(tc.in)

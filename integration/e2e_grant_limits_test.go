@@ -182,7 +182,7 @@ func (e *e2eEnv) limitObjects(t *testing.T) []string {
 	return limitObjectRE.FindAllString(out, -1)
 }
 
-var limitObjectRE = regexp.MustCompile(`\b(budget|grants|grant|quota|addrs)_[0-9a-f]{8}\w*`)
+var limitObjectRE = regexp.MustCompile(`\b(budget|grants|grant|quota|addrs6?)_[0-9a-f]{8}\w*`)
 
 // eventually retries check until it succeeds or 5 s pass.
 func (e *e2eEnv) eventually(what string, check func() error) {

@@ -2,6 +2,7 @@ package netpolicy
 
 import (
 	"net/netip"
+	"strings"
 	"testing"
 )
 
@@ -42,6 +43,9 @@ func TestParseDenyIPv6(t *testing.T) {
 		if e, err := parse("10.0.0.0/8:22/tcp"); err != nil || e.Port != 22 {
 			t.Errorf("IPv4-only deny of 10.0.0.0/8:22/tcp: %+v, %v", e, err)
 		}
+	}
+	if _, err := ds.ParseDeny("::ffff:198.18.0.1"); err == nil || !strings.Contains(err.Error(), "IPv4-mapped") {
+		t.Errorf("dual-stack deny of a v4-mapped address: %v, want refused as IPv4-mapped", err)
 	}
 	if e, err := ds.ParseDeny("10.0.0.0/8:22/tcp"); err != nil || e.Port != 22 {
 		t.Errorf("dual-stack deny of 10.0.0.0/8:22/tcp: %+v, %v", e, err)

@@ -45,6 +45,8 @@ func parseDeny(s string, any *Guard) (Entry, error) {
 	e, err := parseEntry(strings.TrimSpace(s), any)
 	switch {
 	case err != nil:
+	case e.Kind == KindCIDR && e.Prefix.Addr().Is4In6():
+		err = fmt.Errorf("%s is IPv4-mapped, never on the wire; want the IPv4 address or CIDR", e.Prefix)
 	case e.Kind != KindCIDR && e.Port != 0:
 		err = fmt.Errorf("a name is denied on every port (the resolver knows no ports); want %s, or deny an address or CIDR with a port", e.Name)
 	case e.Kind == KindCIDR && e.Prefix.Addr().Is6() && e.Port != 0:

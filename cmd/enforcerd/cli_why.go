@@ -13,7 +13,8 @@ const whyLong = `Say what the session's policy does with a destination right now
 for a name, whether the proxy would answer it and what each of its addresses
 meets; for an address, which set or guard decides. DEST is a name or an IPv4
 address with an optional :PORT and /tcp or /udp (tcp when only a port is
-given). With --sni OTHER, the answer is for a TCP flow to DEST that asks
+given), or on a dual-stack session an IPv6 address, bracketed with a port
+([2001:db8::10]:443/tcp). With --sni OTHER, the answer is for a TCP flow to DEST that asks
 for the name OTHER (TLS server_name or HTTP Host): reason name-mismatch when
 the name check would refuse it. The answer comes from the daemon's own data and the kernel's sets; a
 name the policy allows is resolved through the daemon's upstreams, one the

@@ -194,3 +194,22 @@ func ParseIPv4(p []byte) (IPv4Header, bool) {
 	}
 	return h, true
 }
+
+// ParseIPv6 reads the addresses, next header and ports of an IPv6 packet
+// from its first bytes into an IPv4Header's fields: false when they are not
+// an IPv6 header. The ports are read only when the fixed header's next
+// header is TCP or UDP (no extension headers walked).
+func ParseIPv6(p []byte) (IPv4Header, bool) {
+	var h IPv4Header
+	if len(p) < 40 || p[0]>>4 != 6 {
+		return h, false
+	}
+	h.Src = netip.AddrFrom16([16]byte(p[8:24]))
+	h.Dst = netip.AddrFrom16([16]byte(p[24:40]))
+	h.Proto = p[6]
+	if (h.Proto == unix.IPPROTO_TCP || h.Proto == unix.IPPROTO_UDP) && len(p) >= 44 {
+		h.SrcPort = binary.BigEndian.Uint16(p[40:])
+		h.DstPort = binary.BigEndian.Uint16(p[42:])
+	}
+	return h, true
+}

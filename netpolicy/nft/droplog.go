@@ -173,8 +173,14 @@ func dropLine(prefix string, p nfnetlink.Packet) (DroppedFlow, bool) {
 		return fl, false
 	}
 	h, ok := nfnetlink.ParseIPv4(p.Payload)
+	v6 := false
 	if !ok {
-		return fl, false
+		// A dual-stack session's v6 packet (droprules6.go): its guest is
+		// the mark, whatever the reason.
+		if h, ok = nfnetlink.ParseIPv6(p.Payload); !ok {
+			return fl, false
+		}
+		v6 = true
 	}
 	fl.Reason, fl.inIndex = reason, p.InIndex
 	fl.Src, fl.Dst, fl.SrcPort, fl.DstPort = h.Src, h.Dst, h.SrcPort, h.DstPort
@@ -185,24 +191,35 @@ func dropLine(prefix string, p nfnetlink.Packet) (DroppedFlow, bool) {
 		fl.Proto = "udp"
 	case unix.IPPROTO_ICMP:
 		fl.Proto = "icmp"
+	case unix.IPPROTO_ICMPV6:
+		fl.Proto = "icmpv6"
 	default:
 		fl.Proto = strconv.Itoa(int(h.Proto))
 	}
-	switch fl.Reason {
-	case netpolicy.ReasonInbound:
-		fl.Guest = fl.Dst
-	case netpolicy.ReasonSpoofed:
-		// The mark is the guest's address bytes as a host-order integer
-		// (see loadGuest).
-		var g [4]byte
-		binary.NativeEndian.PutUint32(g[:], p.Mark)
-		if mark := netip.AddrFrom4(g); mark != netip.IPv4Unspecified() {
-			fl.Guest = mark
+	switch {
+	case v6:
+		if fl.Guest = markGuest(p.Mark); !fl.Guest.IsValid() {
+			return DroppedFlow{}, false // every v6 log rule tests the mark
 		}
+	case fl.Reason == netpolicy.ReasonInbound:
+		fl.Guest = fl.Dst
+	case fl.Reason == netpolicy.ReasonSpoofed:
+		fl.Guest = markGuest(p.Mark)
 	default:
 		fl.Guest = fl.Src
 	}
 	return fl, true
+}
+
+// markGuest is the guest a drop line's mark names: the guest's address
+// bytes as a host-order integer (see loadGuest); invalid for mark 0.
+func markGuest(m uint32) netip.Addr {
+	var g [4]byte
+	binary.NativeEndian.PutUint32(g[:], m)
+	if mark := netip.AddrFrom4(g); mark != netip.IPv4Unspecified() {
+		return mark
+	}
+	return netip.Addr{}
 }
 
 func knownReason(r string) bool {

@@ -81,6 +81,15 @@ func ipv4(proto byte, src, dst string, ihl int, l4 []byte) []byte {
 	return append(p, l4...)
 }
 
+func ipv6(next byte, src, dst string, l4 []byte) []byte {
+	p := make([]byte, 40)
+	p[0], p[6] = 0x60, next
+	s, d := netip.MustParseAddr(src).As16(), netip.MustParseAddr(dst).As16()
+	copy(p[8:], s[:])
+	copy(p[24:], d[:])
+	return append(p, l4...)
+}
+
 func TestParseDropLine(t *testing.T) {
 	udp := []byte{0x30, 0x39, 0x00, 0x35, 0, 8, 0, 0}
 	guest := netip.MustParseAddr("10.20.0.6")
@@ -106,7 +115,11 @@ func TestParseDropLine(t *testing.T) {
 		{"rate-limit", line(t, "enf:rate-limit", 0, ipv4(17, "10.20.0.6", "1.2.3.4", 20, udp)),
 			DroppedFlow{Reason: netpolicy.ReasonRateLimit, Proto: "udp", Src: guest, Dst: netip.MustParseAddr("1.2.3.4"), SrcPort: 12345, DstPort: 53, Guest: guest}, true},
 		{"unknown reason", line(t, "enf:whatever", 0, ipv4(17, "10.20.0.6", "1.2.3.4", 20, udp)), DroppedFlow{}, false},
-		{"IPv6 payload", line(t, "enf:port", 0, append([]byte{0x60}, make([]byte, 39)...)), DroppedFlow{}, false},
+		{"IPv6 without the mark", line(t, "enf:port", 0, append([]byte{0x60}, make([]byte, 39)...)), DroppedFlow{}, false},
+		{"IPv6: the guest is the mark", line(t, "enf:budget", binary.NativeEndian.Uint32(g[:]), ipv6(6, "fd00:20::6", "2001:2::10", udp[:4])),
+			DroppedFlow{Reason: netpolicy.ReasonBudget, Proto: "tcp", Src: netip.MustParseAddr("fd00:20::6"), Dst: netip.MustParseAddr("2001:2::10"), SrcPort: 12345, DstPort: 53, Guest: guest}, true},
+		{"IPv6 ICMPv6", line(t, "enf:special-purpose", binary.NativeEndian.Uint32(g[:]), ipv6(58, "fd00:20::6", "fc00::1", []byte{128, 0, 0, 0})),
+			DroppedFlow{Reason: netpolicy.ReasonSpecialPurpose, Proto: "icmpv6", Src: netip.MustParseAddr("fd00:20::6"), Dst: netip.MustParseAddr("fc00::1"), Guest: guest}, true},
 		{"no payload", line(t, "enf:port", 0, nil), DroppedFlow{}, false},
 	}
 	for _, c := range cases {

@@ -156,7 +156,12 @@ func (env ruleEnv) logAs(reason string) []expr.Any {
 // dynset that cannot insert (a full set) ends its rule, and the verdict
 // must not depend on accounting.
 func (env ruleEnv) reasonRules(d dropCode, k guestKey, onlyNew bool, final []expr.Any) [][]expr.Any {
-	v4 := nfprotoIs(true)
+	return env.reasonRulesFam(nfprotoIs(true), d, k, onlyNew, final)
+}
+
+// reasonRulesFam is reasonRules for the packets of one family (v4 is the
+// rules' "meta nfproto" match; droprules6.go makes the v6 ones).
+func (env ruleEnv) reasonRulesFam(v4 []expr.Any, d dropCode, k guestKey, onlyNew bool, final []expr.Any) [][]expr.Any {
 	var isNew []expr.Any
 	if onlyNew {
 		isNew = ctStateIn(expr.CtStateBitNEW)

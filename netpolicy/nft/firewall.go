@@ -180,21 +180,22 @@ type Counters struct {
 // records what it inserted into the attested sets, so that RemoveSession
 // need not dump them.
 type Firewall struct {
-	cfg      FirewallConfig
-	guard    *netpolicy.Guard
-	floor    time.Duration
-	nsFd     int // our duplicate of cfg.NetNS, closed by Close
-	schema   *schema
-	admin    connSlot // Ensure, AddSession, RemoveSession, reads, DeleteTable
-	attest   connSlot // Attest only, used by attests' leader
-	attests  *groupCommit[attestReq]
-	attested attestIndex
-	known    knownIndex     // what Attest may skip the kernel for (attestknown.go)
-	named    namedIndex     // the sessions' limited name entries (namedlimits.go)
-	monitor  attestMonitor  // forgets what others delete (attestmonitor.go)
-	flushes  atomic.Uint64  // attest batches sent to the kernel
-	flows    flowTable      // conntrack entries of removed sessions
-	reads    nfnetlink.Conn // single-element reads (one session's counters)
+	cfg       FirewallConfig
+	guard     *netpolicy.Guard
+	floor     time.Duration
+	nsFd      int // our duplicate of cfg.NetNS, closed by Close
+	schema    *schema
+	admin     connSlot // Ensure, AddSession, RemoveSession, reads, DeleteTable
+	attest    connSlot // Attest only, used by attests' leader
+	attests   *groupCommit[attestReq]
+	attested  attestIndex
+	attested6 attest6Count   // the v6 attested elements' cap (attestcap6.go)
+	known     knownIndex     // what Attest may skip the kernel for (attestknown.go)
+	named     namedIndex     // the sessions' limited name entries (namedlimits.go)
+	monitor   attestMonitor  // forgets what others delete (attestmonitor.go)
+	flushes   atomic.Uint64  // attest batches sent to the kernel
+	flows     flowTable      // conntrack entries of removed sessions
+	reads     nfnetlink.Conn // single-element reads (one session's counters)
 }
 
 // OpenFirewall validates cfg and opens the netlink connections. It changes

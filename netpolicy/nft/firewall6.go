@@ -26,36 +26,40 @@ import (
 //	  icmpv6 type {nd-router-advert, nd-redirect, nd-router-solicit} drop  # a guest is no router
 //	  icmpv6 type {nd-neighbor-solicit, nd-neighbor-advert} ip6 hoplimit 255 ip6 saddr fe80::2 accept  # NDP with the host side, from the guest's pinned link-local
 //	  icmpv6 type nd-neighbor-solicit ip6 hoplimit 255 ip6 saddr :: accept  # DAD probes
-//	  iifname . ip6 saddr != @sessions6 drop               # anti-spoofing, before conntrack
+//	  iifname . ip6 saddr != @sessions6 goto drop_spoofed6  # anti-spoofing, before conntrack
 //	forward (before the v4 rules of sessions)
 //	  iifname "P*" meta nfproto ipv6 goto from_session6
 //	  oifname "P*" meta nfproto ipv6 ct mark NAME_PENDING goto name_queue  # the server's ACK confirms a checked flow
 //	  oifname "P*" meta nfproto ipv6 ct state established,related accept
-//	  (then the v4 table's "oifname P* meta nfproto != ipv4 drop": no new flow into a session)
+//	  oifname "P*" meta nfproto ipv6 goto drop_inbound6     # no new flow into a session
 //	from_session6
 //	  icmpv6 type {133-137} drop                           # ND is link-scoped, never forwarded
+//	  ip6 saddr vmap @budget_chains6                       # byte budgets (limits6.go)
 //	  ct mark NAME_PENDING goto name_queue                 # the name check (namecheck6.go)
 //	  ct mark NAME_REFUSED goto drop_name6
 //	  ct state established accept
 //	  ct state related,invalid drop                        # a session's ICMPv6 errors: refused
-//	  (every accept below is "goto accept_new6")
-//	  ip6 saddr . ip6 daddr @denied6 goto drop_policy6
-//	  ip6 daddr @blocked6 goto drop_policy6                # the v6 special-purpose guard
+//	  (every accept below is "goto accept_new6"; every drop_X6 a reason chain, droprules6.go)
+//	  ip6 saddr . ip6 daddr @denied6 goto drop_denied6
+//	  ip6 saddr . ip6 daddr @peers6 accept                 # lab peers (peers6.go), before the guard: in the pool6
+//	  ip6 daddr @blocked6 goto drop_special6               # the v6 special-purpose guard
+//	  ip6 saddr vmap @grant_chains6                        # connection grants (limits6.go)
 //	  KEY6 @static6_ports accept                           # KEY6 = ip6 saddr . meta l4proto . ip6 daddr . th dport
 //	  KEY6 @attested6_ports goto accept_named6             # admitted by a name: the name check (namecheck6.go)
-//	  meta l4proto {tcp,udp} th dport {53,853} goto drop_policy6  # resolvers: only the proxy, or an entry naming the port
+//	  meta l4proto {tcp,udp} th dport {53,853} goto drop_resolver6  # resolvers: only the proxy, or an entry naming the port
 //	  ip6 saddr @namecheck6_public goto accept_named6      # public, deny entries by name: every flow checked
 //	  ip6 saddr @public6 accept
 //	  ip6 saddr . ip6 daddr @attested6 goto accept_named6
 //	  ip6 saddr . ip6 daddr @static6 accept
 //	  ip6 saddr . ip6 daddr @static6_cidr accept
 //	  KEY6 @static6_cidr_ports accept
-//	  goto drop_policy6
+//	  goto drop_not_allowed6
 //	accept_new6
-//	  ct state new add @flows6 { ip6 saddr ct count over MAXFLOWS } drop
-//	  ct state new update @flowrate6 { ip6 saddr limit rate over RATE/second burst 2*RATE packets } drop
+//	  ct state new add @flows6 { ip6 saddr ct count over MAXFLOWS } goto drop_limited6
+//	  ct state new update @flowrate6 { ip6 saddr limit rate over RATE/second burst 2*RATE packets } goto drop_limited6
 //	  accept
 //	drop_policy6
+//	  update @acct_drop { meta mark }                      # the reason chain's mark: the v4 guest
 //	  ip6 saddr @reset6 meta l4proto tcp reject with tcp reset
 //	  ip6 saddr @reject6 reject with icmpv6 admin-prohibited
 //	  drop
@@ -65,7 +69,7 @@ import (
 //	input_session6
 //	  icmpv6 type {nd-neighbor-solicit, nd-neighbor-advert} accept
 //	  ip6 daddr DNS6 udp dport 53 accept
-//	  ip6 daddr DNS6 ct state established accept
+//	  ct state established accept                          # DNS over TCP; replies to --inbound-from-host flows
 //	  ip6 daddr DNS6 tcp dport 53 accept
 //	  drop
 //	output (first rule)
@@ -73,7 +77,8 @@ import (
 //	output_session6
 //	  icmpv6 type {nd-neighbor-solicit, nd-neighbor-advert} accept
 //	  ct state established,related accept                  # the proxy's answers
-//	  drop                                                 # nothing the host opens
+//	  ip6 daddr . meta l4proto . th dport @inbound_host6 accept  # --inbound-from-host (peers6.go)
+//	  goto drop_inbound6                                   # nothing else the host opens
 //	postrouting
 //	  meta nfproto ipv6 ip6 saddr POOL6 oifname != "P*" masquerade   # NAT66
 const (
@@ -109,7 +114,7 @@ var (
 // sessionSets6 are the v6 sets keyed by a guest (sessions6 after its
 // interface name): what removing a session deletes from.
 var sessionSets6 = append([]string{setSessions6, setPublic6, setStatic6, setStatic6Ports, setStatic6CIDR, setStatic6CIDRPorts,
-	setAttested6, setAttested6Ports, setDenied6, setReject6, setReset6, setFlows6, setFlowRate6}, nameCheckSets6...)
+	setAttested6, setAttested6Ports, setDenied6, setReject6, setReset6, setFlows6, setFlowRate6, setPeers6, setInboundHost6}, nameCheckSets6...)
 
 // addSets6 adds the v6 sets to a dual-stack daemon's schema.
 func (s *schema) addSets6() {
@@ -137,6 +142,8 @@ func (s *schema) addSets6() {
 	for _, set := range nameCheckSetDefs6() { // namecheck6.go
 		add(set)
 	}
+	s.addLimitSets6(add)
+	addPeerSets6(add)
 }
 
 // limitFlows6 is limitFlows keyed by the v6 source.
@@ -148,8 +155,10 @@ func (env ruleEnv) limitRate6() []expr.Any { return env.flowRateOver(setFlowRate
 // chainDefs6 are the v6 chains (regular chains: they go before the base
 // chains that jump to them).
 func chainDefs6() []chainDef {
-	return append([]chainDef{{name: chainDropPolicy6}, {name: chainAcceptNew6}}, append(nameCheckChainDefs6(),
-		chainDef{name: chainRawSession6}, chainDef{name: chainFromSession6}, chainDef{name: chainInputSession6}, chainDef{name: chainOutputSession6})...)
+	out := append([]chainDef{{name: chainDropPolicy6}}, reasonChainDefs6()...)
+	out = append(out, chainDef{name: chainAcceptNew6})
+	out = append(out, nameCheckChainDefs6()...)
+	return append(out, []chainDef{{name: chainRawSession6}, {name: chainFromSession6}, {name: chainInputSession6}, {name: chainOutputSession6}}...)
 }
 
 // chainDefs returns the table's chains for this firewall.
@@ -244,13 +253,14 @@ func buildRules6(env ruleEnv, where string, add func(chain string, parts ...[]ex
 		add6(chainRawSession6, icmp6TypeIn(135), hopLimit255(), saddr6In(unspecified6), accept)
 		ex := []expr.Any{&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: reg1}}
 		ex = append(ex, loadSaddr6(reg32(4))...)
-		add6(chainRawSession6, ex, env.lookup(setSessions6, reg1, true), drop)
+		add6(chainRawSession6, ex, env.lookup(setSessions6, reg1, true), gotoC(chainDropSpoofed6))
 	case chainForward:
 		add(chainForward, fromSession, v6, gotoC(chainFromSession6))
 		// The server's packets of a pending flow: the checker reads its
 		// acknowledgement of the checked bytes (namecheck6.go).
 		add(chainForward, toSession, v6, ctMarkIs(CtMarkNamePending), gotoC(chainNameQueue))
 		add(chainForward, toSession, v6, ctStateIn(expr.CtStateBitESTABLISHED|expr.CtStateBitRELATED), accept)
+		add(chainForward, toSession, v6, gotoC(chainDropInbound6))
 
 		// Neighbour discovery is link-scoped: never forwarded. (raw_session6
 		// let it past anti-spoofing for the host side's sake; conntrack does
@@ -258,18 +268,21 @@ func buildRules6(env ruleEnv, where string, add func(chain string, parts ...[]ex
 		for t := byte(133); t <= 137; t++ {
 			add6(chainFromSession6, icmp6TypeIn(t), drop)
 		}
+		add6(chainFromSession6, env.dispatchBudget6())
 		// The name check's pending and refused flows (namecheck6.go).
 		add6(chainFromSession6, ctMarkIs(CtMarkNamePending), gotoC(chainNameQueue))
 		add6(chainFromSession6, ctMarkIs(CtMarkNameRefused), gotoC(chainDropName6))
 		add6(chainFromSession6, ctStateIn(expr.CtStateBitESTABLISHED), accept)
 		add6(chainFromSession6, ctStateIn(expr.CtStateBitRELATED|expr.CtStateBitINVALID), drop)
-		add6(chainFromSession6, env.lookupPair6(setDenied6), gotoC(chainDropPolicy6))
-		add6(chainFromSession6, loadDaddr6(reg1), env.lookup(setBlocked6, reg1, false), gotoC(chainDropPolicy6))
+		add6(chainFromSession6, env.lookupPair6(setDenied6), gotoC(chainDropDenied6))
+		add6(chainFromSession6, env.peerRule6())
+		add6(chainFromSession6, loadDaddr6(reg1), env.lookup(setBlocked6, reg1, false), gotoC(chainDropSpecial6))
+		add6(chainFromSession6, env.dispatchGrants6())
 		acceptNew, acceptNamed := gotoC(chainAcceptNew6), gotoC(chainAcceptNamed6)
 		add6(chainFromSession6, env.lookupPorts6(setStatic6Ports), acceptNew)
 		add6(chainFromSession6, env.lookupPorts6(setAttested6Ports), acceptNamed)
 		for _, pp := range resolverPorts {
-			add6(chainFromSession6, l4protoIs(pp.Proto), loadDport(reg1), []expr.Any{cmpEq(reg1, portKey(pp.Port)[:2])}, gotoC(chainDropPolicy6))
+			add6(chainFromSession6, l4protoIs(pp.Proto), loadDport(reg1), []expr.Any{cmpEq(reg1, portKey(pp.Port)[:2])}, gotoC(chainDropResolver6))
 		}
 		add6(chainFromSession6, loadSaddr6(reg1), env.lookup(setNameCheck6Public, reg1, false), acceptNamed)
 		add6(chainFromSession6, loadSaddr6(reg1), env.lookup(setPublic6, reg1, false), acceptNew)
@@ -278,15 +291,17 @@ func buildRules6(env ruleEnv, where string, add func(chain string, parts ...[]ex
 			add6(chainFromSession6, env.lookupPair6(set), acceptNew)
 		}
 		add6(chainFromSession6, env.lookupPorts6(setStatic6CIDRPorts), acceptNew)
-		add6(chainFromSession6, gotoC(chainDropPolicy6))
+		add6(chainFromSession6, gotoC(chainDropNotAllowed6))
 
 		// accept_new6: the session's v6 conntrack budget and flow rate
 		// (a budget of their own, beside the v4 one), then accept.
 		isNew := ctStateIn(expr.CtStateBitNEW)
-		add6(chainAcceptNew6, isNew, env.limitFlows6(), drop)
-		add6(chainAcceptNew6, isNew, env.limitRate6(), drop)
+		add6(chainAcceptNew6, isNew, env.limitFlows6(), gotoC(chainDropLimited6))
+		add6(chainAcceptNew6, isNew, env.limitRate6(), gotoC(chainDropLimited6))
 		add6(chainAcceptNew6, accept)
 		nameCheckRules6(env, add6)
+
+		env.reasonRules6(add, add6)
 
 		add6(chainDropPolicy6, loadSaddr6(reg1), env.lookup(setReset6, reg1, false), l4protoIs(netpolicy.ProtoTCP),
 			[]expr.Any{&expr.Reject{Type: unix.NFT_REJECT_TCP_RST}})
@@ -300,7 +315,9 @@ func buildRules6(env ruleEnv, where string, add func(chain string, parts ...[]ex
 			add6(chainInputSession6, icmp6TypeIn(t), accept)
 		}
 		add6(chainInputSession6, toDNS6, dnsPort53(netpolicy.ProtoUDP), accept)
-		add6(chainInputSession6, toDNS6, ctStateIn(expr.CtStateBitESTABLISHED), accept)
+		// Established: the session's DNS over TCP, and replies to what
+		// the host opened on a port the session names (peers6.go).
+		add6(chainInputSession6, ctStateIn(expr.CtStateBitESTABLISHED), accept)
 		add6(chainInputSession6, toDNS6, dnsPort53(netpolicy.ProtoTCP), accept)
 		add6(chainInputSession6, drop)
 	case chainOutput:
@@ -311,7 +328,8 @@ func buildRules6(env ruleEnv, where string, add func(chain string, parts ...[]ex
 			add6(chainOutputSession6, icmp6TypeIn(t), accept)
 		}
 		add6(chainOutputSession6, ctStateIn(expr.CtStateBitESTABLISHED|expr.CtStateBitRELATED), accept)
-		add6(chainOutputSession6, drop)
+		add6(chainOutputSession6, env.inboundRule6())
+		add6(chainOutputSession6, gotoC(chainDropInbound6))
 	case chainPostrouting:
 		add(chainPostrouting, v6, saddr6In(env.pool6), ifPrefix(expr.MetaKeyOIFNAME, env.prefix, false), []expr.Any{&expr.Masq{}})
 	}
@@ -441,6 +459,7 @@ func (f *Firewall) sessionElements6(r SessionRules) []setElems {
 	if r.OnDeny == netpolicy.DenyReset {
 		reset = []nftables.SetElement{{Key: g}}
 	}
+	out = append(out, f.peerElements6(g, r)...)
 	for _, se := range []setElems{{setStatic6, hosts}, {setStatic6Ports, hostPorts}, {setStatic6CIDR, cidrs},
 		{setStatic6CIDRPorts, cidrPorts}, {setDenied6, denied}, {setReject6, reject}, {setReset6, reset}} {
 		if len(se.elems) > 0 {
@@ -512,7 +531,7 @@ func attestElements6(g6 netip.Addr, ips []netip.Addr, timeout time.Duration, por
 // in one batch of its own and returns once the kernel acked it (the answer
 // is released after). Without Pool6, or without v6 addresses, it does
 // nothing.
-func (f *Firewall) attest6(guest netip.Addr, ips []netip.Addr, timeout time.Duration, ports []netpolicy.PortSpec) error {
+func (f *Firewall) attest6(guest netip.Addr, name string, ips []netip.Addr, timeout time.Duration, ports []netpolicy.PortSpec) error {
 	g6 := f.guest6Of(guest)
 	if !g6.IsValid() {
 		return nil
@@ -521,14 +540,27 @@ func (f *Firewall) attest6(guest netip.Addr, ips []netip.Addr, timeout time.Dura
 	if len(plan) == 0 {
 		return nil
 	}
-	return f.attest.do(func(c *nftables.Conn) error {
+	if !f.attested6.admits(guest, plan, f.cfg.MaxAttested, time.Now()) { // attestcap6.go
+		return fmt.Errorf("attest %d addresses for %s: %w (%d IPv6 elements)", len(ips), guest, netpolicy.ErrAttestCap, f.cfg.MaxAttested)
+	}
+	sent := time.Now()
+	err := f.attest.do(func(c *nftables.Conn) error {
 		for _, se := range plan {
 			if err := addElements(c, f.schema.sets[se.set], se.elems, false); err != nil {
 				return err
 			}
 		}
+		// The answer's v6 addresses for the session's limited names
+		// (limits6.go), in the same batch.
+		if err := f.queueNamed6(c, f.namedElements6(guest, name, ips, timeout)); err != nil {
+			return err
+		}
 		return c.Flush()
 	})
+	if err == nil {
+		f.attested6.record(guest, plan, sent)
+	}
+	return err
 }
 
 // removeGuests6Locked queues the deletion of every v6 element of the
@@ -559,6 +591,9 @@ func (f *Firewall) removeGuests6Locked(c *nftables.Conn, gone func(netip.Addr) b
 			if !seen {
 				mine = f.gone6(g6, gone)
 				owners[g6] = mine
+				if g, ok := f.guest4Of6(g6); ok && mine {
+					f.attested6.forget(g, nil)
+				}
 			}
 			if mine {
 				del = append(del, nftables.SetElement{Key: e.Key, KeyEnd: e.KeyEnd})

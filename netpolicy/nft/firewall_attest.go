@@ -62,7 +62,7 @@ func (f *Firewall) AttestName(guest netip.Addr, name string, ips []netip.Addr, t
 	}
 	// A dual-stack guest's IPv6 addresses, in a batch of their own,
 	// acked before the answer is released like the v4 ones.
-	if err := f.attest6(guest, ips, timeout, ports); err != nil {
+	if err := f.attest6(guest, name, ips, timeout, ports); err != nil {
 		return 0, fmt.Errorf("attest IPv6 addresses for %s: %w", guest, err)
 	}
 	plan := attestElements(guest, ips, timeout, ports)

@@ -165,6 +165,9 @@ func (f *Firewall) Ensure() error {
 			return err
 		}
 		if exists {
+			if err := f.seedAttested6Locked(c); err != nil {
+				return err
+			}
 			return f.seedAttestedLocked(c)
 		}
 		return nil

@@ -47,7 +47,7 @@ func (f *Firewall) AddSession(r SessionRules) error {
 	if err := f.checkRules(r); err != nil {
 		return fmt.Errorf("add session %s: %w", r.Name, err)
 	}
-	if err := r.Limits.check(); err != nil {
+	if err := r.Limits.check(f.dualStack()); err != nil {
 		return fmt.Errorf("add session %s: %w", r.Name, err)
 	}
 	// A new session on an address starts knowing nothing of it (its
@@ -132,6 +132,7 @@ func (f *Firewall) RemoveSession(r SessionRules) error {
 	f.known.forgetGuest(r.Guest)
 	defer f.known.forgetGuest(r.Guest)
 	f.named.set(r.Guest, nil) // before the batch deletes their sets
+	f.attested6.forget(r.Guest, nil)
 	attested, taken, complete := f.attested.take(r.Guest, time.Now())
 	if complete && r.Egress != "" && r.Egress != netpolicy.ModeNone && f.checkRules(r) == nil {
 		err := f.admin.do(func(c *nftables.Conn) error { return f.removeByKeyLocked(c, r, attested) })

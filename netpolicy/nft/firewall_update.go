@@ -164,7 +164,7 @@ func (f *Firewall) UpdateSession(u SessionUpdate) error {
 	if err := u.check(f); err != nil {
 		return fmt.Errorf("update session %s: %w", u.New.Name, err)
 	}
-	if err := u.New.Limits.check(); err != nil {
+	if err := u.New.Limits.check(f.dualStack()); err != nil {
 		return fmt.Errorf("update session %s: %w", u.New.Name, err)
 	}
 	plan := f.planUpdate(u)
@@ -192,6 +192,7 @@ func (f *Firewall) UpdateSession(u SessionUpdate) error {
 		return fmt.Errorf("update session %s (guest %s): %w", u.New.Name, u.New.Guest, err)
 	}
 	f.named.set(u.New.Guest, newNamed)
+	f.attested6.forget(u.New.Guest, plan.unattest) // its v6 elements; the v4 ones are not counted there
 	if err := f.seedNamed(u.New.Guest, freshNamed(oldNamed, newNamed)); err != nil {
 		return fmt.Errorf("update session %s (guest %s): fill the address sets of its limited names: %w", u.New.Name, u.New.Guest, err)
 	}
@@ -384,7 +385,8 @@ func (u SessionUpdate) widensOnly() bool {
 
 func rulesDeny(r SessionRules, dst netip.Addr, proto uint8, dport uint16) bool {
 	for _, t := range r.Deny {
-		if t.Prefix.Contains(dst) && portAllows(t.Port, t.Proto, proto, dport) {
+		// A v6 deny entry drops its range on every port (denied6).
+		if t.Prefix.Contains(dst) && (dst.Is6() || portAllows(t.Port, t.Proto, proto, dport)) {
 			return true
 		}
 	}

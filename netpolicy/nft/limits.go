@@ -119,7 +119,9 @@ func (l SessionLimits) hasGrant() bool {
 	return false
 }
 
-func (l SessionLimits) check() error {
+// check checks l; only a dual-stack daemon's entries may have IPv6
+// targets.
+func (l SessionLimits) check(dualStack bool) error {
 	seen := map[string]bool{}
 	for _, e := range l.Entries {
 		if !isObjectWord(e.ID) || (e.Connections > 0 && !isObjectWord(e.Grant)) {
@@ -136,7 +138,7 @@ func (l SessionLimits) check() error {
 			continue
 		}
 		for _, t := range e.Targets {
-			if !t.Prefix.Addr().Is4() {
+			if a := t.Prefix.Addr(); !a.Is4() && !(dualStack && a.Is6() && !a.Is4In6()) {
 				return fmt.Errorf("limit of entry %q: target %s is not IPv4", e.ID, t.Prefix)
 			}
 		}
@@ -228,7 +230,8 @@ func (f *Firewall) addrsSet(name string) *nftables.Set {
 }
 
 func (f *Firewall) grantSet(name string, size uint32) *nftables.Set {
-	return &nftables.Set{Table: f.schema.table, Name: name, KeyType: typeGrantFlow, Concatenation: true, Dynamic: true, Size: size}
+	key, concat := f.grantKeyType()
+	return &nftables.Set{Table: f.schema.table, Name: name, KeyType: key, Concatenation: concat, Dynamic: true, Size: size}
 }
 
 // queueLimitsLocked queues what takes the guest's limit objects from have
@@ -252,6 +255,13 @@ func (f *Firewall) queueLimitsLocked(c *nftables.Conn, g netip.Addr, l SessionLi
 			return fmt.Errorf("encode set %s: %w", name, err)
 		}
 		sets[name] = s
+		if f.dualStack() {
+			s6 := f.addrsSet6(addrs6SetName(name))
+			if err := c.AddSet(s6, nil); err != nil {
+				return fmt.Errorf("encode set %s: %w", s6.Name, err)
+			}
+			sets[s6.Name] = s6
+		}
 	}
 	for _, name := range sortedKeys(want.sets) {
 		s := f.grantSet(name, want.sets[name])
@@ -265,10 +275,11 @@ func (f *Firewall) queueLimitsLocked(c *nftables.Conn, g netip.Addr, l SessionLi
 		name       string
 		want, have bool
 		vmap       string
+		vmap6      string
 		rules      [][]expr.Any
 	}{
-		{budgetChainName(g), want.budgetChain, have.budgetChain, setBudgetChains, budgetRules(g, l, sets)},
-		{grantChainName(g), want.grantChain, have.grantChain, setGrantChains, env.grantRules(g, l, sets)},
+		{budgetChainName(g), want.budgetChain, have.budgetChain, setBudgetChains, setBudgetChains6, f.budgetRulesOf(g, l, sets)},
+		{grantChainName(g), want.grantChain, have.grantChain, setGrantChains, setGrantChains6, f.grantRulesOf(env, g, l, sets)},
 	} {
 		chain := &nftables.Chain{Name: ch.name, Table: t}
 		elem := []nftables.SetElement{{Key: ipKey(g), VerdictData: &expr.Verdict{Kind: expr.VerdictJump, Chain: ch.name}}}
@@ -282,10 +293,20 @@ func (f *Firewall) queueLimitsLocked(c *nftables.Conn, g netip.Addr, l SessionLi
 			if err := addElements(c, f.schema.sets[ch.vmap], elem, false); err != nil {
 				return err
 			}
+			if e6 := f.limitElems6(g, ch.name); len(e6) > 0 {
+				if err := addElements(c, f.schema.sets[ch.vmap6], e6, false); err != nil {
+					return err
+				}
+			}
 		case ch.have:
 			c.FlushChain(chain)
 			if err := addElements(c, f.schema.sets[ch.vmap], []nftables.SetElement{{Key: ipKey(g)}}, true); err != nil {
 				return err
+			}
+			if e6 := f.limitElems6(g, ""); len(e6) > 0 {
+				if err := addElements(c, f.schema.sets[ch.vmap6], e6, true); err != nil {
+					return err
+				}
 			}
 			c.DelChain(chain)
 		}
@@ -298,6 +319,9 @@ func (f *Firewall) queueLimitsLocked(c *nftables.Conn, g netip.Addr, l SessionLi
 	for _, name := range sortedKeys(have.addrs) {
 		if !want.addrs[name] {
 			c.DelSet(f.addrsSet(name))
+			if f.dualStack() {
+				c.DelSet(f.addrsSet6(addrs6SetName(name)))
+			}
 		}
 	}
 	for _, name := range sortedKeys(have.quotas) {
@@ -426,18 +450,14 @@ func (env ruleEnv) grantRules(g netip.Addr, l SessionLimits, sets map[string]*nf
 		}
 		s := sets[grantSetName(g, e.ID, e.Grant)]
 		if e.Name != nil {
-			out = append(out, grantNamedRules(sets[addrsSetName(g, e.ID)], s, e)...)
+			out = append(out, grantNamedRules(sets[addrsSetName(g, e.ID)], s, e, env.grantKey())...)
 			continue
 		}
 		for _, t := range netpolicy.ExpandProto(e.Targets) {
 			var add []expr.Any
 			add = append(add, ctStateIn(expr.CtStateBitNEW)...)
 			add = append(add, matchTarget(t)...)
-			add = append(add, loadSaddr(reg32(0))...)
-			add = append(add, &expr.Meta{Key: expr.MetaKeyL4PROTO, Register: reg32(1)})
-			add = append(add, loadSport(reg32(2))...)
-			add = append(add, loadDaddr(reg32(3))...)
-			add = append(add, loadDport(reg32(4))...)
+			add = append(add, env.grantKey()...)
 			add = append(add, &expr.Dynset{SrcRegKey: reg32(0), SetName: s.Name, SetID: s.ID, Operation: unix.NFT_DYNSET_OP_ADD},
 				&expr.Verdict{Kind: expr.VerdictGoto, Chain: chainAcceptNew})
 			// New flows only: an ICMP error the guest sends about a
@@ -454,11 +474,11 @@ func (env ruleEnv) grantRules(g netip.Addr, l SessionLimits, sets map[string]*nf
 // still takes returns to the policy (which accepts it as it accepts the
 // name's flows: attested, through the name check where there is one); any
 // other is refused.
-func grantNamedRules(addrs, grant *nftables.Set, e EntryLimit) [][]expr.Any {
+func grantNamedRules(addrs, grant *nftables.Set, e EntryLimit, key []expr.Any) [][]expr.Any {
 	var out [][]expr.Any
 	for _, t := range namedTargets(e) {
 		add := append(ctStateIn(expr.CtStateBitNEW), matchNamed(addrs, t)...)
-		add = append(add, loadFlowKey()...)
+		add = append(add, key...)
 		add = append(add, &expr.Dynset{SrcRegKey: reg32(0), SetName: grant.Name, SetID: grant.ID, Operation: unix.NFT_DYNSET_OP_ADD},
 			&expr.Verdict{Kind: expr.VerdictReturn})
 		refuse := append(ctStateIn(expr.CtStateBitNEW), matchNamed(addrs, t)...)
@@ -617,6 +637,18 @@ func (f *Firewall) LimitUsage(guest netip.Addr, l SessionLimits) (LimitUsage, er
 				for _, el := range elems {
 					if len(el.Key) == 4 {
 						eu.Addrs = append(eu.Addrs, netip.AddrFrom4([4]byte(el.Key)))
+					}
+				}
+				if f.dualStack() {
+					name6 := addrs6SetName(name)
+					elems, err := c.GetSetElements(f.addrsSet6(name6))
+					if err != nil {
+						return fmt.Errorf("list set %s: %w", name6, err)
+					}
+					for _, el := range elems {
+						if len(el.Key) == 16 {
+							eu.Addrs = append(eu.Addrs, netip.AddrFrom16([16]byte(el.Key)))
+						}
 					}
 				}
 			}

@@ -42,7 +42,7 @@ func TestWantedLimits(t *testing.T) {
 	if !(SessionLimits{}).Empty() || l.Empty() {
 		t.Error("Empty")
 	}
-	if err := (SessionLimits{Entries: []EntryLimit{{ID: "A-1"}}}).check(); err == nil {
+	if err := (SessionLimits{Entries: []EntryLimit{{ID: "A-1"}}}).check(false); err == nil {
 		t.Error("check accepted an ID nft names cannot carry")
 	}
 }

@@ -188,19 +188,26 @@ func (f *Firewall) seedNamed(guest netip.Addr, fresh []namedLimit) error {
 	return f.admin.do(func(c *nftables.Conn) error {
 		queued := false
 		for _, l := range fresh {
-			var elems []nftables.SetElement
+			var elems, elems6 []nftables.SetElement
 			seen := map[netip.Addr]bool{}
 			for _, a := range att {
 				if seen[a.IP] || (a.Port != 0 && l.entry.Port != 0 && a.Port != l.entry.Port) {
 					continue
 				}
 				seen[a.IP] = true
-				elems = append(elems, nftables.SetElement{Key: ipKey(a.IP), Timeout: f.addrsTimeout(a.Expires)})
+				if a.IP.Is4() {
+					elems = append(elems, nftables.SetElement{Key: ipKey(a.IP), Timeout: f.addrsTimeout(a.Expires)})
+				} else if f.dualStack() {
+					elems6 = append(elems6, nftables.SetElement{Key: ip6Key(a.IP), Timeout: f.addrsTimeout(a.Expires)})
+				}
 			}
 			if err := addElements(c, f.addrsSet(l.set), elems, false); err != nil {
 				return err
 			}
-			queued = queued || len(elems) > 0
+			if err := addElements(c, f.addrsSet6(addrs6SetName(l.set)), elems6, false); err != nil {
+				return err
+			}
+			queued = queued || len(elems) > 0 || len(elems6) > 0
 		}
 		if !queued {
 			return nil
