@@ -257,10 +257,12 @@ func TestE2EDualStackNameCheckQUIC(t *testing.T) {
 		t.Errorf("--name-check off: the sink got %v, want the 1200-byte datagram (the control)", cs)
 	}
 	m = n.s.Mark()
+	fa := n.followFlows("agent")
 	if err := world.QUICInitial(n.nsPath("agent"), dst, e2eRejectWait); !errors.Is(err, syscall.EACCES) {
 		t.Errorf("--quic refuse: quic initial over v6: %v, want EACCES (ICMPv6 admin-prohibited)", err)
 	}
 	n.noPayload("--quic refuse over v6", m, "udp:443")
+	fa.expect(t, "--quic refuse over v6", map[string]any{"reason": "quic", "proto": "udp", "dst": dst.Addr().String(), "dport": float64(443)})
 
 	fe := n.followFlows("check")
 	for _, c := range []struct {

@@ -83,7 +83,7 @@ func TestNetpolicyDualStackTableReadsAsDocumented(t *testing.T) {
 		`ip6 saddr @namecheck6_public goto accept_named6`,
 		`meta l4proto tcp ip6 saddr @namecheck6 ct mark set 0x6e630001`,
 		`udp dport 443 ip6 saddr @namecheck6_quic ct mark set 0x6e630001`,
-		`udp dport 443 ip6 saddr @namecheck6 goto drop_policy6`,
+		`udp dport 443 ip6 saddr @namecheck6 goto drop_quic6`,
 		`ip6 saddr @reject6 meta l4proto tcp reject with tcp reset`,
 	} {
 		if !strings.Contains(got, want) {

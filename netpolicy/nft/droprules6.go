@@ -30,8 +30,9 @@ import (
 // FINAL is "goto drop_policy6" (reject, reset or drop by the session's
 // --on-deny) for the reasons the v4 table answers, "drop" for spoofed,
 // inbound and rate-limit. There is no v6 "port" reason (a destination
-// allowed on other ports only is not-allowed over v6) and the name
-// check's reasons are the name check's.
+// allowed on other ports only is not-allowed over v6); of the name
+// check's reasons, the table's own is quic (--quic refuse, namecheck6.go),
+// name-mismatch is the checker's.
 
 const (
 	chainDropNotAllowed6 = "drop_not_allowed6"
@@ -43,6 +44,7 @@ const (
 	chainDropBudget6     = "drop_budget6"
 	chainDropGrantUsed6  = "drop_grant_used6"
 	chainDropLimited6    = "drop_limited6"
+	chainDropQUIC6       = "drop_quic6"
 )
 
 // reasonChains6 are the v6 reason chains by reason.
@@ -55,6 +57,7 @@ var reasonChains6 = []struct{ reason, chain string }{
 	{netpolicy.ReasonDenied, chainDropDenied6},
 	{netpolicy.ReasonBudget, chainDropBudget6},
 	{netpolicy.ReasonGrantUsed, chainDropGrantUsed6},
+	{netpolicy.ReasonQUIC, chainDropQUIC6},
 }
 
 // reasonChainDefs6 are the v6 reason chains (regular chains).

@@ -29,7 +29,7 @@ import (
 //	  ct mark NAME_PENDING ct state new add @flows6 { ip6 saddr ct count over MAXFLOWS } drop
 //	  ct mark NAME_PENDING ct state new update @flowrate6 { ip6 saddr limit rate over RATE/second burst 2*RATE packets } drop
 //	  ct mark NAME_PENDING goto name_queue                 # the SYN too: the checker learns where the bytes start
-//	  udp dport 443 ip6 saddr @namecheck6 goto drop_policy6   # --quic refuse: ICMPv6 under reject and reset
+//	  udp dport 443 ip6 saddr @namecheck6 goto drop_quic6     # --quic refuse (reason quic, then drop_policy6): ICMPv6 under reject and reset
 //	  goto accept_new6
 //	drop_name6                                             # a refused flow's packets
 //	  ip6 saddr @reject6 meta l4proto tcp reject with tcp reset   # established: ICMPv6 would be a soft error
@@ -100,7 +100,7 @@ func nameCheckRules6(env ruleEnv, add6 func(chain string, parts ...[]expr.Any)) 
 	add6(chainAcceptNamed6, pending, isNew, env.limitFlows6(), drop)
 	add6(chainAcceptNamed6, pending, isNew, env.limitRate6(), drop)
 	add6(chainAcceptNamed6, pending, gotoC(chainNameQueue))
-	add6(chainAcceptNamed6, quic, in(setNameCheck6), gotoC(chainDropPolicy6))
+	add6(chainAcceptNamed6, quic, in(setNameCheck6), gotoC(chainDropQUIC6))
 	add6(chainAcceptNamed6, gotoC(chainAcceptNew6))
 
 	// A refused flow is established: a reset ends it under reject and
