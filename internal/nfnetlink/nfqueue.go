@@ -8,6 +8,7 @@ package nfnetlink
 import (
 	"encoding/binary"
 	"fmt"
+	"net"
 	"sync/atomic"
 
 	"github.com/mdlayher/netlink"
@@ -62,6 +63,7 @@ type NFQUEUE struct {
 	num      uint16
 	conn     *netlink.Conn
 	overruns atomic.Uint64
+	closed   atomic.Bool
 	buf      []byte // Read's and Poll's receive buffer
 }
 
@@ -132,23 +134,67 @@ const recvBuf = 0x10000 + 4096
 // without blocking again: one wake-up drains what queued meanwhile.
 // Messages that do not parse are skipped. It returns an error once the
 // listener is closed.
+//
+// It waits in poll(2) on the calling thread, not in Go's network poller:
+// a caller on a thread of its own (runtime.LockOSThread) is woken by the
+// kernel directly, at that thread's scheduling priority, with no other
+// thread of the runtime on the way.
 func (q *NFQUEUE) Read() ([]Queued, error) {
 	for {
-		out, err := q.recv(true)
+		if err := q.wait(); err != nil {
+			return nil, err
+		}
+		out, err := q.recv()
 		if err != nil || len(out) > 0 {
 			return out, err
 		}
 	}
 }
 
+// pollEvery is how often a waiting Read looks whether the listener was
+// closed (Close cannot interrupt a poll(2) in another thread).
+const pollEvery = 200 // milliseconds
+
+// wait blocks until a message waits, or the listener is closed.
+func (q *NFQUEUE) wait() error {
+	rc, err := q.conn.SyscallConn()
+	if err != nil {
+		return err
+	}
+	for {
+		if q.closed.Load() {
+			return net.ErrClosed
+		}
+		var n int
+		var perr error
+		if err := rc.Control(func(fd uintptr) {
+			fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+			n, perr = unix.Poll(fds, pollEvery)
+		}); err != nil {
+			return err
+		}
+		switch {
+		case perr != nil && perr != unix.EINTR:
+			return fmt.Errorf("poll nfqueue %d: %w", q.num, perr)
+		case n > 0:
+			return nil
+		}
+	}
+}
+
 // Poll returns the packet messages waiting now (up to readBatch; none
 // when nothing waits) without blocking.
-func (q *NFQUEUE) Poll() ([]Queued, error) { return q.recv(false) }
+func (q *NFQUEUE) Poll() ([]Queued, error) {
+	if q.closed.Load() {
+		return nil, net.ErrClosed
+	}
+	return q.recv()
+}
 
-// recv reads datagrams until none waits or readBatch packets were read;
-// with block, it first waits for one. Each packet's payload is its own
-// copy (the caller may keep it while reading on).
-func (q *NFQUEUE) recv(block bool) ([]Queued, error) {
+// recv reads datagrams until none waits or readBatch packets were read,
+// never blocking. Each packet's payload is its own copy (the caller may
+// keep it while reading on).
+func (q *NFQUEUE) recv() ([]Queued, error) {
 	rc, err := q.conn.SyscallConn()
 	if err != nil {
 		return nil, err
@@ -162,8 +208,7 @@ func (q *NFQUEUE) recv(block bool) ([]Queued, error) {
 		var rerr error
 		err := rc.Read(func(fd uintptr) bool {
 			n, _, flags, _, rerr = unix.Recvmsg(int(fd), q.buf, nil, unix.MSG_DONTWAIT)
-			// Wait (the poller's) only for the first datagram of a blocking read.
-			return !(rerr == unix.EAGAIN && block && len(out) == 0)
+			return true
 		})
 		switch {
 		case err != nil:
@@ -300,7 +345,10 @@ const verdictMsgLen = nlmsgHdrLen + 4 + 12 + 8
 
 // Close unbinds the queue (closing the socket does: the kernel drops what
 // it still holds for it) and ends Read.
-func (q *NFQUEUE) Close() error { return q.conn.Close() }
+func (q *NFQUEUE) Close() error {
+	q.closed.Store(true)
+	return q.conn.Close()
+}
 
 // ParseQueued decodes one NFQNL_MSG_PACKET message: false for another
 // message type or one that does not parse (no packet header).
