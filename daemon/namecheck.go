@@ -88,15 +88,7 @@ func (e *Engine) serveNameCheck(q NameQueue) {
 			if err != nil {
 				return
 			}
-			vs, ds = vs[:0], ds[:0]
-			for _, p := range pkts {
-				from := nc.fromGuest(p.Payload)
-				if !bl.add(guestOf(p.Payload, from), queued{p, from}) {
-					// The session's backlog is full: it floods. Drop, never
-					// pass unchecked; its TCP sends the packet again.
-					vs = append(vs, namecheck.Verdict{ID: p.ID, Action: namecheck.Drop})
-				}
-			}
+			vs, ds = bl.take(pkts, nc.fromGuest, vs[:0]), ds[:0]
 			now := time.Now()
 			nc.mu.Lock()
 			bl.round(turnPackets, func(p queued) {
@@ -179,6 +171,20 @@ func (b *backlogs) add(guest netip.Addr, p queued) bool {
 	}
 	b.queues[guest] = append(q, p)
 	return true
+}
+
+// take adds packets read from the queue to their guests' backlogs
+// (fromGuest tells a guest's packet from its server's) and appends to vs
+// a Drop for each one whose backlog is full: that session floods, and
+// its packet is dropped, never passed unchecked (its TCP sends it again).
+func (b *backlogs) take(pkts []nfnetlink.Queued, fromGuest func([]byte) bool, vs []namecheck.Verdict) []namecheck.Verdict {
+	for _, p := range pkts {
+		from := fromGuest(p.Payload)
+		if !b.add(guestOf(p.Payload, from), queued{p, from}) {
+			vs = append(vs, namecheck.Verdict{ID: p.ID, Action: namecheck.Drop})
+		}
+	}
+	return vs
 }
 
 // round hands fn up to turn packets of each backlog, guest by guest in

@@ -8,6 +8,7 @@ import (
 
 	"github.com/enforcerd/enforcerd/api"
 	"github.com/enforcerd/enforcerd/internal/nfnetlink"
+	"github.com/enforcerd/enforcerd/namecheck"
 	"github.com/enforcerd/enforcerd/netpolicy"
 )
 
@@ -129,17 +130,26 @@ func TestBacklogsRoundRobin(t *testing.T) {
 	flood, quiet := netip.MustParseAddr("10.99.0.2"), netip.MustParseAddr("10.99.0.3")
 	b := newBacklogs(10)
 	pkt := func(id uint32) queued { return queued{Queued: nfnetlink.Queued{ID: id}} }
-	var refused []uint32
+	// What the reader reads: IPv4 packets from the flooding guest.
+	ip := func(id uint32, src netip.Addr) nfnetlink.Queued {
+		p := make([]byte, 20)
+		p[0] = 0x45
+		copy(p[12:], src.AsSlice())
+		copy(p[16:], []byte{198, 18, 3, 10})
+		return nfnetlink.Queued{ID: id, Payload: p}
+	}
+	var read []nfnetlink.Queued
 	for id := uint32(1); id <= 14; id++ {
-		if !b.add(flood, pkt(id)) {
-			refused = append(refused, id)
-		}
+		read = append(read, ip(id, flood))
 	}
-	if len(refused) != 4 || refused[0] != 11 {
-		t.Fatalf("a guest's backlog of 10 refused %v, want 11-14", refused)
+	fromGuest := func(p []byte) bool { return p[12] == 10 }
+	drops := b.take(read, fromGuest, nil)
+	if fmt.Sprint(drops) != fmt.Sprint([]namecheck.Verdict{{ID: 11, Action: namecheck.Drop}, {ID: 12, Action: namecheck.Drop},
+		{ID: 13, Action: namecheck.Drop}, {ID: 14, Action: namecheck.Drop}}) {
+		t.Fatalf("a guest's backlog of 10 gave %v for 14 packets, want Drop for 11-14 (never Accept)", drops)
 	}
-	if !b.add(quiet, pkt(100)) {
-		t.Fatal("the quiet guest's packet was refused beside a full backlog of another")
+	if drops := b.take([]nfnetlink.Queued{ip(100, quiet)}, fromGuest, nil); len(drops) != 0 {
+		t.Fatalf("the quiet guest's packet got %v beside a full backlog of another, want none", drops)
 	}
 	var rounds [][]uint32
 	for !b.empty() {
