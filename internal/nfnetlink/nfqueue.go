@@ -344,7 +344,9 @@ func EncodeVerdicts(num uint16, vs []Verdict) []byte {
 const verdictMsgLen = nlmsgHdrLen + 4 + 12 + 8
 
 // Close unbinds the queue (closing the socket does: the kernel drops what
-// it still holds for it) and ends Read.
+// it still holds for it) and ends Read. A Read waiting in poll(2) sees it
+// within pollEvery, and the socket closes then (until it does, what the
+// kernel queues is held, not passed).
 func (q *NFQUEUE) Close() error {
 	q.closed.Store(true)
 	return q.conn.Close()
