@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"net/netip"
+	"runtime"
 	"strconv"
 	"sync"
 	"time"
@@ -28,8 +29,9 @@ import (
 
 // NameQueue is the table's name queue (*nfnetlink.NFQUEUE).
 type NameQueue interface {
-	Read() ([]nfnetlink.Queued, error)
-	Verdict(id, verdict, mark uint32) error
+	Read() ([]nfnetlink.Queued, error) // blocks for the first packet
+	Poll() ([]nfnetlink.Queued, error) // never blocks
+	Verdicts([]nfnetlink.Verdict) error
 	Overruns() uint64
 	Close() error
 }
@@ -56,6 +58,15 @@ type nameCheck struct {
 }
 
 // serveNameCheck reads q until it is closed, in goroutines of its own.
+//
+// The reader serves sessions round-robin: it drains what the kernel
+// queued into a small backlog per guest address (backlogs), then feeds
+// the checker one turn at a time, at most turnPackets of each backlog in
+// turn, and sends that round's verdicts in one system call before it
+// drains again. So a packet of one session waits behind at most a turn of
+// each other session's, never behind a flood's whole queue. A guest's
+// packets and its servers' are in the guest's backlog, in the order the
+// kernel queued them: each flow's order, which the checker needs, holds.
 func (e *Engine) serveNameCheck(q NameQueue) {
 	nc := &nameCheck{e: e, q: q, counts: map[string]*nameCounts{},
 		totals: map[string]uint64{namecheck.ResultAllowed: 0, namecheck.ResultRefused: 0, namecheck.ResultPassed: 0}}
@@ -64,22 +75,29 @@ func (e *Engine) serveNameCheck(q NameQueue) {
 	stop := make(chan struct{})
 	go func() {
 		defer close(stop)
+		readerThread(e)
+		bl := newBacklogs(backlogPackets)
+		var vs []namecheck.Verdict
+		var ds []namecheck.Decision
 		for {
-			pkts, err := q.Read()
+			read := q.Poll
+			if bl.empty() {
+				read = q.Read
+			}
+			pkts, err := read()
 			if err != nil {
 				return
 			}
-			var vs []namecheck.Verdict
-			var ds []namecheck.Decision
+			vs, ds = bl.take(pkts, nc.fromGuest, vs[:0]), ds[:0]
 			now := time.Now()
 			nc.mu.Lock()
-			for _, p := range pkts {
-				v, d := nc.c.Packet(now, p.ID, p.Payload, nc.fromGuest(p.Payload))
+			bl.round(turnPackets, func(p queued) {
+				v, d := nc.c.Packet(now, p.ID, p.Payload, p.fromGuest)
 				vs = append(vs, v...)
 				if d != nil {
 					ds = append(ds, *d)
 				}
-			}
+			})
 			nc.mu.Unlock()
 			nc.finish(vs, ds)
 		}
@@ -90,6 +108,125 @@ func (e *Engine) serveNameCheck(q NameQueue) {
 		nc.mu.Unlock()
 		nc.finish(vs, ds)
 	})
+}
+
+// readerNice is the reader's thread's nice value. The name check sits
+// in the packet path of every checked session: each of a connection's
+// first packets waits for the reader, so on a loaded host its wake-up
+// latency is every checked connection's setup time, and the busier the
+// reader (a flood), the later a fair scheduler wakes it. A higher
+// weight keeps it prompt; the work it does is bounded by what sessions
+// may queue (the table's per-session flow rate, the backlogs).
+const readerNice = -10
+
+// readerThread puts the calling goroutine on a thread of its own at
+// readerNice (the queue's Read waits in poll(2) on it, so the kernel wakes
+// that thread itself). Failing leaves the default priority: the check
+// works the same, only later under load.
+func readerThread(e *Engine) {
+	runtime.LockOSThread() // never unlocked: the thread exits with the goroutine
+	if err := unix.Setpriority(unix.PRIO_PROCESS, unix.Gettid(), readerNice); err != nil {
+		e.log.Warn("name check: raise the reader's priority", "nice", readerNice, "err", err)
+	}
+}
+
+// backlogPackets bounds one guest address's backlog: beyond it, its
+// packets are dropped (NF_DROP) as they are read. With the checker's
+// per-guest bounds (MaxHolding flows holding payload) it keeps one
+// session's share of the kernel's queue (4096 packets, read or not until
+// their verdict) small, so a flood cannot fill it for the others.
+const backlogPackets = 128
+
+// turnPackets is how many packets of one backlog a round takes.
+const turnPackets = 8
+
+// queued is a packet in a backlog.
+type queued struct {
+	nfnetlink.Queued
+	fromGuest bool
+}
+
+// backlogs are the reader's per-guest FIFO backlogs, served round-robin
+// in the order the guests became active.
+type backlogs struct {
+	max    int
+	queues map[netip.Addr][]queued
+	order  []netip.Addr // guests with a non-empty backlog, in turn order
+}
+
+func newBacklogs(max int) *backlogs {
+	return &backlogs{max: max, queues: map[netip.Addr][]queued{}}
+}
+
+func (b *backlogs) empty() bool { return len(b.order) == 0 }
+
+// add appends p to guest's backlog; false when that is full.
+func (b *backlogs) add(guest netip.Addr, p queued) bool {
+	q, ok := b.queues[guest]
+	if len(q) >= b.max {
+		return false
+	}
+	if !ok || len(q) == 0 {
+		b.order = append(b.order, guest)
+	}
+	b.queues[guest] = append(q, p)
+	return true
+}
+
+// take adds packets read from the queue to their guests' backlogs
+// (fromGuest tells a guest's packet from its server's) and appends to vs
+// a Drop for each one whose backlog is full: that session floods, and
+// its packet is dropped, never passed unchecked (its TCP sends it again).
+func (b *backlogs) take(pkts []nfnetlink.Queued, fromGuest func([]byte) bool, vs []namecheck.Verdict) []namecheck.Verdict {
+	for _, p := range pkts {
+		from := fromGuest(p.Payload)
+		if !b.add(guestOf(p.Payload, from), queued{p, from}) {
+			vs = append(vs, namecheck.Verdict{ID: p.ID, Action: namecheck.Drop})
+		}
+	}
+	return vs
+}
+
+// round hands fn up to turn packets of each backlog, guest by guest in
+// turn order; the guests left with packets keep their order, after the
+// ones that came before them.
+func (b *backlogs) round(turn int, fn func(queued)) {
+	order := b.order[:0]
+	for _, g := range b.order {
+		q := b.queues[g]
+		k := min(turn, len(q))
+		for _, p := range q[:k] {
+			fn(p)
+		}
+		if k == len(q) {
+			delete(b.queues, g)
+			continue
+		}
+		clear(q[:k]) // the payloads go with the packets
+		b.queues[g] = q[k:]
+		order = append(order, g)
+	}
+	b.order = order
+}
+
+// guestOf is the guest address of a queued packet: its source when it
+// is the guest's, its destination when it is its server's (the zero
+// address for a packet that is neither IPv4 nor IPv6: the checker drops
+// it).
+func guestOf(pkt []byte, fromGuest bool) netip.Addr {
+	switch {
+	case len(pkt) >= 20 && pkt[0]>>4 == 4:
+		if fromGuest {
+			return netip.AddrFrom4([4]byte(pkt[12:16]))
+		}
+		return netip.AddrFrom4([4]byte(pkt[16:20]))
+	case len(pkt) >= 40 && pkt[0]>>4 == 6:
+		if fromGuest {
+			return netip.AddrFrom16([16]byte(pkt[8:24]))
+		}
+		return netip.AddrFrom16([16]byte(pkt[24:40]))
+	}
+	return netip.Addr{}
 }
 
 // fromGuest tells a guest's packet (its source in the pool, or in the
@@ -105,22 +242,26 @@ func (nc *nameCheck) fromGuest(pkt []byte) bool {
 	return false
 }
 
-// finish sends the verdicts, then records the decisions.
+// finish sends the verdicts (one system call for them all), then
+// records the decisions.
 func (nc *nameCheck) finish(vs []namecheck.Verdict, ds []namecheck.Decision) {
-	for _, v := range vs {
-		verdict, mark := uint32(nfnetlink.VerdictAccept), uint32(0)
-		switch v.Action {
-		case namecheck.Drop:
-			verdict = nfnetlink.VerdictDrop
-		case namecheck.Pass:
-			verdict, mark = nfnetlink.VerdictRepeat, nft.CtMarkNameOK
-		case namecheck.Refuse:
-			verdict, mark = nfnetlink.VerdictRepeat, nft.CtMarkNameRefused
+	if len(vs) > 0 {
+		out := make([]nfnetlink.Verdict, len(vs))
+		for i, v := range vs {
+			out[i] = nfnetlink.Verdict{ID: v.ID, Verdict: nfnetlink.VerdictAccept}
+			switch v.Action {
+			case namecheck.Drop:
+				out[i].Verdict = nfnetlink.VerdictDrop
+			case namecheck.Pass:
+				out[i].Verdict, out[i].Mark = nfnetlink.VerdictRepeat, nft.CtMarkNameOK
+			case namecheck.Refuse:
+				out[i].Verdict, out[i].Mark = nfnetlink.VerdictRepeat, nft.CtMarkNameRefused
+			}
 		}
-		if err := nc.q.Verdict(v.ID, verdict, mark); err != nil {
-			// The packet stays queued until the socket closes; the
-			// kernel then drops it. Nothing passes unchecked.
-			nc.e.log.Warn("name check: send a verdict", "id", v.ID, "err", err)
+		if err := nc.q.Verdicts(out); err != nil {
+			// The packets stay queued until the socket closes; the
+			// kernel then drops them. Nothing passes unchecked.
+			nc.e.log.Warn("name check: send verdicts", "packets", len(out), "err", err)
 		}
 	}
 	for _, d := range ds {

@@ -2,10 +2,13 @@ package daemon
 
 import (
 	"bytes"
+	"fmt"
 	"net/netip"
 	"testing"
 
 	"github.com/enforcerd/enforcerd/api"
+	"github.com/enforcerd/enforcerd/internal/nfnetlink"
+	"github.com/enforcerd/enforcerd/namecheck"
 	"github.com/enforcerd/enforcerd/netpolicy"
 )
 
@@ -115,5 +118,77 @@ func TestTCPReset6Checksum(t *testing.T) {
 	}
 	if sum != 0xffff || p[0]>>4 != 6 || p[6] != 6 || !bytes.Equal(p[8:24], ga[:]) || !bytes.Equal(p[24:40], sa[:]) || p[53] != 0x04 {
 		t.Errorf("v6 reset % x: checksum sum %#x (want 0xffff)", p, sum)
+	}
+}
+
+// The reader's backlogs: a flooding guest's packets beyond the bound are
+// refused (the reader drops them), a round takes at most a turn of each
+// guest in turn, so the quiet guest's packet comes within the first
+// round however long the flood's backlog is, and each guest's packets
+// keep their order (a flow's, which the checker needs) across rounds.
+func TestBacklogsRoundRobin(t *testing.T) {
+	flood, quiet := netip.MustParseAddr("10.99.0.2"), netip.MustParseAddr("10.99.0.3")
+	b := newBacklogs(10)
+	pkt := func(id uint32) queued { return queued{Queued: nfnetlink.Queued{ID: id}} }
+	// What the reader reads: IPv4 packets from the flooding guest.
+	ip := func(id uint32, src netip.Addr) nfnetlink.Queued {
+		p := make([]byte, 20)
+		p[0] = 0x45
+		copy(p[12:], src.AsSlice())
+		copy(p[16:], []byte{198, 18, 3, 10})
+		return nfnetlink.Queued{ID: id, Payload: p}
+	}
+	var read []nfnetlink.Queued
+	for id := uint32(1); id <= 14; id++ {
+		read = append(read, ip(id, flood))
+	}
+	fromGuest := func(p []byte) bool { return p[12] == 10 }
+	drops := b.take(read, fromGuest, nil)
+	if fmt.Sprint(drops) != fmt.Sprint([]namecheck.Verdict{{ID: 11, Action: namecheck.Drop}, {ID: 12, Action: namecheck.Drop},
+		{ID: 13, Action: namecheck.Drop}, {ID: 14, Action: namecheck.Drop}}) {
+		t.Fatalf("a guest's backlog of 10 gave %v for 14 packets, want Drop for 11-14 (never Accept)", drops)
+	}
+	if drops := b.take([]nfnetlink.Queued{ip(100, quiet)}, fromGuest, nil); len(drops) != 0 {
+		t.Fatalf("the quiet guest's packet got %v beside a full backlog of another, want none", drops)
+	}
+	var rounds [][]uint32
+	for !b.empty() {
+		var got []uint32
+		b.round(4, func(p queued) { got = append(got, p.ID) })
+		rounds = append(rounds, got)
+	}
+	want := [][]uint32{{1, 2, 3, 4, 100}, {5, 6, 7, 8}, {9, 10}}
+	if fmt.Sprint(rounds) != fmt.Sprint(want) {
+		t.Fatalf("rounds %v, want %v", rounds, want)
+	}
+	// Emptied, a guest starts a new backlog (and its turn) on its next packet.
+	if !b.add(flood, pkt(20)) || b.empty() {
+		t.Fatal("an emptied guest's next packet was not taken")
+	}
+}
+
+// guestOf keys a packet by its guest: the source of a guest's packet,
+// the destination of its server's, over both families.
+func TestGuestOf(t *testing.T) {
+	v4 := make([]byte, 20)
+	v4[0] = 0x45
+	copy(v4[12:], []byte{10, 99, 0, 2})
+	copy(v4[16:], []byte{198, 18, 0, 1})
+	v6 := make([]byte, 40)
+	v6[0] = 0x60
+	copy(v6[8:], netip.MustParseAddr("fd00::2").AsSlice())
+	copy(v6[24:], netip.MustParseAddr("2001:db8::1").AsSlice())
+	for _, c := range []struct {
+		pkt  []byte
+		from bool
+		want string
+	}{
+		{v4, true, "10.99.0.2"}, {v4, false, "198.18.0.1"},
+		{v6, true, "fd00::2"}, {v6, false, "2001:db8::1"},
+		{[]byte{0x45}, true, "invalid IP"},
+	} {
+		if got := guestOf(c.pkt, c.from); got.String() != c.want {
+			t.Errorf("guestOf(%x…, fromGuest %v) = %v, want %s", c.pkt[0], c.from, got, c.want)
+		}
 	}
 }
