@@ -2,6 +2,7 @@ package integration
 
 import (
 	"net/netip"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -97,6 +98,13 @@ func TestNetpolicyDualStackTableReadsAsDocumented(t *testing.T) {
 	} {
 		if !strings.Contains(got, want) {
 			t.Errorf("table lacks %q", want)
+		}
+	}
+	// A live hit alone admits, refreshes, and goes through the name check.
+	for _, live := range []string{"attested6_live", "attested6_ports_live"} {
+		re := regexp.MustCompile(`@` + live + ` update @` + live + ` \{ [^}]* timeout \d+s \} goto accept_named6`)
+		if !re.MatchString(got) {
+			t.Errorf("table lacks a rule matching %s", re)
 		}
 	}
 	// from_session6 drops every ND type: never forwarded.
