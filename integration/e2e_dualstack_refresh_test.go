@@ -14,9 +14,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/nftables"
 	"github.com/miekg/dns"
 
 	"github.com/enforcerd/enforcerd/integration/world"
+	"github.com/enforcerd/enforcerd/netpolicy"
+	"github.com/enforcerd/enforcerd/netpolicy/nft"
+	"github.com/enforcerd/enforcerd/nsmgr"
 )
 
 // dial6 opens (and closes) a TCP connection from the session's netns to
@@ -167,4 +171,117 @@ func TestE2EDualStackAttestMaxLifetime(t *testing.T) {
 		t.Errorf("the used v6 address was still allowed %s after the answer (maximum 10 s, sweep 2.5 s, refresh 5 s)", lastOK)
 	}
 	fe.expect(t, "past the maximum", map[string]any{"reason": "expired", "dst": dst.Addr().String()})
+}
+
+// TestNetpolicyDualStackRefreshSweep: the sweep of the v6 live sets at the
+// table's level, with the datapath's writes stood in for by elements added
+// to attested6_live: an element an answer of this Firewall justifies stays
+// (the control), one no answer attested goes; after a restart (a second
+// Firewall on the same table) the first goes too until a new answer
+// attests it again; removing the session deletes its live element.
+func TestNetpolicyDualStackRefreshSweep(t *testing.T) {
+	world.RequireTool(t, "nft")
+	w := world.New(t)
+	prefix := "t" + w.ID[:4]
+	pool, pool6 := nsmgr.DefaultPool, netip.MustParsePrefix(e2ePool6)
+	guard, err := netpolicy.NewDualStackGuard(pool, pool6, []netip.Prefix{w.PublicOverride, world.World6Prefix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := nft.FirewallConfig{NetNS: w.Host, Prefix: prefix, Pool: pool, DNSAddr: netip.MustParseAddr("10.20.255.254"),
+		Guard: guard, Pool6: pool6, DNS6Addr: nsmgr.DNS6Addr(pool6, pool), AttestMaxLifetime: time.Hour}
+	open := func() *nft.Firewall {
+		t.Helper()
+		fw, err := nft.OpenFirewall(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := fw.Ensure(); err != nil {
+			t.Fatal(err)
+		}
+		return fw
+	}
+	fw := open()
+	t.Cleanup(func() {
+		if err := fw.DeleteTable(); err != nil {
+			t.Errorf("delete table: %v", err)
+		}
+		fw.Close()
+	})
+	r := nft.SessionRules{Name: "sw6", HostIface: prefix + "0h", Guest: netip.MustParseAddr("10.20.0.2"), Egress: netpolicy.ModeAllowlist, OnDeny: netpolicy.DenyReject}
+	if err := fw.AddSession(r); err != nil {
+		t.Fatal(err)
+	}
+	g6 := netip.MustParseAddr("fd00:20::2")
+	answered, unanswered := web6Echo.Addr(), lit6Echo.Addr()
+	c, err := nftables.New(nftables.WithNetNSFd(int(w.Host)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.CloseLasting()
+	live, err := c.GetSetByName(&nftables.Table{Name: prefix, Family: nftables.TableFamilyINet}, "attested6_live")
+	if err != nil {
+		t.Fatalf("set attested6_live: %v", err)
+	}
+	// use stands in for the datapath: a new flow to dst refreshed it.
+	use := func(dst netip.Addr) {
+		t.Helper()
+		if err := c.SetAddElements(live, []nftables.SetElement{{Key: pairKey(g6, dst), Timeout: time.Minute}}); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Flush(); err != nil {
+			t.Fatalf("add to attested6_live: %v", err)
+		}
+	}
+	held := func() map[netip.Addr]bool {
+		t.Helper()
+		elems, err := c.GetSetElements(live)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := map[netip.Addr]bool{}
+		for _, e := range elems {
+			if len(e.Key) == 32 && netip.AddrFrom16([16]byte(e.Key[:16])) == g6 {
+				out[netip.AddrFrom16([16]byte(e.Key[16:]))] = true
+			}
+		}
+		return out
+	}
+	sweep := func(fw *nft.Firewall, when string, want map[netip.Addr]bool) {
+		t.Helper()
+		if _, err := fw.SweepRefreshed(); err != nil {
+			t.Fatalf("%s: sweep: %v", when, err)
+		}
+		got := held()
+		for _, a := range []netip.Addr{answered, unanswered} {
+			if got[a] != want[a] {
+				t.Errorf("%s: attested6_live holds %s . %s: %v, want %v", when, g6, a, got[a], want[a])
+			}
+		}
+	}
+
+	if _, err := fw.Attest(r.Guest, []netip.Addr{answered}, 30*time.Second, nil); err != nil {
+		t.Fatal(err)
+	}
+	use(answered)
+	use(unanswered)
+	sweep(fw, "after an answer for one of two", map[netip.Addr]bool{answered: true})
+
+	// A restart: the new Firewall attested nothing yet.
+	fw2 := open()
+	defer fw2.Close()
+	use(answered)
+	sweep(fw2, "after a restart", map[netip.Addr]bool{})
+	if _, err := fw2.Attest(r.Guest, []netip.Addr{answered}, 30*time.Second, nil); err != nil {
+		t.Fatal(err)
+	}
+	use(answered)
+	sweep(fw2, "after an answer since the restart", map[netip.Addr]bool{answered: true})
+
+	if err := fw2.RemoveSession(r); err != nil {
+		t.Fatal(err)
+	}
+	if got := held(); got[answered] {
+		t.Errorf("attested6_live keeps the removed session's element %s . %s", g6, answered)
+	}
 }
