@@ -2,8 +2,10 @@ package integration
 
 import (
 	"net/netip"
+	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/enforcerd/enforcerd/integration/world"
 	"github.com/enforcerd/enforcerd/netpolicy"
@@ -17,7 +19,9 @@ import (
 // ND never forwarded, the v6 guard, ICMPv6 admin-prohibited, NAT66), and a
 // session's v6 elements (its interface with its ::2, a v6 literal with its
 // port; under the name check, its guest6 in namecheck6) are keyed by its
-// v6 address, and the name check's v6 rules queue and answer its flows.
+// v6 address, and the name check's v6 rules queue and answer its flows;
+// with the refresh on, an attested6 hit refreshes its live element, which
+// admits through the name check too (refresh6.go).
 func TestNetpolicyDualStackTableReadsAsDocumented(t *testing.T) {
 	world.RequireTool(t, "nft")
 	w := world.New(t)
@@ -28,7 +32,7 @@ func TestNetpolicyDualStackTableReadsAsDocumented(t *testing.T) {
 		t.Fatal(err)
 	}
 	cfg := nft.FirewallConfig{NetNS: w.Host, Prefix: prefix, Pool: pool, DNSAddr: netip.MustParseAddr("10.20.255.254"),
-		Guard: guard, Pool6: pool6, DNS6Addr: nsmgr.DNS6Addr(pool6, pool)}
+		Guard: guard, Pool6: pool6, DNS6Addr: nsmgr.DNS6Addr(pool6, pool), AttestMaxLifetime: 10 * time.Minute}
 	fw, err := nft.OpenFirewall(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -85,9 +89,22 @@ func TestNetpolicyDualStackTableReadsAsDocumented(t *testing.T) {
 		`udp dport 443 ip6 saddr @namecheck6_quic ct mark set 0x6e630001`,
 		`udp dport 443 ip6 saddr @namecheck6 goto drop_quic6`,
 		`ip6 saddr @reject6 meta l4proto tcp reject with tcp reset`,
+		// The refresh of attested6 elements (refresh6.go).
+		`ip6 saddr . ip6 daddr @attested6 update @attested6_live { ip6 saddr . ip6 daddr timeout `,
+		`ip6 saddr . ip6 daddr @attested6_live update @attested6_live { ip6 saddr . ip6 daddr timeout `,
+		`ip6 saddr . meta l4proto . ip6 daddr . th dport @attested6_ports update @attested6_ports_live { ip6 saddr . meta l4proto . ip6 daddr . th dport timeout `,
+		`ip6 saddr . meta l4proto . ip6 daddr . th dport @attested6_ports goto accept_named6`,
+		`ip6 saddr . meta l4proto . ip6 daddr . th dport @attested6_ports_live update @attested6_ports_live { ip6 saddr . meta l4proto . ip6 daddr . th dport timeout `,
 	} {
 		if !strings.Contains(got, want) {
 			t.Errorf("table lacks %q", want)
+		}
+	}
+	// A live hit alone admits, refreshes, and goes through the name check.
+	for _, live := range []string{"attested6_live", "attested6_ports_live"} {
+		re := regexp.MustCompile(`@` + live + ` update @` + live + ` \{ [^}]* timeout \d+s \} goto accept_named6`)
+		if !re.MatchString(got) {
+			t.Errorf("table lacks a rule matching %s", re)
 		}
 	}
 	// from_session6 drops every ND type: never forwarded.

@@ -190,6 +190,7 @@ type Firewall struct {
 	attests   *groupCommit[attestReq]
 	attested  attestIndex
 	attested6 attest6Count   // the v6 attested elements' cap (attestcap6.go)
+	refresh6  refresh6Index  // the refresh of the v6 attested elements (refresh6.go)
 	known     knownIndex     // what Attest may skip the kernel for (attestknown.go)
 	named     namedIndex     // the sessions' limited name entries (namedlimits.go)
 	monitor   attestMonitor  // forgets what others delete (attestmonitor.go)

@@ -46,6 +46,7 @@ import (
 //	  ip6 saddr vmap @grant_chains6                        # connection grants (limits6.go)
 //	  KEY6 @static6_ports accept                           # KEY6 = ip6 saddr . meta l4proto . ip6 daddr . th dport
 //	  KEY6 @attested6_ports goto accept_named6             # admitted by a name: the name check (namecheck6.go)
+//	                                                       # (with the refresh, and its live set: refresh6.go)
 //	  meta l4proto {tcp,udp} th dport {53,853} goto drop_resolver6  # resolvers: only the proxy, or an entry naming the port
 //	  ip6 saddr @namecheck6_public goto accept_named6      # public, deny entries by name: every flow checked
 //	  ip6 saddr @public6 accept
@@ -114,7 +115,7 @@ var (
 // sessionSets6 are the v6 sets keyed by a guest (sessions6 after its
 // interface name): what removing a session deletes from.
 var sessionSets6 = append([]string{setSessions6, setPublic6, setStatic6, setStatic6Ports, setStatic6CIDR, setStatic6CIDRPorts,
-	setAttested6, setAttested6Ports, setDenied6, setReject6, setReset6, setFlows6, setFlowRate6, setPeers6, setInboundHost6}, nameCheckSets6...)
+	setAttested6, setAttested6Ports, setAttested6Live, setAttested6PortsLive, setDenied6, setReject6, setReset6, setFlows6, setFlowRate6, setPeers6, setInboundHost6}, nameCheckSets6...)
 
 // addSets6 adds the v6 sets to a dual-stack daemon's schema.
 func (s *schema) addSets6() {
@@ -144,6 +145,7 @@ func (s *schema) addSets6() {
 	}
 	s.addLimitSets6(add)
 	addPeerSets6(add)
+	addLiveSets6(add) // refresh6.go
 }
 
 // limitFlows6 is limitFlows keyed by the v6 source.
@@ -280,13 +282,13 @@ func buildRules6(env ruleEnv, where string, add func(chain string, parts ...[]ex
 		add6(chainFromSession6, env.dispatchGrants6())
 		acceptNew, acceptNamed := gotoC(chainAcceptNew6), gotoC(chainAcceptNamed6)
 		add6(chainFromSession6, env.lookupPorts6(setStatic6Ports), acceptNew)
-		add6(chainFromSession6, env.lookupPorts6(setAttested6Ports), acceptNamed)
+		env.attested6Rules(add6, true) // refresh6.go
 		for _, pp := range resolverPorts {
 			add6(chainFromSession6, l4protoIs(pp.Proto), loadDport(reg1), []expr.Any{cmpEq(reg1, portKey(pp.Port)[:2])}, gotoC(chainDropResolver6))
 		}
 		add6(chainFromSession6, loadSaddr6(reg1), env.lookup(setNameCheck6Public, reg1, false), acceptNamed)
 		add6(chainFromSession6, loadSaddr6(reg1), env.lookup(setPublic6, reg1, false), acceptNew)
-		add6(chainFromSession6, env.lookupPair6(setAttested6), acceptNamed)
+		env.attested6Rules(add6, false)
 		for _, set := range []string{setStatic6, setStatic6CIDR} {
 			add6(chainFromSession6, env.lookupPair6(set), acceptNew)
 		}
@@ -559,6 +561,7 @@ func (f *Firewall) attest6(guest netip.Addr, name string, ips []netip.Addr, time
 	})
 	if err == nil {
 		f.attested6.record(guest, plan, sent)
+		f.noteAnswer6(guest, plan, sent) // the refresh (refresh6.go)
 	}
 	return err
 }
@@ -593,6 +596,7 @@ func (f *Firewall) removeGuests6Locked(c *nftables.Conn, gone func(netip.Addr) b
 				owners[g6] = mine
 				if g, ok := f.guest4Of6(g6); ok && mine {
 					f.attested6.forget(g, nil)
+					f.refresh6.forget(g)
 				}
 			}
 			if mine {
@@ -636,12 +640,18 @@ func (f *Firewall) guest4Of6(g6 netip.Addr) (netip.Addr, bool) {
 }
 
 // allAttested6 adds a dual-stack table's attested v6 elements to out,
-// under their sessions' v4 guests (see AllAttested).
+// under their sessions' v4 guests (see AllAttested); an element the
+// refresh keeps alive (refresh6.go) with the later of its two expiries.
 func (f *Firewall) allAttested6(out map[netip.Addr][]AttestedAddr) error {
 	if !f.cfg.Pool6.IsValid() {
 		return nil
 	}
-	for _, name := range []string{setAttested6, setAttested6Ports} {
+	type id struct {
+		guest netip.Addr
+		key   string
+	}
+	at := map[id]int{}
+	for _, name := range []string{setAttested6, setAttested6Live, setAttested6Ports, setAttested6PortsLive} {
 		elems, err := f.listSet(name)
 		if err != nil {
 			return err
@@ -668,6 +678,12 @@ func (f *Firewall) allAttested6(out map[netip.Addr][]AttestedAddr) error {
 			default:
 				continue
 			}
+			k := id{g, string(e.Key)}
+			if i, ok := at[k]; ok {
+				out[g][i].Expires = max(out[g][i].Expires, a.Expires)
+				continue
+			}
+			at[k] = len(out[g])
 			out[g] = append(out[g], a)
 		}
 	}

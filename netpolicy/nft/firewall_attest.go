@@ -178,7 +178,8 @@ func (f *Firewall) RefreshSweepPeriod() time.Duration {
 // AttestMaxLifetime returns the refresh's maximum lifetime (0: no refresh).
 func (f *Firewall) AttestMaxLifetime() time.Duration { return f.attested.maxLife }
 
-// SweepRefreshed deletes every live element (see buildRules) the refresh no
+// SweepRefreshed deletes every live element (see buildRules; on a
+// dual-stack daemon the v6 ones too, refresh6.go) the refresh no
 // longer justifies: its key was last attested more than the maximum
 // lifetime ago, an update revoked it, its session is gone, or this process
 // never attested it (a restart: refreshes end at the first sweep unless a
@@ -188,11 +189,12 @@ func (f *Firewall) AttestMaxLifetime() time.Duration { return f.attested.maxLife
 // the maximum by at most one period (plus its refresh timeout).
 func (f *Firewall) SweepRefreshed() (int, error) {
 	var n int
+	f.refresh6.prune(time.Now())
 	err := f.admin.do(func(c *nftables.Conn) error {
 		n = 0
 		now := time.Now()
 		queued := false
-		for _, name := range liveSets {
+		for _, name := range f.sweptLiveSets() {
 			set := f.schema.sets[name]
 			elems, err := c.GetSetElements(set)
 			if err != nil {
@@ -200,8 +202,7 @@ func (f *Firewall) SweepRefreshed() (int, error) {
 			}
 			var del []nftables.SetElement
 			for _, e := range elems {
-				g, ok := keyGuest(name, e.Key)
-				if ok && f.attested.justified(g, name, e.Key, now) {
+				if f.liveJustified(name, e.Key, now) {
 					continue
 				}
 				del = append(del, nftables.SetElement{Key: e.Key})

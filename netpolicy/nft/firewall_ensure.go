@@ -128,7 +128,7 @@ func (f *Firewall) Ensure() error {
 		// Without the refresh no live element is justified: a restart
 		// that turns it off ends every refresh at once.
 		if f.attested.maxLife == 0 {
-			for _, name := range liveSets {
+			for _, name := range f.sweptLiveSets() {
 				if _, ok := haveSets[name]; ok {
 					c.FlushSet(batchSets[name])
 				}

@@ -177,6 +177,7 @@ func (f *Firewall) UpdateSession(u SessionUpdate) error {
 	// either (and again after the batch): the next answers wait for the
 	// kernel.
 	f.attested.revoke(u.New.Guest, plan.unattest)
+	f.refresh6.revoke(u.New.Guest, plan.unattest)
 	f.known.forgetGuest(u.New.Guest)
 	defer f.known.forgetGuest(u.New.Guest)
 	// During the batch, answers fill only the address sets both the old
@@ -225,6 +226,9 @@ func (f *Firewall) queueUnattest(c *nftables.Conn, unattest []setElems) error {
 	for _, se := range unattest {
 		names := []string{se.set}
 		if live, ok := liveOf(se.set); ok {
+			names = append(names, live)
+		}
+		if live, ok := live6Of(se.set); ok && f.dualStack() {
 			names = append(names, live)
 		}
 		for _, name := range names {

@@ -1,0 +1,202 @@
+package nft
+
+import (
+	"net/netip"
+	"sync"
+	"time"
+
+	"github.com/google/nftables"
+	"github.com/google/nftables/expr"
+)
+
+// The refresh of a dual-stack session's AAAA-attested elements (issue 26),
+// the twin of the v4 one (see buildRules and liveSets): on a dual-stack
+// daemon with the refresh on (FirewallConfig.AttestMaxLifetime),
+//
+//	from_session6
+//	  KEY6 @attested6_ports update @attested6_ports_live { KEY6 timeout REFRESH }
+//	  KEY6 @attested6_ports goto accept_named6
+//	  KEY6 @attested6_ports_live update @attested6_ports_live { KEY6 timeout REFRESH } goto accept_named6
+//	  ...
+//	  ip6 saddr . ip6 daddr @attested6 update @attested6_live { ip6 saddr . ip6 daddr timeout REFRESH }
+//	  ip6 saddr . ip6 daddr @attested6 goto accept_named6
+//	  ip6 saddr . ip6 daddr @attested6_live update @attested6_live { ip6 saddr . ip6 daddr timeout REFRESH } goto accept_named6
+//
+// A new v6 flow admitted by an AAAA-attested element creates or refreshes
+// its key in the live set; a live element admits and refreshes itself, and
+// goes through the name check as the attested one does. The daemon's
+// sweep (SweepRefreshed) deletes every live v6 element no answer of this
+// process justified within the maximum lifetime, whose name an update
+// revoked, or whose session is gone; removing a session deletes its live
+// elements with its other v6 ones (sessionSets6). While justified, an
+// element counts against the v6 attested-element cap (attestcap6.go), as
+// the v4 index counts its refreshed elements.
+const (
+	setAttested6Live      = "attested6_live"       // ipv6_addr . ipv6_addr, dynamic, timeout: attested6 elements kept alive by use
+	setAttested6PortsLive = "attested6_ports_live" // the same for attested6_ports
+)
+
+// live6Sets are the live copies of attested6 and attested6_ports
+// (live6Sets[i] of attested6Sets[i]), keyed as they are.
+var (
+	attested6Sets = []string{setAttested6, setAttested6Ports}
+	live6Sets     = []string{setAttested6Live, setAttested6PortsLive}
+)
+
+// live6Of returns the live set of a v6 attested set, if it has one.
+func live6Of(set string) (string, bool) {
+	for i, s := range attested6Sets {
+		if s == set {
+			return live6Sets[i], true
+		}
+	}
+	return "", false
+}
+
+// addLiveSets6 adds the v6 live sets to a dual-stack daemon's schema (made
+// whether or not the refresh is on, as the v4 ones are: a restart that
+// turns it on or off keeps the table's sets).
+func addLiveSets6(add func(*nftables.Set)) {
+	add(&nftables.Set{Name: setAttested6Live, KeyType: typeGuestPeer6, Concatenation: true, HasTimeout: true, Dynamic: true, Size: attestedSetSize})
+	add(&nftables.Set{Name: setAttested6PortsLive, KeyType: typeGuestPort6, Concatenation: true, HasTimeout: true, Dynamic: true, Size: attestedSetSize})
+}
+
+// attested6Rules adds the rules accepting new v6 flows by an attested6
+// element (with ports, attested6_ports) and, with the refresh on, those
+// refreshing and accepting by its live element.
+func (env ruleEnv) attested6Rules(add6 func(string, ...[]expr.Any), ports bool) {
+	lookup, set, live := env.lookupPair6, setAttested6, setAttested6Live
+	if ports {
+		lookup, set, live = env.lookupPorts6, setAttested6Ports, setAttested6PortsLive
+	}
+	acceptNamed := verdict(expr.VerdictGoto, chainAcceptNamed6)
+	if env.refresh <= 0 {
+		add6(chainFromSession6, lookup(set), acceptNamed)
+		return
+	}
+	add6(chainFromSession6, lookup(set), env.refreshLive(live))
+	add6(chainFromSession6, lookup(set), acceptNamed)
+	add6(chainFromSession6, lookup(live), env.refreshLive(live), acceptNamed)
+}
+
+// refresh6Index records, per session (by v4 guest), until when the
+// refresh of each of its v6 attested elements is justified: the latest
+// answer that attested it plus the maximum lifetime. Nothing recorded (a
+// restart, a revoke, a removal) is never justified.
+type refresh6Index struct {
+	mu      sync.Mutex
+	byGuest map[netip.Addr]map[string]time.Time // v4 guest -> attested6 set name + key -> justified until
+}
+
+func refresh6Key(set string, key []byte) string { return set + "\x00" + string(key) }
+
+// note records that an answer attested the plan's elements at now.
+func (x *refresh6Index) note(guest netip.Addr, plan []setElems, until time.Time) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if x.byGuest == nil {
+		x.byGuest = map[netip.Addr]map[string]time.Time{}
+	}
+	m := x.byGuest[guest]
+	if m == nil {
+		m = map[string]time.Time{}
+		x.byGuest[guest] = m
+	}
+	for _, se := range plan {
+		if _, ok := live6Of(se.set); !ok {
+			continue
+		}
+		for _, e := range se.elems {
+			if k := refresh6Key(se.set, e.Key); until.After(m[k]) {
+				m[k] = until
+			}
+		}
+	}
+}
+
+// justified reports whether the live element of the attested6 set set
+// with key may exist at now.
+func (x *refresh6Index) justified(guest netip.Addr, set string, key []byte, now time.Time) bool {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	return x.byGuest[guest][refresh6Key(set, key)].After(now)
+}
+
+// revoke ends the refresh of the plan's elements (an update's unattest).
+func (x *refresh6Index) revoke(guest netip.Addr, plan []setElems) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	for _, se := range plan {
+		for _, e := range se.elems {
+			delete(x.byGuest[guest], refresh6Key(se.set, e.Key))
+		}
+	}
+}
+
+// forget ends the refresh of every element of the guest (its removal).
+func (x *refresh6Index) forget(guest netip.Addr) {
+	x.mu.Lock()
+	delete(x.byGuest, guest)
+	x.mu.Unlock()
+}
+
+// prune drops the records no longer justified at now.
+func (x *refresh6Index) prune(now time.Time) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	for g, m := range x.byGuest {
+		for k, until := range m {
+			if !until.After(now) {
+				delete(m, k)
+			}
+		}
+		if len(m) == 0 {
+			delete(x.byGuest, g)
+		}
+	}
+}
+
+// noteAnswer6 records that an answer attested the v6 elements of plan at
+// now (after the kernel acked them): their refresh is justified for the
+// maximum lifetime from now, during which they count against the v6 cap.
+func (f *Firewall) noteAnswer6(guest netip.Addr, plan []setElems, now time.Time) {
+	if f.attested.maxLife <= 0 {
+		return
+	}
+	f.refresh6.note(guest, plan, now.Add(f.attested.maxLife))
+	held := make([]setElems, 0, len(plan))
+	for _, se := range plan {
+		elems := make([]nftables.SetElement, len(se.elems))
+		for i, e := range se.elems {
+			elems[i] = nftables.SetElement{Key: e.Key, Timeout: f.attested.maxLife}
+		}
+		held = append(held, setElems{se.set, elems})
+	}
+	f.attested6.record(guest, held, now)
+}
+
+// sweptLiveSets are the live sets SweepRefreshed dumps: the v4 ones and,
+// on a dual-stack daemon, the v6 ones.
+func (f *Firewall) sweptLiveSets() []string {
+	if !f.dualStack() {
+		return liveSets
+	}
+	return append(append([]string(nil), liveSets...), live6Sets...)
+}
+
+// liveJustified reports whether the element of the live set name with key
+// may stay (see SweepRefreshed).
+func (f *Firewall) liveJustified(name string, key []byte, now time.Time) bool {
+	for i, live := range live6Sets {
+		if live != name {
+			continue
+		}
+		if len(key) < 16 {
+			return false
+		}
+		g, ok := f.guest4Of6(netip.AddrFrom16([16]byte(key[:16])))
+		return ok && f.refresh6.justified(g, attested6Sets[i], key, now)
+	}
+	g, ok := keyGuest(name, key)
+	return ok && f.attested.justified(g, name, key, now)
+}
