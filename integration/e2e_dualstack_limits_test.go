@@ -3,10 +3,8 @@ package integration
 import (
 	"errors"
 	"fmt"
-	"net"
 	"net/netip"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -353,72 +351,7 @@ func TestE2EDualStackLabAndInbound(t *testing.T) {
 // refused and never arrives.
 func TestE2EDualStackGrantCountsAFlowOnce(t *testing.T) {
 	e, _ := newDualStackE2E(t)
-	const at = "[2001:2:0:1::10]:9"
-	srv, err := world.ListenUDP(e.w.NetPath, netip.MustParseAddrPort(at))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { srv.Close() })
-	var mu sync.Mutex
-	got := map[string]bool{}
-	go func() {
-		buf := make([]byte, 64)
-		for {
-			n, _, err := srv.ReadFrom(buf) // never answered
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			got[string(buf[:n])] = true
-			mu.Unlock()
-		}
-	}()
-	e.createNetOnly("gu6", "--allow", at+"/udp", "--connections", "1")
-	ns := e.nsPath("gu6")
-	dial := func() net.Conn {
-		t.Helper()
-		var c net.Conn
-		if err := world.DoPath(ns, func() (err error) { c, err = net.Dial("udp6", at); return err }); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { c.Close() })
-		return c
-	}
-	first, second := dial(), dial()
-	send := func(c net.Conn, msg string) {
-		t.Helper()
-		if _, err := c.Write([]byte(msg)); err != nil {
-			t.Logf("send %s: %v", msg, err) // a refused datagram may come back as an error on the next write
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	send(first, "a1")
-	send(first, "a2")
-	send(second, "b1")
-	send(first, "a3")
-	send(second, "b2")
-	send(first, "a4")
-	e.eventually("every datagram of the granted v6 flow arrives", func() error {
-		mu.Lock()
-		defer mu.Unlock()
-		for _, m := range []string{"a1", "a2", "a3", "a4"} {
-			if !got[m] {
-				return fmt.Errorf("%s did not arrive (got %v)", m, got)
-			}
-		}
-		return nil
-	})
-	time.Sleep(100 * time.Millisecond) // the b datagrams, sent before a4, had their chance
-	mu.Lock()
-	defer mu.Unlock()
-	for _, m := range []string{"b1", "b2"} {
-		if got[m] {
-			t.Errorf("datagram %s of a second v6 flow arrived under a spent grant of 1", m)
-		}
-	}
-	if n := remaining(t, e.inspect("gu6"), 0, at+"/udp"); n != 0 {
-		t.Errorf("remaining: %d, want 0", n)
-	}
+	grantCountsAFlowOnce(t, e, "[2001:2:0:1::10]:9", "udp6")
 }
 
 // TestE2EDualStackAttestCap: the per-session cap on attested elements

@@ -441,8 +441,13 @@ func TestE2EBudgetStopsUpload(t *testing.T) {
 // while a second flow from another port, the control that the grant is
 // spent, is refused (grant-used) and the server never sees it.
 func TestE2EGrantCountsAFlowOnce(t *testing.T) {
-	e := newE2E(t)
-	const at = "198.18.1.10:9"
+	grantCountsAFlowOnce(t, newE2E(t), "198.18.1.10:9", "udp4")
+}
+
+// grantCountsAFlowOnce runs TestE2EGrantCountsAFlowOnce's flows to the UDP
+// server at (network udp4 or udp6) from a new session of e.
+func grantCountsAFlowOnce(t *testing.T, e *e2eEnv, at, network string) {
+	t.Helper()
 	srv, err := world.ListenUDP(e.w.NetPath, netip.MustParseAddrPort(at))
 	if err != nil {
 		t.Fatal(err)
@@ -467,7 +472,7 @@ func TestE2EGrantCountsAFlowOnce(t *testing.T) {
 	dial := func() net.Conn {
 		t.Helper()
 		var c net.Conn
-		if err := world.DoPath(ns, func() (err error) { c, err = net.Dial("udp4", at); return err }); err != nil {
+		if err := world.DoPath(ns, func() (err error) { c, err = net.Dial(network, at); return err }); err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { c.Close() })
@@ -502,7 +507,7 @@ func TestE2EGrantCountsAFlowOnce(t *testing.T) {
 	defer mu.Unlock()
 	for _, m := range []string{"b1", "b2"} {
 		if got[m] {
-			t.Errorf("datagram %s of a second flow arrived under a spent grant of 1", m)
+			t.Errorf("datagram %s of a second %s flow arrived under a spent grant of 1", m, network)
 		}
 	}
 	if n := remaining(t, e.inspect("gu"), 0, at+"/udp"); n != 0 {
