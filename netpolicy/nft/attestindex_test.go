@@ -133,3 +133,56 @@ func TestMergeAttests(t *testing.T) {
 		t.Errorf("a single request is not passed through: %v", one)
 	}
 }
+
+// TestMergeAttestsDualStack: a dual-stack answer's v6 elements ride in the
+// batch of its v4 ones and of concurrent answers' elements: one list per
+// set, v4 sets first, each key once with its longest timeout; a lone
+// request's v4 and v6 elements are both sent.
+func TestMergeAttestsDualStack(t *testing.T) {
+	f := &Firewall{cfg: FirewallConfig{Pool: netip.MustParsePrefix("10.20.0.0/16"), Pool6: netip.MustParsePrefix("fd00:20::/112")}}
+	g1, g2 := netip.MustParseAddr("10.20.0.2"), netip.MustParseAddr("10.20.0.6")
+	a, a6, b6 := netip.MustParseAddr("1.1.1.1"), netip.MustParseAddr("2001:db8::1"), netip.MustParseAddr("2001:db8::2")
+	https := []netpolicy.PortSpec{{Port: 443, Proto: netpolicy.ProtoTCP}}
+	req := func(g netip.Addr, ips []netip.Addr, to time.Duration, ports []netpolicy.PortSpec) attestReq {
+		return attestReq{guest: g, plan: attestElements(g, ips, to, ports), plan6: f.attestElements6Of(g, ips, to, ports)}
+	}
+	reqs := []attestReq{
+		req(g1, []netip.Addr{a, a6}, time.Minute, nil),
+		req(g1, []netip.Addr{a6, b6}, time.Hour, nil),
+		req(g2, []netip.Addr{a6}, 30*time.Second, https),
+	}
+	type el struct {
+		set, key string
+		to       time.Duration
+	}
+	flatten := func(plan []setElems) []el {
+		var out []el
+		for _, se := range plan {
+			for _, e := range se.elems {
+				out = append(out, el{se.set, string(e.Key), e.Timeout})
+			}
+		}
+		return out
+	}
+	k6 := func(g netip.Addr) []byte { return ip6Key(f.guest6Of(g)) }
+	want := []el{
+		{setAttested, string(concat(ipKey(g1), ipKey(a))), time.Minute},
+		{setAttested6, string(concat(k6(g1), ip6Key(a6))), time.Hour},
+		{setAttested6, string(concat(k6(g1), ip6Key(b6))), time.Hour},
+		{setAttested6Ports, string(concat(k6(g2), protoKey(netpolicy.ProtoTCP), ip6Key(a6), portKey(443))), 30 * time.Second},
+	}
+	if got := flatten(mergeAttests(reqs)); !slices.Equal(got, want) {
+		t.Errorf("merged %+v, want %+v", got, want)
+	}
+	if got, want := flatten(mergeAttests(reqs[:1])), []el{want[0], {setAttested6, string(concat(k6(g1), ip6Key(a6))), time.Minute}}; !slices.Equal(got, want) {
+		t.Errorf("a lone dual-stack request sends %+v, want %+v", got, want)
+	}
+	if got := mergeAttests([]attestReq{req(g1, []netip.Addr{a6}, time.Minute, nil)}); len(got) != 1 || got[0].set != setAttested6 {
+		t.Errorf("a v6-only answer's batch %v, want its attested6 element alone", got)
+	}
+	// Without Pool6 an answer's v6 addresses have no elements.
+	f4 := &Firewall{cfg: FirewallConfig{Pool: netip.MustParsePrefix("10.20.0.0/16")}}
+	if plan6 := f4.attestElements6Of(g1, []netip.Addr{a6}, time.Minute, nil); plan6 != nil {
+		t.Errorf("v6 elements without Pool6: %v", plan6)
+	}
+}

@@ -57,6 +57,10 @@ const knownClockSlack = 20 * time.Millisecond
 //
 // mu guards everything below it.
 type knownIndex struct {
+	// guest4Of6 maps a guest's v6 address to its v4 one (nil: no v6
+	// element is ever known). Set before first use.
+	guest4Of6 func(netip.Addr) (netip.Addr, bool)
+
 	mu      sync.Mutex
 	epoch   uint64
 	on      bool // the monitor is running: knowledge is kept
@@ -65,8 +69,63 @@ type knownIndex struct {
 }
 
 type guestKnown struct {
-	exp     map[attestKey]time.Time // lower bound of the kernel's expiry
+	exp     map[knownKey]time.Time // lower bound of the kernel's expiry
 	pruneAt int
+}
+
+// knownSets are the sets whose elements knownIndex holds: the v4 attested
+// sets and their v6 twins (a dual-stack table's). A v4 key starts with the
+// guest's v4 address (guest . address is 8 bytes, with proto and port 16);
+// a v6 key with the guest's v6 address (guest6 . address6 is 32 bytes,
+// guest6 . proto . address6 . port 40), which guest4Of6 maps back to the
+// v4 guest the element is known under: one guest, both families, so every
+// forget of a guest forgets its v6 elements too.
+var knownSets = append(append([]string(nil), attestedSets...), setAttested6, setAttested6Ports)
+
+// knownKeyMax is the longest known key: an attested6_ports one.
+const knownKeyMax = 40
+
+// knownKey is one known element: the set (an index into knownSets) and
+// its key.
+type knownKey struct {
+	set uint8
+	n   uint8
+	key [knownKeyMax]byte
+}
+
+// knownSetIsV6 reports whether the set at index i of knownSets is a v6 one.
+func knownSetIsV6(i int) bool { return i >= len(attestedSets) }
+
+// newKnownKey returns the known key of an element of set; false for a set
+// knownIndex does not hold or a key of a length that set never has.
+func newKnownKey(set string, key []byte) (knownKey, bool) {
+	i := 0
+	for i < len(knownSets) && knownSets[i] != set {
+		i++
+	}
+	if i == len(knownSets) {
+		return knownKey{}, false
+	}
+	n := len(key)
+	if knownSetIsV6(i) && n != 32 && n != 40 || !knownSetIsV6(i) && n != 8 && n != 16 {
+		return knownKey{}, false
+	}
+	k := knownKey{set: uint8(i), n: uint8(n)}
+	copy(k.key[:], key)
+	return k, true
+}
+
+// guestOf returns the v4 guest a known key belongs to: its first 4 bytes,
+// or for a v6 key the v4 guest of its first 16 (false when they are no
+// guest's v6 address, or the table is not dual-stack).
+func (k *knownIndex) guestOf(key knownKey) (netip.Addr, bool) {
+	if !knownSetIsV6(int(key.set)) {
+		return netip.AddrFrom4([4]byte(key.key[:4])), true
+	}
+	if k.guest4Of6 == nil {
+		return netip.Addr{}, false
+	}
+	return k.guest4Of6(netip.AddrFrom16([16]byte(key.key[:16])))
 }
 
 // begin returns the epoch a batch about to be sent must learn under.
@@ -91,14 +150,17 @@ func (k *knownIndex) learn(epoch uint64, plan []setElems, sent time.Time) {
 	}
 	for _, se := range plan {
 		for _, e := range se.elems {
-			key, ok := newAttestKey(se.set, e.Key)
-			if !ok || len(e.Key) < 4 || e.Timeout <= 0 {
+			key, ok := newKnownKey(se.set, e.Key)
+			if !ok || e.Timeout <= 0 {
 				continue
 			}
-			g := netip.AddrFrom4([4]byte(e.Key[:4]))
+			g, ok := k.guestOf(key)
+			if !ok {
+				continue
+			}
 			gk := k.byGuest[g]
 			if gk == nil {
-				gk = &guestKnown{exp: map[attestKey]time.Time{}, pruneAt: pruneMin}
+				gk = &guestKnown{exp: map[knownKey]time.Time{}, pruneAt: pruneMin}
 				k.byGuest[g] = gk
 			}
 			gk.exp[key] = sent.Add(e.Timeout - knownClockSlack)
@@ -114,10 +176,11 @@ func (k *knownIndex) learn(epoch uint64, plan []setElems, sent time.Time) {
 	}
 }
 
-// covers reports whether every element of plan (guest's) is known with at
-// least timeout-knownSlack(timeout) of life left at now, and returns the shortest
-// remaining life (at most timeout): what the answer may promise.
-func (k *knownIndex) covers(guest netip.Addr, plan []setElems, timeout time.Duration, now time.Time) (time.Duration, bool) {
+// covers reports whether every element of the plans (guest's: its v4 and
+// v6 elements) is known with at least timeout-knownSlack(timeout) of life
+// left at now, and returns the shortest remaining life (at most timeout):
+// what the answer may promise.
+func (k *knownIndex) covers(guest netip.Addr, timeout time.Duration, now time.Time, plans ...[]setElems) (time.Duration, bool) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	if !k.on {
@@ -128,19 +191,21 @@ func (k *knownIndex) covers(guest netip.Addr, plan []setElems, timeout time.Dura
 		return 0, false
 	}
 	left, need := timeout, timeout-knownSlack(timeout)
-	for _, se := range plan {
-		for _, e := range se.elems {
-			key, ok := newAttestKey(se.set, e.Key)
-			if !ok {
-				return 0, false
-			}
-			exp, have := gk.exp[key]
-			if !have {
-				return 0, false
-			}
-			left = min(left, exp.Sub(now))
-			if left < need || left <= 0 {
-				return 0, false
+	for _, plan := range plans {
+		for _, se := range plan {
+			for _, e := range se.elems {
+				key, ok := newKnownKey(se.set, e.Key)
+				if !ok {
+					return 0, false
+				}
+				exp, have := gk.exp[key]
+				if !have {
+					return 0, false
+				}
+				left = min(left, exp.Sub(now))
+				if left < need || left <= 0 {
+					return 0, false
+				}
 			}
 		}
 	}
@@ -176,24 +241,28 @@ func (k *knownIndex) forgetAll(on bool) {
 	k.on = on
 }
 
-// forgetKeys makes the elements with these keys unknown in every attested
+// forgetKeys makes the elements with these keys unknown in every known
 // set whose keys have their length (a delete notification names no set
 // this library tells us): an attested or port_attested key is 8 bytes
-// (guest . address), an attested_ports key 16, guest first in both.
+// (guest . address), an attested_ports key 16, guest first in both; an
+// attested6 key is 32 bytes (guest6 . address6), an attested6_ports key
+// 40, guest6 first. (A key of another set with such a length forgets an
+// element that may not be there: harmless, it is only looked up again.)
 func (k *knownIndex) forgetKeys(elems []nftables.SetElement) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	k.epoch++
 	for _, e := range elems {
-		if len(e.Key) != 8 && len(e.Key) != 16 {
-			continue
-		}
-		gk := k.byGuest[netip.AddrFrom4([4]byte(e.Key[:4]))]
-		if gk == nil {
-			continue
-		}
-		for _, set := range attestedSets {
-			if key, ok := newAttestKey(set, e.Key); ok {
+		for _, set := range knownSets {
+			key, ok := newKnownKey(set, e.Key)
+			if !ok {
+				continue
+			}
+			g, ok := k.guestOf(key)
+			if !ok {
+				continue
+			}
+			if gk := k.byGuest[g]; gk != nil {
 				delete(gk.exp, key)
 			}
 		}

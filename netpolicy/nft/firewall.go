@@ -219,6 +219,7 @@ func OpenFirewall(cfg FirewallConfig) (*Firewall, error) {
 	if cfg.Pool6.IsValid() {
 		f.schema.addSets6()
 		f.flows.owner6 = f.guest4Of6
+		f.known.guest4Of6 = f.guest4Of6
 	}
 	f.admin.nsFd, f.attest.nsFd, f.flows.NetNS, f.reads.NetNS = fd, fd, fd, fd
 	f.flows.Closed, f.reads.Closed = ErrClosed, ErrClosed

@@ -529,41 +529,16 @@ func attestElements6(g6 netip.Addr, ips []netip.Addr, timeout time.Duration, por
 	return out
 }
 
-// attest6 inserts the IPv6 addresses of an answer for a dual-stack guest
-// in one batch of its own and returns once the kernel acked it (the answer
-// is released after). Without Pool6, or without v6 addresses, it does
-// nothing.
-func (f *Firewall) attest6(guest netip.Addr, name string, ips []netip.Addr, timeout time.Duration, ports []netpolicy.PortSpec) error {
+// attestElements6Of are the v6 elements of an answer's IPv6 addresses for
+// the dual-stack guest whose v4 address is guest (see attestElements6);
+// none without Pool6. AttestName sends them in the batch of the answer's
+// v4 elements.
+func (f *Firewall) attestElements6Of(guest netip.Addr, ips []netip.Addr, timeout time.Duration, ports []netpolicy.PortSpec) []setElems {
 	g6 := f.guest6Of(guest)
 	if !g6.IsValid() {
 		return nil
 	}
-	plan := attestElements6(g6, ips, timeout, ports)
-	if len(plan) == 0 {
-		return nil
-	}
-	if !f.attested6.admits(guest, plan, f.cfg.MaxAttested, time.Now()) { // attestcap6.go
-		return fmt.Errorf("attest %d addresses for %s: %w (%d IPv6 elements)", len(ips), guest, netpolicy.ErrAttestCap, f.cfg.MaxAttested)
-	}
-	sent := time.Now()
-	err := f.attest.do(func(c *nftables.Conn) error {
-		for _, se := range plan {
-			if err := addElements(c, f.schema.sets[se.set], se.elems, false); err != nil {
-				return err
-			}
-		}
-		// The answer's v6 addresses for the session's limited names
-		// (limits6.go), in the same batch.
-		if err := f.queueNamed6(c, f.namedElements6(guest, name, ips, timeout)); err != nil {
-			return err
-		}
-		return c.Flush()
-	})
-	if err == nil {
-		f.attested6.record(guest, plan, sent)
-		f.noteAnswer6(guest, plan, sent) // the refresh (refresh6.go)
-	}
-	return err
+	return attestElements6(g6, ips, timeout, ports)
 }
 
 // removeGuests6Locked queues the deletion of every v6 element of the

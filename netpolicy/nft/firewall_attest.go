@@ -14,11 +14,14 @@ import (
 // call's elements are already chunked per message by addElements).
 const attestBatchMax = 128
 
-// attestReq is one Attest call's elements.
+// attestReq is one Attest call's elements: a dual-stack guest's v6 ones
+// ride in the same batch as its v4 ones.
 type attestReq struct {
-	guest netip.Addr
-	plan  []setElems
-	named []namedElems // the answer's addresses for the session's limited names
+	guest  netip.Addr
+	plan   []setElems   // attested, attested_ports, port_attested
+	plan6  []setElems   // attested6, attested6_ports (counted by attested6)
+	named  []namedElems // the answer's v4 addresses for the session's limited names
+	named6 []namedElems // and its v6 ones (limits6.go)
 }
 
 // Attest makes ips reachable from the session whose guest address is guest
@@ -29,8 +32,9 @@ type attestReq struct {
 // given ports (ProtoAny = TCP and UDP). It returns after the kernel
 // acknowledged the batch holding its elements, so a DNS answer released
 // afterwards can never race the rule. Attesting an address again refreshes
-// (sets) its expiry. Non-IPv4 addresses are ignored; attested addresses in
-// a blocked range stay unreachable (the guard is checked first).
+// (sets) its expiry. IPv6 addresses go into the guest's v6 sets when the
+// table is dual-stack (Pool6) and are ignored otherwise; attested addresses
+// in a blocked range stay unreachable (the guard is checked first).
 //
 // Every element already in the kernel with at least the clamped timeout
 // less knownSlack of life left (an eighth, at most 30 s), as far as this Firewall KNOWS (it inserted
@@ -45,7 +49,9 @@ type attestReq struct {
 // as the next batch, one Flush for all. If that batch fails, each call's
 // elements are retried in a batch of their own, so one call's failure is
 // never another's. When two coalesced calls attest the same element, it is
-// inserted once with the longer of their timeouts.
+// inserted once with the longer of their timeouts. All of this holds for
+// both families at once: an answer's v4 and v6 elements are one request,
+// skipped together, and acked in one batch.
 func (f *Firewall) Attest(guest netip.Addr, ips []netip.Addr, ttl time.Duration, ports []netpolicy.PortSpec) (time.Duration, error) {
 	return f.AttestName(guest, "", ips, ttl, ports)
 }
@@ -60,28 +66,37 @@ func (f *Firewall) AttestName(guest netip.Addr, name string, ips []netip.Addr, t
 	if err := f.checkGuest(guest); err != nil {
 		return 0, fmt.Errorf("attest for %s: %w", guest, err)
 	}
-	// A dual-stack guest's IPv6 addresses, in a batch of their own,
-	// acked before the answer is released like the v4 ones.
-	if err := f.attest6(guest, name, ips, timeout, ports); err != nil {
-		return 0, fmt.Errorf("attest IPv6 addresses for %s: %w", guest, err)
-	}
 	plan := attestElements(guest, ips, timeout, ports)
-	if len(plan) == 0 {
+	plan6 := f.attestElements6Of(guest, ips, timeout, ports)
+	if len(plan) == 0 && len(plan6) == 0 {
 		return timeout, nil
 	}
-	named := f.namedElements(guest, name, ips, timeout)
+	var named, named6 []namedElems
+	if len(plan) > 0 {
+		named = f.namedElements(guest, name, ips, timeout)
+	}
+	if len(plan6) > 0 {
+		named6 = f.namedElements6(guest, name, ips, timeout)
+	}
 	now := time.Now()
-	if left, ok := f.known.covers(guest, plan, timeout, now); ok && len(named) == 0 {
-		// The answer justifies the refresh as a batch's would.
+	if left, ok := f.known.covers(guest, timeout, now, plan, plan6); ok && len(named) == 0 && len(named6) == 0 {
+		// The answer justifies the refresh as a batch's would, in both
+		// families (the v6 one: refresh6.go).
 		for _, se := range plan {
 			f.attested.noteAnswer(guest, se.set, se.elems, now)
 		}
+		if len(plan6) > 0 {
+			f.noteAnswer6(guest, plan6, now)
+		}
 		return left, nil
 	}
-	if !f.attested.admits(guest, plan, f.cfg.MaxAttested, time.Now()) {
+	if len(plan) > 0 && !f.attested.admits(guest, plan, f.cfg.MaxAttested, now) {
 		return 0, fmt.Errorf("attest %d addresses for %s: %w (%d)", len(ips), guest, netpolicy.ErrAttestCap, f.cfg.MaxAttested)
 	}
-	if err := f.attests.do(attestReq{guest: guest, plan: plan, named: named}); err != nil {
+	if len(plan6) > 0 && !f.attested6.admits(guest, plan6, f.cfg.MaxAttested, now) { // attestcap6.go
+		return 0, fmt.Errorf("attest %d addresses for %s: %w (%d IPv6 elements)", len(ips), guest, netpolicy.ErrAttestCap, f.cfg.MaxAttested)
+	}
+	if err := f.attests.do(attestReq{guest: guest, plan: plan, plan6: plan6, named: named, named6: named6}); err != nil {
 		return 0, fmt.Errorf("attest %d addresses for %s: %w", len(ips), guest, err)
 	}
 	return timeout, nil
@@ -106,7 +121,10 @@ func (f *Firewall) flushAttests(reqs []attestReq) error {
 				return err
 			}
 		}
-		if err := f.queueNamed(c, mergeNamed(reqs)); err != nil {
+		if err := f.queueNamed(c, mergeNamed(reqs, false)); err != nil {
+			return err
+		}
+		if err := f.queueNamed6(c, mergeNamed(reqs, true)); err != nil {
 			return err
 		}
 		// Before the send: the kernel stamps the expiries later, so
@@ -124,33 +142,40 @@ func (f *Firewall) flushAttests(reqs []attestReq) error {
 		for _, se := range r.plan {
 			f.attested.record(r.guest, se.set, se.elems, now)
 		}
+		if len(r.plan6) > 0 {
+			f.attested6.record(r.guest, r.plan6, now)
+			f.noteAnswer6(r.guest, r.plan6, sent) // the refresh (refresh6.go)
+		}
 	}
 	return nil
 }
 
-// mergeAttests concatenates the requests' elements per set, each key once
-// with its longest timeout (the kernel would refresh a repeated key within
-// the batch anyway; one element per key keeps that out of the question).
+// mergeAttests concatenates the requests' elements per set, v4 sets then
+// v6 ones, each key once with its longest timeout (the kernel would
+// refresh a repeated key within the batch anyway; one element per key
+// keeps that out of the question).
 func mergeAttests(reqs []attestReq) []setElems {
 	if len(reqs) == 1 {
-		return reqs[0].plan
+		return append(append([]setElems(nil), reqs[0].plan...), reqs[0].plan6...)
 	}
 	var out []setElems
-	for _, name := range attestedSets {
+	for _, name := range knownSets {
 		var elems []nftables.SetElement
 		at := map[string]int{}
 		for _, r := range reqs {
-			for _, se := range r.plan {
-				if se.set != name {
-					continue
-				}
-				for _, e := range se.elems {
-					if i, ok := at[string(e.Key)]; ok {
-						elems[i].Timeout = max(elems[i].Timeout, e.Timeout)
+			for _, plan := range [][]setElems{r.plan, r.plan6} {
+				for _, se := range plan {
+					if se.set != name {
 						continue
 					}
-					at[string(e.Key)] = len(elems)
-					elems = append(elems, e)
+					for _, e := range se.elems {
+						if i, ok := at[string(e.Key)]; ok {
+							elems[i].Timeout = max(elems[i].Timeout, e.Timeout)
+							continue
+						}
+						at[string(e.Key)] = len(elems)
+						elems = append(elems, e)
+					}
 				}
 			}
 		}

@@ -49,7 +49,7 @@ import (
 // accepting itself: from_session6 dispatches to the grants before its
 // port-specific accepts, and a port-less entry's grant must not open DNS.
 // A name entry's v6 addresses are its address set's twin, addrs6_<guest>_<entry>,
-// filled from the AAAA answers in the batch that attests them (attest6).
+// filled from the AAAA answers in the batch that attests them (AttestName).
 
 const (
 	setBudgetChains6 = "budget_chains6" // map ipv6_addr : verdict: guest6 -> jump budget_<guest>

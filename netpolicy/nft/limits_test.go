@@ -181,7 +181,18 @@ func TestMergeNamed(t *testing.T) {
 		{set: "addrs_a", elems: []nftables.SetElement{{Key: k("1.1.1.1"), Timeout: time.Hour}, {Key: k("2.2.2.2"), Timeout: time.Minute}}},
 		{set: "addrs_b", elems: []nftables.SetElement{{Key: k("1.1.1.1"), Timeout: time.Second}}},
 	}
-	if got := mergeNamed(reqs); !reflect.DeepEqual(got, want) {
+	if got := mergeNamed(reqs, false); !reflect.DeepEqual(got, want) {
 		t.Errorf("mergeNamed:\n got  %+v\n want %+v", got, want)
+	}
+	// The v6 address sets' elements merge apart from the v4 ones.
+	k6 := func(s string) []byte { return ip6Key(netip.MustParseAddr(s)) }
+	reqs[0].named6 = []namedElems{{set: "addrs6_a", elems: []nftables.SetElement{{Key: k6("2001:db8::1"), Timeout: time.Minute}}}}
+	reqs[2].named6 = []namedElems{{set: "addrs6_a", elems: []nftables.SetElement{{Key: k6("2001:db8::1"), Timeout: time.Hour}}}}
+	want6 := []namedElems{{set: "addrs6_a", elems: []nftables.SetElement{{Key: k6("2001:db8::1"), Timeout: time.Hour}}}}
+	if got := mergeNamed(reqs, true); !reflect.DeepEqual(got, want6) {
+		t.Errorf("mergeNamed v6:\n got  %+v\n want %+v", got, want6)
+	}
+	if got := mergeNamed(reqs, false); !reflect.DeepEqual(got, want) {
+		t.Errorf("mergeNamed v4 with v6 requests:\n got  %+v\n want %+v", got, want)
 	}
 }

@@ -131,13 +131,18 @@ func (f *Firewall) namedElements(guest netip.Addr, name string, ips []netip.Addr
 }
 
 // mergeNamed concatenates the requests' address set elements per set, each
-// key once with its longest timeout.
-func mergeNamed(reqs []attestReq) []namedElems {
+// key once with its longest timeout: the v4 ones (named), or with v6 the
+// v6 ones (named6).
+func mergeNamed(reqs []attestReq, v6 bool) []namedElems {
 	var out []namedElems
 	at := map[string]int{}
 	seen := map[[2]string]int{}
 	for _, r := range reqs {
-		for _, ne := range r.named {
+		named := r.named
+		if v6 {
+			named = r.named6
+		}
+		for _, ne := range named {
 			i, ok := at[ne.set]
 			if !ok {
 				i = len(out)
