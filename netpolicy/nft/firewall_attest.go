@@ -121,10 +121,10 @@ func (f *Firewall) flushAttests(reqs []attestReq) error {
 				return err
 			}
 		}
-		if err := f.queueNamed(c, mergeNamed(reqs, false)); err != nil {
+		if err := f.queueNamed(c, mergeNamed(reqs, false), f.addrsSet); err != nil {
 			return err
 		}
-		if err := f.queueNamed6(c, mergeNamed(reqs, true)); err != nil {
+		if err := f.queueNamed(c, mergeNamed(reqs, true), f.addrsSet6); err != nil {
 			return err
 		}
 		// Before the send: the kernel stamps the expiries later, so

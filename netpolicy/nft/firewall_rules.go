@@ -641,14 +641,24 @@ func (env ruleEnv) attestedRules(add func(...[]expr.Any), ports bool) {
 	if ports {
 		lookup, set, live = env.lookupPorts, setAttestedPorts, setAttestedPortsLive
 	}
-	accept := verdict(expr.VerdictGoto, chainAcceptNamed)
+	env.refreshedAccepts(func(parts ...[]expr.Any) { add(append([][]expr.Any{v4}, parts...)...) }, lookup, set, live, chainAcceptNamed)
+}
+
+// refreshedAccepts adds, through add, the rule accepting new flows by an
+// element of set (lookup loads its key; accepted flows go to the chain
+// accept) and, with the refresh on, the two before and after it: a hit
+// refreshes its element's live copy in live, and a hit of the live copy
+// alone, after set's element expired, refreshes and accepts too. Both
+// families' attested sets are accepted so (refresh6.go).
+func (env ruleEnv) refreshedAccepts(add func(...[]expr.Any), lookup func(string) []expr.Any, set, live, accept string) {
+	acc := verdict(expr.VerdictGoto, accept)
 	if env.refresh <= 0 {
-		add(v4, lookup(set), accept)
+		add(lookup(set), acc)
 		return
 	}
-	add(v4, lookup(set), env.refreshLive(live))
-	add(v4, lookup(set), accept)
-	add(v4, lookup(live), env.refreshLive(live), accept)
+	add(lookup(set), env.refreshLive(live))
+	add(lookup(set), acc)
+	add(lookup(live), env.refreshLive(live), acc)
 }
 
 // refreshLive is "update @set { KEY timeout REFRESH }" for the key the

@@ -266,12 +266,3 @@ func (f *Firewall) namedElements6(guest netip.Addr, name string, ips []netip.Add
 	return out
 }
 
-// queueNamed6 queues v6 address set elements.
-func (f *Firewall) queueNamed6(c *nftables.Conn, named []namedElems) error {
-	for _, ne := range named {
-		if err := addElements(c, f.addrsSet6(ne.set), ne.elems, false); err != nil {
-			return err
-		}
-	}
-	return nil
-}

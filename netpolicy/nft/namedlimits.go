@@ -165,10 +165,11 @@ func mergeNamed(reqs []attestReq, v6 bool) []namedElems {
 
 // queueNamed queues the address set elements (after the attested ones:
 // in one batch, each is stamped no earlier than the attested element it
-// goes with).
-func (f *Firewall) queueNamed(c *nftables.Conn, named []namedElems) error {
+// goes with), each set found by set (addrsSet, or addrsSet6 for the v6
+// twins).
+func (f *Firewall) queueNamed(c *nftables.Conn, named []namedElems, set func(string) *nftables.Set) error {
 	for _, ne := range named {
-		if err := addElements(c, f.addrsSet(ne.set), ne.elems, false); err != nil {
+		if err := addElements(c, set(ne.set), ne.elems, false); err != nil {
 			return err
 		}
 	}

@@ -63,20 +63,13 @@ func addLiveSets6(add func(*nftables.Set)) {
 
 // attested6Rules adds the rules accepting new v6 flows by an attested6
 // element (with ports, attested6_ports) and, with the refresh on, those
-// refreshing and accepting by its live element.
+// refreshing and accepting by its live element (refreshedAccepts).
 func (env ruleEnv) attested6Rules(add6 func(string, ...[]expr.Any), ports bool) {
 	lookup, set, live := env.lookupPair6, setAttested6, setAttested6Live
 	if ports {
 		lookup, set, live = env.lookupPorts6, setAttested6Ports, setAttested6PortsLive
 	}
-	acceptNamed := verdict(expr.VerdictGoto, chainAcceptNamed6)
-	if env.refresh <= 0 {
-		add6(chainFromSession6, lookup(set), acceptNamed)
-		return
-	}
-	add6(chainFromSession6, lookup(set), env.refreshLive(live))
-	add6(chainFromSession6, lookup(set), acceptNamed)
-	add6(chainFromSession6, lookup(live), env.refreshLive(live), acceptNamed)
+	env.refreshedAccepts(func(parts ...[]expr.Any) { add6(chainFromSession6, parts...) }, lookup, set, live, chainAcceptNamed6)
 }
 
 // refresh6Index records, per session (by v4 guest), until when the
