@@ -43,7 +43,7 @@ func nameCheckSizes(cfg *config) ncSizes {
 	if cfg.quick {
 		return ncSizes{setupN: 100, cpuN: 300, iperfReps: 1, iperfDur: 2 * time.Second, floodN: 2000, floodConc: 32, probeN: 50}
 	}
-	return ncSizes{setupN: 1000, cpuN: 2000, iperfReps: 3, iperfDur: 5 * time.Second, floodN: 10000, floodConc: 32, probeN: 200}
+	return ncSizes{setupN: 1000, cpuN: 2000, iperfReps: 7, iperfDur: 5 * time.Second, floodN: 10000, floodConc: 32, probeN: 200}
 }
 
 // figNameCheck is the name check's figure: connection setup (TCP connect
