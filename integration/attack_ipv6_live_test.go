@@ -609,8 +609,9 @@ func TestAttack6ICMPErrors(t *testing.T) {
 	}
 }
 
-// atk6MasqPort is the port the host's NAT66 gave the UDP flow src -> dst.
-func atk6MasqPort(t *testing.T, e *e2eEnv, src, dst netip.AddrPort) uint16 {
+// atk6Conntrack dumps the simulated host's v6 conntrack table (a dump
+// the kernel interrupts is tried again, up to 5 times).
+func atk6Conntrack(t *testing.T, e *e2eEnv) []*netlink.ConntrackFlow {
 	t.Helper()
 	h, err := netlink.NewHandleAt(e.w.Host)
 	if err != nil {
@@ -626,6 +627,13 @@ func atk6MasqPort(t *testing.T, e *e2eEnv, src, dst netip.AddrPort) uint16 {
 	if err != nil {
 		t.Fatalf("conntrack v6 dump: %v", err)
 	}
+	return flows
+}
+
+// atk6MasqPort is the port the host's NAT66 gave the UDP flow src -> dst.
+func atk6MasqPort(t *testing.T, e *e2eEnv, src, dst netip.AddrPort) uint16 {
+	t.Helper()
+	flows := atk6Conntrack(t, e)
 	for _, f := range flows {
 		s, _ := netip.AddrFromSlice(f.Forward.SrcIP.To16())
 		d, _ := netip.AddrFromSlice(f.Forward.DstIP.To16())
@@ -723,20 +731,7 @@ func TestAttack6MappedNAT64(t *testing.T) {
 // atk6ConntrackTo counts the host's v6 conntrack entries from src to dst.
 func atk6ConntrackTo(t *testing.T, e *e2eEnv, src, dst netip.Addr) int {
 	t.Helper()
-	h, err := netlink.NewHandleAt(e.w.Host)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer h.Close()
-	var flows []*netlink.ConntrackFlow
-	for i := 0; i < 5; i++ {
-		if flows, err = h.ConntrackTableList(netlink.ConntrackTable, unix.AF_INET6); err == nil {
-			break
-		}
-	}
-	if err != nil {
-		t.Fatalf("conntrack v6 dump: %v", err)
-	}
+	flows := atk6Conntrack(t, e)
 	n := 0
 	for _, f := range flows {
 		s, _ := netip.AddrFromSlice(f.Forward.SrcIP.To16())
