@@ -20,7 +20,6 @@ import (
 	"github.com/enforcerd/enforcerd/integration/world"
 	"github.com/enforcerd/enforcerd/netpolicy"
 	"github.com/enforcerd/enforcerd/netpolicy/nft"
-	"github.com/enforcerd/enforcerd/nsmgr"
 )
 
 // dial6 opens (and closes) a TCP connection from the session's netns to
@@ -183,24 +182,9 @@ func TestNetpolicyDualStackRefreshSweep(t *testing.T) {
 	world.RequireTool(t, "nft")
 	w := world.New(t)
 	prefix := "t" + w.ID[:4]
-	pool, pool6 := nsmgr.DefaultPool, netip.MustParsePrefix(e2ePool6)
-	guard, err := netpolicy.NewDualStackGuard(pool, pool6, []netip.Prefix{w.PublicOverride, world.World6Prefix})
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := nft.FirewallConfig{NetNS: w.Host, Prefix: prefix, Pool: pool, DNSAddr: netip.MustParseAddr("10.20.255.254"),
-		Guard: guard, Pool6: pool6, DNS6Addr: nsmgr.DNS6Addr(pool6, pool), AttestMaxLifetime: time.Hour}
-	open := func() *nft.Firewall {
-		t.Helper()
-		fw, err := nft.OpenFirewall(cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := fw.Ensure(); err != nil {
-			t.Fatal(err)
-		}
-		return fw
-	}
+	cfg := dualStackFirewallConfig(t, w, prefix)
+	cfg.AttestMaxLifetime = time.Hour
+	open := func() *nft.Firewall { return openEnsured(t, cfg, false) }
 	fw := open()
 	t.Cleanup(func() {
 		if err := fw.DeleteTable(); err != nil {

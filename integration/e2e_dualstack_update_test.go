@@ -25,7 +25,6 @@ import (
 	"github.com/enforcerd/enforcerd/integration/world"
 	"github.com/enforcerd/enforcerd/netpolicy"
 	"github.com/enforcerd/enforcerd/netpolicy/nft"
-	"github.com/enforcerd/enforcerd/nsmgr"
 )
 
 // The v6 servers of the dual-stack world (newDualStackE2E): echo on :7.
@@ -293,25 +292,8 @@ func TestE2EDualStackRevokeResetsBothSides(t *testing.T) {
 func TestNetpolicyDualStackUpdateConverges(t *testing.T) {
 	w := world.New(t)
 	prefix := "t" + w.ID[:4]
-	pool, pool6 := nsmgr.DefaultPool, netip.MustParsePrefix("fd00:20::/112")
-	guard, err := netpolicy.NewDualStackGuard(pool, pool6, []netip.Prefix{w.PublicOverride, world.World6Prefix})
-	if err != nil {
-		t.Fatal(err)
-	}
-	fw, err := nft.OpenFirewall(nft.FirewallConfig{NetNS: w.Host, Prefix: prefix, Pool: pool, DNSAddr: netip.MustParseAddr("10.20.255.254"),
-		Guard: guard, Pool6: pool6, DNS6Addr: nsmgr.DNS6Addr(pool6, pool)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := fw.DeleteTable(); err != nil {
-			t.Errorf("delete table: %v", err)
-		}
-		fw.Close()
-	})
-	if err := fw.Ensure(); err != nil {
-		t.Fatal(err)
-	}
+	cfg := dualStackFirewallConfig(t, w, prefix)
+	fw := openEnsured(t, cfg, true)
 	guest, g6 := netip.MustParseAddr("10.20.0.2"), netip.MustParseAddr("fd00:20::2")
 	old := nft.SessionRules{Name: "c6", HostIface: prefix + "0h", Guest: guest, Egress: netpolicy.ModeAllowlist, OnDeny: netpolicy.DenyReject,
 		Static: []netpolicy.Target{{Prefix: netip.MustParsePrefix("2001:2:0:1::10/128")}}}

@@ -11,7 +11,6 @@ import (
 	"github.com/enforcerd/enforcerd/integration/world"
 	"github.com/enforcerd/enforcerd/netpolicy"
 	"github.com/enforcerd/enforcerd/netpolicy/nft"
-	"github.com/enforcerd/enforcerd/nsmgr"
 )
 
 // TestNetpolicyDualStackAttestOneBatch: a dual-stack answer's v4 and v6
@@ -27,26 +26,9 @@ import (
 func TestNetpolicyDualStackAttestOneBatch(t *testing.T) {
 	w := world.New(t)
 	prefix := "t" + w.ID[:4]
-	pool, pool6 := nsmgr.DefaultPool, netip.MustParsePrefix("fd00:20::/112")
-	guard, err := netpolicy.NewDualStackGuard(pool, pool6, []netip.Prefix{w.PublicOverride, world.World6Prefix})
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := nft.FirewallConfig{NetNS: w.Host, Prefix: prefix, Pool: pool, DNSAddr: netip.MustParseAddr("10.20.255.254"),
-		Guard: guard, Pool6: pool6, DNS6Addr: nsmgr.DNS6Addr(pool6, pool), AttestFloor: time.Second, MaxAttested: 3}
-	fw, err := nft.OpenFirewall(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := fw.DeleteTable(); err != nil {
-			t.Errorf("delete table: %v", err)
-		}
-		fw.Close()
-	})
-	if err := fw.Ensure(); err != nil {
-		t.Fatal(err)
-	}
+	cfg := dualStackFirewallConfig(t, w, prefix)
+	cfg.AttestFloor, cfg.MaxAttested = time.Second, 3
+	fw := openEnsured(t, cfg, true)
 	guest, guest6 := netip.MustParseAddr("10.20.0.2"), netip.MustParseAddr("fd00:20::2")
 	r := nft.SessionRules{Name: "a6", HostIface: prefix + "0h", Guest: guest, Egress: netpolicy.ModeAllowlist}
 	if err := fw.AddSession(r); err != nil {

@@ -10,7 +10,6 @@ import (
 	"github.com/enforcerd/enforcerd/integration/world"
 	"github.com/enforcerd/enforcerd/netpolicy"
 	"github.com/enforcerd/enforcerd/netpolicy/nft"
-	"github.com/enforcerd/enforcerd/nsmgr"
 )
 
 // TestNetpolicyDualStackTableReadsAsDocumented: a dual-stack table, as nft
@@ -26,26 +25,9 @@ func TestNetpolicyDualStackTableReadsAsDocumented(t *testing.T) {
 	world.RequireTool(t, "nft")
 	w := world.New(t)
 	prefix := "t" + w.ID[:4]
-	pool, pool6 := nsmgr.DefaultPool, netip.MustParsePrefix("fd00:20::/112")
-	guard, err := netpolicy.NewDualStackGuard(pool, pool6, []netip.Prefix{w.PublicOverride, world.World6Prefix})
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := nft.FirewallConfig{NetNS: w.Host, Prefix: prefix, Pool: pool, DNSAddr: netip.MustParseAddr("10.20.255.254"),
-		Guard: guard, Pool6: pool6, DNS6Addr: nsmgr.DNS6Addr(pool6, pool), AttestMaxLifetime: 10 * time.Minute}
-	fw, err := nft.OpenFirewall(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := fw.DeleteTable(); err != nil {
-			t.Errorf("delete table: %v", err)
-		}
-		fw.Close()
-	})
-	if err := fw.Ensure(); err != nil {
-		t.Fatal(err)
-	}
+	cfg := dualStackFirewallConfig(t, w, prefix)
+	cfg.AttestMaxLifetime = 10 * time.Minute
+	fw, guard := openEnsured(t, cfg, true), cfg.Guard
 	lit, err := netpolicy.ParseEntry("[2001:2:0:1::11]:7/tcp", guard)
 	if err != nil {
 		t.Fatal(err)
