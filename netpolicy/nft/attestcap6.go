@@ -20,8 +20,9 @@ import (
 // attest6Count is each guest's attested v6 elements, by key, with the
 // latest expiry an answer gave each.
 type attest6Count struct {
-	mu sync.Mutex
-	by map[netip.Addr]map[string]time.Time // v4 guest -> element key -> expiry
+	mu      sync.Mutex
+	by      map[netip.Addr]map[string]time.Time // v4 guest -> element key -> expiry
+	pending map[netip.Addr]int                  // new elements reserved by answers not yet recorded
 }
 
 // liveLocked returns the guest's unexpired elements, dropping the expired ones.
@@ -35,27 +36,40 @@ func (x *attest6Count) liveLocked(guest netip.Addr, now time.Time) map[string]ti
 	return m
 }
 
-// admits reports whether the guest may hold the plan's elements besides
-// those it holds, within limit (0: no cap).
-func (x *attest6Count) admits(guest netip.Addr, plan []setElems, limit int, now time.Time) bool {
+// reserve reports whether the guest may hold the plan's elements besides
+// those it holds and those other answers reserved, within limit (0: no
+// cap), and if so reserves the new ones until release, as
+// attestIndex.reserve does for v4.
+func (x *attest6Count) reserve(guest netip.Addr, plan []setElems, limit int, now time.Time) (int, bool) {
 	if limit <= 0 {
-		return true
+		return 0, true
 	}
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	have := x.liveLocked(guest, now)
-	n := len(have)
+	fresh := 0
 	seen := map[string]bool{}
 	for _, se := range plan {
 		for _, e := range se.elems {
 			k := se.set + string(e.Key)
 			if _, ok := have[k]; !ok && !seen[k] {
 				seen[k] = true
-				n++
+				fresh++
 			}
 		}
 	}
-	return n <= limit
+	if len(have)+x.pending[guest]+fresh > limit {
+		return 0, false
+	}
+	x.pending = addPending(x.pending, guest, fresh)
+	return fresh, true
+}
+
+// release returns n elements reserve reserved for guest.
+func (x *attest6Count) release(guest netip.Addr, n int) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	x.pending = addPending(x.pending, guest, -n)
 }
 
 // record notes the plan's elements (after the kernel acked them).

@@ -94,6 +94,7 @@ type attestIndex struct {
 	seeded  bool
 	base    time.Time // the first record's time: expiries are kept as offsets from it
 	byGuest map[netip.Addr]*guestAttests
+	pending map[netip.Addr]int // elements reserved by answers not yet recorded (reserve)
 }
 
 // guestAttests is one guest's recorded elements; pruneAt is the size at
@@ -328,12 +329,17 @@ func (x *attestIndex) prune(gone func(netip.Addr) bool) {
 	}
 }
 
-// admits reports whether the guest may hold the elements of plan on top of
-// its live ones without exceeding limit: keys it already holds are
-// refreshes and cost nothing. Expired records are swept only when the quick
-// count (which includes them) says the limit is near, so the usual call is
-// one map lookup per element.
-func (x *attestIndex) admits(guest netip.Addr, plan []setElems, limit int, now time.Time) bool {
+// reserve reports whether the guest may hold the elements of plan on top
+// of its live ones and of those other answers reserved and have not yet
+// released, without exceeding limit, and if so reserves the plan's new
+// elements: it returns how many, for release once the answer's batch was
+// acked (and recorded) or failed. Keys it already holds are refreshes and
+// cost nothing. Concurrent answers for one guest so never pass the cap
+// together; two that carry the same new key both count it until one
+// releases (a refusal near the cap, never an excess). Expired records are
+// swept only when the quick count (which includes them) says the limit is
+// near, so the usual call is one map lookup per element.
+func (x *attestIndex) reserve(guest netip.Addr, plan []setElems, limit int, now time.Time) (int, bool) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	ga := x.byGuest[guest]
@@ -373,17 +379,43 @@ func (x *attestIndex) admits(guest netip.Addr, plan []setElems, limit int, now t
 	if ga != nil {
 		quick = len(ga.exp)
 	}
-	if quick+fresh() <= limit {
-		return true
-	}
-	if ga == nil {
-		return false
-	}
-	t := x.at(now)
-	for k, r := range ga.exp {
-		if x.gone(r) <= t {
-			delete(ga.exp, k)
+	n, pending := fresh(), x.pending[guest]
+	if quick+pending+n > limit {
+		if ga == nil {
+			return 0, false
+		}
+		t := x.at(now)
+		for k, r := range ga.exp {
+			if x.gone(r) <= t {
+				delete(ga.exp, k)
+			}
+		}
+		if held(t)+pending+n > limit {
+			return 0, false
 		}
 	}
-	return held(t)+fresh() <= limit
+	x.pending = addPending(x.pending, guest, n)
+	return n, true
+}
+
+// release returns n elements reserve reserved for guest.
+func (x *attestIndex) release(guest netip.Addr, n int) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	x.pending = addPending(x.pending, guest, -n)
+}
+
+// addPending adds n to guest's reserved count in m (made on first use),
+// dropping a count that reaches zero.
+func addPending(m map[netip.Addr]int, guest netip.Addr, n int) map[netip.Addr]int {
+	if n == 0 {
+		return m
+	}
+	if m == nil {
+		m = map[netip.Addr]int{}
+	}
+	if m[guest] += n; m[guest] <= 0 {
+		delete(m, guest)
+	}
+	return m
 }

@@ -90,11 +90,21 @@ func (f *Firewall) AttestName(guest netip.Addr, name string, ips []netip.Addr, t
 		}
 		return left, nil
 	}
-	if len(plan) > 0 && !f.attested.admits(guest, plan, f.cfg.MaxAttested, now) {
-		return 0, fmt.Errorf("attest %d addresses for %s: %w (%d)", len(ips), guest, netpolicy.ErrAttestCap, f.cfg.MaxAttested)
+	// The cap's reservations last until the batch is acked and recorded
+	// (or failed), so answers in flight together count each other.
+	if len(plan) > 0 {
+		n, ok := f.attested.reserve(guest, plan, f.cfg.MaxAttested, now)
+		if !ok {
+			return 0, fmt.Errorf("attest %d addresses for %s: %w (%d)", len(ips), guest, netpolicy.ErrAttestCap, f.cfg.MaxAttested)
+		}
+		defer f.attested.release(guest, n)
 	}
-	if len(plan6) > 0 && !f.attested6.admits(guest, plan6, f.cfg.MaxAttested, now) { // attestcap6.go
-		return 0, fmt.Errorf("attest %d addresses for %s: %w (%d IPv6 elements)", len(ips), guest, netpolicy.ErrAttestCap, f.cfg.MaxAttested)
+	if len(plan6) > 0 {
+		n, ok := f.attested6.reserve(guest, plan6, f.cfg.MaxAttested, now) // attestcap6.go
+		if !ok {
+			return 0, fmt.Errorf("attest %d addresses for %s: %w (%d IPv6 elements)", len(ips), guest, netpolicy.ErrAttestCap, f.cfg.MaxAttested)
+		}
+		defer f.attested6.release(guest, n)
 	}
 	if err := f.attests.do(attestReq{guest: guest, plan: plan, plan6: plan6, named: named, named6: named6}); err != nil {
 		return 0, fmt.Errorf("attest %d addresses for %s: %w", len(ips), guest, err)

@@ -265,4 +265,3 @@ func (f *Firewall) namedElements6(guest netip.Addr, name string, ips []netip.Add
 	}
 	return out
 }
-
