@@ -171,9 +171,13 @@ type Engine struct {
 	closeFn func()
 	proxy   *dnsproxy.Proxy // set by Open only: what ListenDNS serves
 
-	mu       sync.Mutex // protects sessions, pending and creating
+	mu       sync.Mutex // protects sessions, byGuest, pending and creating
 	sessions map[string]*liveSession
-	pending  map[string]bool // names whose create or delete is in flight
+	// byGuest names the session of each guest address (v4 and v6) with a
+	// network, for the name check's lookup (sessionOfGuest); kept with sessions
+	// by addSessionLocked and removeSessionLocked.
+	byGuest map[netip.Addr]string
+	pending map[string]bool // names whose create or delete is in flight
 	// creating is the rootfs of each create in flight with a sandbox: an
 	// image it names is in use before its session exists (images.go).
 	creating map[string]string
@@ -220,7 +224,7 @@ func New(cfg Config, p Parts) *Engine {
 		cfg: cfg, log: log, nets: p.Network, guard: p.Guard, fw: p.Firewall,
 		dns: p.Resolver, boxes: p.Sandboxes, state: p.Store, events: events,
 		metrics: p.Metrics, dnsAddr: p.DNSAddr, dns6: p.DNS6Addr, pin: p.Pin, closeFn: p.Close,
-		sessions: map[string]*liveSession{}, pending: map[string]bool{}, creating: map[string]string{},
+		sessions: map[string]*liveSession{}, byGuest: map[netip.Addr]string{}, pending: map[string]bool{}, creating: map[string]string{},
 		images: p.Images,
 		names:  attestNames{max: cfg.MaxAttested},
 

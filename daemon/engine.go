@@ -32,6 +32,29 @@ type liveSession struct {
 
 func (s *liveSession) hasNIC() bool { return s.rec.Slot >= 0 }
 
+// addSessionLocked makes s a live session, its guest addresses indexed;
+// removeSessionLocked ends one. e.mu is held. (An update or a grant's end
+// replaces a live session under the same name and guest: no index change.)
+func (e *Engine) addSessionLocked(s *liveSession) {
+	e.sessions[s.rec.Name] = s
+	if s.hasNIC() {
+		e.byGuest[s.rec.Guest] = s.rec.Name
+		if s.rec.Guest6.IsValid() {
+			e.byGuest[s.rec.Guest6] = s.rec.Name
+		}
+	}
+}
+
+func (e *Engine) removeSessionLocked(name string) {
+	if s, ok := e.sessions[name]; ok && s.hasNIC() {
+		delete(e.byGuest, s.rec.Guest)
+		if s.rec.Guest6.IsValid() {
+			delete(e.byGuest, s.rec.Guest6)
+		}
+	}
+	delete(e.sessions, name)
+}
+
 // reserve claims a name for a create or delete; release gives it back.
 func (e *Engine) reserve(name string, mustExist bool) (*liveSession, error) {
 	e.mu.Lock()
@@ -515,7 +538,7 @@ func (e *Engine) Create(ctx context.Context, req api.CreateRequest) (info api.Se
 	}
 
 	e.mu.Lock()
-	e.sessions[req.Name] = s
+	e.addSessionLocked(s)
 	e.mu.Unlock()
 	e.scheduleGrants(rec)
 	e.events.Open(req.Name, req.Labels)
@@ -614,7 +637,7 @@ func (e *Engine) Delete(ctx context.Context, name string) (err error) {
 		return err
 	}
 	e.mu.Lock()
-	delete(e.sessions, name)
+	e.removeSessionLocked(name)
 	e.mu.Unlock()
 	e.scheduleGrants(SessionRecord{Name: name}) // stops its grant timer
 	e.names.drop(name)

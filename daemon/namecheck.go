@@ -471,12 +471,8 @@ func (e *Engine) NameCheckTotals() (map[string]uint64, uint64) {
 func (e *Engine) sessionOfGuest(g netip.Addr) (*liveSession, bool) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	for _, s := range e.sessions {
-		if s.hasNIC() && (s.rec.Guest == g || s.rec.Guest6.IsValid() && s.rec.Guest6 == g) {
-			return s, true
-		}
-	}
-	return nil, false
+	s, ok := e.sessions[e.byGuest[g]]
+	return s, ok
 }
 
 // judgeName is the checker's Judge: whether guest's session allows name

@@ -2,8 +2,10 @@ package daemon
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"net/netip"
+	"slices"
 	"testing"
 
 	"github.com/enforcerd/enforcerd/api"
@@ -190,5 +192,39 @@ func TestGuestOf(t *testing.T) {
 		if got := guestOf(c.pkt, c.from); got.String() != c.want {
 			t.Errorf("guestOf(%x…, fromGuest %v) = %v, want %s", c.pkt[0], c.from, got, c.want)
 		}
+	}
+}
+
+// TestSessionOfGuestIndex: the name check's lookup finds each live
+// session by its guest address, after an update replaced it too, and
+// none once it is deleted; a session without a network is never found.
+func TestSessionOfGuestIndex(t *testing.T) {
+	w := newWorld(t)
+	a := w.create(api.CreateRequest{Name: "g1", NetworkOnly: true, Allow: []string{"93.184.216.7"}})
+	b := w.create(api.CreateRequest{Name: "g2", NetworkOnly: true, Allow: []string{"93.184.216.7"}})
+	w.create(api.CreateRequest{Name: "g3", NetworkOnly: true}) // egress none: no network
+	for _, c := range []api.SessionInfo{a, b} {
+		s, ok := w.d.sessionOfGuest(netip.MustParseAddr(c.GuestIP))
+		if !ok || s.rec.Name != c.Name {
+			t.Fatalf("guest %s: session %v (found %v), want %s", c.GuestIP, s, ok, c.Name)
+		}
+	}
+	if _, err := w.d.UpdatePolicy(context.Background(), "g1", api.PolicyUpdate{Allow: []string{"93.184.216.8"}}, false); err != nil {
+		t.Fatal(err)
+	}
+	if s, ok := w.d.sessionOfGuest(netip.MustParseAddr(a.GuestIP)); !ok || !slices.ContainsFunc(s.policy.Allow, func(e netpolicy.Entry) bool { return e.String() == "93.184.216.8" }) {
+		t.Errorf("after an update the lookup of %s found %v (%v), want the updated session", a.GuestIP, s, ok)
+	}
+	if err := w.d.Delete(context.Background(), "g1"); err != nil {
+		t.Fatal(err)
+	}
+	if s, ok := w.d.sessionOfGuest(netip.MustParseAddr(a.GuestIP)); ok {
+		t.Errorf("deleted session's guest %s still finds %s", a.GuestIP, s.rec.Name)
+	}
+	if s, ok := w.d.sessionOfGuest(netip.MustParseAddr(b.GuestIP)); !ok || s.rec.Name != "g2" {
+		t.Errorf("the other session's guest %s after the delete: %v (%v)", b.GuestIP, s, ok)
+	}
+	if s, ok := w.d.sessionOfGuest(netip.Addr{}); ok {
+		t.Errorf("the zero address finds session %s", s.rec.Name)
 	}
 }

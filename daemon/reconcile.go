@@ -151,7 +151,7 @@ func (e *Engine) adopt(rec SessionRecord) error {
 		}
 	}
 	e.mu.Lock()
-	e.sessions[rec.Name] = s
+	e.addSessionLocked(s)
 	e.mu.Unlock()
 	e.events.Load(rec.Name, rec.Request.Labels)
 	e.lifecycle(rec.Name, "adopted", nil)
