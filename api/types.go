@@ -287,6 +287,10 @@ type NameCheckView struct {
 	// ClientHello nor an HTTP/1.x request, a ClientHello without
 	// server_name, an address literal): L3 semantics.
 	Passed uint64 `json:"passed"`
+	// Overflowed: the session's packets the check dropped because its
+	// backlog was full (a flood of checked connections); its TCP sends
+	// them again. Not flows: packets.
+	Overflowed uint64 `json:"overflowed"`
 }
 
 // ExecRequest is the body of POST /v1/sessions/{name}/exec.

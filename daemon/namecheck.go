@@ -40,6 +40,7 @@ type NameQueue interface {
 type nameCounts struct {
 	created                  time.Time // the session's: a new session on the name starts at zero
 	allowed, refused, passed uint64
+	overflowed               uint64 // packets dropped at its full backlog (backlogPackets)
 }
 
 // nameCheck is the running check. mu guards the checker (one packet at a
@@ -55,6 +56,9 @@ type nameCheck struct {
 	cmu    sync.Mutex
 	counts map[string]*nameCounts
 	totals map[string]uint64
+	// overflowed counts every packet dropped at a full backlog, of live
+	// sessions and of ones gone since.
+	overflowed uint64
 }
 
 // serveNameCheck reads q until it is closed, in goroutines of its own.
@@ -88,7 +92,7 @@ func (e *Engine) serveNameCheck(q NameQueue) {
 			if err != nil {
 				return
 			}
-			vs, ds = bl.take(pkts, nc.fromGuest, vs[:0]), ds[:0]
+			vs, ds = bl.take(pkts, nc.fromGuest, vs[:0], nc.countOverflow), ds[:0]
 			now := time.Now()
 			nc.mu.Lock()
 			bl.round(turnPackets, func(p queued) {
@@ -169,15 +173,32 @@ func (b *backlogs) add(guest netip.Addr, p queued) bool {
 // take adds packets read from the queue to their guests' backlogs
 // (fromGuest tells a guest's packet from its server's) and appends to vs
 // a Drop for each one whose backlog is full: that session floods, and
-// its packet is dropped, never passed unchecked (its TCP sends it again).
-func (b *backlogs) take(pkts []nfnetlink.Queued, fromGuest func([]byte) bool, vs []namecheck.Verdict) []namecheck.Verdict {
+// its packet is dropped, never passed unchecked (its TCP sends it again),
+// and told to overflow (nil: not told).
+func (b *backlogs) take(pkts []nfnetlink.Queued, fromGuest func([]byte) bool, vs []namecheck.Verdict, overflow func(guest netip.Addr)) []namecheck.Verdict {
 	for _, p := range pkts {
 		from := fromGuest(p.Payload)
-		if !b.add(guestOf(p.Payload, from), queued{p, from}) {
+		guest := guestOf(p.Payload, from)
+		if !b.add(guest, queued{p, from}) {
 			vs = append(vs, namecheck.Verdict{ID: p.ID, Action: namecheck.Drop})
+			if overflow != nil {
+				overflow(guest)
+			}
 		}
 	}
 	return vs
+}
+
+// countOverflow counts a packet of guest's session dropped at its full
+// backlog: in the session's counts (inspect) and the total (metrics).
+func (nc *nameCheck) countOverflow(guest netip.Addr) {
+	s, ok := nc.e.sessionOfGuest(guest)
+	nc.cmu.Lock()
+	defer nc.cmu.Unlock()
+	nc.overflowed++
+	if ok {
+		nc.countsOfLocked(s).overflowed++
+	}
 }
 
 // round hands fn up to turn packets of each backlog, guest by guest in
@@ -358,11 +379,7 @@ func (nc *nameCheck) record(d namecheck.Decision) {
 		return
 	}
 	nc.cmu.Lock()
-	c := nc.counts[s.rec.Name]
-	if c == nil || !c.created.Equal(s.rec.Created) {
-		c = &nameCounts{created: s.rec.Created}
-		nc.counts[s.rec.Name] = c
-	}
+	c := nc.countsOfLocked(s)
 	// A flow refused after it was allowed or passed (before the server
 	// acknowledged it) moves from that count to refused.
 	switch {
@@ -446,24 +463,37 @@ func (nc *nameCheck) view(s *liveSession) api.NameCheckView {
 	if c := nc.counts[s.rec.Name]; c != nil && c.created.Equal(s.rec.Created) {
 		v.Allowed, v.Refused, v.Passed = c.allowed, c.refused, c.passed
 		v.Checked = c.allowed + c.refused + c.passed
+		v.Overflowed = c.overflowed
 	}
 	return v
 }
 
-// NameCheckTotals is metrics.Source's: the decided flows by result, and
-// the queue's overruns.
-func (e *Engine) NameCheckTotals() (map[string]uint64, uint64) {
+// countsOfLocked is s's counts, new ones when the name's are of an
+// earlier session (or none). nc.cmu is held.
+func (nc *nameCheck) countsOfLocked(s *liveSession) *nameCounts {
+	c := nc.counts[s.rec.Name]
+	if c == nil || !c.created.Equal(s.rec.Created) {
+		c = &nameCounts{created: s.rec.Created}
+		nc.counts[s.rec.Name] = c
+	}
+	return c
+}
+
+// NameCheckTotals is metrics.Source's: the decided flows by result, the
+// queue's overruns, and the packets dropped at full backlogs.
+func (e *Engine) NameCheckTotals() (map[string]uint64, uint64, uint64) {
 	nc := e.namecheck
 	out := map[string]uint64{}
 	if nc == nil {
-		return out, 0
+		return out, 0, 0
 	}
 	nc.cmu.Lock()
 	for k, v := range nc.totals {
 		out[k] = v
 	}
+	overflowed := nc.overflowed
 	nc.cmu.Unlock()
-	return out, nc.q.Overruns()
+	return out, nc.q.Overruns(), overflowed
 }
 
 // sessionOfGuest is the live session whose guest address (or, for a

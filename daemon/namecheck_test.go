@@ -145,12 +145,12 @@ func TestBacklogsRoundRobin(t *testing.T) {
 		read = append(read, ip(id, flood))
 	}
 	fromGuest := func(p []byte) bool { return p[12] == 10 }
-	drops := b.take(read, fromGuest, nil)
+	drops := b.take(read, fromGuest, nil, nil)
 	if fmt.Sprint(drops) != fmt.Sprint([]namecheck.Verdict{{ID: 11, Action: namecheck.Drop}, {ID: 12, Action: namecheck.Drop},
 		{ID: 13, Action: namecheck.Drop}, {ID: 14, Action: namecheck.Drop}}) {
 		t.Fatalf("a guest's backlog of 10 gave %v for 14 packets, want Drop for 11-14 (never Accept)", drops)
 	}
-	if drops := b.take([]nfnetlink.Queued{ip(100, quiet)}, fromGuest, nil); len(drops) != 0 {
+	if drops := b.take([]nfnetlink.Queued{ip(100, quiet)}, fromGuest, nil, nil); len(drops) != 0 {
 		t.Fatalf("the quiet guest's packet got %v beside a full backlog of another, want none", drops)
 	}
 	var rounds [][]uint32
@@ -226,5 +226,66 @@ func TestSessionOfGuestIndex(t *testing.T) {
 	}
 	if s, ok := w.d.sessionOfGuest(netip.Addr{}); ok {
 		t.Errorf("the zero address finds session %s", s.rec.Name)
+	}
+}
+
+// overrunsQueue is a NameQueue that only counts overruns (the reader is
+// not run).
+type overrunsQueue struct{ NameQueue }
+
+func (overrunsQueue) Overruns() uint64 { return 0 }
+
+// TestNameCheckOverflowCounted: packets dropped at a flooding session's
+// full backlog are counted in that session's inspect and in the total,
+// not in another session's; a later session on the same name starts at
+// zero, while the total keeps them.
+func TestNameCheckOverflowCounted(t *testing.T) {
+	w := newWorld(t)
+	nc := &nameCheck{e: w.d, q: overrunsQueue{}, counts: map[string]*nameCounts{}, totals: map[string]uint64{},
+		c: namecheck.NewChecker(namecheck.Config{Judge: w.d.judgeName})}
+	w.d.namecheck = nc
+	flood := w.create(api.CreateRequest{Name: "fl", NetworkOnly: true, Allow: []string{"93.184.216.7"}})
+	quiet := w.create(api.CreateRequest{Name: "qu", NetworkOnly: true, Allow: []string{"93.184.216.7"}})
+	ip := func(id uint32, src string) nfnetlink.Queued {
+		p := make([]byte, 20)
+		p[0] = 0x45
+		copy(p[12:], netip.MustParseAddr(src).AsSlice())
+		copy(p[16:], []byte{93, 184, 216, 7})
+		return nfnetlink.Queued{ID: id, Payload: p}
+	}
+	var read []nfnetlink.Queued
+	for id := range uint32(backlogPackets + 3) {
+		read = append(read, ip(id, flood.GuestIP))
+	}
+	read = append(read, ip(1000, quiet.GuestIP))
+	b := newBacklogs(backlogPackets)
+	if drops := b.take(read, nc.fromGuest, nil, nc.countOverflow); len(drops) != 3 {
+		t.Fatalf("%d drops for %d packets into a backlog of %d, want 3", len(drops), backlogPackets+3, backlogPackets)
+	}
+	view := func(name string) api.NameCheckView {
+		t.Helper()
+		w.d.mu.Lock()
+		s := w.d.sessions[name]
+		w.d.mu.Unlock()
+		return *w.d.nameCheckView(s)
+	}
+	if got := view("fl").Overflowed; got != 3 {
+		t.Errorf("the flooding session's overflowed %d, want 3", got)
+	}
+	if got := view("qu").Overflowed; got != 0 {
+		t.Errorf("the quiet session's overflowed %d, want 0", got)
+	}
+	if _, _, total := w.d.NameCheckTotals(); total != 3 {
+		t.Errorf("total overflows %d, want 3", total)
+	}
+	if err := w.d.Delete(context.Background(), "fl"); err != nil {
+		t.Fatal(err)
+	}
+	w.create(api.CreateRequest{Name: "fl", NetworkOnly: true, Allow: []string{"93.184.216.7"}})
+	if got := view("fl").Overflowed; got != 0 {
+		t.Errorf("a new session on the name starts with overflowed %d, want 0", got)
+	}
+	if _, _, total := w.d.NameCheckTotals(); total != 3 {
+		t.Errorf("total overflows after the delete %d, want 3 (a counter)", total)
 	}
 }

@@ -52,8 +52,9 @@ type Source interface {
 	Healthy() error
 	// NameCheckTotals are the flows the name check decided since start,
 	// by result (allowed, refused, passed), and the packets its queue
-	// lost (the kernel dropped them; the guest retransmits).
-	NameCheckTotals() (byResult map[string]uint64, queueOverruns uint64)
+	// lost (the kernel dropped them; the guest retransmits), and the
+	// packets it dropped because their session's backlog was full.
+	NameCheckTotals() (byResult map[string]uint64, queueOverruns, backlogOverflows uint64)
 }
 
 // dnsCounters are the DNS proxy's counters exported at scrape time; the caps
@@ -220,13 +221,15 @@ func (m *Registry) writeSource(p *promWriter, src Source) {
 	p.family("enforcerd_drops_not_logged_total", "Dropped new flows that got no flow event (the per-session log budget), summed over the sessions.", "counter")
 	p.sample("enforcerd_drops_not_logged_total", float64(unlogged))
 
-	nc, overruns := src.NameCheckTotals()
+	nc, overruns, overflows := src.NameCheckTotals()
 	p.family("enforcerd_namecheck_flows_total", "TCP flows the name check decided (docs/network-model.md, Names on shared addresses), by result: allowed (a name the policy allows on the port), refused (the flow was ended), passed (no name to check: L3 semantics). checked = the sum.", "counter")
 	for _, r := range []string{"allowed", "refused", "passed"} {
 		p.sample("enforcerd_namecheck_flows_total", float64(nc[r]), "result", r)
 	}
 	p.family("enforcerd_namecheck_queue_overruns_total", "Times the name check's queue could not deliver packets to the daemon (a full socket buffer): the kernel dropped them and the guests retransmit.", "counter")
 	p.sample("enforcerd_namecheck_queue_overruns_total", float64(overruns))
+	p.family("enforcerd_namecheck_backlog_overflows_total", "Packets the name check dropped because their session's backlog was full (a session flooding checked connections; per session: inspect's name_check.overflowed). Its TCP sends them again.", "counter")
+	p.sample("enforcerd_namecheck_backlog_overflows_total", float64(overflows))
 
 	st := src.DNSStats()
 	p.family("enforcerd_dns_queries_total", "DNS queries answered, by verdict.", "counter")

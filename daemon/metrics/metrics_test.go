@@ -28,8 +28,8 @@ type fakeSource struct{}
 func (fakeSource) SessionCount() int { return 2 }
 func (fakeSource) Healthy() error    { return nil }
 
-func (fakeSource) NameCheckTotals() (map[string]uint64, uint64) {
-	return map[string]uint64{"allowed": 3, "refused": 2, "passed": 1}, 0
+func (fakeSource) NameCheckTotals() (map[string]uint64, uint64, uint64) {
+	return map[string]uint64{"allowed": 3, "refused": 2, "passed": 1}, 0, 4
 }
 
 func (fakeSource) DNSStats() dnsproxy.Stats {
