@@ -12,7 +12,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/enforcerd/enforcerd/api"
-	"github.com/enforcerd/enforcerd/container"
+	"github.com/enforcerd/enforcerd/container/rules"
 )
 
 const imageSubcommands = "import, ls or rm"
@@ -83,7 +83,7 @@ func (c *cli) imageImport(glob *globalOpts) *cobra.Command {
 			return usageErr(name, "unexpected argument %q after FILE %q", args[2], args[1])
 		}
 		imageName, file := args[0], args[1]
-		if err := container.ValidateImageName(imageName); err != nil {
+		if err := rules.ValidateImageName(imageName); err != nil {
 			return usageErr(name, "%v", err)
 		}
 		body, source, err := c.openImageSource(file)
@@ -127,7 +127,7 @@ func (c *cli) openImageSource(file string) (io.ReadCloser, string, error) {
 			return nil, "", fmt.Errorf("FILE %q: a directory without an oci-layout file; want an OCI image layout or an archive", file)
 		}
 		pr, pw := io.Pipe()
-		go func() { pw.CloseWithError(container.TarLayout(file, pw)) }()
+		go func() { pw.CloseWithError(rules.TarLayout(file, pw)) }()
 		return pr, source, nil
 	}
 	f, err := os.Open(file)

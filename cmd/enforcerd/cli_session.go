@@ -21,7 +21,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/enforcerd/enforcerd/api"
-	"github.com/enforcerd/enforcerd/container"
+	"github.com/enforcerd/enforcerd/container/rules"
 )
 
 // sessionSubcommands names the subcommands in the errors of "enforcerd session".
@@ -200,8 +200,8 @@ func (c *cpusFlag) String() string {
 
 func (c *cpusFlag) Set(v string) error {
 	f, err := strconv.ParseFloat(v, 64)
-	if err != nil || !container.CPUsInRange(f, math.MaxInt32) {
-		return errors.New(container.CPUsWant(runtime.NumCPU()))
+	if err != nil || !rules.CPUsInRange(f, math.MaxInt32) {
+		return errors.New(rules.CPUsWant(runtime.NumCPU()))
 	}
 	*c = cpusFlag(f)
 	return nil
@@ -234,7 +234,7 @@ func (a *atLeastFlag) Set(v string) error {
 }
 
 // sizeFlag is --memory: a byte size such as 512M or 2G (binary
-// multiples), at least container.MinMemoryBytes, with container's text
+// multiples), at least rules.MinMemoryBytes, with container's text
 // (MemoryWant).
 type sizeFlag struct{ bytes int64 }
 
@@ -252,8 +252,8 @@ func (s *sizeFlag) Set(v string) error {
 	if err != nil {
 		return err
 	}
-	if n < container.MinMemoryBytes {
-		return errors.New(container.MemoryWant())
+	if n < rules.MinMemoryBytes {
+		return errors.New(rules.MemoryWant())
 	}
 	s.bytes = n
 	return nil
@@ -288,7 +288,7 @@ func (c *cli) sessionCreate(glob *globalOpts) *cobra.Command {
 		labels       kvFlag
 		memory       sizeFlag
 		cpus         cpusFlag
-		pids         = atLeastFlag{min: container.MinPidsMax, want: container.PidsWant}
+		pids         = atLeastFlag{min: rules.MinPidsMax, want: rules.PidsWant}
 		asJSON       bool
 		egress       = enumFlag{allowed: []string{"none", "allowlist", "public"}}
 		tapOwner     uidFlag
