@@ -6,7 +6,7 @@ import (
 	"github.com/enforcerd/enforcerd/internal/cli"
 )
 
-// ---- serve and reap -------------------------------------------------------
+// ---- serve and reap: the daemon's commands (DaemonCommands, cli.go) ----------
 
 const serveLong = `Run the daemon: re-adopt surviving sessions, reap partial ones, serve the API
 on the unix socket and tell systemd it is ready. Every option can also be set

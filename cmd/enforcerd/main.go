@@ -1,4 +1,6 @@
-// Command enforcerd is the daemon and its command-line client.
+// Command enforcerd is the daemon and its command-line client: serve, reap,
+// doctor and bugreport here, the client commands from internal/cli (which
+// cmd/enforcerctl, the thin client, runs alone).
 package main
 
 import (
