@@ -20,6 +20,7 @@ endif
 TAGS      := seccomp
 BIN       := bin/enforcerd
 CNIBIN    := bin/enforcerd-cni
+CTLBIN    := bin/enforcerctl
 ROOTFS    ?= $(CURDIR)/.cache/rootfs
 GUEST     ?= $(CURDIR)/.cache/guest
 FUZZTIME  ?= 30000x
@@ -56,11 +57,14 @@ COMMIT    ?= $(shell git rev-parse --short=12 HEAD 2>/dev/null)
 # enforcerd is linked statically (libseccomp.a and glibc's libc.a, with Go's
 # own resolver and user lookup: no NSS), as runc's release builds are: every
 # CLI call and every sandbox's init starts this binary, and the dynamic
-# loader was a fifth of a bare start's CPU.
+# loader was a fifth of a bare start's CPU. enforcerctl, the thin client
+# (the client commands only), is built without cgo: it links no netlink,
+# nftables or libcontainer, and starts in a fraction of enforcerd's time.
 STATIC    := -tags "$(TAGS) netgo osusergo" -ldflags "-extldflags=-static -X main.version=$(VERSION) -X main.commit=$(COMMIT)"
 build: deps
 	$(GO) build $(STATIC) -o $(BIN) ./cmd/enforcerd
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-X main.pluginVersion=$(VERSION)" -o $(CNIBIN) ./cmd/enforcerd-cni
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-X main.version=$(VERSION) -X main.commit=$(COMMIT)" -o $(CTLBIN) ./cmd/enforcerctl
 
 # The linters, built by go install at pinned versions into .cache (a new
 # version is a new directory, so bumping one here rebuilds it).
@@ -115,7 +119,7 @@ fuzz: deps
 
 # Live tests: real kernel, real binary, inside the test world. Root only.
 live: build rootfs crictl guest
-	ENFORCERD_BIN=$(CURDIR)/$(BIN) ENFORCERD_CNI_BIN=$(CURDIR)/$(CNIBIN) ENFORCERD_ROOTFS=$(ROOTFS) ENFORCERD_CRICTL=$(CURDIR)/$(CRICTL) ENFORCERD_GUEST=$(GUEST) \
+	ENFORCERD_BIN=$(CURDIR)/$(BIN) ENFORCERD_CNI_BIN=$(CURDIR)/$(CNIBIN) ENFORCERD_CTL_BIN=$(CURDIR)/$(CTLBIN) ENFORCERD_ROOTFS=$(ROOTFS) ENFORCERD_CRICTL=$(CURDIR)/$(CRICTL) ENFORCERD_GUEST=$(GUEST) \
 	  $(GO) test -tags $(TAGS) -count=1 -p 1 -timeout 30m ./integration/...
 
 test: vet unit fuzz live
@@ -124,7 +128,7 @@ demo: build rootfs
 	$(GO) run -tags $(TAGS) ./integration/cmd/demo -bin $(CURDIR)/$(BIN) -rootfs $(ROOTFS)
 
 bench: build rootfs bench-deps
-	ENFORCERD_BIN=$(CURDIR)/$(BIN) ENFORCERD_ROOTFS=$(ROOTFS) scripts/bench.sh
+	ENFORCERD_BIN=$(CURDIR)/$(BIN) ENFORCERD_CTL_BIN=$(CURDIR)/$(CTLBIN) ENFORCERD_ROOTFS=$(ROOTFS) scripts/bench.sh
 
 # Keeps .cache/go, the downloaded toolchain (`make clean build` uses it, as does the next make).
 clean:

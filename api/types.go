@@ -23,7 +23,7 @@ type CreateRequest struct {
 	NetRaw      bool              `json:"net_raw,omitempty"`
 	MemoryBytes int64             `json:"memory_bytes,omitempty"`
 	Pids        int64             `json:"pids,omitempty"`
-	CPUs        float64           `json:"cpus,omitempty"` // like docker's --cpus; 0 = container.DefaultCPUs
+	CPUs        float64           `json:"cpus,omitempty"` // like docker's --cpus; 0 = rules.DefaultCPUs
 	Labels      map[string]string `json:"labels,omitempty"`
 	// Deny entries win over every allow, in every mode: a name, wildcard,
 	// address or CIDR (an address or CIDR optionally with a port).
@@ -231,9 +231,9 @@ type PolicyView struct {
 // where the request gave none. Its fields appear at the top level of a
 // SessionInfo, and only for a session with a sandbox.
 type SandboxView struct {
-	MemoryBytes int64   `json:"memory_bytes"` // container.DefaultMemoryBytes when not given
-	Pids        int64   `json:"pids"`         // container.DefaultPidsMax when not given
-	CPUs        float64 `json:"cpus"`         // container.DefaultCPUs when not given
+	MemoryBytes int64   `json:"memory_bytes"` // rules.DefaultMemoryBytes when not given
+	Pids        int64   `json:"pids"`         // rules.DefaultPidsMax when not given
+	CPUs        float64 `json:"cpus"`         // rules.DefaultCPUs when not given
 	NetRaw      bool    `json:"net_raw"`
 	Writable    bool    `json:"writable"`
 }

@@ -21,7 +21,7 @@
 //     /proc/irq, /proc/bus, /proc/fs, /sys and the sandbox's own cgroups at /sys/fs/cgroup;
 //   - seccomp: default allow, DeniedSyscalls fail with EPERM (clone3 with ENOSYS, so that libc
 //     falls back to clone, whose CLONE_NEWUSER flag is refused);
-//   - cgroups: memory (no swap), pids and CPU (a CFS quota per CPUPeriod; DefaultCPUs, one CPU,
+//   - cgroups: memory (no swap), pids and CPU (a CFS quota per CPUPeriod; rules.DefaultCPUs, one CPU,
 //     when the Spec leaves it at zero: never unlimited) limits per session;
 //   - the image directory is only ever an overlay lower layer: it is never written. Which
 //     directories may be images is the caller's policy: ResolveImage checks a path against the

@@ -21,6 +21,8 @@ import (
 	ocilayout "github.com/google/go-containerregistry/pkg/v1/layout"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"golang.org/x/sys/unix"
+
+	"github.com/enforcerd/enforcerd/container/rules"
 )
 
 // ImageStore is the daemon's directory of imported images (<state-dir>/images by default):
@@ -82,24 +84,6 @@ const (
 	imageRootfs   = "rootfs"
 )
 
-// ValidateImageName is the rule for an image's name: 1 to 63 of lower-case letters, digits,
-// '.', '_' and '-', starting with a letter or digit (it is a directory name in the store).
-//
-// Hand-written rather than a regexp: every enforcerd process (each CLI call, each sandbox's
-// init) would compile a package-level regexp at start.
-func ValidateImageName(name string) error {
-	ok := len(name) >= 1 && len(name) <= 63
-	for i := 0; ok && i < len(name); i++ {
-		c := name[i]
-		alnum := c >= 'a' && c <= 'z' || c >= '0' && c <= '9'
-		ok = alnum || i > 0 && (c == '.' || c == '_' || c == '-')
-	}
-	if !ok {
-		return fmt.Errorf("image name %q: want 1 to 63 of a-z, 0-9, '.', '_' and '-', starting with a letter or digit (e.g. python-3.12-slim)", name)
-	}
-	return nil
-}
-
 // OpenImageStore makes dir (root's, 0700) when it is missing, refuses one anybody but root
 // could write to, and removes what an import or a removal cut short by a crash left in it.
 //
@@ -160,7 +144,7 @@ func (s *ImageStore) Rootfs(name string) string { return filepath.Join(s.Dir, na
 
 // Get reads the image's metadata.
 func (s *ImageStore) Get(name string) (ImageMeta, error) {
-	if err := ValidateImageName(name); err != nil {
+	if err := rules.ValidateImageName(name); err != nil {
 		return ImageMeta{}, err
 	}
 	data, err := os.ReadFile(filepath.Join(s.Dir, name, imageMetaFile))
@@ -186,7 +170,7 @@ func (s *ImageStore) List() ([]ImageMeta, error) {
 	}
 	out := []ImageMeta{}
 	for _, e := range entries {
-		if !e.IsDir() || ValidateImageName(e.Name()) != nil {
+		if !e.IsDir() || rules.ValidateImageName(e.Name()) != nil {
 			continue
 		}
 		m, err := s.Get(e.Name())
@@ -231,7 +215,7 @@ func randomSuffix() string {
 // named, kept in the metadata. It fails with one line naming what was refused (the entry and
 // the layer) and then leaves nothing in the store.
 func (s *ImageStore) Import(name, source string, r io.Reader) (meta ImageMeta, err error) {
-	if err := ValidateImageName(name); err != nil {
+	if err := rules.ValidateImageName(name); err != nil {
 		return meta, err
 	}
 	final := filepath.Join(s.Dir, name)
@@ -554,56 +538,4 @@ func shortDigest(h v1.Hash) string {
 		return s[:19]
 	}
 	return s
-}
-
-// TarLayout writes the OCI image layout in dir to w as a tar (what Import reads): its regular
-// files and directories, names relative to dir. Anything else in it (a symlink, a device) is
-// refused, naming it: a layout holds nothing else.
-func TarLayout(dir string, w io.Writer) error {
-	if _, err := os.Stat(filepath.Join(dir, "oci-layout")); err != nil {
-		return fmt.Errorf("%s: not an OCI image layout (no oci-layout file)", dir)
-	}
-	tw := tar.NewWriter(w)
-	err := filepath.WalkDir(dir, func(p string, d os.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		rel, err := filepath.Rel(dir, p)
-		if err != nil || rel == "." {
-			return err
-		}
-		fi, err := d.Info()
-		if err != nil {
-			return err
-		}
-		if !fi.IsDir() && !fi.Mode().IsRegular() {
-			return fmt.Errorf("%s: not a regular file or directory; an OCI layout holds only those", p)
-		}
-		hdr, err := tar.FileInfoHeader(fi, "")
-		if err != nil {
-			return err
-		}
-		hdr.Name = filepath.ToSlash(rel)
-		if fi.IsDir() {
-			hdr.Name += "/"
-		}
-		hdr.Uid, hdr.Gid, hdr.Uname, hdr.Gname = 0, 0, "", ""
-		if err := tw.WriteHeader(hdr); err != nil {
-			return err
-		}
-		if fi.IsDir() {
-			return nil
-		}
-		f, err := os.Open(p)
-		if err != nil {
-			return err
-		}
-		defer f.Close()
-		_, err = io.Copy(tw, f)
-		return err
-	})
-	if err != nil {
-		return err
-	}
-	return tw.Close()
 }

@@ -17,6 +17,8 @@ import (
 	ocilayout "github.com/google/go-containerregistry/pkg/v1/layout"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
+
+	"github.com/enforcerd/enforcerd/container/rules"
 )
 
 // requireRoot: the unpacker gives files the image's owners, which takes root. Under CI=true a
@@ -142,7 +144,7 @@ func ociArchive(t *testing.T, img v1.Image) []byte {
 		t.Fatal(err)
 	}
 	var buf bytes.Buffer
-	if err := TarLayout(dir, &buf); err != nil {
+	if err := rules.TarLayout(dir, &buf); err != nil {
 		t.Fatal(err)
 	}
 	return buf.Bytes()

@@ -8,6 +8,8 @@ import (
 	"github.com/opencontainers/runc/libcontainer/configs"
 	"github.com/opencontainers/runc/libcontainer/specconv"
 	"golang.org/x/sys/unix"
+
+	"github.com/enforcerd/enforcerd/container/rules"
 )
 
 // layout names the host paths of one sandbox; all live under Config.LayerDir/<id>.
@@ -87,11 +89,11 @@ func buildConfig(prefix string, l layout, spec Spec, facts hostFacts) (*configs.
 	}
 	mem := spec.MemoryBytes
 	if mem == 0 {
-		mem = DefaultMemoryBytes
+		mem = rules.DefaultMemoryBytes
 	}
 	pids := spec.PidsMax
 	if pids == 0 {
-		pids = DefaultPidsMax
+		pids = rules.DefaultPidsMax
 	}
 	quota, err := cpuQuota(spec.CPUs)
 	if err != nil {

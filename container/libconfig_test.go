@@ -8,6 +8,8 @@ import (
 	devconfig "github.com/opencontainers/cgroups/devices/config"
 	"github.com/opencontainers/runc/libcontainer/configs"
 	"golang.org/x/sys/unix"
+
+	"github.com/enforcerd/enforcerd/container/rules"
 )
 
 func build(t *testing.T, spec Spec, facts hostFacts) *configs.Config {
@@ -149,7 +151,7 @@ func TestBuildConfigCgroups(t *testing.T) {
 		t.Errorf("cgroup %q/%q path %q systemd %v", cg.Parent, cg.Name, cg.Path, cg.Systemd)
 	}
 	r := cg.Resources
-	if r == nil || r.Memory != DefaultMemoryBytes || r.PidsLimit == nil || *r.PidsLimit != DefaultPidsMax || r.MemorySwap != 0 {
+	if r == nil || r.Memory != rules.DefaultMemoryBytes || r.PidsLimit == nil || *r.PidsLimit != rules.DefaultPidsMax || r.MemorySwap != 0 {
 		t.Fatalf("default resources %+v", r)
 	}
 	// No --cpus is one CPU, never unlimited.

@@ -3,6 +3,8 @@ package container
 import (
 	"math"
 	"testing"
+
+	"github.com/enforcerd/enforcerd/container/rules"
 )
 
 func TestCheckResources(t *testing.T) {
@@ -13,7 +15,7 @@ func TestCheckResources(t *testing.T) {
 		want      string
 	}{
 		{0, 0, 0, ""}, // every default
-		{MinMemoryBytes, MinPidsMax, 0.01, ""},
+		{rules.MinMemoryBytes, rules.MinPidsMax, 0.01, ""},
 		{1 << 30, 1 << 20, 4, ""},
 		{1 << 20, 0, 0, "memory 1048576 bytes: want at least 4 MiB (4194304 bytes); leave it out for the default 512 MiB"},
 		{-1, 0, 0, "memory -1 bytes: want at least 4 MiB (4194304 bytes); leave it out for the default 512 MiB"},

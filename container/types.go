@@ -11,6 +11,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/enforcerd/enforcerd/container/rules"
 )
 
 // Errors callers branch on.
@@ -22,15 +24,6 @@ var (
 	ErrNotFound = errors.New("sandbox not found")
 	// ErrExists: a sandbox of that name already exists.
 	ErrExists = errors.New("sandbox already exists")
-)
-
-// Defaults applied when a Spec leaves a limit at zero. DefaultCPUs: one CPU's worth of time
-// per period, whatever the machine has, so that one sandbox cannot starve the host and the
-// other sessions by default; a session that needs more asks for it.
-const (
-	DefaultMemoryBytes = 512 << 20
-	DefaultPidsMax     = 1024
-	DefaultCPUs        = 1.0
 )
 
 // CPUPeriod is the CFS period of every sandbox (100 ms, the kernel's and docker's default);
@@ -84,12 +77,12 @@ type Spec struct {
 	// UserNS runs the sandbox in a user namespace (see UserNSHostID). Its root then has no
 	// capability over the network at all (NET_RAW included), and /sys is not mounted.
 	UserNS bool
-	// MemoryBytes limits memory (no swap); 0 means DefaultMemoryBytes.
+	// MemoryBytes limits memory (no swap); 0 means rules.DefaultMemoryBytes.
 	MemoryBytes int64
-	// PidsMax limits the number of tasks; 0 means DefaultPidsMax.
+	// PidsMax limits the number of tasks; 0 means rules.DefaultPidsMax.
 	PidsMax int64
 	// CPUs limits CPU time like docker's --cpus: 1.5 is one and a half CPUs' worth per period
-	// (a CFS quota of 1.5 * CPUPeriod); 0 means DefaultCPUs. At least 0.01.
+	// (a CFS quota of 1.5 * CPUPeriod); 0 means rules.DefaultCPUs. At least 0.01.
 	CPUs float64
 	// Hostname defaults to Name.
 	Hostname string
@@ -187,15 +180,15 @@ func validateSpec(s Spec) error {
 	return validatePinned(s.Hosts)
 }
 
-// cpuQuota is the CFS quota (microseconds per CPUPeriod) of Spec.CPUs; 0 gives DefaultCPUs'.
+// cpuQuota is the CFS quota (microseconds per CPUPeriod) of Spec.CPUs; 0 gives rules.DefaultCPUs'.
 func cpuQuota(cpus float64) (int64, error) {
 	if cpus == 0 {
-		cpus = DefaultCPUs
+		cpus = rules.DefaultCPUs
 	}
 	q := math.Round(cpus * CPUPeriod)
 	if math.IsNaN(cpus) || math.IsInf(cpus, 0) || q < minCPUQuota || q > math.MaxInt32 {
 		// (validateSpec refused it already, with CheckResources' text)
-		return 0, fmt.Errorf("cpus %v: %s", cpus, CPUsWant(runtime.NumCPU()))
+		return 0, fmt.Errorf("cpus %v: %s", cpus, rules.CPUsWant(runtime.NumCPU()))
 	}
 	return int64(q), nil
 }

@@ -20,6 +20,8 @@ import (
 	"github.com/enforcerd/enforcerd/netpolicy"
 	"github.com/enforcerd/enforcerd/netpolicy/nft"
 	"github.com/enforcerd/enforcerd/nsmgr"
+
+	"github.com/enforcerd/enforcerd/container/rules"
 )
 
 // liveSession is one adopted or created session. Immutable after it is
@@ -864,13 +866,13 @@ func sandboxView(rec SessionRecord) *api.SandboxView {
 		NetRaw: req.NetRaw, Writable: req.Writable,
 	}
 	if v.MemoryBytes == 0 {
-		v.MemoryBytes = container.DefaultMemoryBytes
+		v.MemoryBytes = rules.DefaultMemoryBytes
 	}
 	if v.Pids == 0 {
-		v.Pids = container.DefaultPidsMax
+		v.Pids = rules.DefaultPidsMax
 	}
 	if v.CPUs == 0 {
-		v.CPUs = container.DefaultCPUs
+		v.CPUs = rules.DefaultCPUs
 	}
 	return v
 }

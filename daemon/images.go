@@ -11,6 +11,8 @@ import (
 
 	"github.com/enforcerd/enforcerd/api"
 	"github.com/enforcerd/enforcerd/container"
+
+	"github.com/enforcerd/enforcerd/container/rules"
 )
 
 // ImageStoreDir is the image store's directory under the state dir
@@ -33,7 +35,7 @@ func (e *Engine) ImportImage(ctx context.Context, name, source string, archive i
 	if e.images == nil {
 		return api.ImageInfo{}, errNoImageStore
 	}
-	if err := container.ValidateImageName(name); err != nil {
+	if err := rules.ValidateImageName(name); err != nil {
 		return api.ImageInfo{}, badRequest(err)
 	}
 	if len(source) > 256 || strings.ContainsAny(source, "\n\r") {
@@ -90,7 +92,7 @@ func (e *Engine) RemoveImage(ctx context.Context, name string) error {
 	if e.images == nil {
 		return errNoImageStore
 	}
-	if err := container.ValidateImageName(name); err != nil {
+	if err := rules.ValidateImageName(name); err != nil {
 		return badRequest(err)
 	}
 	e.mu.Lock()

@@ -247,9 +247,10 @@ func TestE2EInstallUninstall(t *testing.T) {
 	for _, line := range install {
 		installOut += mustSh(line)
 	}
-	for _, p := range []string{"usr/local/bin/enforcerd", "usr/local/bin/enforcerd-cni",
+	for _, p := range []string{"usr/local/bin/enforcerd", "usr/local/bin/enforcerd-cni", "usr/local/bin/enforcerctl",
 		"usr/local/lib/systemd/system/enforcerd.service", "usr/local/lib/systemd/system/enforcerd.socket",
-		"usr/local/share/man/man1/enforcerd.1", "usr/local/share/doc/enforcerd/README.md"} {
+		"usr/local/share/man/man1/enforcerd.1", "usr/local/share/man/man1/enforcerctl-session-create.1",
+		"usr/local/share/bash-completion/completions/enforcerctl", "usr/local/share/doc/enforcerd/README.md"} {
 		if _, err := os.Stat(filepath.Join(dest, p)); err != nil {
 			t.Errorf("install.sh: %v", err)
 		}

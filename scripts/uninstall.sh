@@ -104,11 +104,14 @@ elif [ $purge -eq 1 ] && [ -n "$(live_sessions)" ]; then
 	exit 1
 fi
 
-rm -f "$unitdir/enforcerd.service" "$unitdir/enforcerd.socket" "$bin" "$bindir/enforcerd-cni"
+rm -f "$unitdir/enforcerd.service" "$unitdir/enforcerd.socket" "$bin" "$bindir/enforcerctl" "$bindir/enforcerd-cni"
 rm -rf "$sharedir/doc/enforcerd"
 rm -f "$sharedir"/man/man1/enforcerd.1 "$sharedir"/man/man1/enforcerd-*.1 \
+	"$sharedir"/man/man1/enforcerctl.1 "$sharedir"/man/man1/enforcerctl-*.1 \
 	"$sharedir/bash-completion/completions/enforcerd" "$sharedir/zsh/site-functions/_enforcerd" \
-	"$sharedir/fish/vendor_completions.d/enforcerd.fish"
+	"$sharedir/fish/vendor_completions.d/enforcerd.fish" \
+	"$sharedir/bash-completion/completions/enforcerctl" "$sharedir/zsh/site-functions/_enforcerctl" \
+	"$sharedir/fish/vendor_completions.d/enforcerctl.fish"
 for d in $CNI_PLUGIN_DIRS; do
 	if [ -L "$d/enforcerd-cni" ] && [ "$(readlink "$d/enforcerd-cni")" = "$PREFIX/bin/enforcerd-cni" ]; then
 		rm -f "$d/enforcerd-cni"

@@ -13,6 +13,7 @@ import (
 	"github.com/enforcerd/enforcerd/api"
 	"github.com/enforcerd/enforcerd/doctor"
 	"github.com/enforcerd/enforcerd/internal/bugreport"
+	"github.com/enforcerd/enforcerd/internal/cli"
 )
 
 const bugreportLong = `Write one archive (tar.gz) to attach to a bug report, and print its path:
@@ -32,7 +33,7 @@ still written. It takes serve's options (and --config), like doctor.`
 // bugreportTimeout bounds each question to the daemon and each tool run.
 const bugreportTimeout = 10 * time.Second
 
-func (c *cli) bugreportCommand(glob *globalOpts) *cobra.Command {
+func (c *enforcerdCLI) bugreportCommand(glob *cli.GlobalOpts) *cobra.Command {
 	var (
 		flags     *serveFlags
 		output    string
@@ -48,39 +49,39 @@ func (c *cli) bugreportCommand(glob *globalOpts) *cobra.Command {
 		Args:  cobra.ArbitraryArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			const name = "enforcerd bugreport"
-			if err := noArgs(name, "bugreport takes options only", args); err != nil {
+			if err := cli.NoArgs(name, "bugreport takes options only", args); err != nil {
 				return err
 			}
 			if lines < 1 {
-				return usageErr(name, "--lines %d: want a positive number of log lines", lines)
+				return cli.UsageErr(name, "--lines %d: want a positive number of log lines", lines)
 			}
-			now := c.now().UTC()
+			now := c.Now().UTC()
 			if output == "" {
 				output = "enforcerd-bugreport-" + now.Format("20060102T150405Z") + ".tar.gz"
 			}
 			out, err := filepath.Abs(output)
 			if err != nil {
-				return usageErr(name, "--output %q: %v", output, err)
+				return cli.UsageErr(name, "--output %q: %v", output, err)
 			}
-			flags.single[optSocket] = &glob.socket
+			flags.single[optSocket] = &glob.Socket
 			rep := c.gatherBugreport(cmd, flags, now, unit, daemonLog, lines)
 			if err := writeArchiveFile(out, rep, now); err != nil {
-				return refusedErr(name, err)
+				return cli.RefusedErr(name, err)
 			}
 			sum := rep.Summary()
 			if asJSON {
-				return writeJSON(c.stdout, struct {
+				return cli.WriteJSON(c.Stdout, struct {
 					Archive string `json:"archive"`
 					bugreport.Summary
 				}{out, sum})
 			}
-			fmt.Fprintln(c.stdout, out)
+			fmt.Fprintln(c.Stdout, out)
 			for _, s := range sum.Sections {
 				line := fmt.Sprintf("  %-10s %s", s.Name, s.Status)
 				if s.Note != "" {
 					line += ": " + s.Note
 				}
-				fmt.Fprintln(c.stdout, line)
+				fmt.Fprintln(c.Stdout, line)
 			}
 			return nil
 		},
@@ -95,7 +96,7 @@ func (c *cli) bugreportCommand(glob *globalOpts) *cobra.Command {
 }
 
 // gatherBugreport collects every section; none of them fails the report.
-func (c *cli) gatherBugreport(cmd *cobra.Command, flags *serveFlags, now time.Time, unit, daemonLog string, lines int) *bugreport.Report {
+func (c *enforcerdCLI) gatherBugreport(cmd *cobra.Command, flags *serveFlags, now time.Time, unit, daemonLog string, lines int) *bugreport.Report {
 	rep := &bugreport.Report{Created: now}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*bugreportTimeout)
 	defer cancel()
@@ -104,15 +105,15 @@ func (c *cli) gatherBugreport(cmd *cobra.Command, flags *serveFlags, now time.Ti
 	src, err := collectServeOptions(cmd.Flags(), flags)
 	var cfg ServeConfig
 	if err == nil {
-		cfg, err = buildServeConfig(src, c.getenv, c.resolvConf)
+		cfg, err = buildServeConfig(src, c.Getenv, c.resolvConf)
 	}
 	cfgOK := err == nil
 	socket := cfg.Socket
 	if !cfgOK {
-		socket = c.socketPath(&globalOpts{socket: *flags.single[optSocket]})
+		socket = c.SocketPath(&cli.GlobalOpts{Socket: *flags.single[optSocket]})
 	}
-	glob := &globalOpts{socket: socket}
-	rep.AddJSON("version", "version.json", c.versionReport(glob), nil)
+	glob := &cli.GlobalOpts{Socket: socket}
+	rep.AddJSON("version", "version.json", c.AskVersions(glob), nil)
 	if cfgOK {
 		rep.AddJSON("config", "config.json", configMap(cfg), nil)
 	} else {

@@ -10,6 +10,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/enforcerd/enforcerd/doctor"
+	"github.com/enforcerd/enforcerd/internal/cli"
 )
 
 const doctorLong = `Check this host for what the daemon needs, before and after installing:
@@ -37,7 +38,7 @@ removes everything again.
 It exits 1 when a check failed (a warning alone exits 0). serve runs the
 checks marked fatal at start and refuses to start when one fails.`
 
-func (c *cli) doctorCommand(glob *globalOpts) *cobra.Command {
+func (c *enforcerdCLI) doctorCommand(glob *cli.GlobalOpts) *cobra.Command {
 	var (
 		flags        *serveFlags
 		asJSON       bool
@@ -52,31 +53,31 @@ func (c *cli) doctorCommand(glob *globalOpts) *cobra.Command {
 		Args:  cobra.ArbitraryArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			const name = "enforcerd doctor"
-			if err := noArgs(name, "doctor takes options only", args); err != nil {
+			if err := cli.NoArgs(name, "doctor takes options only", args); err != nil {
 				return err
 			}
-			flags.single[optSocket] = &glob.socket // the global option, as serve takes it
+			flags.single[optSocket] = &glob.Socket // the global option, as serve takes it
 			src, err := collectServeOptions(cmd.Flags(), flags)
 			if err != nil {
-				return usageErr(name, "%v", err)
+				return cli.UsageErr(name, "%v", err)
 			}
-			cfg, err := buildServeConfig(src, c.getenv, c.resolvConf)
+			cfg, err := buildServeConfig(src, c.Getenv, c.resolvConf)
 			if err != nil {
-				return usageErr(name, "%v", err)
+				return cli.UsageErr(name, "%v", err)
 			}
 			for _, d := range unitsDirs {
 				if !filepath.IsAbs(d) {
-					return usageErr(name, "--units-dir %q: want an absolute directory", d)
+					return cli.UsageErr(name, "--units-dir %q: want an absolute directory", d)
 				}
 			}
 			opts := doctor.Options{Datapath: datapath, Socket: cfg.Socket, SocketGroup: cfg.SocketGroup,
 				ConfigFile: cfg.ConfigFile, UnitDirs: unitsDirs, Version: version, Commit: commit}
 			if datapathPool != "" {
 				if opts.DatapathPool, err = parsePool("--datapath-pool", datapathPool); err != nil {
-					return usageErr(name, "%v", err)
+					return cli.UsageErr(name, "%v", err)
 				}
 			}
-			return runDoctor(c.stdout, cfg, opts, asJSON)
+			return runDoctor(c.Stdout, cfg, opts, asJSON)
 		},
 	}
 	flags = defineServeFlags(cmd.Flags())
@@ -111,7 +112,7 @@ func writeDoctorReport(w io.Writer, report doctor.Report, asJSON bool) error {
 		if checks == nil {
 			checks = []doctor.Check{}
 		}
-		return writeJSON(w, doctorJSON{Failed: report.Failed(), Checks: checks})
+		return cli.WriteJSON(w, doctorJSON{Failed: report.Failed(), Checks: checks})
 	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "CHECK\tSTATUS\tDETAIL")
@@ -136,7 +137,7 @@ func doctorResult(report doctor.Report) error {
 	if len(failed) > 1 {
 		what = "checks"
 	}
-	return &exitError{code: exitRefused, msg: fmt.Sprintf("enforcerd doctor: %d %s failed: %s", len(failed), what, strings.Join(failed, ", "))}
+	return cli.RefusedErr("enforcerd doctor", fmt.Errorf("%d %s failed: %s", len(failed), what, strings.Join(failed, ", ")))
 }
 
 // preflight runs the checks serve refuses to start on; the error names

@@ -2,7 +2,6 @@ package main
 
 import (
 	"bytes"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -18,15 +17,14 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
-	"github.com/enforcerd/enforcerd/api"
-	"github.com/enforcerd/enforcerd/api/apitest"
 	"github.com/enforcerd/enforcerd/container"
+	"github.com/enforcerd/enforcerd/internal/cli"
 )
 
 // testCLI is a cli with buffers, an environment map and fake daemon entry
 // points that record what they were given.
 type testCLI struct {
-	*cli
+	*enforcerdCLI
 	out, errOut bytes.Buffer
 	env         map[string]string
 	served      *ServeConfig
@@ -40,12 +38,17 @@ func newTestCLI(t *testing.T) *testCLI {
 		t.Fatal(err)
 	}
 	tc := &testCLI{env: map[string]string{}}
-	tc.cli = &cli{
-		stdin:      strings.NewReader(""),
-		stdout:     &tc.out,
-		stderr:     &tc.errOut,
-		getenv:     func(k string) string { return tc.env[k] },
-		now:        func() time.Time { return time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC) },
+	tc.enforcerdCLI = withDaemonCommands(&enforcerdCLI{
+		CLI: &cli.CLI{
+			Stdin:   strings.NewReader(""),
+			Stdout:  &tc.out,
+			Stderr:  &tc.errOut,
+			Getenv:  func(k string) string { return tc.env[k] },
+			Now:     func() time.Time { return time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC) },
+			Prog:    "enforcerd",
+			Version: version,
+			Commit:  commit,
+		},
 		resolvConf: rc,
 		serve: func(cfg ServeConfig) error {
 			tc.served = &cfg
@@ -55,14 +58,14 @@ func newTestCLI(t *testing.T) *testCLI {
 			tc.reaped = []string{prefix, stateDir, pool.String()}
 			return nil
 		},
-	}
+	})
 	return tc
 }
 
 func (tc *testCLI) run(args ...string) int {
 	tc.out.Reset()
 	tc.errOut.Reset()
-	return tc.cli.run(args)
+	return tc.enforcerdCLI.run(args)
 }
 
 // TestCLIUsageErrors: every malformed command line exits 2 with exactly one
@@ -164,7 +167,7 @@ func TestCLIUsageErrors(t *testing.T) {
 			c := newTestCLI(t)
 			c.env["ENFORCERD_SOCKET"] = filepath.Join(t.TempDir(), "nobody.sock")
 			code := c.run(tc.args...)
-			if code != exitUsage {
+			if code != cli.ExitUsage {
 				t.Errorf("exit %d, want 2 (stderr %q)", code, c.errOut.String())
 			}
 			if got := c.errOut.String(); got != tc.want+"\n" {
@@ -202,7 +205,7 @@ func TestCLILimitsSayWhatTheDaemonSays(t *testing.T) {
 		code := tc.run("session", "create", "s1", "--rootfs", "/r", c.flag, c.value)
 		_, want, _ := strings.Cut(c.daemon.Error(), ": ")
 		got := tc.errOut.String()
-		if code != exitUsage || !strings.HasSuffix(got, "for flag "+c.flag+": "+want+"\n") {
+		if code != cli.ExitUsage || !strings.HasSuffix(got, "for flag "+c.flag+": "+want+"\n") {
 			t.Errorf("%s %s: exit %d, stderr %q; want 2 and the daemon's text %q", c.flag, c.value, code, got, want)
 		}
 	}
@@ -212,9 +215,9 @@ func TestCLILimitsSayWhatTheDaemonSays(t *testing.T) {
 // (its second letter dropped) is a usage error, exit 2, whose one line
 // names what was typed and suggests the flag.
 func TestCLIFlagSuggestions(t *testing.T) {
-	root := newTestCLI(t).rootCommand()
+	root := newTestCLI(t).RootCommand()
 	n := 0
-	for _, cmd := range allCommands(root) {
+	for _, cmd := range cli.AllCommands(root) {
 		if cmd.HasSubCommands() && cmd.HasParent() {
 			continue // (flags go after the subcommand; see TestCLIUsageErrors)
 		}
@@ -231,7 +234,7 @@ func TestCLIFlagSuggestions(t *testing.T) {
 			c.env["ENFORCERD_SOCKET"] = filepath.Join(t.TempDir(), "nobody.sock")
 			args := append(append([]string{}, path...), "--"+typo+"=x")
 			want := fmt.Sprintf("%s: unknown flag: --%s (did you mean --%s?)\n", cmd.CommandPath(), typo, f.Name)
-			if code := c.run(args...); code != exitUsage || c.errOut.String() != want {
+			if code := c.run(args...); code != cli.ExitUsage || c.errOut.String() != want {
 				t.Errorf("enforcerd %s: exit %d, stderr %q; want 2 and %q", strings.Join(args, " "), code, c.errOut.String(), want)
 			}
 			n++
@@ -287,71 +290,6 @@ func TestCLIHelp(t *testing.T) {
 	}
 }
 
-// TestCLIVersion: the client's version, commit, Go and API version, then
-// the daemon's (asked through the socket): the same, another (version
-// skew, said on a third line), or none (unreachable, said why); exit 0 in
-// every case. --json carries both, the daemon's error and the skew.
-func TestCLIVersion(t *testing.T) {
-	client := buildInfo{Version: version, Commit: commit, Go: runtime.Version(), API: "v1"}
-	clientLine := "client: " + client.String() + "\n"
-	for _, tc := range []struct {
-		name        string
-		daemon      *api.HandlerOptions // nil: no daemon on the socket
-		wantLines   []string
-		wantSkew    bool
-		wantDaemon  *buildInfo
-		wantErrPart string
-	}{
-		{name: "same", daemon: &api.HandlerOptions{Version: version, Commit: commit},
-			wantDaemon: &buildInfo{Version: version, Commit: commit, Go: runtime.Version(), API: "v1"}},
-		{name: "skew", daemon: &api.HandlerOptions{Version: "0.0.9", Commit: "feedfacecafe"}, wantSkew: true,
-			wantDaemon: &buildInfo{Version: "0.0.9", Commit: "feedfacecafe", Go: runtime.Version(), API: "v1"}},
-		{name: "unreachable", wantErrPart: "not reachable: cannot reach enforcerd at "},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			c := newTestCLI(t)
-			sock := filepath.Join(t.TempDir(), "none.sock")
-			if tc.daemon != nil {
-				sock = apitest.ServeWith(t, apitest.New(), *tc.daemon)
-			}
-			c.env["ENFORCERD_SOCKET"] = sock
-			if code := c.run("version"); code != 0 || c.errOut.String() != "" {
-				t.Fatalf("exit %d, stderr %q", code, c.errOut.String())
-			}
-			lines := strings.SplitAfter(c.out.String(), "\n")
-			if lines[0] != clientLine {
-				t.Errorf("first line %q, want %q", lines[0], clientLine)
-			}
-			switch {
-			case tc.wantDaemon != nil:
-				if want := "daemon: " + tc.wantDaemon.String() + " at " + sock + "\n"; lines[1] != want {
-					t.Errorf("second line %q, want %q", lines[1], want)
-				}
-			default:
-				if !strings.HasPrefix(lines[1], "daemon: "+tc.wantErrPart) || !strings.Contains(lines[1], sock) {
-					t.Errorf("second line %q, want it to say the daemon is %s", lines[1], tc.wantErrPart)
-				}
-			}
-			skewLine := tc.wantSkew && strings.HasPrefix(lines[2], "version skew: the daemon runs 0.0.9 (commit feedfacecafe, api v1), this binary is "+version)
-			if tc.wantSkew != skewLine || (!tc.wantSkew && lines[2] != "") {
-				t.Errorf("output %q: want a version skew line: %v", c.out.String(), tc.wantSkew)
-			}
-
-			if code := c.run("version", "--json"); code != 0 {
-				t.Fatalf("version --json: exit %d: %s", code, c.errOut.String())
-			}
-			var got versionReport
-			if err := json.Unmarshal(c.out.Bytes(), &got); err != nil {
-				t.Fatalf("version --json: %v: %q", err, c.out.String())
-			}
-			if got.buildInfo != client || got.Socket != sock || got.Skew != tc.wantSkew ||
-				!reflect.DeepEqual(got.Daemon, tc.wantDaemon) || !strings.HasPrefix(got.DaemonError, tc.wantErrPart) || (tc.wantErrPart == "") != (got.DaemonError == "") {
-				t.Errorf("version --json: %+v (daemon %+v)", got, got.Daemon)
-			}
-		})
-	}
-}
-
 // TestCLICompletion: each shell's script comes from the command tree, and
 // the completion of a command line (what the scripts ask) offers the
 // subcommands and a flag's fixed values.
@@ -398,7 +336,7 @@ func TestCLIManPages(t *testing.T) {
 		t.Fatalf("man: exit %d: %s", code, c.errOut.String())
 	}
 	var want []string
-	for _, cmd := range allCommands(c.rootCommand()) {
+	for _, cmd := range cli.AllCommands(c.RootCommand()) {
 		if cmd.Hidden {
 			continue
 		}
@@ -427,78 +365,11 @@ func TestCLIManPages(t *testing.T) {
 	}
 }
 
-// TestCLIInterleaved: flags may come before or after positionals; "--"
-// ends flags; exec's command starts after "--" or at the first non-flag
-// after NAME, and keeps its own options.
-func TestCLIInterleaved(t *testing.T) {
-	f, c, _ := startAPI(t)
-	for _, tc := range []struct {
-		args  []string
-		allow []string
-	}{
-		{[]string{"s1", "--network-only", "--allow", "a.test", "--json"}, []string{"a.test"}},
-		{[]string{"--allow=a.test", "s1", "--allow", "b.test", "--network-only"}, []string{"a.test", "b.test"}},
-		{[]string{"s1", "--network-only", "--allow", "--json"}, []string{"--json"}}, // a value that looks like a flag
-		{[]string{"--network-only", "--", "s1"}, nil},
-	} {
-		before := len(f.Creates())
-		c.expect(t, 0, append([]string{"session", "create"}, tc.args...)...)
-		got := f.Creates()[before]
-		if got.Name != "s1" || !reflect.DeepEqual(got.Allow, tc.allow) {
-			t.Errorf("create %q: name %q allow %q, want s1 %q", tc.args, got.Name, got.Allow, tc.allow)
-		}
-		c.expect(t, 0, "session", "rm", "s1")
-	}
-	_, errOut := c.expect(t, exitUsage, "session", "create", "s1", "--network-only", "--", "--json")
-	if errOut != `enforcerd session create: unexpected argument "--json" after NAME "s1"`+"\n" {
-		t.Errorf("-- then --json: %q", errOut)
-	}
-
-	c.expect(t, 0, "session", "create", "box", "--rootfs", "/r")
-	for _, tc := range []struct {
-		args    []string
-		command []string
-		env     []string
-	}{
-		{[]string{"box", "--env", "A=1", "--", "sh", "-c", "echo --json"}, []string{"sh", "-c", "echo --json"}, []string{"A=1"}},
-		{[]string{"--env", "A=1", "box", "--", "ls"}, []string{"ls"}, []string{"A=1"}},
-		{[]string{"box", "ls", "-la", "--env", "B=2"}, []string{"ls", "-la", "--env", "B=2"}, nil},
-		{[]string{"box", "--env", "A=1", "ls", "--", "x"}, []string{"ls", "--", "x"}, []string{"A=1"}},
-		{[]string{"--socket", c.env["ENFORCERD_SOCKET"], "box", "-", "x"}, []string{"-", "x"}, nil},
-	} {
-		before := len(f.Execs())
-		c.expect(t, 0, append([]string{"session", "exec"}, tc.args...)...)
-		got := f.Execs()[before]
-		if !reflect.DeepEqual(got.Args, tc.command) || !reflect.DeepEqual(got.Env, tc.env) {
-			t.Errorf("exec %q: args %q env %q, want %q %q", tc.args, got.Args, got.Env, tc.command, tc.env)
-		}
-	}
-}
-
-func TestParseSize(t *testing.T) {
-	ok := map[string]int64{
-		"1": 1, "512M": 512 << 20, "512m": 512 << 20, "512MiB": 512 << 20, "512MB": 512 << 20,
-		"2G": 2 << 30, "2g": 2 << 30, "64k": 64 << 10, "1T": 1 << 40, "1048576": 1 << 20, "100b": 100,
-		"0": 0, // (--memory refuses it with the limit's own text)
-	}
-	for in, want := range ok {
-		got, err := parseSize(in)
-		if err != nil || got != want {
-			t.Errorf("parseSize(%q) = %d, %v; want %d", in, got, err, want)
-		}
-	}
-	for _, in := range []string{"", "M", "-1", "1.5G", "12X", "99999999999T"} {
-		if _, err := parseSize(in); err == nil {
-			t.Errorf("parseSize(%q): no error", in)
-		}
-	}
-}
-
 // TestCLIServeRuntimeError: a failing daemon exits 1 with one line.
 func TestCLIServeRuntimeError(t *testing.T) {
 	c := newTestCLI(t)
-	c.cli.serve = func(ServeConfig) error { return errors.New("listen /x: permission denied\nmore") }
-	if code := c.run("serve"); code != exitRefused {
+	c.serve = func(ServeConfig) error { return errors.New("listen /x: permission denied\nmore") }
+	if code := c.run("serve"); code != cli.ExitRefused {
 		t.Fatalf("exit %d", code)
 	}
 	if got := c.errOut.String(); got != "enforcerd serve: listen /x: permission denied more\n" {
@@ -541,7 +412,7 @@ func TestCLINetworkOnlyRefusesSandboxFlags(t *testing.T) {
 		t.Run(strings.Join(args, " "), func(t *testing.T) {
 			c := newTestCLI(t)
 			c.env["ENFORCERD_SOCKET"] = filepath.Join(t.TempDir(), "nobody.sock")
-			if code := c.run(args...); code != exitUsage {
+			if code := c.run(args...); code != cli.ExitUsage {
 				t.Errorf("exit %d, want 2 (stderr %q)", code, c.errOut.String())
 			}
 			want := "enforcerd session create: " + tc.flag + " has no effect with --network-only: there is no sandbox; leave it out\n"
@@ -553,44 +424,8 @@ func TestCLINetworkOnlyRefusesSandboxFlags(t *testing.T) {
 	// False booleans pass the CLI (the daemon is then unreachable: exit 1).
 	c := newTestCLI(t)
 	c.env["ENFORCERD_SOCKET"] = filepath.Join(t.TempDir(), "nobody.sock")
-	if code := c.run("session", "create", "s1", "--network-only", "--net-raw=false", "--writable=false"); code == exitUsage {
+	if code := c.run("session", "create", "s1", "--network-only", "--net-raw=false", "--writable=false"); code == cli.ExitUsage {
 		t.Errorf("--net-raw=false --writable=false refused: %q", c.errOut.String())
-	}
-}
-
-// TestLabelsCell: the ls table's LABELS stays within its width whatever
-// the labels: the attachment labels a CNI session carries are left out,
-// what does not fit is counted, and a single long label is cut.
-func TestLabelsCell(t *testing.T) {
-	cni := map[string]string{
-		"enforcerd.io/cni-network":  "enftest",
-		"enforcerd.io/container-id": strings.Repeat("9fd7df28", 8),
-		"enforcerd.io/netns":        "/run/netns/netns-57e05fa9-1a54-50da-03a0-692089827914",
-		"enforcerd.io/ifname":       "eth0",
-	}
-	withPod := map[string]string{"k8s.pod": "web-1", "team": "payments", "a": "1", "b": "2", "c": "3", "d": "4", "e": "5"}
-	for k, v := range cni {
-		withPod[k] = v
-	}
-	for _, c := range []struct {
-		labels map[string]string
-		want   string
-	}{
-		{nil, ""},
-		{map[string]string{"owner": "me", "run": "7"}, "owner=me,run=7"},
-		{cni, "enforcerd.io/cni-network=enftest"},
-		{withPod, "a=1,b=2,c=3,d=4,e=5,+3"},
-		{map[string]string{"k8s.pod": "web-1", "note": strings.Repeat("x", 60)}, "k8s.pod=web-1,+1"},
-		{map[string]string{"note": strings.Repeat("x", 60)}, "note=" + strings.Repeat("x", 34) + "…"},
-		{map[string]string{"note": strings.Repeat("x", 60), "z": "1"}, "note=" + strings.Repeat("x", 31) + "…,+1"},
-	} {
-		got := labelsCell(c.labels)
-		if got != c.want {
-			t.Errorf("labelsCell(%v) = %q, want %q", c.labels, got, c.want)
-		}
-		if n := len([]rune(got)); n > labelsCellWidth {
-			t.Errorf("labelsCell(%v) is %d characters, more than %d", c.labels, n, labelsCellWidth)
-		}
 	}
 }
 
@@ -611,8 +446,8 @@ var noJSON = map[string]string{
 // usage line on stdout (exit 0), and every command that prints data has
 // --json, but those named in noJSON with their reason.
 func TestCLIEveryCommandHelpAndJSON(t *testing.T) {
-	root := newTestCLI(t).rootCommand()
-	for _, cmd := range allCommands(root) {
+	root := newTestCLI(t).RootCommand()
+	for _, cmd := range cli.AllCommands(root) {
 		path := cmd.CommandPath()
 		if _, ok := noJSON[path]; !ok && cmd.Flags().Lookup("json") == nil {
 			t.Errorf("%s has no --json", path)

@@ -12,6 +12,8 @@ import (
 	"github.com/enforcerd/enforcerd/api"
 	"github.com/enforcerd/enforcerd/internal/gctune"
 	"github.com/enforcerd/enforcerd/nsmgr"
+
+	"github.com/enforcerd/enforcerd/internal/cli"
 )
 
 func writeTOML(t *testing.T, text string) string {
@@ -218,7 +220,7 @@ func TestServeConfigErrors(t *testing.T) {
 				}
 				return
 			}
-			if code != exitUsage {
+			if code != cli.ExitUsage {
 				t.Errorf("exit %d, want 2", code)
 			}
 			if got, want := c.errOut.String(), "enforcerd serve: "+tc.want+"\n"; got != want {
@@ -242,7 +244,7 @@ func TestDefaultUpstreams(t *testing.T) {
 	c := newTestCLI(t)
 	rc := filepath.Join(t.TempDir(), "resolv.conf")
 	os.WriteFile(rc, []byte("nameserver 127.0.0.53\nnameserver 2001:db8::1\nnameserver 127.0.0.53\nnameserver bogus\noptions edns0\n"), 0o644)
-	c.cli.resolvConf = rc
+	c.resolvConf = rc
 	got := serveConfigOf(t, c).Upstreams
 	want := []netip.AddrPort{netip.MustParseAddrPort("127.0.0.53:53"), netip.MustParseAddrPort("[2001:db8::1]:53")}
 	if !reflect.DeepEqual(got, want) {
@@ -250,11 +252,11 @@ func TestDefaultUpstreams(t *testing.T) {
 	}
 
 	os.WriteFile(rc, []byte("search example\n"), 0o644)
-	if code := c.run("serve"); code != exitUsage || c.errOut.String() != "enforcerd serve: default upstream: "+rc+" lists no nameserver (set --upstream)\n" {
+	if code := c.run("serve"); code != cli.ExitUsage || c.errOut.String() != "enforcerd serve: default upstream: "+rc+" lists no nameserver (set --upstream)\n" {
 		t.Fatalf("exit %d, stderr %q", code, c.errOut.String())
 	}
 	// An explicit upstream does not need resolv.conf at all.
-	c.cli.resolvConf = "/nonexistent"
+	c.resolvConf = "/nonexistent"
 	if got := serveConfigOf(t, c, "--upstream", "192.0.2.1:5353").Upstreams; len(got) != 1 {
 		t.Fatalf("upstreams %v", got)
 	}

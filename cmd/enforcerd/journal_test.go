@@ -9,9 +9,10 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/enforcerd/enforcerd/internal/cli"
 )
 
 // TestJournalPriorities: every line starts with the syslog priority of its
@@ -58,7 +59,7 @@ func TestOnJournalStream(t *testing.T) {
 	env := map[string]string{}
 	f := journalFile(t, env)
 	getenv := func(k string) string { return env[k] }
-	if !onJournalStream(getenv, f) {
+	if !cli.OnJournalStream(getenv, f) {
 		t.Errorf("the named stream is not recognised (JOURNAL_STREAM=%s)", env["JOURNAL_STREAM"])
 	}
 	other, err := os.Create(filepath.Join(t.TempDir(), "other"))
@@ -66,30 +67,11 @@ func TestOnJournalStream(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer other.Close()
-	if onJournalStream(getenv, other) {
+	if cli.OnJournalStream(getenv, other) {
 		t.Errorf("another file taken for the journal stream")
 	}
-	if onJournalStream(func(string) string { return "" }, f) || onJournalStream(getenv, nil) {
+	if cli.OnJournalStream(func(string) string { return "" }, f) || cli.OnJournalStream(getenv, nil) {
 		t.Errorf("no JOURNAL_STREAM, or no file: want false")
-	}
-}
-
-// TestErrorLinePriority: the line a failed command ends with carries err's
-// priority on the journal stream, as text or as a JSON record.
-func TestErrorLinePriority(t *testing.T) {
-	now := func() time.Time { return time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC) }
-	for _, tc := range []struct {
-		json, journal bool
-		want          string
-	}{
-		{false, false, "enforcerd serve: boom\n"},
-		{false, true, "<3>enforcerd serve: boom\n"},
-		{true, false, `{"time":"2025-01-02T03:04:05Z","level":"ERROR","msg":"enforcerd serve: boom"}` + "\n"},
-		{true, true, `<3>{"time":"2025-01-02T03:04:05Z","level":"ERROR","msg":"enforcerd serve: boom"}` + "\n"},
-	} {
-		if got := errorLine("enforcerd serve: boom", tc.json, tc.journal, now); got != tc.want {
-			t.Errorf("json %v journal %v: %q, want %q", tc.json, tc.journal, got, tc.want)
-		}
 	}
 }
 
@@ -99,8 +81,8 @@ func TestErrorLinePriority(t *testing.T) {
 func TestServeErrorOnJournal(t *testing.T) {
 	c := newTestCLI(t)
 	f := journalFile(t, c.env)
-	c.cli.stderr = f
-	c.cli.serve = func(ServeConfig) error { return errors.New("preflight check nftables failed: no nf_tables") }
+	c.Stderr = f
+	c.serve = func(ServeConfig) error { return errors.New("preflight check nftables failed: no nf_tables") }
 	read := func() string {
 		t.Helper()
 		b, err := os.ReadFile(f.Name())
@@ -111,21 +93,21 @@ func TestServeErrorOnJournal(t *testing.T) {
 		f.Seek(0, 0)
 		return string(b)
 	}
-	if code := c.run("serve", "--pool", "10.20.0.1/16"); code != exitUsage {
+	if code := c.run("serve", "--pool", "10.20.0.1/16"); code != cli.ExitUsage {
 		t.Fatalf("bad pool: exit %d", code)
 	}
 	if got := read(); !strings.HasPrefix(got, "<3>enforcerd serve: --pool: invalid pool 10.20.0.1/16") || strings.Count(got, "\n") != 1 {
 		t.Errorf("config error on the journal stream: %q", got)
 	}
 	// Under systemd (JOURNAL_STREAM set) the log format defaults to json.
-	if code := c.run("serve"); code != exitRefused {
+	if code := c.run("serve"); code != cli.ExitRefused {
 		t.Fatalf("failed start: exit %d", code)
 	}
 	want := `<3>{"time":"2025-01-02T03:04:05Z","level":"ERROR","msg":"enforcerd serve: preflight check nftables failed: no nf_tables"}` + "\n"
 	if got := read(); got != want {
 		t.Errorf("start error on the journal stream:\n got %q\nwant %q", got, want)
 	}
-	if code := c.run("serve", "--log-format", "text"); code != exitRefused {
+	if code := c.run("serve", "--log-format", "text"); code != cli.ExitRefused {
 		t.Fatalf("failed start: exit %d", code)
 	}
 	if got := read(); got != "<3>enforcerd serve: preflight check nftables failed: no nf_tables\n" {

@@ -1,13 +1,15 @@
-// Command enforcerd is the daemon and its command-line client.
+// Command enforcerd is the daemon and its command-line client: serve, reap,
+// doctor and bugreport here, the client commands from internal/cli (which
+// cmd/enforcerctl, the thin client, runs alone).
 package main
 
 import (
 	"fmt"
 	"os"
-	"runtime/debug"
 
 	"github.com/enforcerd/enforcerd/api"
 	"github.com/enforcerd/enforcerd/container"
+	"github.com/enforcerd/enforcerd/internal/cli"
 )
 
 // version and commit are stamped at build (make build passes -ldflags -X);
@@ -32,33 +34,7 @@ func main() {
 		os.Exit(container.RunHolderCommand(os.Args[2:]))
 	}
 	if commit == "" {
-		commit = vcsRevision()
+		commit = cli.VCSRevision()
 	}
 	os.Exit(newCLI().run(os.Args[1:]))
-}
-
-// vcsRevision is the commit go build recorded (12 hex digits, "-dirty" for a
-// modified tree), or "" when it recorded none (-buildvcs=false, no git).
-func vcsRevision() string {
-	bi, ok := debug.ReadBuildInfo()
-	if !ok {
-		return ""
-	}
-	var rev string
-	var dirty bool
-	for _, s := range bi.Settings {
-		switch s.Key {
-		case "vcs.revision":
-			rev = s.Value
-		case "vcs.modified":
-			dirty = s.Value == "true"
-		}
-	}
-	if len(rev) > 12 {
-		rev = rev[:12]
-	}
-	if rev != "" && dirty {
-		rev += "-dirty"
-	}
-	return rev
 }

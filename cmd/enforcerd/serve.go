@@ -15,6 +15,7 @@ import (
 	"github.com/enforcerd/enforcerd/daemon"
 	"github.com/enforcerd/enforcerd/daemon/metrics"
 	"github.com/enforcerd/enforcerd/doctor"
+	"github.com/enforcerd/enforcerd/internal/cli"
 	"github.com/enforcerd/enforcerd/internal/gctune"
 )
 
@@ -156,7 +157,7 @@ func newServeLogger(format string) *slog.Logger {
 		h = slog.NewJSONHandler(os.Stderr, opts)
 	}
 	// Under systemd, stderr is a journal stream: give each line its priority.
-	if onJournalStream(os.Getenv, os.Stderr) {
+	if cli.OnJournalStream(os.Getenv, os.Stderr) {
 		h = newJournalHandler(os.Stderr, h)
 	}
 	return slog.New(h)

@@ -254,14 +254,25 @@ func (d *Daemon) CLI(args ...string) (string, string, error) {
 // not started, for callers that wire its streams (stdin, incremental
 // stdout) or its credentials themselves.
 func (d *Daemon) Command(ctx context.Context, args ...string) *exec.Cmd {
-	cmd := exec.CommandContext(ctx, d.Bin, args...)
+	return d.ClientCommand(ctx, d.Bin, args...)
+}
+
+// ClientCommand is Command with another client binary: bin/enforcerctl,
+// the thin client, which runs the same client commands as d.Bin.
+func (d *Daemon) ClientCommand(ctx context.Context, bin string, args ...string) *exec.Cmd {
+	cmd := exec.CommandContext(ctx, bin, args...)
 	cmd.Env = append(os.Environ(), "ENFORCERD_SOCKET="+d.Socket)
 	return cmd
 }
 
 // CLIStatus runs the client and returns its exit status.
 func (d *Daemon) CLIStatus(ctx context.Context, args ...string) (string, string, int, error) {
-	cmd := d.Command(ctx, args...)
+	return d.ClientStatus(ctx, d.Bin, args...)
+}
+
+// ClientStatus is CLIStatus with another client binary (see ClientCommand).
+func (d *Daemon) ClientStatus(ctx context.Context, bin string, args ...string) (string, string, int, error) {
+	cmd := d.ClientCommand(ctx, bin, args...)
 	var out, errOut bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errOut
 	err := cmd.Run()

@@ -22,6 +22,7 @@ type binary struct {
 var binaries = []binary{
 	{"./cmd/enforcerd", "seccomp netgo osusergo", "1"},
 	{"./cmd/enforcerd-cni", "", "0"},
+	{"./cmd/enforcerctl", "", "0"},
 }
 
 // kernelClients are the packages that speak to the kernel or run
@@ -117,6 +118,7 @@ func TestNoKernelClients(t *testing.T) {
 	}
 	for _, c := range []binary{
 		{"./cmd/enforcerd-cni", "", "0"},
+		{"./cmd/enforcerctl", "", "0"},
 		{"./api", "seccomp netgo osusergo", "1"},
 		{"./api/apitest", "seccomp netgo osusergo", "1"},
 	} {
@@ -171,6 +173,44 @@ func TestDomainPackagesIndependent(t *testing.T) {
 				if !allowed[d+">"+o] || rest != o {
 					t.Errorf("%s links %s: the domain packages never import each other", d, p)
 				}
+			}
+		}
+	}
+}
+
+// daemonPackages are enforcerd's own packages that run the daemon's side:
+// the thin client links none of them.
+var daemonPackages = []string{"daemon", "doctor", "nsmgr", "netpolicy", "dnsproxy", "container", "dhcpguest", "namecheck", "internal/bugreport", "internal/nfnetlink", "internal/gctune"}
+
+// TestThinClientLinksNoDaemon: enforcerctl, the thin client, links no
+// kernel client (netlink, nftables, libcontainer), no package of the
+// daemon's side (container/rules, the limits' wording, is the one part of
+// container it may link); of the module's
+// packages only api, container/rules and internal/cli. The control:
+// enforcerd, built from the same internal/cli, links each daemon package
+// looked for that it uses, so the names are the ones linked.
+func TestThinClientLinksNoDaemon(t *testing.T) {
+	const mod = "github.com/enforcerd/enforcerd/"
+	daemon := deps(t, "./cmd/enforcerd", "seccomp netgo osusergo", "1")
+	for _, d := range []string{"daemon", "doctor", "nsmgr", "netpolicy", "dnsproxy", "container", "internal/cli"} {
+		if !slices.Contains(daemon, mod+d) {
+			t.Errorf("control: enforcerd does not link %s%s", mod, d)
+		}
+	}
+	thin := deps(t, "./cmd/enforcerctl", "", "0")
+	allowed := map[string]bool{mod + "api": true, mod + "container/rules": true, mod + "internal/cli": true, mod + "cmd/enforcerctl": true}
+	for _, p := range thin {
+		for _, k := range kernelClients {
+			if p == k || strings.HasPrefix(p, k+"/") {
+				t.Errorf("enforcerctl links %s, want none of %v", p, kernelClients)
+			}
+		}
+		if strings.HasPrefix(p, mod) && !allowed[p] {
+			t.Errorf("enforcerctl links %s, want of this module only api, container/rules and internal/cli", p)
+		}
+		for _, d := range daemonPackages {
+			if p == mod+d || strings.HasPrefix(p, mod+d+"/") && p != mod+"container/rules" {
+				t.Errorf("enforcerctl links %s, a package of the daemon's side", p)
 			}
 		}
 	}

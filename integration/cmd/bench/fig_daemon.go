@@ -313,23 +313,28 @@ func (f *daemonFig) latency(ctx context.Context) error {
 }
 
 // cliLatency: what a script or a plugin pays for one network-only
-// session: one `enforcerd session create --network-only` process (its
-// start, the API call, its output) against `ip netns add` plus one ptp ADD
-// process; and one `enforcerd session rm` process against ptp DEL plus
-// `ip netns del`. Interleaved one for one, each exec'd from a thread in the
-// simulated host.
+// session: one `enforcerctl session create --network-only` process (the
+// thin client: its start, the API call, its output) against `ip netns add`
+// plus one ptp ADD process; and one `enforcerctl session rm` process
+// against ptp DEL plus `ip netns del`. Interleaved one for one, each
+// exec'd from a thread in the simulated host. enforcerd's own client (the
+// daemon's binary running the same command) is measured in the same loop,
+// for reference: the RESULT line's enforcerd_*_ms fields.
 func (f *daemonFig) cliLatency(ctx context.Context) error {
+	if fi, err := os.Stat(f.cfg.ctlBin); f.cfg.ctlBin == "" || err != nil || fi.Mode()&0o111 == 0 {
+		return fmt.Errorf("no enforcerctl at %q (make build builds it; or set ENFORCERD_CTL_BIN)", f.cfg.ctlBin)
+	}
 	n := f.cfg.apiN
-	var oc, od, pc, pd Samples
+	var oc, od, pc, pd, ec, ed Samples
 	base := f.next
 	f.next += n
-	cli := func(args ...string) (time.Duration, error) {
-		cmd := f.d.Command(ctx, args...)
+	cli := func(bin string, args ...string) (time.Duration, error) {
+		cmd := f.d.ClientCommand(ctx, bin, args...)
 		var out bytes.Buffer
 		cmd.Stdout, cmd.Stderr = &out, &out
 		took, err := forkIn(f.w.Host, cmd)
 		if err != nil {
-			return 0, fmt.Errorf("enforcerd %s: %w: %s", strings.Join(args, " "), err, out.String())
+			return 0, fmt.Errorf("%s %s: %w: %s", filepath.Base(bin), strings.Join(args, " "), err, out.String())
 		}
 		return took, nil
 	}
@@ -347,7 +352,7 @@ func (f *daemonFig) cliLatency(ctx context.Context) error {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		d, err := cli("session", "create", "--network-only", fmt.Sprintf("c%d", i))
+		d, err := cli(f.cfg.ctlBin, "session", "create", "--network-only", fmt.Sprintf("c%d", i))
 		if err != nil {
 			return err
 		}
@@ -362,12 +367,17 @@ func (f *daemonFig) cliLatency(ctx context.Context) error {
 			return err
 		}
 		pc = append(pc, add+d)
+		d, err = cli(f.cfg.bin, "session", "create", "--network-only", fmt.Sprintf("cd%d", i))
+		if err != nil {
+			return err
+		}
+		ec = append(ec, d)
 	}
 	for i := 0; i < n; i++ {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		d, err := cli("session", "rm", fmt.Sprintf("c%d", i))
+		d, err := cli(f.cfg.ctlBin, "session", "rm", fmt.Sprintf("c%d", i))
 		if err != nil {
 			return err
 		}
@@ -382,23 +392,29 @@ func (f *daemonFig) cliLatency(ctx context.Context) error {
 		}
 		f.peer.unmarkNetns(base + i)
 		pd = append(pd, d+del)
+		d, err = cli(f.cfg.bin, "session", "rm", fmt.Sprintf("cd%d", i))
+		if err != nil {
+			return err
+		}
+		ed = append(ed, d)
 	}
 	floor := spawnFloor(f.w.Host)
 	for _, x := range []struct {
-		op         string
-		ours, peer Samples
-		p          float64
-		note       string
-		target     float64
+		op                   string
+		ours, peer, enforcer Samples
+		p                    float64
+		note                 string
+		target               float64
 	}{
-		{"create", oc, pc, 50, "`ip netns add` + CNI ptp ADD, two execs", 0.5},
-		{"create", oc, pc, 99, "`ip netns add` + CNI ptp ADD, two execs", 0.5},
-		{"delete", od, pd, 50, "CNI ptp DEL + `ip netns del`, two execs", 0.5},
-		{"delete", od, pd, 99, "CNI ptp DEL + `ip netns del`, two execs", 0.5},
+		{"create", oc, pc, ec, 50, "enforcerctl against `ip netns add` + CNI ptp ADD, two execs", 0.5},
+		{"create", oc, pc, ec, 99, "enforcerctl against `ip netns add` + CNI ptp ADD, two execs", 0.5},
+		{"delete", od, pd, ed, 50, "enforcerctl against CNI ptp DEL + `ip netns del`, two execs", 0.5},
+		{"delete", od, pd, ed, 99, "enforcerctl against CNI ptp DEL + `ip netns del`, two execs", 0.5},
 	} {
 		f.rep.Add(Result{Name: fmt.Sprintf("cli-net-%s-p%g", x.op, x.p), Unit: "ms", Ours: x.ours.Pct(x.p), Peer: x.peer.Pct(x.p),
 			Goal: AtMost, Target: x.target, Note: x.note, Floor: ms(floor), FloorIs: "fork-exec-true-in-host",
-			Extra: []string{fmt.Sprintf("n=%d", n), fmt.Sprintf("spawn_floor_ms=%.2f", floor.Seconds()*1000)}})
+			Extra: []string{fmt.Sprintf("n=%d", n), fmt.Sprintf("spawn_floor_ms=%.2f", floor.Seconds()*1000),
+				fmt.Sprintf("enforcerd_%s_p%g_ms=%.2f", x.op, x.p, x.enforcer.Pct(x.p))}})
 	}
 	return nil
 }

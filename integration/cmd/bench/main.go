@@ -76,6 +76,7 @@ type config struct {
 	updBudget     time.Duration // fig 8: longest time spent growing
 	cniN          int           // fig 9: ADD/DEL samples
 	cniBin        string        // fig 9: the enforcerd-cni plugin
+	ctlBin        string        // fig 6: enforcerctl, the thin client (cli-net-*)
 }
 
 func fullConfig() config {
@@ -178,7 +179,11 @@ func mainErr(quick bool, bin, rootfs, only string) error {
 	if cfg.cniBin = os.Getenv("ENFORCERD_CNI_BIN"); cfg.cniBin == "" && bin != "" {
 		cfg.cniBin = filepath.Join(filepath.Dir(bin), "enforcerd-cni")
 	}
-	for _, p := range []*string{&cfg.bin, &cfg.rootfs, &cfg.cniBin} {
+	// The thin client: $ENFORCERD_CTL_BIN, else beside the daemon binary.
+	if cfg.ctlBin = os.Getenv("ENFORCERD_CTL_BIN"); cfg.ctlBin == "" && bin != "" {
+		cfg.ctlBin = filepath.Join(filepath.Dir(bin), "enforcerctl")
+	}
+	for _, p := range []*string{&cfg.bin, &cfg.rootfs, &cfg.cniBin, &cfg.ctlBin} {
 		if *p != "" {
 			abs, err := filepath.Abs(*p)
 			if err != nil {

@@ -1,4 +1,4 @@
-package main
+package cli
 
 import (
 	"context"
@@ -21,23 +21,23 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/enforcerd/enforcerd/api"
-	"github.com/enforcerd/enforcerd/container"
+	"github.com/enforcerd/enforcerd/container/rules"
 )
 
 // sessionSubcommands names the subcommands in the errors of "enforcerd session".
 const sessionSubcommands = "create, fork, exec, exec-status, logs, ls, inspect, update, rm, events, why or report"
 
-func (c *cli) sessionCommand(glob *globalOpts) *cobra.Command {
+func (c *CLI) sessionCommand(glob *GlobalOpts) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "session SUBCOMMAND [ARGS]",
 		Short: "create, run in, list, inspect and remove sessions",
 		Long:  "Manage sessions through the daemon's API socket.",
 		Args:  cobra.ArbitraryArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			const name = "enforcerd session"
+			name := c.Prog + " session"
 			switch {
 			case len(args) == 0:
-				return usageErr(name, "missing subcommand (%s)", sessionSubcommands)
+				return UsageErr(name, "missing subcommand (%s)", sessionSubcommands)
 			case args[0] == "help":
 				if err := cmd.Help(); err != nil {
 					return err
@@ -65,28 +65,28 @@ func (c *cli) sessionCommand(glob *globalOpts) *cobra.Command {
 	return cmd
 }
 
-// socketPath resolves the client's socket: --socket, ENFORCERD_SOCKET, the
+// SocketPath resolves the client's socket: --socket, ENFORCERD_SOCKET, the
 // default.
-func (c *cli) socketPath(glob *globalOpts) string {
+func (c *CLI) SocketPath(glob *GlobalOpts) string {
 	switch {
-	case glob.socket != "":
-		return glob.socket
-	case c.getenv("ENFORCERD_SOCKET") != "":
-		return c.getenv("ENFORCERD_SOCKET")
+	case glob.Socket != "":
+		return glob.Socket
+	case c.Getenv("ENFORCERD_SOCKET") != "":
+		return c.Getenv("ENFORCERD_SOCKET")
 	}
 	return api.DefaultSocket
 }
 
 // completeSessions completes a session NAME from the daemon's list; it
 // offers nothing when the daemon cannot be asked within a second.
-func (c *cli) completeSessions(glob *globalOpts, max int) cobra.CompletionFunc {
+func (c *CLI) completeSessions(glob *GlobalOpts, max int) cobra.CompletionFunc {
 	return func(_ *cobra.Command, args []string, _ string) ([]cobra.Completion, cobra.ShellCompDirective) {
 		if max > 0 && len(args) >= max {
 			return nil, cobra.ShellCompDirectiveNoFileComp
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		defer cancel()
-		list, err := api.NewClient(c.socketPath(glob)).List(ctx, "", "")
+		list, err := api.NewClient(c.SocketPath(glob)).List(ctx, "", "")
 		if err != nil {
 			return nil, cobra.ShellCompDirectiveNoFileComp
 		}
@@ -101,10 +101,10 @@ func (c *cli) completeSessions(glob *globalOpts, max int) cobra.CompletionFunc {
 // oneName checks that exactly one NAME was given.
 func oneName(cmd string, pos []string) (string, error) {
 	if len(pos) == 0 {
-		return "", usageErr(cmd, "missing session NAME")
+		return "", UsageErr(cmd, "missing session NAME")
 	}
 	if len(pos) > 1 {
-		return "", usageErr(cmd, "unexpected argument %q after NAME %q", pos[1], pos[0])
+		return "", UsageErr(cmd, "unexpected argument %q after NAME %q", pos[1], pos[0])
 	}
 	return pos[0], nil
 }
@@ -200,8 +200,8 @@ func (c *cpusFlag) String() string {
 
 func (c *cpusFlag) Set(v string) error {
 	f, err := strconv.ParseFloat(v, 64)
-	if err != nil || !container.CPUsInRange(f, math.MaxInt32) {
-		return errors.New(container.CPUsWant(runtime.NumCPU()))
+	if err != nil || !rules.CPUsInRange(f, math.MaxInt32) {
+		return errors.New(rules.CPUsWant(runtime.NumCPU()))
 	}
 	*c = cpusFlag(f)
 	return nil
@@ -234,7 +234,7 @@ func (a *atLeastFlag) Set(v string) error {
 }
 
 // sizeFlag is --memory: a byte size such as 512M or 2G (binary
-// multiples), at least container.MinMemoryBytes, with container's text
+// multiples), at least rules.MinMemoryBytes, with container's text
 // (MemoryWant).
 type sizeFlag struct{ bytes int64 }
 
@@ -252,8 +252,8 @@ func (s *sizeFlag) Set(v string) error {
 	if err != nil {
 		return err
 	}
-	if n < container.MinMemoryBytes {
-		return errors.New(container.MemoryWant())
+	if n < rules.MinMemoryBytes {
+		return errors.New(rules.MemoryWant())
 	}
 	s.bytes = n
 	return nil
@@ -276,7 +276,7 @@ func parseSize(v string) (int64, error) {
 	return n, nil
 }
 
-func (c *cli) sessionCreate(glob *globalOpts) *cobra.Command {
+func (c *CLI) sessionCreate(glob *GlobalOpts) *cobra.Command {
 	var (
 		req          api.CreateRequest
 		allow, scope []string
@@ -288,7 +288,7 @@ func (c *cli) sessionCreate(glob *globalOpts) *cobra.Command {
 		labels       kvFlag
 		memory       sizeFlag
 		cpus         cpusFlag
-		pids         = atLeastFlag{min: container.MinPidsMax, want: container.PidsWant}
+		pids         = atLeastFlag{min: rules.MinPidsMax, want: rules.PidsWant}
 		asJSON       bool
 		egress       = enumFlag{allowed: []string{"none", "allowlist", "public"}}
 		tapOwner     uidFlag
@@ -338,7 +338,7 @@ func (c *cli) sessionCreate(glob *globalOpts) *cobra.Command {
 	cmd.ValidArgsFunction = cobra.NoFileCompletions
 
 	cmd.RunE = func(cmd *cobra.Command, args []string) error {
-		const name = "enforcerd session create"
+		name := c.Prog + " session create"
 		sessionName, err := oneName(name, args)
 		if err != nil {
 			return err
@@ -353,18 +353,18 @@ func (c *cli) sessionCreate(glob *globalOpts) *cobra.Command {
 			// session cannot have; the usage checks below see it as one.
 			switch {
 			case rootf || fs.Changed("image"):
-				return usageErr(name, "--vm and --rootfs or --image exclude each other: the VM is the guest")
+				return UsageErr(name, "--vm and --rootfs or --image exclude each other: the VM is the guest")
 			case req.NetworkOnly:
-				return usageErr(name, "--vm implies --network-only; leave one out")
+				return UsageErr(name, "--vm implies --network-only; leave one out")
 			}
 			req.NetworkOnly = true
 		}
 		if fs.Changed("image") {
 			switch {
 			case req.Image == "":
-				return usageErr(name, "invalid value \"\" for flag --image: want an image name (enforcerd image ls)")
+				return UsageErr(name, "invalid value \"\" for flag --image: want an image name (enforcerd image ls)")
 			case rootf || req.NetworkOnly:
-				return usageErr(name, "--image %q, --rootfs and --network-only exclude each other", req.Image)
+				return UsageErr(name, "--image %q, --rootfs and --network-only exclude each other", req.Image)
 			}
 		}
 		// The first flag given that configures the sandbox, in the daemon's
@@ -383,25 +383,25 @@ func (c *cli) sessionCreate(glob *globalOpts) *cobra.Command {
 		}
 		switch {
 		case rootf && req.NetworkOnly:
-			return usageErr(name, "--rootfs %q and --network-only exclude each other", req.Rootfs)
+			return UsageErr(name, "--rootfs %q and --network-only exclude each other", req.Rootfs)
 		case !rootf && !req.NetworkOnly && !fs.Changed("image"):
-			return usageErr(name, "missing --image IMAGE, --rootfs DIR, --network-only or --vm")
+			return UsageErr(name, "missing --image IMAGE, --rootfs DIR, --network-only or --vm")
 		case rootf && req.Rootfs == "":
-			return usageErr(name, "invalid value \"\" for flag --rootfs: want a directory")
+			return UsageErr(name, "invalid value \"\" for flag --rootfs: want a directory")
 		case req.NetworkOnly && sandboxOnly != "":
-			return usageErr(name, "--%s has no effect with --network-only: there is no sandbox; leave it out", sandboxOnly)
+			return UsageErr(name, "--%s has no effect with --network-only: there is no sandbox; leave it out", sandboxOnly)
 		}
 		if req.Rootfs != "" {
 			abs, err := filepath.Abs(req.Rootfs)
 			if err != nil {
-				return usageErr(name, "--rootfs %q: %v", req.Rootfs, err)
+				return UsageErr(name, "--rootfs %q: %v", req.Rootfs, err)
 			}
 			req.Rootfs = abs // the daemon has its own working directory
 		}
 		req.Name = sessionName
 		req.Allow = allow
 		if req.Connections, req.Budget, req.EgressBudget, err = limits.values(); err != nil {
-			return usageErr(name, "%v", err)
+			return UsageErr(name, "%v", err)
 		}
 		req.Scope = scope
 		req.LabPeers = labPeers
@@ -417,17 +417,17 @@ func (c *cli) sessionCreate(glob *globalOpts) *cobra.Command {
 
 		ctx, cancel := signalContext()
 		defer cancel()
-		info, err := api.NewClient(c.socketPath(glob)).Create(ctx, req)
+		info, err := api.NewClient(c.SocketPath(glob)).Create(ctx, req)
 		if err != nil {
-			return refusedErr(name, err)
+			return RefusedErr(name, err)
 		}
 		if asJSON {
-			return writeJSON(c.stdout, info)
+			return WriteJSON(c.Stdout, info)
 		}
-		fmt.Fprintf(c.stdout, "created %s: netns %s, guest %s, gateway %s, egress %s, sandbox %s\n",
+		fmt.Fprintf(c.Stdout, "created %s: netns %s, guest %s, gateway %s, egress %s, sandbox %s\n",
 			info.Name, info.Netns, orDash(info.GuestIP), orDash(info.GatewayIP), info.Egress, yesNo(info.Sandbox))
 		if vm := info.VM; vm != nil {
-			fmt.Fprintf(c.stdout, "vm: netns path %s, tap %s, mac %s, address %s, gateway %s, dns %s, boot argument %s\n",
+			fmt.Fprintf(c.Stdout, "vm: netns path %s, tap %s, mac %s, address %s, gateway %s, dns %s, boot argument %s\n",
 				vm.NetnsPath, vm.Tap, vm.MAC, vm.Address, vm.Gateway, vm.DNS, vm.KernelIPArg)
 		}
 		return nil
@@ -446,7 +446,7 @@ asking DHCP for SRC's address, it is NAK'd and leases NEW's; until then its
 packets from the old address are dropped as spoofed). Without --mac the MAC is
 derived from NEW.`
 
-func (c *cli) sessionFork(glob *globalOpts) *cobra.Command {
+func (c *CLI) sessionFork(glob *GlobalOpts) *cobra.Command {
 	var (
 		req      api.CreateRequest
 		tapOwner uidFlag
@@ -465,12 +465,12 @@ func (c *cli) sessionFork(glob *globalOpts) *cobra.Command {
 	fs.Var(&tapOwner, "tap-owner", "the `UID` that may attach to the tap (default: SRC's)")
 	fs.BoolVar(&asJSON, "json", false, "print the new session as JSON")
 	cmd.RunE = func(_ *cobra.Command, args []string) error {
-		const name = "enforcerd session fork"
+		name := c.Prog + " session fork"
 		switch {
 		case len(args) < 2:
-			return usageErr(name, "want SRC and NEW, got %d arguments", len(args))
+			return UsageErr(name, "want SRC and NEW, got %d arguments", len(args))
 		case len(args) > 2:
-			return usageErr(name, "unexpected argument %q after SRC %q and NEW %q", args[2], args[0], args[1])
+			return UsageErr(name, "unexpected argument %q after SRC %q and NEW %q", args[2], args[0], args[1])
 		}
 		req.ForkOf, req.Name = args[0], args[1]
 		if fs.Changed("tap-owner") {
@@ -479,17 +479,17 @@ func (c *cli) sessionFork(glob *globalOpts) *cobra.Command {
 		}
 		ctx, cancel := signalContext()
 		defer cancel()
-		info, err := api.NewClient(c.socketPath(glob)).Create(ctx, req)
+		info, err := api.NewClient(c.SocketPath(glob)).Create(ctx, req)
 		if err != nil {
-			return refusedErr(name, err)
+			return RefusedErr(name, err)
 		}
 		if asJSON {
-			return writeJSON(c.stdout, info)
+			return WriteJSON(c.Stdout, info)
 		}
-		fmt.Fprintf(c.stdout, "forked %s from %s: netns %s, guest %s, gateway %s, egress %s, sandbox %s\n",
+		fmt.Fprintf(c.Stdout, "forked %s from %s: netns %s, guest %s, gateway %s, egress %s, sandbox %s\n",
 			info.Name, req.ForkOf, info.Netns, orDash(info.GuestIP), orDash(info.GatewayIP), info.Egress, yesNo(info.Sandbox))
 		if vm := info.VM; vm != nil {
-			fmt.Fprintf(c.stdout, "vm: netns path %s, tap %s, mac %s, address %s, gateway %s, dns %s, boot argument %s\n",
+			fmt.Fprintf(c.Stdout, "vm: netns path %s, tap %s, mac %s, address %s, gateway %s, dns %s, boot argument %s\n",
 				vm.NetnsPath, vm.Tap, vm.MAC, vm.Address, vm.Gateway, vm.DNS, vm.KernelIPArg)
 		}
 		return nil
@@ -520,7 +520,7 @@ follows an exec's output from its start and exits with its status
 // maxExecStdin bounds --stdin: the request body is limited to 1 MiB.
 const maxExecStdin = 512 << 10
 
-func (c *cli) sessionExec(glob *globalOpts) *cobra.Command {
+func (c *CLI) sessionExec(glob *GlobalOpts) *cobra.Command {
 	var (
 		req       api.ExecRequest
 		env       kvFlag
@@ -551,9 +551,9 @@ func (c *cli) sessionExec(glob *globalOpts) *cobra.Command {
 	fs.SetInterspersed(false)
 
 	cmd.RunE = func(cmd *cobra.Command, args []string) error {
-		const name = "enforcerd session exec"
+		name := c.Prog + " session exec"
 		if len(args) == 0 {
-			return usageErr(name, "missing session NAME")
+			return UsageErr(name, "missing session NAME")
 		}
 		sessionName := args[0]
 		if err := fs.Parse(args[1:]); err != nil {
@@ -567,16 +567,16 @@ func (c *cli) sessionExec(glob *globalOpts) *cobra.Command {
 		}
 		command := fs.Args()
 		if asJSON && !detach {
-			return usageErr(name, "--json prints the exec that --detach started; without --detach the output is the command's own")
+			return UsageErr(name, "--json prints the exec that --detach started; without --detach the output is the command's own")
 		}
 		if attach != "" {
 			if len(command) > 0 || detach {
-				return usageErr(name, "--attach %s: want no command and no --detach (it follows an exec already started)", attach)
+				return UsageErr(name, "--attach %s: want no command and no --detach (it follows an exec already started)", attach)
 			}
 			return c.attachExec(glob, name, sessionName, attach)
 		}
 		if len(command) == 0 {
-			return usageErr(name, "missing command after NAME %q (enforcerd session exec NAME -- CMD [ARG]...)", sessionName)
+			return UsageErr(name, "missing command after NAME %q (enforcerd session exec NAME -- CMD [ARG]...)", sessionName)
 		}
 		if timeout > 0 {
 			req.Timeout = time.Duration(timeout).String()
@@ -584,32 +584,32 @@ func (c *cli) sessionExec(glob *globalOpts) *cobra.Command {
 		req.Args = command
 		req.Env = env.pairs()
 		if withStdin {
-			data, err := io.ReadAll(io.LimitReader(c.stdin, maxExecStdin+1))
+			data, err := io.ReadAll(io.LimitReader(c.Stdin, maxExecStdin+1))
 			if err != nil {
 				return &exitError{code: api.ExitEnforcerd, msg: name + ": read stdin: " + err.Error()}
 			}
 			if len(data) > maxExecStdin {
-				return usageErr(name, "--stdin: input larger than %d bytes", maxExecStdin)
+				return UsageErr(name, "--stdin: input larger than %d bytes", maxExecStdin)
 			}
 			req.Stdin = data
 		}
 
 		ctx, cancel := signalContext()
 		defer cancel()
-		client := api.NewClient(c.socketPath(glob))
+		client := api.NewClient(c.SocketPath(glob))
 		if detach {
 			info, err := client.ExecDetach(ctx, sessionName, req)
 			if err != nil {
 				return &exitError{code: api.ExitEnforcerd, msg: name + ": " + err.Error()}
 			}
 			if asJSON {
-				return writeJSON(c.stdout, info)
+				return WriteJSON(c.Stdout, info)
 			}
-			fmt.Fprintln(c.stdout, info.ID)
+			fmt.Fprintln(c.Stdout, info.ID)
 			return nil
 		}
 		var id string
-		code, err := client.ExecWith(ctx, sessionName, req, c.stdout, c.stderr, api.ExecOptions{Started: func(s string) { id = s }})
+		code, err := client.ExecWith(ctx, sessionName, req, c.Stdout, c.Stderr, api.ExecOptions{Started: func(s string) { id = s }})
 		if err != nil && ctx.Err() != nil && id != "" {
 			// Interrupted: the command would run on without this program.
 			kctx, kcancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -623,7 +623,7 @@ func (c *cli) sessionExec(glob *globalOpts) *cobra.Command {
 
 // ---- ls -------------------------------------------------------------------
 
-func (c *cli) sessionList(glob *globalOpts) *cobra.Command {
+func (c *CLI) sessionList(glob *GlobalOpts) *cobra.Command {
 	var (
 		asJSON bool
 		label  = kvFlag{single: true}
@@ -638,29 +638,29 @@ func (c *cli) sessionList(glob *globalOpts) *cobra.Command {
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print a JSON array")
 	cmd.Flags().Var(&label, "label", "only sessions with the label `KEY=VALUE`")
 	cmd.RunE = func(_ *cobra.Command, args []string) error {
-		const name = "enforcerd session ls"
-		if err := noArgs(name, "filter with --label KEY=VALUE", args); err != nil {
+		name := c.Prog + " session ls"
+		if err := NoArgs(name, "filter with --label KEY=VALUE", args); err != nil {
 			return err
 		}
 		key, value, _ := label.first()
 		ctx, cancel := signalContext()
 		defer cancel()
-		list, err := api.NewClient(c.socketPath(glob)).List(ctx, key, value)
+		list, err := api.NewClient(c.SocketPath(glob)).List(ctx, key, value)
 		if err != nil {
-			return refusedErr(name, err)
+			return RefusedErr(name, err)
 		}
 		if list == nil {
 			list = []api.SessionInfo{}
 		}
 		if asJSON {
-			return writeJSON(c.stdout, list)
+			return WriteJSON(c.Stdout, list)
 		}
-		tw := tabwriter.NewWriter(c.stdout, 0, 4, 2, ' ', 0)
+		tw := tabwriter.NewWriter(c.Stdout, 0, 4, 2, ' ', 0)
 		fmt.Fprintln(tw, "NAME\tEGRESS\tGUEST IP\tSANDBOX\tATTESTED\tDROPPED\tLABELS\tAGE")
 		for _, s := range list {
 			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\n", s.Name, s.Egress, orDash(s.GuestIP),
 				yesNo(s.Sandbox), len(s.Attested), s.Counters.DroppedPackets, orDash(labelsCell(s.Labels)),
-				age(c.now(), s.Created))
+				age(c.Now(), s.Created))
 		}
 		return tw.Flush()
 	}
@@ -724,7 +724,7 @@ func labelsCell(labels map[string]string) string {
 
 // ---- inspect --------------------------------------------------------------
 
-func (c *cli) sessionInspect(glob *globalOpts) *cobra.Command {
+func (c *CLI) sessionInspect(glob *GlobalOpts) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "inspect NAME",
 		Short: "show one session as JSON",
@@ -735,18 +735,18 @@ labels. The output is always JSON; --json is accepted as on the other commands.`
 	}
 	cmd.Flags().Bool("json", false, "print JSON (the only format of inspect; accepted for symmetry)")
 	cmd.RunE = func(_ *cobra.Command, args []string) error {
-		const name = "enforcerd session inspect"
+		name := c.Prog + " session inspect"
 		sessionName, err := oneName(name, args)
 		if err != nil {
 			return err
 		}
 		ctx, cancel := signalContext()
 		defer cancel()
-		info, err := api.NewClient(c.socketPath(glob)).Inspect(ctx, sessionName)
+		info, err := api.NewClient(c.SocketPath(glob)).Inspect(ctx, sessionName)
 		if err != nil {
-			return refusedErr(name, err)
+			return RefusedErr(name, err)
 		}
-		return writeJSON(c.stdout, info)
+		return WriteJSON(c.Stdout, info)
 	}
 	return cmd
 }
@@ -757,7 +757,7 @@ const removeLong = `Remove sessions by name, or every session with a label. Each
 printed (with --json, one object {"deleted": [NAME...]}). An unknown NAME is
 reported (exit status 1); the others are still removed.`
 
-func (c *cli) sessionRemove(glob *globalOpts) *cobra.Command {
+func (c *CLI) sessionRemove(glob *GlobalOpts) *cobra.Command {
 	var (
 		asJSON bool
 		label  = kvFlag{single: true}
@@ -772,24 +772,24 @@ func (c *cli) sessionRemove(glob *globalOpts) *cobra.Command {
 	cmd.Flags().Var(&label, "label", "remove every session with the label `KEY=VALUE`")
 	cmd.Flags().BoolVar(&asJSON, "json", false, `print the removed names as JSON: {"deleted": [...]}`)
 	cmd.RunE = func(_ *cobra.Command, args []string) error {
-		const name = "enforcerd session rm"
+		name := c.Prog + " session rm"
 		key, value, byLabel := label.first()
 		switch {
 		case byLabel && len(args) > 0:
-			return usageErr(name, "NAME %q and --label exclude each other", args[0])
+			return UsageErr(name, "NAME %q and --label exclude each other", args[0])
 		case !byLabel && len(args) == 0:
-			return usageErr(name, "missing session NAME or --label KEY=VALUE")
+			return UsageErr(name, "missing session NAME or --label KEY=VALUE")
 		}
 		ctx, cancel := signalContext()
 		defer cancel()
-		cl := api.NewClient(c.socketPath(glob))
+		cl := api.NewClient(c.SocketPath(glob))
 		deleted := []string{}
 		// removed records a removed name and prints it at once, or (with
 		// --json) all of them at the end.
 		removed := func(n string) {
 			deleted = append(deleted, n)
 			if !asJSON {
-				fmt.Fprintln(c.stdout, n)
+				fmt.Fprintln(c.Stdout, n)
 			}
 		}
 		var failure error
@@ -799,14 +799,14 @@ func (c *cli) sessionRemove(glob *globalOpts) *cobra.Command {
 				removed(n)
 			}
 			if err != nil {
-				failure = refusedErr(name, err)
+				failure = RefusedErr(name, err)
 			}
 		} else {
 			failed := 0
 			for _, n := range args {
 				if err := cl.Remove(ctx, n); err != nil {
 					failed++
-					fmt.Fprintln(c.stderr, api.OneLine(name+": "+err.Error()))
+					fmt.Fprintln(c.Stderr, api.OneLine(name+": "+err.Error()))
 					var ae *api.Error
 					if !errors.As(err, &ae) {
 						break // the daemon is unreachable: no point trying the rest
@@ -816,11 +816,11 @@ func (c *cli) sessionRemove(glob *globalOpts) *cobra.Command {
 				removed(n)
 			}
 			if failed > 0 {
-				failure = &exitError{code: exitRefused} // each failure is already printed
+				failure = &exitError{code: ExitRefused} // each failure is already printed
 			}
 		}
 		if asJSON {
-			if err := writeJSON(c.stdout, api.DeleteResponse{Deleted: deleted}); err != nil {
+			if err := WriteJSON(c.Stdout, api.DeleteResponse{Deleted: deleted}); err != nil {
 				return err
 			}
 		}
@@ -841,7 +841,7 @@ is removed or the command is interrupted. --follow exits 1 when the daemon
 stops or dies. A removed session's events stay readable for the daemon's
 --events-retention.`
 
-func (c *cli) sessionEvents(glob *globalOpts) *cobra.Command {
+func (c *CLI) sessionEvents(glob *GlobalOpts) *cobra.Command {
 	var (
 		follow bool
 		since  sinceFlag
@@ -857,7 +857,7 @@ func (c *cli) sessionEvents(glob *globalOpts) *cobra.Command {
 	cmd.Flags().Var(&since, "since", "only events at or after `TIME` (RFC 3339, or a duration before now such as 10m)")
 	cmd.Flags().Bool("json", false, "print NDJSON (the only format of events; accepted for symmetry)")
 	cmd.RunE = func(_ *cobra.Command, args []string) error {
-		const name = "enforcerd session events"
+		name := c.Prog + " session events"
 		sessionName, err := oneName(name, args)
 		if err != nil {
 			return err
@@ -879,7 +879,7 @@ var (
 
 // ---- output helpers -------------------------------------------------------
 
-func writeJSON(w io.Writer, v any) error {
+func WriteJSON(w io.Writer, v any) error {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
 	enc.SetEscapeHTML(false)

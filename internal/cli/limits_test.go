@@ -1,4 +1,4 @@
-package main
+package cli
 
 import (
 	"path/filepath"
@@ -45,7 +45,7 @@ func TestCLILimitFlags(t *testing.T) {
 	} {
 		c := newTestCLI(t)
 		c.env["ENFORCERD_SOCKET"] = filepath.Join(t.TempDir(), "nobody.sock")
-		if code := c.run(tc.args...); code != exitUsage {
+		if code := c.run(tc.args...); code != ExitUsage {
 			t.Errorf("enforcerd %v: exit %d, want 2 (stderr %q)", tc.args, code, c.errOut.String())
 		}
 		if got := c.errOut.String(); got != tc.want+"\n" {

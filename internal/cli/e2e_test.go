@@ -1,4 +1,4 @@
-package main
+package cli
 
 import (
 	"bytes"
@@ -225,7 +225,7 @@ func TestEndToEndExec(t *testing.T) {
 		o.Write([]byte{0xff, '\n'})
 		return 3, nil
 	}
-	c.cli.stdin = strings.NewReader("input")
+	c.Stdin = strings.NewReader("input")
 	if code := c.run("session", "exec", "box", "--env", "A=1", "--workdir", "/tmp", "--user", "nobody", "--stdin",
 		"--timeout", "5s", "--", "sh", "-c", "echo --json"); code != 3 {
 		t.Fatalf("exit %d, stderr %q", code, c.errOut.String())
@@ -285,10 +285,10 @@ func TestEndToEndExec(t *testing.T) {
 		}
 		return 0, nil
 	}
-	c.cli.stdin = bytes.NewReader(all)
+	c.Stdin = bytes.NewReader(all)
 	c.expect(t, 0, "session", "exec", "box", "--stdin", "--", "cat")
-	c.cli.stdin = strings.NewReader(strings.Repeat("x", maxExecStdin+1))
-	_, errOut = c.expect(t, exitUsage, "session", "exec", "box", "--stdin", "--", "cat")
+	c.Stdin = strings.NewReader(strings.Repeat("x", maxExecStdin+1))
+	_, errOut = c.expect(t, ExitUsage, "session", "exec", "box", "--stdin", "--", "cat")
 	if errOut != fmt.Sprintf("enforcerd session exec: --stdin: input larger than %d bytes\n", maxExecStdin) {
 		t.Fatalf("big stdin: %q", errOut)
 	}
@@ -300,13 +300,13 @@ func TestEndToEndEventsFollow(t *testing.T) {
 	done := make(chan int, 1)
 	var out strings.Builder
 	pr, pw := io.Pipe()
-	c.cli.stdout = pw
+	c.Stdout = pw
 	copied := make(chan struct{})
 	go func() {
 		io.Copy(&out, pr)
 		close(copied)
 	}()
-	go func() { done <- c.cli.run([]string{"session", "events", "s1", "--follow"}) }()
+	go func() { done <- c.Run([]string{"session", "events", "s1", "--follow"}) }()
 	time.Sleep(200 * time.Millisecond)
 	f.Record(api.Event{Session: "s1", Kind: "dns", Action: "allowed"})
 	time.Sleep(100 * time.Millisecond)

@@ -1,4 +1,4 @@
-package main
+package cli
 
 import (
 	"context"
@@ -22,10 +22,10 @@ type buildInfo struct {
 	API     string `json:"api"` // the API version it speaks
 }
 
-// versionReport is `enforcerd version --json`: this binary (the client)
+// VersionReport is `enforcerd version --json`: this binary (the client)
 // at the top level, as before the daemon was asked, then the daemon's
 // answer, or why there is none, and whether the two differ.
-type versionReport struct {
+type VersionReport struct {
 	buildInfo
 	Socket      string     `json:"socket"`
 	Daemon      *buildInfo `json:"daemon,omitempty"`       // absent when the daemon did not answer
@@ -44,7 +44,7 @@ the two differ (version skew, as after an upgrade that did not restart the
 daemon) a third line says which runs what. The exit status is 0 in every
 case: the client's version is always known.`
 
-func (c *cli) versionCommand(glob *globalOpts) *cobra.Command {
+func (c *CLI) versionCommand(glob *GlobalOpts) *cobra.Command {
 	var asJSON bool
 	cmd := &cobra.Command{
 		Use:   "version [--json]",
@@ -52,22 +52,22 @@ func (c *cli) versionCommand(glob *globalOpts) *cobra.Command {
 		Long:  versionLong,
 		Args:  cobra.ArbitraryArgs,
 		RunE: func(_ *cobra.Command, args []string) error {
-			if err := noArgs("enforcerd version", "", args); err != nil {
+			if err := NoArgs(c.Prog+" version", "", args); err != nil {
 				return err
 			}
-			rep := c.versionReport(glob)
+			rep := c.AskVersions(glob)
 			if asJSON {
-				return writeJSON(c.stdout, rep)
+				return WriteJSON(c.Stdout, rep)
 			}
-			fmt.Fprintf(c.stdout, "client: %s\n", rep.buildInfo)
+			fmt.Fprintf(c.Stdout, "client: %s\n", rep.buildInfo)
 			switch {
 			case rep.Daemon != nil:
-				fmt.Fprintf(c.stdout, "daemon: %s at %s\n", *rep.Daemon, rep.Socket)
+				fmt.Fprintf(c.Stdout, "daemon: %s at %s\n", *rep.Daemon, rep.Socket)
 			default:
-				fmt.Fprintf(c.stdout, "daemon: %s\n", rep.DaemonError)
+				fmt.Fprintf(c.Stdout, "daemon: %s\n", rep.DaemonError)
 			}
 			if rep.Skew {
-				fmt.Fprintf(c.stdout, "version skew: the daemon runs %s, this binary is %s: restart the daemon to run this binary, or use the client of its version\n",
+				fmt.Fprintf(c.Stdout, "version skew: the daemon runs %s, this binary is %s: restart the daemon to run this binary, or use the client of its version\n",
 					rep.Daemon.short(), rep.buildInfo.short())
 			}
 			return nil
@@ -77,11 +77,12 @@ func (c *cli) versionCommand(glob *globalOpts) *cobra.Command {
 	return cmd
 }
 
-// versionReport asks the daemon for its version.
-func (c *cli) versionReport(glob *globalOpts) versionReport {
-	rep := versionReport{
-		buildInfo: buildInfo{Version: version, Commit: commit, Go: runtime.Version(), API: strings.TrimPrefix(api.Prefix, "/")},
-		Socket:    c.socketPath(glob),
+// AskVersions is this binary's version and the daemon's, asked through
+// the socket (version, and enforcerd bugreport's version.json).
+func (c *CLI) AskVersions(glob *GlobalOpts) VersionReport {
+	rep := VersionReport{
+		buildInfo: buildInfo{Version: c.Version, Commit: c.Commit, Go: runtime.Version(), API: strings.TrimPrefix(api.Prefix, "/")},
+		Socket:    c.SocketPath(glob),
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), versionAskTimeout)
 	defer cancel()

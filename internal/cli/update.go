@@ -1,4 +1,4 @@
-package main
+package cli
 
 import (
 	"fmt"
@@ -9,7 +9,7 @@ import (
 	"github.com/enforcerd/enforcerd/api"
 )
 
-func (c *cli) sessionUpdate(glob *globalOpts) *cobra.Command {
+func (c *CLI) sessionUpdate(glob *GlobalOpts) *cobra.Command {
 	var (
 		u         api.PolicyUpdate
 		replace   bool
@@ -67,7 +67,7 @@ with --locked refuses every update.`,
 	cmd.ValidArgsFunction = c.completeSessions(glob, 1)
 
 	cmd.RunE = func(cmd *cobra.Command, args []string) error {
-		const name = "enforcerd session update"
+		name := c.Prog + " session update"
 		sessionName, err := oneName(name, args)
 		if err != nil {
 			return err
@@ -79,7 +79,7 @@ with --locked refuses every update.`,
 		u.QUIC = quic.value
 		u.Generation = uint64(gen.n)
 		if u.Connections, u.Budget, u.EgressBudget, err = limits.values(); err != nil {
-			return usageErr(name, "%v", err)
+			return UsageErr(name, "%v", err)
 		}
 		if replace {
 			for _, r := range []struct {
@@ -87,13 +87,13 @@ with --locked refuses every update.`,
 				values []string
 			}{{"revoke", u.Revoke}, {"revoke-lab-peer", revokeLP}, {"revoke-deny", u.RevokeDeny}, {"revoke-inbound-from-host", u.RevokeInboundFromHost}} {
 				if len(r.values) > 0 {
-					return usageErr(name, "--%s %q has no meaning with --replace: want the whole new policy", r.flag, r.values[0])
+					return UsageErr(name, "--%s %q has no meaning with --replace: want the whole new policy", r.flag, r.values[0])
 				}
 			}
 		}
 		ctx, cancel := signalContext()
 		defer cancel()
-		cl := api.NewClient(c.socketPath(glob))
+		cl := api.NewClient(c.SocketPath(glob))
 		var info api.SessionInfo
 		if replace {
 			info, err = cl.ReplacePolicy(ctx, sessionName, u)
@@ -101,12 +101,12 @@ with --locked refuses every update.`,
 			info, err = cl.UpdatePolicy(ctx, sessionName, u)
 		}
 		if err != nil {
-			return refusedErr(name, err)
+			return RefusedErr(name, err)
 		}
 		if asJSON {
-			return writeJSON(c.stdout, info)
+			return WriteJSON(c.Stdout, info)
 		}
-		fmt.Fprintln(c.stdout, updateSummary(info))
+		fmt.Fprintln(c.Stdout, updateSummary(info))
 		return nil
 	}
 	return cmd

@@ -1,4 +1,4 @@
-package main
+package cli
 
 import (
 	"fmt"
@@ -12,7 +12,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/enforcerd/enforcerd/api"
-	"github.com/enforcerd/enforcerd/container"
+	"github.com/enforcerd/enforcerd/container/rules"
 )
 
 const imageSubcommands = "import, ls or rm"
@@ -23,17 +23,17 @@ const imageLong = `Manage the daemon's image store (<state-dir>/images, by defau
 through the daemon's API socket: the daemon is the store's only writer and the
 one that knows which sessions use an image.`
 
-func (c *cli) imageCommand(glob *globalOpts) *cobra.Command {
+func (c *CLI) imageCommand(glob *GlobalOpts) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "image SUBCOMMAND [ARGS]",
 		Short: "import, list and remove sandbox images",
 		Long:  imageLong,
 		Args:  cobra.ArbitraryArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			const name = "enforcerd image"
+			name := c.Prog + " image"
 			switch {
 			case len(args) == 0:
-				return usageErr(name, "missing subcommand (%s)", imageSubcommands)
+				return UsageErr(name, "missing subcommand (%s)", imageSubcommands)
 			case args[0] == "help":
 				if err := cmd.Help(); err != nil {
 					return err
@@ -63,7 +63,7 @@ kept. Owners, modes (setuid and setgid bits included) and symlinks are kept as
 in the image; device nodes are skipped and counted (a sandbox's /dev comes
 from the runtime and its root is mounted nodev).`
 
-func (c *cli) imageImport(glob *globalOpts) *cobra.Command {
+func (c *CLI) imageImport(glob *GlobalOpts) *cobra.Command {
 	var asJSON bool
 	cmd := &cobra.Command{
 		Use:   "import NAME FILE",
@@ -73,38 +73,38 @@ func (c *cli) imageImport(glob *globalOpts) *cobra.Command {
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the image as JSON")
 	cmd.RunE = func(_ *cobra.Command, args []string) error {
-		const name = "enforcerd image import"
+		name := c.Prog + " image import"
 		switch {
 		case len(args) == 0:
-			return usageErr(name, "missing image NAME and FILE")
+			return UsageErr(name, "missing image NAME and FILE")
 		case len(args) == 1:
-			return usageErr(name, "missing FILE after NAME %q (a docker save archive, an OCI layout directory or its tar, - for stdin)", args[0])
+			return UsageErr(name, "missing FILE after NAME %q (a docker save archive, an OCI layout directory or its tar, - for stdin)", args[0])
 		case len(args) > 2:
-			return usageErr(name, "unexpected argument %q after FILE %q", args[2], args[1])
+			return UsageErr(name, "unexpected argument %q after FILE %q", args[2], args[1])
 		}
 		imageName, file := args[0], args[1]
-		if err := container.ValidateImageName(imageName); err != nil {
-			return usageErr(name, "%v", err)
+		if err := rules.ValidateImageName(imageName); err != nil {
+			return UsageErr(name, "%v", err)
 		}
 		body, source, err := c.openImageSource(file)
 		if err != nil {
-			return refusedErr(name, err)
+			return RefusedErr(name, err)
 		}
 		defer body.Close()
 		ctx, cancel := signalContext()
 		defer cancel()
-		info, err := api.NewClient(c.socketPath(glob)).ImportImage(ctx, imageName, source, body)
+		info, err := api.NewClient(c.SocketPath(glob)).ImportImage(ctx, imageName, source, body)
 		if err != nil {
-			return refusedErr(name, err)
+			return RefusedErr(name, err)
 		}
 		if asJSON {
-			return writeJSON(c.stdout, info)
+			return WriteJSON(c.Stdout, info)
 		}
 		skipped := ""
 		if info.SkippedDevices > 0 {
 			skipped = fmt.Sprintf(", %d device nodes skipped", info.SkippedDevices)
 		}
-		fmt.Fprintf(c.stdout, "imported %s: %s, %d layers, %s%s\n", info.Name, info.Digest, info.Layers,
+		fmt.Fprintf(c.Stdout, "imported %s: %s, %d layers, %s%s\n", info.Name, info.Digest, info.Layers,
 			units.BytesSize(float64(info.SizeBytes)), skipped)
 		return nil
 	}
@@ -113,9 +113,9 @@ func (c *cli) imageImport(glob *globalOpts) *cobra.Command {
 
 // openImageSource opens what import sends: stdin, an archive file, or an
 // OCI layout directory tarred on the fly.
-func (c *cli) openImageSource(file string) (io.ReadCloser, string, error) {
+func (c *CLI) openImageSource(file string) (io.ReadCloser, string, error) {
 	if file == "-" {
-		return io.NopCloser(c.stdin), "stdin", nil
+		return io.NopCloser(c.Stdin), "stdin", nil
 	}
 	fi, err := os.Stat(file)
 	if err != nil {
@@ -127,7 +127,7 @@ func (c *cli) openImageSource(file string) (io.ReadCloser, string, error) {
 			return nil, "", fmt.Errorf("FILE %q: a directory without an oci-layout file; want an OCI image layout or an archive", file)
 		}
 		pr, pw := io.Pipe()
-		go func() { pw.CloseWithError(container.TarLayout(file, pw)) }()
+		go func() { pw.CloseWithError(rules.TarLayout(file, pw)) }()
 		return pr, source, nil
 	}
 	f, err := os.Open(file)
@@ -145,7 +145,7 @@ func pathErr(err error) error {
 	return err
 }
 
-func (c *cli) imageList(glob *globalOpts) *cobra.Command {
+func (c *CLI) imageList(glob *GlobalOpts) *cobra.Command {
 	var asJSON bool
 	cmd := &cobra.Command{
 		Use:               "ls [--json]",
@@ -156,23 +156,23 @@ func (c *cli) imageList(glob *globalOpts) *cobra.Command {
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print a JSON array")
 	cmd.RunE = func(_ *cobra.Command, args []string) error {
-		const name = "enforcerd image ls"
-		if err := noArgs(name, "", args); err != nil {
+		name := c.Prog + " image ls"
+		if err := NoArgs(name, "", args); err != nil {
 			return err
 		}
 		ctx, cancel := signalContext()
 		defer cancel()
-		list, err := api.NewClient(c.socketPath(glob)).Images(ctx)
+		list, err := api.NewClient(c.SocketPath(glob)).Images(ctx)
 		if err != nil {
-			return refusedErr(name, err)
+			return RefusedErr(name, err)
 		}
 		if list == nil {
 			list = []api.ImageInfo{}
 		}
 		if asJSON {
-			return writeJSON(c.stdout, list)
+			return WriteJSON(c.Stdout, list)
 		}
-		tw := tabwriter.NewWriter(c.stdout, 0, 4, 2, ' ', 0)
+		tw := tabwriter.NewWriter(c.Stdout, 0, 4, 2, ' ', 0)
 		fmt.Fprintln(tw, "NAME\tDIGEST\tLAYERS\tSIZE\tUSED BY\tAGE")
 		for _, im := range list {
 			digest := im.Digest
@@ -180,14 +180,14 @@ func (c *cli) imageList(glob *globalOpts) *cobra.Command {
 				digest = digest[:19]
 			}
 			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\n", im.Name, digest, im.Layers,
-				units.BytesSize(float64(im.SizeBytes)), orDash(strings.Join(im.UsedBy, ",")), age(c.now(), im.Imported))
+				units.BytesSize(float64(im.SizeBytes)), orDash(strings.Join(im.UsedBy, ",")), age(c.Now(), im.Imported))
 		}
 		return tw.Flush()
 	}
 	return cmd
 }
 
-func (c *cli) imageRemove(glob *globalOpts) *cobra.Command {
+func (c *CLI) imageRemove(glob *GlobalOpts) *cobra.Command {
 	var asJSON bool
 	cmd := &cobra.Command{
 		Use:   "rm NAME",
@@ -197,22 +197,22 @@ func (c *cli) imageRemove(glob *globalOpts) *cobra.Command {
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, `print the removed name as JSON: {"deleted": [NAME]}`)
 	cmd.RunE = func(_ *cobra.Command, args []string) error {
-		const name = "enforcerd image rm"
+		name := c.Prog + " image rm"
 		switch {
 		case len(args) == 0:
-			return usageErr(name, "missing image NAME")
+			return UsageErr(name, "missing image NAME")
 		case len(args) > 1:
-			return usageErr(name, "unexpected argument %q after NAME %q", args[1], args[0])
+			return UsageErr(name, "unexpected argument %q after NAME %q", args[1], args[0])
 		}
 		ctx, cancel := signalContext()
 		defer cancel()
-		if err := api.NewClient(c.socketPath(glob)).RemoveImage(ctx, args[0]); err != nil {
-			return refusedErr(name, err)
+		if err := api.NewClient(c.SocketPath(glob)).RemoveImage(ctx, args[0]); err != nil {
+			return RefusedErr(name, err)
 		}
 		if asJSON {
-			return writeJSON(c.stdout, api.DeleteResponse{Deleted: []string{args[0]}})
+			return WriteJSON(c.Stdout, api.DeleteResponse{Deleted: []string{args[0]}})
 		}
-		fmt.Fprintln(c.stdout, args[0])
+		fmt.Fprintln(c.Stdout, args[0])
 		return nil
 	}
 	return cmd

@@ -1,4 +1,4 @@
-package main
+package cli
 
 // The man pages are written here rather than by cobra/doc, which pulls a
 // markdown renderer and a YAML library into the binary. Measured (issue
@@ -25,16 +25,16 @@ import (
 // (enforcerd.1, enforcerd-session-create.1, ...), from the same definitions
 // as --help. date is the pages' date (the clock seam, for reproducible
 // pages).
-func writeManPages(root *cobra.Command, dir string, date time.Time) error {
+func writeManPages(root *cobra.Command, dir string, date time.Time, version string) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("man pages: %w", err)
 	}
-	for _, cmd := range allCommands(root) {
+	for _, cmd := range AllCommands(root) {
 		if !cmd.IsAvailableCommand() {
 			continue
 		}
 		path := filepath.Join(dir, manName(cmd)+".1")
-		if err := os.WriteFile(path, manPage(cmd, date), 0o644); err != nil {
+		if err := os.WriteFile(path, manPage(cmd, date, version), 0o644); err != nil {
 			return fmt.Errorf("man pages in %s: %w", dir, err)
 		}
 	}
@@ -48,7 +48,7 @@ func manName(cmd *cobra.Command) string {
 
 // manPage renders one command's page in roff (man macros): name, synopsis,
 // description, its options, the inherited ones, examples, see also.
-func manPage(cmd *cobra.Command, date time.Time) []byte {
+func manPage(cmd *cobra.Command, date time.Time, version string) []byte {
 	var b bytes.Buffer
 	fmt.Fprintf(&b, ".TH %q \"1\" %q %q \"enforcerd manual\"\n", strings.ToUpper(manName(cmd)), date.Format("Jan 2006"), "enforcerd "+version)
 	fmt.Fprintf(&b, ".SH NAME\n%s \\- %s\n", manName(cmd), roffText(cmd.Short))

@@ -1,4 +1,4 @@
-package main
+package cli
 
 import (
 	"fmt"
@@ -19,7 +19,7 @@ the chain is broken (a record changed, removed or out of place), naming where.
 A removed session has its report while its files are retained
 (--events-retention).`
 
-func (c *cli) sessionReport(glob *globalOpts) *cobra.Command {
+func (c *CLI) sessionReport(glob *GlobalOpts) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:               "report NAME",
 		Short:             "verify the ledger of admissions and list the destinations reached",
@@ -29,28 +29,28 @@ func (c *cli) sessionReport(glob *globalOpts) *cobra.Command {
 	}
 	asJSON := cmd.Flags().Bool("json", false, "print the report as JSON")
 	cmd.RunE = func(_ *cobra.Command, args []string) error {
-		const name = "enforcerd session report"
+		name := c.Prog + " session report"
 		switch {
 		case len(args) == 0:
-			return usageErr(name, "missing session NAME, e.g. enforcerd session report agent")
+			return UsageErr(name, "missing session NAME, e.g. enforcerd session report agent")
 		case len(args) > 1:
-			return usageErr(name, "unexpected argument %q after NAME %q", args[1], args[0])
+			return UsageErr(name, "unexpected argument %q after NAME %q", args[1], args[0])
 		}
 		ctx, cancel := signalContext()
 		defer cancel()
-		rep, err := api.NewClient(c.socketPath(glob)).Report(ctx, args[0])
+		rep, err := api.NewClient(c.SocketPath(glob)).Report(ctx, args[0])
 		if err != nil {
-			return refusedErr(name, err)
+			return RefusedErr(name, err)
 		}
 		if *asJSON {
-			if err := writeJSON(c.stdout, rep); err != nil {
+			if err := WriteJSON(c.Stdout, rep); err != nil {
 				return err
 			}
 		} else {
-			fmt.Fprint(c.stdout, reportText(rep))
+			fmt.Fprint(c.Stdout, reportText(rep))
 		}
 		if !rep.Verified {
-			return &exitError{code: exitRefused, msg: fmt.Sprintf("%s: session %q: the ledger's chain is broken: %s", name, rep.Session, rep.Broken)}
+			return &exitError{code: ExitRefused, msg: fmt.Sprintf("%s: session %q: the ledger's chain is broken: %s", name, rep.Session, rep.Broken)}
 		}
 		return nil
 	}

@@ -1,4 +1,4 @@
-package main
+package cli
 
 import (
 	"errors"
@@ -53,9 +53,9 @@ var _ pflag.Value = (*sinceFlag)(nil)
 // followCut is the one line of a --follow the daemon's going ended.
 func followCut(cmd string, err error) error {
 	if errors.Is(err, api.ErrStreamCut) {
-		return &exitError{code: exitRefused, msg: cmd + ": the daemon went away while following (it stopped or died); the events it recorded are kept: run again without --follow, or with --since"}
+		return &exitError{code: ExitRefused, msg: cmd + ": the daemon went away while following (it stopped or died); the events it recorded are kept: run again without --follow, or with --since"}
 	}
-	return refusedErr(cmd, err)
+	return RefusedErr(cmd, err)
 }
 
 const allEventsLong = `Print every live session's recorded events (DNS decisions, lifecycle and
@@ -66,7 +66,7 @@ the daemon stops or dies.
 A removed session's events are kept for the daemon's --events-retention:
 read them with 'enforcerd session events NAME'.`
 
-func (c *cli) eventsCommand(glob *globalOpts) *cobra.Command {
+func (c *CLI) eventsCommand(glob *GlobalOpts) *cobra.Command {
 	var (
 		follow bool
 		since  sinceFlag
@@ -84,15 +84,15 @@ func (c *cli) eventsCommand(glob *globalOpts) *cobra.Command {
 	cmd.Flags().Var(&since, "since", "only events at or after `TIME` (RFC 3339, or a duration before now such as 10m)")
 	cmd.Flags().Bool("json", false, "print NDJSON (the only format of events; accepted for symmetry)")
 	cmd.RunE = func(_ *cobra.Command, args []string) error {
-		const name = "enforcerd events"
-		if err := noArgs(name, "filter with --label KEY=VALUE; a session's own events: enforcerd session events NAME", args); err != nil {
+		name := c.Prog + " events"
+		if err := NoArgs(name, "filter with --label KEY=VALUE; a session's own events: enforcerd session events NAME", args); err != nil {
 			return err
 		}
 		key, value, _ := label.first()
 		ctx, cancel := signalContext()
 		defer cancel()
-		opts := api.EventsOptions{Follow: follow, Since: since.time(c.now()), LabelKey: key, LabelValue: value}
-		err := api.NewClient(c.socketPath(glob)).AllEventsTo(ctx, opts, c.stdout)
+		opts := api.EventsOptions{Follow: follow, Since: since.time(c.Now()), LabelKey: key, LabelValue: value}
+		err := api.NewClient(c.SocketPath(glob)).AllEventsTo(ctx, opts, c.Stdout)
 		if err != nil && ctx.Err() == nil {
 			return followCut(name, err)
 		}
@@ -102,11 +102,11 @@ func (c *cli) eventsCommand(glob *globalOpts) *cobra.Command {
 }
 
 // sessionEventsRun is 'session events NAME' once its options are parsed.
-func sessionEventsRun(c *cli, glob *globalOpts, name, sessionName string, follow bool, since *sinceFlag) error {
+func sessionEventsRun(c *CLI, glob *GlobalOpts, name, sessionName string, follow bool, since *sinceFlag) error {
 	ctx, cancel := signalContext()
 	defer cancel()
-	opts := api.EventsOptions{Follow: follow, Since: since.time(c.now())}
-	err := api.NewClient(c.socketPath(glob)).EventsTo(ctx, sessionName, opts, c.stdout)
+	opts := api.EventsOptions{Follow: follow, Since: since.time(c.Now())}
+	err := api.NewClient(c.SocketPath(glob)).EventsTo(ctx, sessionName, opts, c.Stdout)
 	if err != nil && ctx.Err() == nil {
 		return followCut(name, err)
 	}

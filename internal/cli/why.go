@@ -1,4 +1,4 @@
-package main
+package cli
 
 import (
 	"fmt"
@@ -20,7 +20,7 @@ the name check would refuse it. The answer comes from the daemon's own data and 
 name the policy allows is resolved through the daemon's upstreams, one the
 policy refuses is sent nowhere.`
 
-func (c *cli) sessionWhy(glob *globalOpts) *cobra.Command {
+func (c *CLI) sessionWhy(glob *GlobalOpts) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:               "why NAME DEST[:PORT][/PROTO]",
 		Short:             "explain what the policy does with a destination",
@@ -31,25 +31,25 @@ func (c *cli) sessionWhy(glob *globalOpts) *cobra.Command {
 	asJSON := cmd.Flags().Bool("json", false, "print the answer as JSON")
 	sni := cmd.Flags().String("sni", "", "a TCP flow to DEST that asks for the name `OTHER` (TLS server_name or HTTP Host): what the name check makes of it (DEST needs a port)")
 	cmd.RunE = func(_ *cobra.Command, args []string) error {
-		const name = "enforcerd session why"
+		name := c.Prog + " session why"
 		switch {
 		case len(args) == 0:
-			return usageErr(name, "missing session NAME and DEST, e.g. enforcerd session why agent api.example.com:443")
+			return UsageErr(name, "missing session NAME and DEST, e.g. enforcerd session why agent api.example.com:443")
 		case len(args) == 1:
-			return usageErr(name, "missing DEST after NAME %q, e.g. enforcerd session why %s api.example.com:443", args[0], args[0])
+			return UsageErr(name, "missing DEST after NAME %q, e.g. enforcerd session why %s api.example.com:443", args[0], args[0])
 		case len(args) > 2:
-			return usageErr(name, "unexpected argument %q after DEST %q", args[2], args[1])
+			return UsageErr(name, "unexpected argument %q after DEST %q", args[2], args[1])
 		}
 		ctx, cancel := signalContext()
 		defer cancel()
-		ans, err := api.NewClient(c.socketPath(glob)).WhySNI(ctx, args[0], args[1], *sni)
+		ans, err := api.NewClient(c.SocketPath(glob)).WhySNI(ctx, args[0], args[1], *sni)
 		if err != nil {
-			return refusedErr(name, err)
+			return RefusedErr(name, err)
 		}
 		if *asJSON {
-			return writeJSON(c.stdout, ans)
+			return WriteJSON(c.Stdout, ans)
 		}
-		fmt.Fprint(c.stdout, whyText(ans))
+		fmt.Fprint(c.Stdout, whyText(ans))
 		return nil
 	}
 	return cmd

@@ -1,4 +1,4 @@
-package main
+package cli
 
 import (
 	"encoding/json"
@@ -34,7 +34,7 @@ func TestCLIImageUsageErrors(t *testing.T) {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
 			c := newTestCLI(t)
 			c.env["ENFORCERD_SOCKET"] = filepath.Join(t.TempDir(), "nobody.sock")
-			if code := c.run(tc.args...); code != exitUsage {
+			if code := c.run(tc.args...); code != ExitUsage {
 				t.Errorf("exit %d, want 2 (stderr %q)", code, c.errOut.String())
 			}
 			if got := c.errOut.String(); got != tc.want+"\n" {
@@ -69,7 +69,7 @@ func TestEndToEndImages(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &info); err != nil || info.Name != "lay" || info.Source != "layout" {
 		t.Errorf("import of a layout dir: %q %v", out, err)
 	}
-	c.cli.stdin = strings.NewReader("bad archive")
+	c.Stdin = strings.NewReader("bad archive")
 	_, errOut := c.expect(t, 1, "image", "import", "piped", "-")
 	if errOut != `enforcerd image import: image "piped": stdin: not a tar archive: bad request`+"\n" {
 		t.Errorf("import of a bad archive: %q", errOut)

@@ -1,4 +1,4 @@
-package main
+package cli
 
 import (
 	"context"
@@ -14,7 +14,7 @@ import (
 func execResult(name string, ctx context.Context, code int, err error) error {
 	if err != nil {
 		if ctx.Err() != nil {
-			return &exitError{code: exitInterrupt, msg: name + ": interrupted"}
+			return &exitError{code: ExitInterrupt, msg: name + ": interrupted"}
 		}
 		var fe *api.ExecError
 		if errors.As(err, &fe) && fe.Exit != 0 {
@@ -30,12 +30,12 @@ func execResult(name string, ctx context.Context, code int, err error) error {
 
 // attachExec follows an exec's output from its start (session exec
 // --attach ID); interrupting it leaves the command running.
-func (c *cli) attachExec(glob *globalOpts, name, session, id string) error {
+func (c *CLI) attachExec(glob *GlobalOpts, name, session, id string) error {
 	ctx, cancel := signalContext()
 	defer cancel()
-	code, err := api.NewClient(c.socketPath(glob)).Attach(ctx, session, id, 0, c.stdout, c.stderr, api.ExecOptions{})
+	code, err := api.NewClient(c.SocketPath(glob)).Attach(ctx, session, id, 0, c.Stdout, c.Stderr, api.ExecOptions{})
 	if err != nil && ctx.Err() != nil {
-		return &exitError{code: exitInterrupt, msg: fmt.Sprintf("%s: interrupted; exec %s runs on (enforcerd session exec %s --attach %s)", name, id, session, id)}
+		return &exitError{code: ExitInterrupt, msg: fmt.Sprintf("%s: interrupted; exec %s runs on (enforcerd session exec %s --attach %s)", name, id, session, id)}
 	}
 	return execResult(name, ctx, code, err)
 }
@@ -46,7 +46,7 @@ how much output it recorded. Without ID: every exec of the session, oldest
 first, as a JSON array. Execs are kept until their session is removed. The
 output is always JSON; --json is accepted as on the other commands.`
 
-func (c *cli) sessionExecStatus(glob *globalOpts) *cobra.Command {
+func (c *CLI) sessionExecStatus(glob *GlobalOpts) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:               "exec-status NAME [ID] [--json]",
 		Short:             "show a session's execs as JSON",
@@ -56,31 +56,31 @@ func (c *cli) sessionExecStatus(glob *globalOpts) *cobra.Command {
 	}
 	cmd.Flags().Bool("json", false, "print JSON (the only format of exec-status; accepted for symmetry)")
 	cmd.RunE = func(_ *cobra.Command, args []string) error {
-		const name = "enforcerd session exec-status"
+		name := c.Prog + " session exec-status"
 		switch {
 		case len(args) == 0:
-			return usageErr(name, "missing session NAME")
+			return UsageErr(name, "missing session NAME")
 		case len(args) > 2:
-			return usageErr(name, "unexpected argument %q after exec ID %q", args[2], args[1])
+			return UsageErr(name, "unexpected argument %q after exec ID %q", args[2], args[1])
 		}
 		ctx, cancel := signalContext()
 		defer cancel()
-		client := api.NewClient(c.socketPath(glob))
+		client := api.NewClient(c.SocketPath(glob))
 		if len(args) == 1 {
 			execs, err := client.Execs(ctx, args[0])
 			if err != nil {
-				return refusedErr(name, err)
+				return RefusedErr(name, err)
 			}
 			if execs == nil {
 				execs = []api.ExecInfo{}
 			}
-			return writeJSON(c.stdout, execs)
+			return WriteJSON(c.Stdout, execs)
 		}
 		info, err := client.InspectExec(ctx, args[0], args[1])
 		if err != nil {
-			return refusedErr(name, err)
+			return RefusedErr(name, err)
 		}
-		return writeJSON(c.stdout, info)
+		return WriteJSON(c.Stdout, info)
 	}
 	return cmd
 }
@@ -91,7 +91,7 @@ until it ends and exit with its status, as "session exec --attach ID"
 does. An exec records at most 64 MiB of output; beyond that its output is
 discarded, after one line on stderr saying so.`
 
-func (c *cli) sessionLogs(glob *globalOpts) *cobra.Command {
+func (c *CLI) sessionLogs(glob *GlobalOpts) *cobra.Command {
 	var follow bool
 	cmd := &cobra.Command{
 		Use:               "logs NAME ID",
@@ -102,22 +102,22 @@ func (c *cli) sessionLogs(glob *globalOpts) *cobra.Command {
 	}
 	cmd.Flags().BoolVarP(&follow, "follow", "f", false, "follow the output until the exec ends; exit with its status")
 	cmd.RunE = func(_ *cobra.Command, args []string) error {
-		const name = "enforcerd session logs"
+		name := c.Prog + " session logs"
 		switch {
 		case len(args) == 0:
-			return usageErr(name, "missing session NAME")
+			return UsageErr(name, "missing session NAME")
 		case len(args) == 1:
-			return usageErr(name, "missing exec ID after NAME %q (session exec-status %s lists them)", args[0], args[0])
+			return UsageErr(name, "missing exec ID after NAME %q (session exec-status %s lists them)", args[0], args[0])
 		case len(args) > 2:
-			return usageErr(name, "unexpected argument %q after exec ID %q", args[2], args[1])
+			return UsageErr(name, "unexpected argument %q after exec ID %q", args[2], args[1])
 		}
 		if follow {
 			return c.attachExec(glob, name, args[0], args[1])
 		}
 		ctx, cancel := signalContext()
 		defer cancel()
-		if _, _, err := api.NewClient(c.socketPath(glob)).Logs(ctx, args[0], args[1], c.stdout, c.stderr); err != nil {
-			return refusedErr(name, err)
+		if _, _, err := api.NewClient(c.SocketPath(glob)).Logs(ctx, args[0], args[1], c.Stdout, c.Stderr); err != nil {
+			return RefusedErr(name, err)
 		}
 		return nil
 	}
