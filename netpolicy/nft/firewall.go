@@ -189,8 +189,7 @@ type Firewall struct {
 	attest    connSlot // Attest only, used by attests' leader
 	attests   *groupCommit[attestReq]
 	attested  attestIndex
-	attested6 attest6Count   // the v6 attested elements' cap (attestcap6.go)
-	refresh6  refresh6Index  // the refresh of the v6 attested elements (refresh6.go)
+	attested6 attest6Index   // the v6 attested elements: their cap and refresh (attestcap6.go, refresh6.go)
 	known     knownIndex     // what Attest may skip the kernel for (attestknown.go)
 	named     namedIndex     // the sessions' limited name entries (namedlimits.go)
 	monitor   attestMonitor  // forgets what others delete (attestmonitor.go)

@@ -571,7 +571,6 @@ func (f *Firewall) removeGuests6Locked(c *nftables.Conn, gone func(netip.Addr) b
 				owners[g6] = mine
 				if g, ok := f.guest4Of6(g6); ok && mine {
 					f.attested6.forget(g, nil)
-					f.refresh6.forget(g)
 				}
 			}
 			if mine {

@@ -224,7 +224,7 @@ func (f *Firewall) AttestMaxLifetime() time.Duration { return f.attested.maxLife
 // the maximum by at most one period (plus its refresh timeout).
 func (f *Firewall) SweepRefreshed() (int, error) {
 	var n int
-	f.refresh6.prune(time.Now())
+	f.attested6.prune(time.Now())
 	err := f.admin.do(func(c *nftables.Conn) error {
 		n = 0
 		now := time.Now()

@@ -133,7 +133,6 @@ func (f *Firewall) RemoveSession(r SessionRules) error {
 	defer f.known.forgetGuest(r.Guest)
 	f.named.set(r.Guest, nil) // before the batch deletes their sets
 	f.attested6.forget(r.Guest, nil)
-	f.refresh6.forget(r.Guest)
 	attested, taken, complete := f.attested.take(r.Guest, time.Now())
 	if complete && r.Egress != "" && r.Egress != netpolicy.ModeNone && f.checkRules(r) == nil {
 		err := f.admin.do(func(c *nftables.Conn) error { return f.removeByKeyLocked(c, r, attested) })

@@ -177,7 +177,7 @@ func (f *Firewall) UpdateSession(u SessionUpdate) error {
 	// either (and again after the batch): the next answers wait for the
 	// kernel.
 	f.attested.revoke(u.New.Guest, plan.unattest)
-	f.refresh6.revoke(u.New.Guest, plan.unattest)
+	f.attested6.revoke(u.New.Guest, plan.unattest)
 	f.known.forgetGuest(u.New.Guest)
 	defer f.known.forgetGuest(u.New.Guest)
 	// During the batch, answers fill only the address sets both the old

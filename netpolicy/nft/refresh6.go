@@ -2,7 +2,6 @@ package nft
 
 import (
 	"net/netip"
-	"sync"
 	"time"
 
 	"github.com/google/nftables"
@@ -72,100 +71,15 @@ func (env ruleEnv) attested6Rules(add6 func(string, ...[]expr.Any), ports bool) 
 	env.refreshedAccepts(func(parts ...[]expr.Any) { add6(chainFromSession6, parts...) }, lookup, set, live, chainAcceptNamed6)
 }
 
-// refresh6Index records, per session (by v4 guest), until when the
-// refresh of each of its v6 attested elements is justified: the latest
-// answer that attested it plus the maximum lifetime. Nothing recorded (a
-// restart, a revoke, a removal) is never justified.
-type refresh6Index struct {
-	mu      sync.Mutex
-	byGuest map[netip.Addr]map[string]time.Time // v4 guest -> attested6 set name + key -> justified until
-}
-
-func refresh6Key(set string, key []byte) string { return set + "\x00" + string(key) }
-
-// note records that an answer attested the plan's elements at now.
-func (x *refresh6Index) note(guest netip.Addr, plan []setElems, until time.Time) {
-	x.mu.Lock()
-	defer x.mu.Unlock()
-	if x.byGuest == nil {
-		x.byGuest = map[netip.Addr]map[string]time.Time{}
-	}
-	m := x.byGuest[guest]
-	if m == nil {
-		m = map[string]time.Time{}
-		x.byGuest[guest] = m
-	}
-	for _, se := range plan {
-		if _, ok := live6Of(se.set); !ok {
-			continue
-		}
-		for _, e := range se.elems {
-			if k := refresh6Key(se.set, e.Key); until.After(m[k]) {
-				m[k] = until
-			}
-		}
-	}
-}
-
-// justified reports whether the live element of the attested6 set set
-// with key may exist at now.
-func (x *refresh6Index) justified(guest netip.Addr, set string, key []byte, now time.Time) bool {
-	x.mu.Lock()
-	defer x.mu.Unlock()
-	return x.byGuest[guest][refresh6Key(set, key)].After(now)
-}
-
-// revoke ends the refresh of the plan's elements (an update's unattest).
-func (x *refresh6Index) revoke(guest netip.Addr, plan []setElems) {
-	x.mu.Lock()
-	defer x.mu.Unlock()
-	for _, se := range plan {
-		for _, e := range se.elems {
-			delete(x.byGuest[guest], refresh6Key(se.set, e.Key))
-		}
-	}
-}
-
-// forget ends the refresh of every element of the guest (its removal).
-func (x *refresh6Index) forget(guest netip.Addr) {
-	x.mu.Lock()
-	delete(x.byGuest, guest)
-	x.mu.Unlock()
-}
-
-// prune drops the records no longer justified at now.
-func (x *refresh6Index) prune(now time.Time) {
-	x.mu.Lock()
-	defer x.mu.Unlock()
-	for g, m := range x.byGuest {
-		for k, until := range m {
-			if !until.After(now) {
-				delete(m, k)
-			}
-		}
-		if len(m) == 0 {
-			delete(x.byGuest, g)
-		}
-	}
-}
-
 // noteAnswer6 records that an answer attested the v6 elements of plan at
-// now (after the kernel acked them): their refresh is justified for the
-// maximum lifetime from now, during which they count against the v6 cap.
+// now (after the kernel acked them, or known to be there): their refresh
+// is justified for the maximum lifetime from now, during which they count
+// against the v6 cap.
 func (f *Firewall) noteAnswer6(guest netip.Addr, plan []setElems, now time.Time) {
 	if f.attested.maxLife <= 0 {
 		return
 	}
-	f.refresh6.note(guest, plan, now.Add(f.attested.maxLife))
-	held := make([]setElems, 0, len(plan))
-	for _, se := range plan {
-		elems := make([]nftables.SetElement, len(se.elems))
-		for i, e := range se.elems {
-			elems[i] = nftables.SetElement{Key: e.Key, Timeout: f.attested.maxLife}
-		}
-		held = append(held, setElems{se.set, elems})
-	}
-	f.attested6.record(guest, held, now)
+	f.attested6.justify(guest, plan, now.Add(f.attested.maxLife))
 }
 
 // sweptLiveSets are the live sets SweepRefreshed dumps: the v4 ones and,
@@ -188,7 +102,7 @@ func (f *Firewall) liveJustified(name string, key []byte, now time.Time) bool {
 			return false
 		}
 		g, ok := f.guest4Of6(netip.AddrFrom16([16]byte(key[:16])))
-		return ok && f.refresh6.justified(g, attested6Sets[i], key, now)
+		return ok && f.attested6.justified(g, attested6Sets[i], key, now)
 	}
 	g, ok := keyGuest(name, key)
 	return ok && f.attested.justified(g, name, key, now)
