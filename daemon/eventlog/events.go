@@ -206,8 +206,15 @@ func (l *Log) Open(session string, labels map[string]string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	r := l.openLocked(session, labels)
-	// Its counts start afresh, and replace an earlier session's on file.
-	r.tally = guestTally{dirty: true}
+	// Its counts start afresh: an earlier session's counts file goes (no
+	// file reads as zero counts), queued before the session's first event
+	// and run with it, so a create that answered has it gone. Zero counts are not written:
+	// a file is made once there is something to count (writeCounts), or
+	// not at all.
+	r.tally = guestTally{}
+	if l.store != nil {
+		l.store.enqueue(storeOp{fn: func() { l.store.removeCountsLocked(session) }, quiet: true})
+	}
 }
 
 func (l *Log) openLocked(session string, labels map[string]string) *eventRing {
@@ -581,7 +588,8 @@ func (l *Log) Close(session string) {
 	done := make(chan struct{})
 	l.mu.Lock()
 	if r := l.sessions[session]; r != nil && l.store != nil {
-		r.tally.dirty = true // its last counts, even none, written with its other files
+		// Its last counts, if they changed since written (otherwise the
+		// file has them, or there is none: zero counts).
 		l.writeCountsLocked(session, r)
 	}
 	queued := l.store != nil && l.store.enqueue(storeOp{fn: func() { l.store.closeLocked(session) }, done: done})

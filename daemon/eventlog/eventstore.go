@@ -7,7 +7,9 @@ package eventlog
 // calls and the daemon write it, so no guest traffic can push a record
 // out); its counts in <state-dir>/events/operator/<name>.counts.json,
 // replaced whole every countsInterval while they change and when the
-// session is removed.
+// session is removed after a change (a session with nothing counted has
+// none: no file reads as zero counts; a new session removes its name's
+// earlier one).
 //
 // One writer goroutine owns the files: Record queues an event (in the
 // order of the rings) and the writer encodes and writes what is queued,
@@ -144,6 +146,10 @@ type storeOp struct {
 	keepOpen bool
 	fn       func()
 	done     chan struct{}
+	// quiet: queue it without waking the writer; it runs with the next
+	// op that does (an op queued just before a waited-for event would
+	// otherwise start the writer's linger, and the wait would sit it out).
+	quiet bool
 }
 
 type eventFile struct {
@@ -192,6 +198,9 @@ func (s *eventStore) enqueue(op storeOp) bool {
 		s.waiting++
 	}
 	s.mu.Unlock()
+	if op.quiet {
+		return true
+	}
 	select {
 	case s.wake <- struct{}{}:
 	default:
@@ -530,6 +539,17 @@ func (s *eventStore) writeCountsLocked(name string, c storedCounts) {
 		s.failing[name+countsFileExt] = true
 	} else if err == nil {
 		delete(s.failing, name+countsFileExt)
+	}
+}
+
+// removeCountsLocked removes a name's counts file, if any (an earlier
+// session's, when a new one of the name starts). It runs on the writer.
+func (s *eventStore) removeCountsLocked(name string) {
+	if !sessionNameValid(name) {
+		return
+	}
+	if err := os.Remove(s.countsPath(name)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		s.log.Warn("remove stored event counts", "file", s.countsPath(name), "err", err)
 	}
 }
 
