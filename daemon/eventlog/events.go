@@ -200,6 +200,28 @@ func (l *Log) DroppedWrites() uint64 {
 	return l.store.dropped.Load()
 }
 
+// Prepare has the writer open (make) the operator file of a session
+// being created, beside the create's other work, so that its first record
+// (Record, after Open) only appends. Abandon undoes it for a create that
+// failed; Open takes it over.
+func (l *Log) Prepare(session string) {
+	if l.store != nil {
+		// With done set (nobody waits on it): the writer runs it at once,
+		// without the linger an op nobody waits for starts, which a
+		// create's first record would have to sit out.
+		l.store.enqueue(storeOp{fn: func() { l.store.prepareLocked(session) }, done: make(chan struct{})})
+	}
+}
+
+// Abandon closes what Prepare opened, removing the file if nothing was
+// written to it; it is queued before the failed create's record, which
+// then finds no file as if Prepare had not run.
+func (l *Log) Abandon(session string) {
+	if l.store != nil {
+		l.store.enqueue(storeOp{fn: func() { l.store.abandonLocked(session) }, quiet: true})
+	}
+}
+
 // Open starts a session's ring, empty: a new session (a name used before
 // starts afresh; its earlier events stay in its file).
 func (l *Log) Open(session string, labels map[string]string) {

@@ -542,6 +542,38 @@ func (s *eventStore) writeCountsLocked(name string, c storedCounts) {
 	}
 }
 
+// prepareLocked opens (making it if need be) a name's operator file and
+// keeps it open for the session's first record. It runs on the writer.
+func (s *eventStore) prepareLocked(name string) {
+	key := operatorKey(name)
+	if !sessionNameValid(name) || s.files[key] != nil {
+		return
+	}
+	ef, err := s.openFile(key)
+	if err != nil {
+		return // the first record tries again, and reports it
+	}
+	s.files[key] = ef
+}
+
+// abandonLocked undoes prepareLocked for a create that failed: the file is
+// closed, and removed if nothing was written to it (a failed create of a
+// name with no file leaves none, see wanted). It runs on the writer.
+func (s *eventStore) abandonLocked(name string) {
+	key := operatorKey(name)
+	ef := s.files[key]
+	if ef == nil {
+		return
+	}
+	ef.f.Close()
+	delete(s.files, key)
+	if ef.size == 0 {
+		if err := os.Remove(s.path(key)); err != nil && !errors.Is(err, os.ErrNotExist) {
+			s.log.Warn("remove stored events", "file", s.path(key), "err", err)
+		}
+	}
+}
+
 // removeCountsLocked removes a name's counts file, if any (an earlier
 // session's, when a new one of the name starts). It runs on the writer.
 func (s *eventStore) removeCountsLocked(name string) {
@@ -659,8 +691,8 @@ func (s *eventStore) pruneLocked(live func(string) bool) {
 		if !ok {
 			name, ok = strings.CutSuffix(ent.Name(), eventFileExt)
 		}
-		if !ok || !sessionNameValid(name) || live(name) {
-			continue
+		if !ok || !sessionNameValid(name) || live(name) || s.files[operatorKey(name)] != nil {
+			continue // (an open operator file: a create in flight, see Log.Prepare)
 		}
 		fi, err := ent.Info()
 		if err != nil {

@@ -212,3 +212,45 @@ func TestEventCountsFileOnlyWhenCounted(t *testing.T) {
 		t.Fatalf("read of the new session: %+v, %v; want no counts of its predecessor", evs, err)
 	}
 }
+
+// TestEventPrepareAbandon: Prepare makes a create's operator file ahead
+// of its first record, which lands in it; a failed create's Abandon
+// removes the still-empty file, so its error record finds none and is not
+// written (as without Prepare); a name whose file holds records keeps it.
+func TestEventPrepareAbandon(t *testing.T) {
+	dir := t.TempDir()
+	l, err := Open(dir, 0, StoreOptions{Retention: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Shutdown()
+	opFile := func(name string) string { return filepath.Join(dir, operatorDir, name+eventFileExt) }
+	failed := func(name string) api.Event {
+		return api.Event{Session: name, Kind: api.EventKindLifecycle, Action: "create_failed", Detail: map[string]any{"outcome": "error"}}
+	}
+	created := func(name string) api.Event {
+		return api.Event{Session: name, Kind: api.EventKindLifecycle, Action: "created", Detail: map[string]any{"outcome": "ok"}}
+	}
+
+	l.Prepare("ok")
+	l.Open("ok", nil)
+	l.Record(created("ok"))
+	if b, err := os.ReadFile(opFile("ok")); err != nil || !strings.Contains(string(b), `"created"`) {
+		t.Fatalf("prepared file after the first record: %q, %v", b, err)
+	}
+
+	l.Prepare("bad")
+	l.Abandon("bad")
+	l.Record(failed("bad"))
+	if _, err := os.Stat(opFile("bad")); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("file of a failed create of a new name: %v, want none", err)
+	}
+
+	l.Close("ok") // its file stays (retention)
+	l.Prepare("ok")
+	l.Abandon("ok")
+	l.Record(failed("ok"))
+	if b, err := os.ReadFile(opFile("ok")); err != nil || !strings.Contains(string(b), `"create_failed"`) {
+		t.Fatalf("file of a failed create of a name with records: %q, %v; want both records", b, err)
+	}
+}
