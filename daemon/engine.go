@@ -468,6 +468,11 @@ func (e *Engine) Create(ctx context.Context, req api.CreateRequest) (info api.Se
 		}
 	}()
 
+	// The session's event file is made by the event log's writer while
+	// the network is made (its first record then only appends).
+	e.events.Prepare(req.Name)
+	undo.Push("events file", func() error { e.events.Abandon(req.Name); return nil })
+
 	nicNeeded := policy.Egress != netpolicy.ModeNone
 	if req.VM && !nicNeeded {
 		return info, badRequest(errors.New("vm with egress none: a VM guest needs an address; give an egress policy (allow, scope, public)"))

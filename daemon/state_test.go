@@ -8,6 +8,7 @@ import (
 	"reflect"
 	"sort"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -98,6 +99,85 @@ func TestStateSaveLoadRemove(t *testing.T) {
 	}
 	if _, err := st.Load("s1"); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("load after remove: %v", err)
+	}
+}
+
+// TestStateSpareRecords: a removed record's file is kept as a spare
+// (a temp file's name) and the next Save writes into it, so a
+// remove-then-create makes no new file (same inode, mode 0600, the new
+// content only); a spare gone from under the store is not an error; a
+// start's LoadAll removes the spares as it removes every temp file.
+func TestStateSpareRecords(t *testing.T) {
+	st, err := NewStateStore(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	inode := func(name string) uint64 {
+		t.Helper()
+		fi, err := os.Stat(filepath.Join(st.Dir(), name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if fi.Mode().Perm() != 0o600 {
+			t.Fatalf("%s mode %v, want 0600", name, fi.Mode())
+		}
+		return fi.Sys().(*syscall.Stat_t).Ino
+	}
+	big := sampleRecord("s1", 1)
+	big.Request.Allow = []string{strings.Repeat("a", 60) + ".test", strings.Repeat("b", 60) + ".test"}
+	if err := st.Save(big); err != nil {
+		t.Fatal(err)
+	}
+	first := inode("s1.json")
+	if err := st.Remove("s1"); err != nil {
+		t.Fatal(err)
+	}
+	if names := listDir(t, st.Dir()); !reflect.DeepEqual(names, []string{".spare.tmp-1"}) {
+		t.Fatalf("after remove the dir holds %v, want the spare", names)
+	}
+	small := sampleRecord("s2", 2)
+	if err := st.Save(small); err != nil {
+		t.Fatal(err)
+	}
+	if names := listDir(t, st.Dir()); !reflect.DeepEqual(names, []string{"s2.json"}) {
+		t.Fatalf("after save the dir holds %v, want the record alone", names)
+	}
+	if got := inode("s2.json"); got != first {
+		t.Errorf("s2.json is inode %d, want the spare's %d", got, first)
+	}
+	got, err := st.Load("s2")
+	small.Version = stateVersion
+	if err != nil || !reflect.DeepEqual(got, small) {
+		t.Fatalf("record written into the spare: %+v, %v; want %+v (nothing of the longer one before)", got, err, small)
+	}
+
+	// A spare removed underneath: Save makes a new file.
+	if err := st.Remove("s2"); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(filepath.Join(st.Dir(), ".spare.tmp-2")); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Save(sampleRecord("s3", 3)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Load("s3"); err != nil {
+		t.Fatal(err)
+	}
+
+	// A start removes the spares.
+	if err := st.Save(sampleRecord("s4", 4)); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Remove("s4"); err != nil {
+		t.Fatal(err)
+	}
+	again, _ := NewStateStore(filepath.Dir(st.Dir()))
+	if recs, err := again.LoadAll(); err != nil || len(recs) != 1 || recs[0].Name != "s3" {
+		t.Fatalf("LoadAll: %v, %v; want s3 alone", recs, err)
+	}
+	if names := listDir(t, st.Dir()); !reflect.DeepEqual(names, []string{"s3.json"}) {
+		t.Fatalf("after a start the dir holds %v, want s3.json alone", names)
 	}
 }
 

@@ -141,6 +141,9 @@ func (w *world) records() []string {
 	}
 	var out []string
 	for _, e := range entries {
+		if strings.HasPrefix(e.Name(), spareRecordPrefix) && e.Type().IsRegular() {
+			continue // a removed record's file kept for the next Save (StateStore.spare): no record
+		}
 		name, ok := strings.CutSuffix(e.Name(), ".json")
 		if !ok || !e.Type().IsRegular() {
 			out = append(out, "file "+e.Name())

@@ -23,7 +23,7 @@ const (
 	StepLoUp         = "lo-up"         // in the netns: lo up
 	StepResolvConf   = "resolv-conf"   // <EtcNetnsDir>/<prefix>-<session>/resolv.conf naming the DNS anycast address
 	StepAddVeth      = "add-veth"      // veth <prefix><slot>h in the host netns, peer eth0 created in the session netns
-	StepTagVeth      = "tag-veth"      // alias "<prefix>-<session>" on the host side (its owner)
+	StepTagVeth      = "tag-veth"      // alias "<prefix>-<session>" on the host side (its owner), its ARP locked (lockARP)
 	StepHostIPv6     = "host-ipv6"     // IPv6 disabled on the host side
 	StepHostAddr     = "host-addr"     // gateway/30 on the host side
 	StepHostUp       = "host-up"       // host side up
@@ -324,33 +324,30 @@ func (c *creation) addVeth() error {
 }
 
 // tagVeth names the owner session in the host veth's alias (the kernel
-// ignores IFLA_IFALIAS on create, hence a step of its own).
+// ignores IFLA_IFALIAS on create, hence a step of its own) and, in the
+// same RTM_SETLINK, locks its ARP answers to its own address (lockARP):
+// one round trip for both, long before the veth goes up.
 func (c *creation) tagVeth() error {
 	alias := ownerAlias(c.m.cfg.Prefix, c.name, c.attach != nil)
 	if c.vm != nil {
 		alias += vmMark
 	}
-	if err := c.m.host.LinkSetAlias(c.host, alias); err != nil {
-		return fmt.Errorf("set alias of %s: %w", c.hostName, err)
+	if err := tagAndLockARP(c.m.hostRoute, c.host.Attrs().Index, alias); err != nil {
+		return fmt.Errorf("%s: %w", c.hostName, err)
 	}
 	return nil
 }
 
 // disableHostIPv6 disables IPv6 on the host veth before it goes up (before
-// it would get a link-local address) and locks its ARP answers to its own
-// address (lockARP). A sysctl is the only interface for disable_ipv6,
-// resolved from the host netns's conf directory opened once (a full
-// /proc/sys path costs a lookup that grows with the number of netns, see
-// sysctl.go; below that directory a lookup stays in its netns, whatever
-// the calling thread's); the ARP settings go over the host netns's
-// rtnetlink socket, also opened once. Neither needs a thread switched into
-// the host netns.
+// it would get a link-local address). A sysctl is the only interface for
+// disable_ipv6, resolved from the host netns's conf directory opened once
+// (a full /proc/sys path costs a lookup that grows with the number of
+// netns, see sysctl.go; below that directory a lookup stays in its netns,
+// whatever the calling thread's): no thread is switched into the host
+// netns.
 func (c *creation) disableHostIPv6() error {
 	if err := c.m.configureHostIfaceIPv6(c.hostName); err != nil {
 		return fmt.Errorf("ipv6 settings of %s: %w", c.hostName, err)
-	}
-	if err := lockARP(c.m.hostRoute, c.host.Attrs().Index); err != nil {
-		return fmt.Errorf("%s: %w", c.hostName, err)
 	}
 	return nil
 }

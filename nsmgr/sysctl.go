@@ -123,11 +123,16 @@ func privateProc() int {
 	return mfd
 }
 
-// disableNewNetnsIPv6 sets net.ipv6.conf.{default,all}.disable_ipv6=1 in
+// disableNewNetnsIPv6 sets net.ipv6.conf.{all,default}.disable_ipv6=1 in
 // the current thread's netns, a new one, before any interface but lo exists
-// (interfaces created afterwards inherit "default"). It goes through a private procfs instance
-// (see privateProc), or the shared /proc if none can be made. A kernel
-// without IPv6 (no such file) is not an error.
+// (interfaces created afterwards inherit "default"). One write does it: the
+// kernel applies a write to "all" to "default" and to every existing
+// interface (addrconf_disable_ipv6; lo here), so a second write to
+// "default" would change nothing (TestNsmgrCreateWithNIC and
+// TestNsmgrIPv6SysctlsHitTheRightNetns read all, default, lo and eth0 back).
+// It goes through a private procfs instance (see privateProc), or the
+// shared /proc if none can be made. A kernel without IPv6 (no such file)
+// is not an error.
 func disableNewNetnsIPv6() error {
 	root, sys := privateProc(), "sys/net/ipv6/conf/"
 	if root >= 0 {
@@ -138,11 +143,9 @@ func disableNewNetnsIPv6() error {
 	} else {
 		root, sys = unix.AT_FDCWD, ipv6ConfDir+"/"
 	}
-	for _, iface := range []string{"all", "default"} {
-		err := writeSysctlAt(root, sys+iface+"/disable_ipv6", "1")
-		if err != nil && !errors.Is(err, fs.ErrNotExist) {
-			return err
-		}
+	err := writeSysctlAt(root, sys+"all/disable_ipv6", "1")
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return err
 	}
 	return nil
 }
@@ -173,20 +176,40 @@ const (
 // /proc/sys writes whose path lookup grows with the number of namespaces
 // on the machine.
 func lockARP(sock *nl.SocketHandle, idx int) error {
+	if err := setLinkARPLock(sock, idx, ""); err != nil {
+		return fmt.Errorf("set arp_ignore=1 arp_announce=2 on link %d: %w", idx, err)
+	}
+	return nil
+}
+
+// tagAndLockARP is lockARP and the link's alias set to alias, in one
+// RTM_SETLINK (the kernel validates the whole request before it applies
+// any of it, then sets the alias and the IPv4 devconf).
+func tagAndLockARP(sock *nl.SocketHandle, idx int, alias string) error {
+	if err := setLinkARPLock(sock, idx, alias); err != nil {
+		return fmt.Errorf("set alias %q and arp_ignore=1 arp_announce=2 on link %d: %w", alias, idx, err)
+	}
+	return nil
+}
+
+// setLinkARPLock sends lockARP's RTM_SETLINK, with IFLA_IFALIAS when alias
+// is not empty.
+func setLinkARPLock(sock *nl.SocketHandle, idx int, alias string) error {
 	req := nl.NewNetlinkRequest(unix.RTM_SETLINK, unix.NLM_F_ACK)
 	req.Sockets = map[int]*nl.SocketHandle{unix.NETLINK_ROUTE: sock}
 	msg := nl.NewIfInfomsg(unix.AF_UNSPEC)
 	msg.Index = int32(idx)
 	req.AddData(msg)
+	if alias != "" {
+		req.AddData(nl.NewRtAttr(unix.IFLA_IFALIAS, []byte(alias)))
+	}
 	spec := nl.NewRtAttr(unix.IFLA_AF_SPEC, nil)
 	conf := spec.AddRtAttr(unix.AF_INET, nil).AddRtAttr(unix.IFLA_INET_CONF, nil)
 	conf.AddRtAttr(devconfARPIgnore, nl.Uint32Attr(1))
 	conf.AddRtAttr(devconfARPAnnounce, nl.Uint32Attr(2))
 	req.AddData(spec)
-	if _, err := req.Execute(unix.NETLINK_ROUTE, 0); err != nil {
-		return fmt.Errorf("set arp_ignore=1 arp_announce=2 on link %d: %w", idx, err)
-	}
-	return nil
+	_, err := req.Execute(unix.NETLINK_ROUTE, 0)
+	return err
 }
 
 // openRouteSocket opens a rtnetlink socket in the current thread's netns,

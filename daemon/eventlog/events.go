@@ -200,14 +200,43 @@ func (l *Log) DroppedWrites() uint64 {
 	return l.store.dropped.Load()
 }
 
+// Prepare has the writer open (make) the operator file of a session
+// being created, beside the create's other work, so that its first record
+// (Record, after Open) only appends. Abandon undoes it for a create that
+// failed; Open takes it over.
+func (l *Log) Prepare(session string) {
+	if l.store != nil {
+		// With done set (nobody waits on it): the writer runs it at once,
+		// without the linger an op nobody waits for starts, which a
+		// create's first record would have to sit out.
+		l.store.enqueue(storeOp{fn: func() { l.store.prepareLocked(session) }, done: make(chan struct{})})
+	}
+}
+
+// Abandon closes what Prepare opened, removing the file if nothing was
+// written to it; it is queued before the failed create's record, which
+// then finds no file as if Prepare had not run.
+func (l *Log) Abandon(session string) {
+	if l.store != nil {
+		l.store.enqueue(storeOp{fn: func() { l.store.abandonLocked(session) }, quiet: true})
+	}
+}
+
 // Open starts a session's ring, empty: a new session (a name used before
 // starts afresh; its earlier events stay in its file).
 func (l *Log) Open(session string, labels map[string]string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	r := l.openLocked(session, labels)
-	// Its counts start afresh, and replace an earlier session's on file.
-	r.tally = guestTally{dirty: true}
+	// Its counts start afresh: an earlier session's counts file goes (no
+	// file reads as zero counts), queued before the session's first event
+	// and run with it, so a create that answered has it gone. Zero counts are not written:
+	// a file is made once there is something to count (writeCounts), or
+	// not at all.
+	r.tally = guestTally{}
+	if l.store != nil {
+		l.store.enqueue(storeOp{fn: func() { l.store.removeCountsLocked(session) }, quiet: true})
+	}
 }
 
 func (l *Log) openLocked(session string, labels map[string]string) *eventRing {
@@ -581,7 +610,8 @@ func (l *Log) Close(session string) {
 	done := make(chan struct{})
 	l.mu.Lock()
 	if r := l.sessions[session]; r != nil && l.store != nil {
-		r.tally.dirty = true // its last counts, even none, written with its other files
+		// Its last counts, if they changed since written (otherwise the
+		// file has them, or there is none: zero counts).
 		l.writeCountsLocked(session, r)
 	}
 	queued := l.store != nil && l.store.enqueue(storeOp{fn: func() { l.store.closeLocked(session) }, done: done})

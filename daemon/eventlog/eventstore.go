@@ -7,7 +7,9 @@ package eventlog
 // calls and the daemon write it, so no guest traffic can push a record
 // out); its counts in <state-dir>/events/operator/<name>.counts.json,
 // replaced whole every countsInterval while they change and when the
-// session is removed.
+// session is removed after a change (a session with nothing counted has
+// none: no file reads as zero counts; a new session removes its name's
+// earlier one).
 //
 // One writer goroutine owns the files: Record queues an event (in the
 // order of the rings) and the writer encodes and writes what is queued,
@@ -144,6 +146,10 @@ type storeOp struct {
 	keepOpen bool
 	fn       func()
 	done     chan struct{}
+	// quiet: queue it without waking the writer; it runs with the next
+	// op that does (an op queued just before a waited-for event would
+	// otherwise start the writer's linger, and the wait would sit it out).
+	quiet bool
 }
 
 type eventFile struct {
@@ -192,6 +198,9 @@ func (s *eventStore) enqueue(op storeOp) bool {
 		s.waiting++
 	}
 	s.mu.Unlock()
+	if op.quiet {
+		return true
+	}
 	select {
 	case s.wake <- struct{}{}:
 	default:
@@ -533,6 +542,49 @@ func (s *eventStore) writeCountsLocked(name string, c storedCounts) {
 	}
 }
 
+// prepareLocked opens (making it if need be) a name's operator file and
+// keeps it open for the session's first record. It runs on the writer.
+func (s *eventStore) prepareLocked(name string) {
+	key := operatorKey(name)
+	if !sessionNameValid(name) || s.files[key] != nil {
+		return
+	}
+	ef, err := s.openFile(key)
+	if err != nil {
+		return // the first record tries again, and reports it
+	}
+	s.files[key] = ef
+}
+
+// abandonLocked undoes prepareLocked for a create that failed: the file is
+// closed, and removed if nothing was written to it (a failed create of a
+// name with no file leaves none, see wanted). It runs on the writer.
+func (s *eventStore) abandonLocked(name string) {
+	key := operatorKey(name)
+	ef := s.files[key]
+	if ef == nil {
+		return
+	}
+	ef.f.Close()
+	delete(s.files, key)
+	if ef.size == 0 {
+		if err := os.Remove(s.path(key)); err != nil && !errors.Is(err, os.ErrNotExist) {
+			s.log.Warn("remove stored events", "file", s.path(key), "err", err)
+		}
+	}
+}
+
+// removeCountsLocked removes a name's counts file, if any (an earlier
+// session's, when a new one of the name starts). It runs on the writer.
+func (s *eventStore) removeCountsLocked(name string) {
+	if !sessionNameValid(name) {
+		return
+	}
+	if err := os.Remove(s.countsPath(name)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		s.log.Warn("remove stored event counts", "file", s.countsPath(name), "err", err)
+	}
+}
+
 // readCountsLocked reads a name's counts file, and when it was written
 // (zero without one). It runs on the writer.
 func (s *eventStore) readCountsLocked(name string) (storedCounts, time.Time) {
@@ -639,8 +691,8 @@ func (s *eventStore) pruneLocked(live func(string) bool) {
 		if !ok {
 			name, ok = strings.CutSuffix(ent.Name(), eventFileExt)
 		}
-		if !ok || !sessionNameValid(name) || live(name) {
-			continue
+		if !ok || !sessionNameValid(name) || live(name) || s.files[operatorKey(name)] != nil {
+			continue // (an open operator file: a create in flight, see Log.Prepare)
 		}
 		fi, err := ent.Info()
 		if err != nil {

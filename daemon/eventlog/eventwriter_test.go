@@ -2,6 +2,8 @@ package eventlog
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -162,4 +164,93 @@ func actionsOf(evs []api.Event) string {
 		out = append(out, ev.Action)
 	}
 	return strings.Join(out, " ")
+}
+
+// TestEventCountsFileOnlyWhenCounted: a session with nothing counted
+// writes no counts file, at its removal either, and reads zero counts; a
+// new session of a name whose predecessor counted something starts from
+// zero (the earlier file is gone once its first event is written), and its
+// own counts are written at its removal (the positive control).
+func TestEventCountsFileOnlyWhenCounted(t *testing.T) {
+	dir := t.TempDir()
+	l, err := Open(dir, 0, StoreOptions{Retention: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Shutdown()
+	counts := filepath.Join(dir, operatorDir, "a"+countsFileExt)
+	lifecycle := func(i int) api.Event {
+		return api.Event{Time: time.Unix(int64(i), 0).UTC(), Session: "a", Kind: api.EventKindLifecycle, Action: fmt.Sprint("op", i)}
+	}
+	l.Open("a", nil)
+	l.Record(lifecycle(1))
+	l.Close("a")
+	if _, err := os.Stat(counts); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("counts file of a session with nothing counted: %v, want none", err)
+	}
+	evs, _, err := l.Read(context.Background(), "a", false)
+	if err != nil || len(evs) != 2 || evs[1].Action != SummaryActionCounts || evs[1].Detail["unlogged"] != uint64(0) || len(evs[1].Detail) != 1 {
+		t.Fatalf("read of the removed session: %+v, %v; want its record and zero counts", evs, err)
+	}
+
+	l.Open("a", nil)
+	l.Record(lifecycle(2))
+	l.Record(testEvent("a", 3)) // a dns event: counted
+	l.Close("a")
+	if _, err := os.Stat(counts); err != nil {
+		t.Fatalf("counts file of a session that counted: %v", err)
+	}
+
+	l.Open("a", nil)
+	l.Record(lifecycle(4))
+	if _, err := os.Stat(counts); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the predecessor's counts file after the new session's first event: %v, want removed", err)
+	}
+	l.Close("a")
+	evs, _, err = l.Read(context.Background(), "a", false)
+	if err != nil || len(evs) == 0 || evs[len(evs)-1].Detail["dns_3"] != nil {
+		t.Fatalf("read of the new session: %+v, %v; want no counts of its predecessor", evs, err)
+	}
+}
+
+// TestEventPrepareAbandon: Prepare makes a create's operator file ahead
+// of its first record, which lands in it; a failed create's Abandon
+// removes the still-empty file, so its error record finds none and is not
+// written (as without Prepare); a name whose file holds records keeps it.
+func TestEventPrepareAbandon(t *testing.T) {
+	dir := t.TempDir()
+	l, err := Open(dir, 0, StoreOptions{Retention: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Shutdown()
+	opFile := func(name string) string { return filepath.Join(dir, operatorDir, name+eventFileExt) }
+	failed := func(name string) api.Event {
+		return api.Event{Session: name, Kind: api.EventKindLifecycle, Action: "create_failed", Detail: map[string]any{"outcome": "error"}}
+	}
+	created := func(name string) api.Event {
+		return api.Event{Session: name, Kind: api.EventKindLifecycle, Action: "created", Detail: map[string]any{"outcome": "ok"}}
+	}
+
+	l.Prepare("ok")
+	l.Open("ok", nil)
+	l.Record(created("ok"))
+	if b, err := os.ReadFile(opFile("ok")); err != nil || !strings.Contains(string(b), `"created"`) {
+		t.Fatalf("prepared file after the first record: %q, %v", b, err)
+	}
+
+	l.Prepare("bad")
+	l.Abandon("bad")
+	l.Record(failed("bad"))
+	if _, err := os.Stat(opFile("bad")); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("file of a failed create of a new name: %v, want none", err)
+	}
+
+	l.Close("ok") // its file stays (retention)
+	l.Prepare("ok")
+	l.Abandon("ok")
+	l.Record(failed("ok"))
+	if b, err := os.ReadFile(opFile("ok")); err != nil || !strings.Contains(string(b), `"create_failed"`) {
+		t.Fatalf("file of a failed create of a name with records: %q, %v; want both records", b, err)
+	}
 }
