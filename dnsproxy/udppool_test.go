@@ -1,6 +1,7 @@
 package dnsproxy
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -9,6 +10,7 @@ import (
 	"net/netip"
 	"os"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -660,4 +662,38 @@ func processCPU(b *testing.B) time.Duration {
 		b.Fatal(err)
 	}
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// TestPackUpstreamQueryWire checks that the hand-packed upstream query is
+// byte for byte what dns.Msg packs for the same question and flags (id 0,
+// RD, CD as asked, one OPT record advertising ednsSize, DO as asked), for
+// names with escapes, the root and the longest name, in a buffer too small
+// too.
+func TestPackUpstreamQueryWire(t *testing.T) {
+	long := strings.Repeat(strings.Repeat("a", 63)+".", 3) + strings.Repeat("b", 61) + "."
+	for _, name := range []string{"a.test.", "Mixed.Case.Example.ORG.", `esc\.aped.example.`, `d\065y.example.`, ".", long} {
+		for _, fl := range []queryFlags{{}, {cd: true}, {do: true}, {cd: true, do: true}} {
+			for _, size := range []int{asyncQueryBufSize, 16} {
+				q := dns.Question{Name: name, Qtype: dns.TypeHTTPS, Qclass: dns.ClassINET}
+				m := dns.Msg{Question: []dns.Question{q}}
+				m.RecursionDesired = true
+				m.CheckingDisabled = fl.cd
+				m.SetEdns0(ednsSize, fl.do)
+				want, err := m.Pack()
+				if err != nil {
+					t.Fatal(err)
+				}
+				frame, err := packUpstreamQuery(q, fl, make([]byte, size))
+				if err != nil {
+					t.Fatalf("%q %+v: %v", name, fl, err)
+				}
+				if !bytes.Equal(frame[2:], want) {
+					t.Errorf("%q %+v buf %d:\n got %x\nwant %x", name, fl, size, frame[2:], want)
+				}
+			}
+		}
+	}
+	if _, err := packUpstreamQuery(dns.Question{Name: "a..b.", Qtype: dns.TypeA, Qclass: dns.ClassINET}, queryFlags{}, make([]byte, 64)); err == nil {
+		t.Error("a name with an empty label packed, want an error")
+	}
 }

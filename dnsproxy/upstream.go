@@ -55,21 +55,45 @@ func (p *Proxy) forward(ctx context.Context, q dns.Question, fl queryFlags) (*dn
 
 // packUpstreamQuery packs the upstream query for q into buf (or a new
 // buffer when buf is too small): frame is two spare bytes, then the query.
+// The query is written directly (header, the one question, an OPT record
+// advertising ednsSize with DO as asked): the same bytes dns.Msg would
+// pack (TestPackUpstreamQueryWire), without a message, an OPT record and
+// a compression pass per query.
 func packUpstreamQuery(q dns.Question, fl queryFlags, buf []byte) (frame []byte, err error) {
-	m := dns.Msg{Question: []dns.Question{q}}
-	m.RecursionDesired = true
-	m.CheckingDisabled = fl.cd
-	m.SetEdns0(ednsSize, fl.do)
-	wire, err := m.PackBuffer(buf[2:])
+	const optLen = 11 // root name, type, class (payload size), ttl (ext. rcode, version, flags), rdlength
+	if need := 2 + headerLen + len(q.Name) + 1 + 4 + optLen; len(buf) < need {
+		buf = make([]byte, need+8) // a name with escapes packs shorter than its text
+	}
+	b := buf[2:]
+	clear(b[:headerLen])
+	flags := uint16(0x0100) // RD
+	if fl.cd {
+		flags |= 0x0010 // CD
+	}
+	binary.BigEndian.PutUint16(b[2:], flags)
+	binary.BigEndian.PutUint16(b[4:], 1)  // qdcount
+	binary.BigEndian.PutUint16(b[10:], 1) // arcount: the OPT record
+	off, err := dns.PackDomainName(q.Name, b, headerLen, nil, false)
 	if err != nil {
 		return nil, fmt.Errorf("%w: pack query: %w", ErrUpstream, err)
 	}
-	frame = buf[:2+len(wire)]
-	if &frame[2] != &wire[0] {
-		// The buffer was too small and PackBuffer allocated: frame it anew.
-		frame = append([]byte{0, 0}, wire...)
+	if off+4+optLen > len(b) {
+		return nil, fmt.Errorf("%w: pack query %q: %w", ErrUpstream, q.Name, dns.ErrBuf)
 	}
-	return frame, nil
+	binary.BigEndian.PutUint16(b[off:], q.Qtype)
+	binary.BigEndian.PutUint16(b[off+2:], q.Qclass)
+	off += 4
+	o := b[off : off+optLen]
+	o[0] = 0 // the root name
+	binary.BigEndian.PutUint16(o[1:], dns.TypeOPT)
+	binary.BigEndian.PutUint16(o[3:], ednsSize)
+	ttl := uint32(0) // extended rcode 0, version 0
+	if fl.do {
+		ttl |= 0x8000 // DO
+	}
+	binary.BigEndian.PutUint32(o[5:], ttl)
+	binary.BigEndian.PutUint16(o[9:], 0) // no options
+	return buf[:2+off+optLen], nil
 }
 
 // udpTry is the first UDP exchange of an upstream's try, made elsewhere
