@@ -216,31 +216,48 @@ func (p *Proxy) growReadBuffer(uc *net.UDPConn) {
 // serveQuery answers one UDP query (data, valid only during the call) from
 // src. A registered session's query goes through the scheduler; when it
 // may start at once it starts on the reader's goroutine, which parses and
-// decides it and sends it upstream without waiting: the upstream socket's
-// reader finishes it (filter, attest, reply) and only then releases its
-// slot (handleAsync). A query that needs no upstream is answered at once.
-// A query from an unknown source gets REFUSED inline (handleAsync too:
-// should the source register meanwhile, its query still never holds up
-// the reader).
+// decides it and sends it upstream without waiting (data is not copied):
+// the upstream socket's reader finishes it (filter, attest, reply) and
+// only then releases its slot (handleAsync). A query that needs no
+// upstream is answered at once. A query that must wait keeps a copy of
+// data. A query from an unknown source gets REFUSED inline (handleAsync
+// too: should the source register meanwhile, its query still never holds
+// up the reader).
 func (p *Proxy) serveQuery(pc net.PacketConn, src netip.Addr, addr net.Addr, data []byte) {
 	if p.session(src) == nil {
-		p.handleAsync(src, data, func(out []byte) {
-			if out != nil {
-				pc.WriteTo(out, addr)
-			}
-		})
+		p.handleAsync(src, data, &udpReply{pc: pc, addr: addr})
 		return
 	}
-	// The job may run after this returns (queued): it keeps its own copy.
+	if t, ok := p.sched.tryStart(src); ok {
+		p.handleAsync(src, data, &udpReply{pc: pc, addr: addr, t: t})
+		return
+	}
+	// The job runs after this returns (queued): it keeps its own copy.
 	pkt := bytes.Clone(data)
 	p.sched.submitTicket(src, func(t ticket) {
-		p.handleAsync(src, pkt, func(out []byte) {
-			if out != nil {
-				pc.WriteTo(out, addr)
-			}
-			t.release()
-		})
-	}, nil, true)
+		p.handleAsync(src, pkt, &udpReply{pc: pc, addr: addr, t: t})
+	}, nil, false)
+}
+
+// udpReply sends a UDP query's reply to its client from the socket the
+// query came in on, then frees the query's slot (t; none for an unknown
+// source).
+type udpReply struct {
+	pc   net.PacketConn
+	addr net.Addr
+	t    ticket
+}
+
+func (r *udpReply) send(out []byte) {
+	if out != nil {
+		r.pc.WriteTo(out, r.addr)
+	}
+}
+
+func (r *udpReply) done() {
+	if r.t.s != nil {
+		r.t.release()
+	}
 }
 
 // dispatch runs fn for a query from src: through the scheduler for a
