@@ -70,10 +70,17 @@ func (p *Proxy) handleAsync(src netip.Addr, raw []byte, to replier) {
 		p.release(ctx, x, to)
 		return
 	}
-	p.forwardAsync(x.s.ctx, x.q, x.flags, func(up *dns.Msg, idx int, rtt time.Duration, err error) {
-		x.useUpstream(p, up, idx, rtt, p.sessionErr(x.s, err))
-		p.release(ctx, x, to)
-	})
+	x.to = to
+	x.up = asyncQuery{ctx: x.s.ctx, q: x.q, flags: x.flags, done: x}
+	p.forwardAsync(&x.up)
+}
+
+// forwarded completes x, a UDP query handleAsync sent upstream, from the
+// upstream's answer (or error), and releases its reply.
+func (x *queryState) forwarded(up *dns.Msg, idx int, rtt time.Duration, err error) {
+	p := x.up.p
+	x.useUpstream(p, up, idx, rtt, p.sessionErr(x.s, err))
+	p.release(p.ctx, x, x.to)
 }
 
 // A replier takes one UDP query's reply: send writes it (nil: none),
@@ -104,6 +111,11 @@ type queryState struct {
 	flags queryFlags
 	ports []netpolicy.PortSpec
 	hints bool
+
+	// A UDP query forwarded without waiting (handleAsync): the upstream
+	// part of its state and where its reply goes.
+	up asyncQuery
+	to replier
 }
 
 // parse unpacks raw; it returns nil when the packet is to be dropped
