@@ -126,6 +126,7 @@ func (p *Proxy) serveUDP(pc net.PacketConn) error {
 	if uc, ok := pc.(*net.UDPConn); ok {
 		read = p.batchReader(uc)
 	}
+	rs := newReplySocket(pc)
 	failures := 0
 	for {
 		err := read(func(data []byte, addr net.Addr) {
@@ -133,7 +134,7 @@ func (p *Proxy) serveUDP(pc net.PacketConn) error {
 			if !ok {
 				return
 			}
-			p.serveQuery(pc, src.Addr(), addr, data)
+			p.serveQuery(rs, src.Addr(), addr, data)
 		})
 		if err == nil {
 			failures = 0
@@ -223,19 +224,19 @@ func (p *Proxy) growReadBuffer(uc *net.UDPConn) {
 // data. A query from an unknown source gets REFUSED inline (handleAsync
 // too: should the source register meanwhile, its query still never holds
 // up the reader).
-func (p *Proxy) serveQuery(pc net.PacketConn, src netip.Addr, addr net.Addr, data []byte) {
+func (p *Proxy) serveQuery(rs *replySocket, src netip.Addr, addr net.Addr, data []byte) {
 	if p.session(src) == nil {
-		p.handleAsync(src, data, &udpReply{pc: pc, addr: addr})
+		p.handleAsync(src, data, &udpReply{rs: rs, addr: addr})
 		return
 	}
 	if t, ok := p.sched.tryStart(src); ok {
-		p.handleAsync(src, data, &udpReply{pc: pc, addr: addr, t: t})
+		p.handleAsync(src, data, &udpReply{rs: rs, addr: addr, t: t})
 		return
 	}
 	// The job runs after this returns (queued): it keeps its own copy.
 	pkt := bytes.Clone(data)
 	p.sched.submitTicket(src, func(t ticket) {
-		p.handleAsync(src, pkt, &udpReply{pc: pc, addr: addr, t: t})
+		p.handleAsync(src, pkt, &udpReply{rs: rs, addr: addr, t: t})
 	}, nil, false)
 }
 
@@ -243,14 +244,14 @@ func (p *Proxy) serveQuery(pc net.PacketConn, src netip.Addr, addr net.Addr, dat
 // query came in on, then frees the query's slot (t; none for an unknown
 // source).
 type udpReply struct {
-	pc   net.PacketConn
+	rs   *replySocket
 	addr net.Addr
 	t    ticket
 }
 
 func (r *udpReply) send(out []byte) {
 	if out != nil {
-		r.pc.WriteTo(out, r.addr)
+		r.rs.writeTo(out, r.addr)
 	}
 }
 

@@ -10,6 +10,7 @@ import (
 	"net"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/miekg/dns"
@@ -156,7 +157,7 @@ func (p *udpPool) send(ctx context.Context, timeout time.Duration, query []byte,
 	if !s.arm(w, stop) {
 		stop.stop() // already answered or failed: h has run or runs now
 	}
-	if _, err := s.conn.Write(query); err != nil {
+	if err := s.write(query); err != nil {
 		s.fail(fmt.Errorf("query upstream %s/udp: %w: %w", p.addr, errSocketFailed, ctxErr(ctx, err)))
 	}
 	return nil
@@ -224,6 +225,7 @@ func (p *udpPool) close() {
 type udpSock struct {
 	addr string // the upstream's address:port, for errors
 	conn net.Conn
+	raw  syscall.RawConn // conn's descriptor (nil: not a system socket); see rawwrite.go
 
 	mu      sync.Mutex
 	pending map[uint16]*udpWaiter
@@ -292,7 +294,17 @@ type udpResult struct {
 }
 
 func newUDPSock(addr string, conn net.Conn) *udpSock {
-	return &udpSock{addr: addr, conn: conn, pending: map[uint16]*udpWaiter{}}
+	return &udpSock{addr: addr, conn: conn, raw: rawSocket(conn), pending: map[uint16]*udpWaiter{}}
+}
+
+// write sends query on the socket (a raw write when it is a system
+// socket: rawwrite.go).
+func (s *udpSock) write(query []byte) error {
+	if s.raw != nil {
+		return rawWrite(s.raw, query)
+	}
+	_, err := s.conn.Write(query)
+	return err
 }
 
 // usable reports whether new queries may go to s, which may carry
