@@ -112,18 +112,36 @@ type replySocket struct {
 	v6 bool
 }
 
+// newReplySocket reads the socket's family from the kernel
+// (getsockname): an IPv6 socket takes IPv6 (or IPv4-mapped) destinations.
 func newReplySocket(pc net.PacketConn) *replySocket {
-	rs := &replySocket{pc: pc, rc: rawSocket(pc)}
-	if la, ok := pc.LocalAddr().(*net.UDPAddr); ok && la.IP.To4() == nil {
-		rs.v6 = true
+	rs := &replySocket{pc: pc}
+	rc := rawSocket(pc)
+	if rc == nil {
+		return rs
 	}
+	var family int
+	if err := rc.Control(func(fd uintptr) {
+		switch sa, err := unix.Getsockname(int(fd)); sa.(type) {
+		case *unix.SockaddrInet4:
+			family = unix.AF_INET
+		case *unix.SockaddrInet6:
+			family = unix.AF_INET6
+		default:
+			_ = err // not an IP socket: the net package writes
+		}
+	}); err != nil || family == 0 {
+		return rs
+	}
+	rs.rc, rs.v6 = rc, family == unix.AF_INET6
 	return rs
 }
 
-// writeTo sends b to addr (as pc.WriteTo would).
+// writeTo sends b to addr (as pc.WriteTo would; a raw send that failed is
+// tried once more that way).
 func (rs *replySocket) writeTo(b []byte, addr net.Addr) {
 	if ua, ok := addr.(*net.UDPAddr); ok && rs.rc != nil {
-		if sent, _ := rawSendTo(rs.rc, rs.v6, b, ua.AddrPort()); sent {
+		if sent, err := rawSendTo(rs.rc, rs.v6, b, ua.AddrPort()); sent && err == nil {
 			return
 		}
 	}
