@@ -52,8 +52,8 @@
 // its slot until its answer is sent. A UDP query that may start at once
 // starts on the goroutine that read it: it is parsed, decided and sent
 // upstream without waiting, and the goroutine that reads the upstream
-// socket finishes it (filter, attest, reply, then the slot's release), so
-// the common path wakes no other goroutine. Anything off that path (a
+// socket finishes it (filter, attest, reply, the event, then the slot's
+// release), so the common path wakes no other goroutine. Anything off that path (a
 // failed socket, a truncated or refused answer, a timeout, the session's
 // end) carries on as over TCP, on a goroutine of its own.
 //

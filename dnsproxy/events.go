@@ -45,7 +45,8 @@ type Event struct {
 }
 
 // EventSink receives every decision. Record is called on the answer path,
-// after the answer is written: it must not block for long (buffer or drop).
+// after the answer is written (over TCP, just before): it must not block
+// for long (buffer or drop).
 type EventSink interface {
 	Record(Event)
 }

@@ -51,27 +51,50 @@ func (p *Proxy) handle(ctx context.Context, src netip.Addr, raw []byte, tcp bool
 }
 
 // handleAsync is handle for a UDP query that does not wait for the
-// upstream: reply is called exactly once, with what handle would return,
+// upstream: to.send is called exactly once, with what handle would return,
 // either before handleAsync returns (no upstream needed, or the packet is
 // dropped: then with nil) or later, from the goroutine that got the
 // upstream's answer (see forwardAsync). The answer's addresses are
-// attested before reply is called, as in handle. raw is not kept after
-// handleAsync returns.
-func (p *Proxy) handleAsync(src netip.Addr, raw []byte, reply func([]byte)) {
+// attested before to.send is called, as in handle. The decision is
+// recorded after the send (the client does not wait for the event sink),
+// and to.done is called last. raw is not kept after handleAsync returns.
+func (p *Proxy) handleAsync(src netip.Addr, raw []byte, to replier) {
 	ctx := p.ctx
 	x := p.parse(ctx, src, raw, false)
 	if x == nil {
-		reply(nil)
+		to.send(nil)
+		to.done()
 		return
 	}
 	if !x.decide(p) {
-		reply(p.finish(ctx, x))
+		p.release(ctx, x, to)
 		return
 	}
-	p.forwardAsync(x.s.ctx, x.q, x.flags, func(up *dns.Msg, idx int, rtt time.Duration, err error) {
-		x.useUpstream(p, up, idx, rtt, p.sessionErr(x.s, err))
-		reply(p.finish(ctx, x))
-	})
+	x.to = to
+	x.up = asyncQuery{ctx: x.s.ctx, q: x.q, flags: x.flags, done: x}
+	p.forwardAsync(&x.up)
+}
+
+// forwarded completes x, a UDP query handleAsync sent upstream, from the
+// upstream's answer (or error), and releases its reply.
+func (x *queryState) forwarded(up *dns.Msg, idx int, rtt time.Duration, err error) {
+	p := x.up.p
+	x.useUpstream(p, up, idx, rtt, p.sessionErr(x.s, err))
+	p.release(p.ctx, x, x.to)
+}
+
+// A replier takes one UDP query's reply: send writes it (nil: none),
+// done follows once the decision is recorded (it frees the query's slot).
+type replier interface {
+	send(out []byte)
+	done()
+}
+
+// release sends x's reply through to, then records the decision.
+func (p *Proxy) release(ctx context.Context, x *queryState, to replier) {
+	to.send(p.pack(x))
+	p.record(ctx, x.ev)
+	to.done()
 }
 
 // queryState is one query's state on its way through handle: the request,
@@ -88,6 +111,11 @@ type queryState struct {
 	flags queryFlags
 	ports []netpolicy.PortSpec
 	hints bool
+
+	// A UDP query forwarded without waiting (handleAsync): the upstream
+	// part of its state and where its reply goes.
+	up asyncQuery
+	to replier
 }
 
 // parse unpacks raw; it returns nil when the packet is to be dropped
@@ -112,6 +140,14 @@ func (p *Proxy) parse(ctx context.Context, src netip.Addr, raw []byte, tcp bool)
 // finish packs x's reply (truncated to what the client takes), records
 // the decision and returns the packed reply.
 func (p *Proxy) finish(ctx context.Context, x *queryState) []byte {
+	out := p.pack(x)
+	p.record(ctx, x.ev)
+	return out
+}
+
+// pack packs x's reply, truncated to what the client takes; a reply that
+// does not pack becomes SERVFAIL (x.ev says so).
+func (p *Proxy) pack(x *queryState) []byte {
 	req, resp, ev := x.req, x.resp, &x.ev
 	ev.Rcode = dns.RcodeToString[resp.Rcode]
 	size := dns.MaxMsgSize
@@ -131,7 +167,6 @@ func (p *Proxy) finish(ctx context.Context, x *queryState) []byte {
 		fail.RecursionAvailable = true
 		out, _ = fail.Pack()
 	}
-	p.record(ctx, *ev)
 	return out
 }
 

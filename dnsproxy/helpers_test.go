@@ -290,10 +290,20 @@ func (tp *testProxy) ask(t testing.TB, src netip.Addr, q *dns.Msg, tcp bool) *dn
 // handleUDP answers raw from src as Serve's UDP readers do (handleAsync)
 // and returns the reply once it is sent (nil: dropped).
 func (tp *testProxy) handleUDP(src netip.Addr, raw []byte) []byte {
-	replies := make(chan []byte, 1)
-	tp.handleAsync(src, raw, func(out []byte) { replies <- out })
-	return <-replies
+	r := &chanReplier{out: make(chan []byte, 1)}
+	tp.handleAsync(src, raw, r)
+	return <-r.out
 }
+
+// chanReplier hands the reply over a channel once the decision is
+// recorded (done).
+type chanReplier struct {
+	out  chan []byte
+	sent []byte
+}
+
+func (r *chanReplier) send(out []byte) { r.sent = out }
+func (r *chanReplier) done()           { r.out <- r.sent }
 
 func query(name string, qtype uint16) *dns.Msg {
 	m := new(dns.Msg)

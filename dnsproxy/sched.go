@@ -162,6 +162,30 @@ func (s *scheduler) submitTicket(key netip.Addr, job func(ticket), shed func(), 
 	s.mu.Unlock()
 }
 
+// tryStart takes a slot for a job of session key when one may start at
+// once (as submitTicket would run it inline), and reports false, taking
+// nothing, otherwise: then the job goes through submitTicket. The caller
+// runs the job itself and releases the ticket when its work is done.
+func (s *scheduler) tryStart(key netip.Addr) (ticket, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return ticket{}, false
+	}
+	f := s.flows[key]
+	if f == nil {
+		f = &flow{key: key}
+		s.flows[key] = f
+	}
+	if len(f.queue) != 0 || !s.mayStartLocked(f) {
+		s.dropIfIdleLocked(f)
+		return ticket{}, false
+	}
+	s.running++
+	f.running++
+	return ticket{s, f}, true
+}
+
 // startLocked starts job for f on an idle worker, or on a new one when
 // none is idle (so every started job runs at once: at most max workers are
 // busy).

@@ -263,3 +263,50 @@ func TestSchedulerTicketHeldUntilReleased(t *testing.T) {
 	}
 	s.drain()
 }
+
+// TestSchedulerTryStart: tryStart takes a slot when a job of the session
+// may start at once and holds it until the ticket is released; with every
+// slot held it takes nothing and leaves no flow behind (the job is then
+// queued through submitTicket, and it starts when a slot is released);
+// a session with queued jobs gets no slot ahead of them; after drain
+// nothing starts.
+func TestSchedulerTryStart(t *testing.T) {
+	s := newScheduler(2, 1, time.Minute, func() {})
+	t1, ok1 := s.tryStart(flowA)
+	t2, ok2 := s.tryStart(flowA) // a lone session may use the whole proxy
+	if !ok1 || !ok2 {
+		t.Fatalf("tryStart with free slots: %v %v, want true true", ok1, ok2)
+	}
+	if _, ok := s.tryStart(flowB); ok {
+		t.Fatal("tryStart took a slot with every slot held")
+	}
+	s.mu.Lock()
+	_, left := s.flows[flowB]
+	s.mu.Unlock()
+	if left {
+		t.Error("a refused tryStart left its session's flow behind")
+	}
+	started := make(chan struct{}, 1)
+	s.submitTicket(flowB, func(tk ticket) { started <- struct{}{}; tk.release() }, nil, false)
+	if _, ok := s.tryStart(flowB); ok {
+		t.Error("tryStart took a slot ahead of the session's queued job")
+	}
+	t1.release()
+	select {
+	case <-started:
+	case <-time.After(2 * time.Second):
+		t.Fatal("the queued job did not start after a release")
+	}
+	t2.release()
+	deadline := time.Now().Add(2 * time.Second)
+	for r, q := s.load(); r != 0 || q != 0; r, q = s.load() {
+		if time.Now().After(deadline) {
+			t.Fatalf("running %d queued %d after every release, want 0 and 0", r, q)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	s.drain()
+	if _, ok := s.tryStart(flowA); ok {
+		t.Error("tryStart took a slot after drain")
+	}
+}

@@ -126,6 +126,7 @@ func (p *Proxy) serveUDP(pc net.PacketConn) error {
 	if uc, ok := pc.(*net.UDPConn); ok {
 		read = p.batchReader(uc)
 	}
+	rs := newReplySocket(pc)
 	failures := 0
 	for {
 		err := read(func(data []byte, addr net.Addr) {
@@ -133,7 +134,7 @@ func (p *Proxy) serveUDP(pc net.PacketConn) error {
 			if !ok {
 				return
 			}
-			p.serveQuery(pc, src.Addr(), addr, data)
+			p.serveQuery(rs, src.Addr(), addr, data)
 		})
 		if err == nil {
 			failures = 0
@@ -216,31 +217,48 @@ func (p *Proxy) growReadBuffer(uc *net.UDPConn) {
 // serveQuery answers one UDP query (data, valid only during the call) from
 // src. A registered session's query goes through the scheduler; when it
 // may start at once it starts on the reader's goroutine, which parses and
-// decides it and sends it upstream without waiting: the upstream socket's
-// reader finishes it (filter, attest, reply) and only then releases its
-// slot (handleAsync). A query that needs no upstream is answered at once.
-// A query from an unknown source gets REFUSED inline (handleAsync too:
-// should the source register meanwhile, its query still never holds up
-// the reader).
-func (p *Proxy) serveQuery(pc net.PacketConn, src netip.Addr, addr net.Addr, data []byte) {
+// decides it and sends it upstream without waiting (data is not copied):
+// the upstream socket's reader finishes it (filter, attest, reply) and
+// only then releases its slot (handleAsync). A query that needs no
+// upstream is answered at once. A query that must wait keeps a copy of
+// data. A query from an unknown source gets REFUSED inline (handleAsync
+// too: should the source register meanwhile, its query still never holds
+// up the reader).
+func (p *Proxy) serveQuery(rs *replySocket, src netip.Addr, addr net.Addr, data []byte) {
 	if p.session(src) == nil {
-		p.handleAsync(src, data, func(out []byte) {
-			if out != nil {
-				pc.WriteTo(out, addr)
-			}
-		})
+		p.handleAsync(src, data, &udpReply{rs: rs, addr: addr})
 		return
 	}
-	// The job may run after this returns (queued): it keeps its own copy.
+	if t, ok := p.sched.tryStart(src); ok {
+		p.handleAsync(src, data, &udpReply{rs: rs, addr: addr, t: t})
+		return
+	}
+	// The job runs after this returns (queued): it keeps its own copy.
 	pkt := bytes.Clone(data)
 	p.sched.submitTicket(src, func(t ticket) {
-		p.handleAsync(src, pkt, func(out []byte) {
-			if out != nil {
-				pc.WriteTo(out, addr)
-			}
-			t.release()
-		})
-	}, nil, true)
+		p.handleAsync(src, pkt, &udpReply{rs: rs, addr: addr, t: t})
+	}, nil, false)
+}
+
+// udpReply sends a UDP query's reply to its client from the socket the
+// query came in on, then frees the query's slot (t; none for an unknown
+// source).
+type udpReply struct {
+	rs   *replySocket
+	addr net.Addr
+	t    ticket
+}
+
+func (r *udpReply) send(out []byte) {
+	if out != nil {
+		r.rs.writeTo(out, r.addr)
+	}
+}
+
+func (r *udpReply) done() {
+	if r.t.s != nil {
+		r.t.release()
+	}
 }
 
 // dispatch runs fn for a query from src: through the scheduler for a

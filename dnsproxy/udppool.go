@@ -10,6 +10,7 @@ import (
 	"net"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/miekg/dns"
@@ -126,46 +127,47 @@ func (p *udpPool) exchangeOnce(ctx context.Context, query, q []byte) (*dns.Msg, 
 	}
 }
 
+// An upstreamAnswer takes the outcome of a query sent with send.
+type upstreamAnswer interface {
+	upstreamAnswer(raw []byte, err error)
+}
+
 // send is exchangeOnce without the wait: it sends query (overwriting its
-// id) on one socket and returns; fn is then called exactly once, on the
-// socket's reader goroutine with the answer (valid only during the call),
-// or with an error: the socket failed (wrapping errSocketFailed), timeout
-// passed or ctx ended (from a goroutine of their own). When send itself
-// returns an error fn is never called. (A timer and a function registered
-// with ctx, not a context of its own per query: that would cost a
-// context, its timer and its children map for every query.)
-func (p *udpPool) send(ctx context.Context, timeout time.Duration, query []byte, fn func(raw []byte, err error)) error {
+// id) on one socket and returns; h.upstreamAnswer is then called exactly
+// once, on the socket's reader goroutine with the answer (valid only
+// during the call), or with an error: the socket failed (wrapping
+// errSocketFailed), timeout passed or ctx ended (from a goroutine of their
+// own). When send itself returns an error h is never called. (A timer and
+// a function registered with ctx, not a context of its own per query: that
+// would cost a context, its timer and its children map for every query.)
+func (p *udpPool) send(ctx context.Context, timeout time.Duration, query []byte, h upstreamAnswer) error {
 	q, ok := wireQuestion(query)
 	if !ok {
 		return fmt.Errorf("query upstream %s/udp: %w", p.addr, dns.ErrBuf)
 	}
-	s, w, err := p.register(ctx, query, q, fn)
+	s, w, err := p.register(ctx, query, q, h)
 	if err != nil {
 		return err
 	}
-	expire := func(err error) {
-		if s.forget(w) {
-			fn(nil, fmt.Errorf("read upstream %s/udp: %w", p.addr, err))
-		}
-	}
+	w.ctx = ctx
 	stop := waitStop{
-		ctx:   context.AfterFunc(ctx, func() { expire(ctx.Err()) }),
-		timer: time.AfterFunc(timeout, func() { expire(context.DeadlineExceeded) }),
+		ctx:   context.AfterFunc(ctx, w.ctxDone),
+		timer: time.AfterFunc(timeout, w.timedOut),
 	}
 	if !s.arm(w, stop) {
-		stop.stop() // already answered or failed: fn has run or runs now
+		stop.stop() // already answered or failed: h has run or runs now
 	}
-	if _, err := s.conn.Write(query); err != nil {
+	if err := s.write(query); err != nil {
 		s.fail(fmt.Errorf("query upstream %s/udp: %w: %w", p.addr, errSocketFailed, ctxErr(ctx, err)))
 	}
 	return nil
 }
 
 // register adds a waiter for question q (of query, whose id it sets) to a
-// usable socket, opening one when the slot has none. A waiter with fn has
-// its result passed to fn (see send); one without, sent on its done
+// usable socket, opening one when the slot has none. A waiter with h has
+// its result passed to h (see send); one without, sent on its done
 // channel.
-func (p *udpPool) register(ctx context.Context, query, q []byte, fn func([]byte, error)) (*udpSock, *udpWaiter, error) {
+func (p *udpPool) register(ctx context.Context, query, q []byte, h upstreamAnswer) (*udpSock, *udpWaiter, error) {
 	slot := &p.slots[int(p.next.Add(1)%uint32(len(p.slots)))]
 	slot.mu.Lock()
 	defer slot.mu.Unlock()
@@ -182,11 +184,11 @@ func (p *udpPool) register(ctx context.Context, query, q []byte, fn func([]byte,
 			if err != nil {
 				return nil, nil, fmt.Errorf("dial upstream %s/udp: %w", p.addr, err)
 			}
-			s = newUDPSock(conn)
+			s = newUDPSock(p.addr, conn)
 			slot.cur = s
 			go s.read()
 		}
-		w, err := s.add(query, q, fn)
+		w, err := s.add(query, q, h)
 		if err == nil {
 			return s, w, nil
 		}
@@ -221,7 +223,9 @@ func (p *udpPool) close() {
 // up (forget); once dead is set or the socket is retired no waiter is
 // added; a retired socket is closed as soon as pending is empty.
 type udpSock struct {
+	addr string // the upstream's address:port, for errors
 	conn net.Conn
+	raw  syscall.RawConn // conn's descriptor (nil: not a system socket); see rawwrite.go
 
 	mu      sync.Mutex
 	pending map[uint16]*udpWaiter
@@ -232,15 +236,28 @@ type udpSock struct {
 	idsLeft int // unused random bytes at the end of ids
 }
 
-// udpWaiter is one query in flight on a socket. Its result goes to fn
+// udpWaiter is one query in flight on a socket. Its result goes to h
 // when it has one (called outside the socket's lock; stop, set by arm
 // under it, is called first), else on done.
 type udpWaiter struct {
 	id       uint16
 	question []byte         // wire question (name, type, class) of the query
 	done     chan udpResult // buffered: one send never blocks
-	fn       func(raw []byte, err error)
-	stop     waitStop // ends the wait for a timeout and ctx (see send)
+	h        upstreamAnswer
+	stop     waitStop        // ends the wait for a timeout and ctx (see send)
+	sock     *udpSock        // the socket the query waits on
+	ctx      context.Context // send's: its end ends the wait (ctxDone)
+}
+
+// ctxDone and timedOut end a send's wait: h gets the error, unless the
+// answer (or another error) came first.
+func (w *udpWaiter) ctxDone()  { w.expire(w.ctx.Err()) }
+func (w *udpWaiter) timedOut() { w.expire(context.DeadlineExceeded) }
+
+func (w *udpWaiter) expire(err error) {
+	if w.sock.forget(w) {
+		w.h.upstreamAnswer(nil, fmt.Errorf("read upstream %s/udp: %w", w.sock.addr, err))
+	}
 }
 
 // waitStop is what ends a send's wait: its timer and its function
@@ -260,7 +277,7 @@ func (ws waitStop) stop() {
 // result hands w its result (once: the caller removed w from pending).
 // stop is w.stop as read under the socket's lock.
 func (w *udpWaiter) result(stop waitStop, raw []byte, err error) {
-	if w.fn == nil {
+	if w.h == nil {
 		if raw != nil {
 			raw = bytes.Clone(raw)
 		}
@@ -268,7 +285,7 @@ func (w *udpWaiter) result(stop waitStop, raw []byte, err error) {
 		return
 	}
 	stop.stop()
-	w.fn(raw, err)
+	w.h.upstreamAnswer(raw, err)
 }
 
 type udpResult struct {
@@ -276,8 +293,18 @@ type udpResult struct {
 	err error
 }
 
-func newUDPSock(conn net.Conn) *udpSock {
-	return &udpSock{conn: conn, pending: map[uint16]*udpWaiter{}}
+func newUDPSock(addr string, conn net.Conn) *udpSock {
+	return &udpSock{addr: addr, conn: conn, raw: rawSocket(conn), pending: map[uint16]*udpWaiter{}}
+}
+
+// write sends query on the socket (a raw write when it is a system
+// socket: rawwrite.go).
+func (s *udpSock) write(query []byte) error {
+	if s.raw != nil {
+		return rawWrite(s.raw, query)
+	}
+	_, err := s.conn.Write(query)
+	return err
 }
 
 // usable reports whether new queries may go to s, which may carry
@@ -291,7 +318,7 @@ func (s *udpSock) usable(maxQueries int) bool {
 // add registers a waiter for question q under a random id not in flight,
 // and writes the id into query (under the lock, so that whoever gets the
 // waiter's result finds it written).
-func (s *udpSock) add(query, q []byte, fn func([]byte, error)) (*udpWaiter, error) {
+func (s *udpSock) add(query, q []byte, h upstreamAnswer) (*udpWaiter, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.dead != nil {
@@ -305,8 +332,8 @@ func (s *udpSock) add(query, q []byte, fn func([]byte, error)) (*udpWaiter, erro
 		if _, taken := s.pending[id]; taken {
 			continue
 		}
-		w := &udpWaiter{id: id, question: q, fn: fn}
-		if fn == nil {
+		w := &udpWaiter{id: id, question: q, h: h, sock: s}
+		if h == nil {
 			w.done = make(chan udpResult, 1)
 		}
 		binary.BigEndian.PutUint16(query, id)

@@ -23,8 +23,8 @@ var ErrUpstream = errors.New("all upstreams failed")
 // bytes, one question, one OPT record.
 const queryBufSize = 512
 
-// asyncQueryBufSize fits the query of a name of up to about 100 bytes;
-// forwardAsync allocates one per query (a longer name's, PackBuffer).
+// asyncQueryBufSize fits the query of a name of up to about 100 bytes:
+// the buffer of an asyncQuery (a longer name's is allocated).
 const asyncQueryBufSize = 128
 
 // queryBufs recycles the buffers queries are packed into. Each holds two
@@ -55,21 +55,45 @@ func (p *Proxy) forward(ctx context.Context, q dns.Question, fl queryFlags) (*dn
 
 // packUpstreamQuery packs the upstream query for q into buf (or a new
 // buffer when buf is too small): frame is two spare bytes, then the query.
+// The query is written directly (header, the one question, an OPT record
+// advertising ednsSize with DO as asked): the same bytes dns.Msg would
+// pack (TestPackUpstreamQueryWire), without a message, an OPT record and
+// a compression pass per query.
 func packUpstreamQuery(q dns.Question, fl queryFlags, buf []byte) (frame []byte, err error) {
-	m := dns.Msg{Question: []dns.Question{q}}
-	m.RecursionDesired = true
-	m.CheckingDisabled = fl.cd
-	m.SetEdns0(ednsSize, fl.do)
-	wire, err := m.PackBuffer(buf[2:])
+	const optLen = 11 // root name, type, class (payload size), ttl (ext. rcode, version, flags), rdlength
+	if need := 2 + headerLen + len(q.Name) + 1 + 4 + optLen; len(buf) < need {
+		buf = make([]byte, need+8) // a name with escapes packs shorter than its text
+	}
+	b := buf[2:]
+	clear(b[:headerLen])
+	flags := uint16(0x0100) // RD
+	if fl.cd {
+		flags |= 0x0010 // CD
+	}
+	binary.BigEndian.PutUint16(b[2:], flags)
+	binary.BigEndian.PutUint16(b[4:], 1)  // qdcount
+	binary.BigEndian.PutUint16(b[10:], 1) // arcount: the OPT record
+	off, err := dns.PackDomainName(q.Name, b, headerLen, nil, false)
 	if err != nil {
 		return nil, fmt.Errorf("%w: pack query: %w", ErrUpstream, err)
 	}
-	frame = buf[:2+len(wire)]
-	if &frame[2] != &wire[0] {
-		// The buffer was too small and PackBuffer allocated: frame it anew.
-		frame = append([]byte{0, 0}, wire...)
+	if off+4+optLen > len(b) {
+		return nil, fmt.Errorf("%w: pack query %q: %w", ErrUpstream, q.Name, dns.ErrBuf)
 	}
-	return frame, nil
+	binary.BigEndian.PutUint16(b[off:], q.Qtype)
+	binary.BigEndian.PutUint16(b[off+2:], q.Qclass)
+	off += 4
+	o := b[off : off+optLen]
+	o[0] = 0 // the root name
+	binary.BigEndian.PutUint16(o[1:], dns.TypeOPT)
+	binary.BigEndian.PutUint16(o[3:], ednsSize)
+	ttl := uint32(0) // extended rcode 0, version 0
+	if fl.do {
+		ttl |= 0x8000 // DO
+	}
+	binary.BigEndian.PutUint32(o[5:], ttl)
+	binary.BigEndian.PutUint16(o[9:], 0) // no options
+	return buf[:2+off+optLen], nil
 }
 
 // udpTry is the first UDP exchange of an upstream's try, made elsewhere
@@ -171,59 +195,90 @@ func (p *Proxy) checkAnswer(server string, q dns.Question, r *dns.Msg) error {
 	return nil
 }
 
-// forwardAsync is forward without waiting: it sends the query for q to the
-// preferred upstream over UDP and returns; done is called exactly once
-// with forward's results. When that first exchange brings a usable answer
-// (the common case), done runs on the upstream socket's reader goroutine,
-// so no goroutine is woken for it; anything else (a failed socket, a
-// truncated or refused answer, a timeout, the session's end) carries the
-// query on as forward would, on a goroutine of its own. The upstream
-// waits end with ctx (the session's) as in forward.
-func (p *Proxy) forwardAsync(ctx context.Context, q dns.Question, fl queryFlags, done func(*dns.Msg, int, time.Duration, error)) {
+// forwardAsync is forward without waiting: it sends the query for a.q to
+// the preferred upstream over UDP and returns; a.done is called exactly
+// once with forward's results. When that first exchange brings a usable
+// answer (the common case), a.done runs on the upstream socket's reader
+// goroutine, so no goroutine is woken for it; anything else (a failed
+// socket, a truncated or refused answer, a timeout, the session's end)
+// carries the query on as forward would, on a goroutine of its own. The
+// upstream waits end with a.ctx (the session's) as in forward. The caller
+// sets a.ctx, a.q, a.flags and a.done; a is the query's state on the
+// socket from then on (one object, no closure per query).
+func (p *Proxy) forwardAsync(a *asyncQuery) {
+	a.p = p
 	// The frame is this query's own (not from queryBufs): the socket's
 	// reader may finish the query while send's write still reads it.
-	frame, err := packUpstreamQuery(q, fl, make([]byte, asyncQueryBufSize))
+	frame, err := packUpstreamQuery(a.q, a.flags, a.buf[:])
 	if err != nil {
-		done(nil, 0, 0, err)
+		a.done.forwarded(nil, 0, 0, err)
 		return
 	}
-	first := int(p.preferred.Load()) % len(p.cfg.Upstreams)
-	if ctx.Err() != nil {
-		go func() { done(p.forwardFrame(ctx, q, frame, first, nil)) }()
+	a.frame = frame
+	a.first = int(p.preferred.Load()) % len(p.cfg.Upstreams)
+	if a.ctx.Err() != nil {
+		go func() { a.done.forwarded(p.forwardFrame(a.ctx, a.q, frame, a.first, nil)) }()
 		return
 	}
-	start := time.Now()
-	carryOn := func(r *dns.Msg, err error) {
-		// A copy: the retries write new ids into it while send's write
-		// may still read the first one.
-		frame := bytes.Clone(frame)
-		go func() {
-			// The rest of the try keeps the try's deadline.
-			tctx, cancel := context.WithDeadline(ctx, start.Add(p.cfg.Timeout))
-			done(p.forwardFrame(ctx, q, frame, first, &udpTry{ctx: tctx, cancel: cancel, start: start, r: r, err: err, tries: 1}))
-		}()
+	a.start = time.Now()
+	if err := p.udp[a.first].send(a.ctx, p.cfg.Timeout, frame[2:], a); err != nil {
+		a.carryOn(nil, err)
 	}
-	err = p.udp[first].send(ctx, p.cfg.Timeout, frame[2:], func(raw []byte, err error) {
-		if err != nil {
-			carryOn(nil, err)
-			return
-		}
-		r := new(dns.Msg)
-		if err := r.Unpack(raw); err != nil {
-			carryOn(nil, fmt.Errorf("read upstream %s/udp: %w", p.upstreamAddrs[first], err))
-			return
-		}
-		if r.Truncated || p.checkAnswer(p.upstreamAddrs[first], q, r) != nil {
-			carryOn(r, nil)
-			return
-		}
-		rtt := time.Since(start)
-		p.stats.upstream.observe(rtt)
-		done(r, first, rtt, nil)
-	})
+}
+
+// asyncQuery is one query forwardAsync sends: what it was asked, the
+// packed query (buf holds a name of up to about 100 bytes; a longer one
+// gets a buffer of its own) and where its outcome goes.
+type asyncQuery struct {
+	p     *Proxy
+	ctx   context.Context
+	q     dns.Question
+	flags queryFlags
+	done  forwardDone
+	first int       // the upstream asked first
+	start time.Time // when it was asked
+	frame []byte
+	buf   [asyncQueryBufSize]byte
+}
+
+// A forwardDone takes forward's results for an asyncQuery.
+type forwardDone interface {
+	forwarded(r *dns.Msg, idx int, rtt time.Duration, err error)
+}
+
+// upstreamAnswer takes the first exchange's outcome (see udpPool.send).
+func (a *asyncQuery) upstreamAnswer(raw []byte, err error) {
+	p := a.p
 	if err != nil {
-		carryOn(nil, err)
+		a.carryOn(nil, err)
+		return
 	}
+	r := new(dns.Msg)
+	if err := r.Unpack(raw); err != nil {
+		a.carryOn(nil, fmt.Errorf("read upstream %s/udp: %w", p.upstreamAddrs[a.first], err))
+		return
+	}
+	if r.Truncated || p.checkAnswer(p.upstreamAddrs[a.first], a.q, r) != nil {
+		a.carryOn(r, nil)
+		return
+	}
+	rtt := time.Since(a.start)
+	p.stats.upstream.observe(rtt)
+	a.done.forwarded(r, a.first, rtt, nil)
+}
+
+// carryOn finishes the query as forward would, from the first exchange's
+// outcome, on a goroutine of its own.
+func (a *asyncQuery) carryOn(r *dns.Msg, err error) {
+	p := a.p
+	// A copy: the retries write new ids into it while send's write may
+	// still read the first one.
+	frame := bytes.Clone(a.frame)
+	go func() {
+		// The rest of the try keeps the try's deadline.
+		tctx, cancel := context.WithDeadline(a.ctx, a.start.Add(p.cfg.Timeout))
+		a.done.forwarded(p.forwardFrame(a.ctx, a.q, frame, a.first, &udpTry{ctx: tctx, cancel: cancel, start: a.start, r: r, err: err, tries: 1}))
+	}()
 }
 
 // exchangeTCP sends the query in frame (two spare bytes, then the packed
