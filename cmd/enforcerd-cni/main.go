@@ -67,12 +67,16 @@ func cmdAdd(args *skel.CmdArgs) error {
 	if err != nil {
 		return daemonError(conf, "add", err)
 	}
-	ci, err := inspectIface(args.Netns, args.IfName)
-	if err == nil && ci.MAC == nil {
+	// The netns's resolv.conf is written while the interface is read (file
+	// system work beside a thread in the netns: they share nothing).
+	wrote := make(chan error, 1)
+	go func() { wrote <- writeNetnsResolvConf(etcNetns, args.Netns, info.Name, info.DNS) }()
+	mac, err := ifaceMAC(args.Netns, args.IfName)
+	if err == nil && mac == nil {
 		err = fmt.Errorf("%s in netns %s has no ethernet address", args.IfName, args.Netns)
 	}
-	if err == nil {
-		err = writeNetnsResolvConf(etcNetns, args.Netns, info.Name, info.DNS)
+	if werr := <-wrote; err == nil {
+		err = werr
 	}
 	if err != nil {
 		if rerr := removeNetnsResolvConf(etcNetns, args.Netns, info.Name); rerr != nil {
@@ -84,7 +88,7 @@ func cmdAdd(args *skel.CmdArgs) error {
 		}
 		return types.NewError(types.ErrInternal, "add: "+err.Error(), "")
 	}
-	res, err := result(info, args.IfName, args.Netns, ci.MAC)
+	res, err := result(info, args.IfName, args.Netns, mac)
 	if err != nil {
 		return types.NewError(types.ErrInternal, err.Error(), "")
 	}
