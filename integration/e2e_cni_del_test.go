@@ -83,8 +83,12 @@ func TestE2ECNIDelRetires(t *testing.T) {
 		if w.lastArrivedSent.After(w.down) {
 			t.Errorf("round %d: a datagram sent %s after the host side went down reached the server", round, w.lastArrivedSent.Sub(w.down))
 		}
-		t.Logf("round %d: %d datagrams sent while the old eth0 was seen down (%s); %d arrived in all",
-			round, w.sentBetween, w.lastSeenDown.Sub(w.down), w.arrivedTotal)
+		seenDown := time.Duration(0)
+		if !w.lastSeenDown.IsZero() {
+			seenDown = w.lastSeenDown.Sub(w.down)
+		}
+		t.Logf("round %d: %d datagrams sent while the old eth0 was seen down (for %s); %d arrived in all",
+			round, w.sentBetween, seenDown, w.arrivedTotal)
 		if _, err := world.Lookup(ns, e2eAnycastDNS, "api.e2e.test.", dns.TypeA, false, 300*time.Millisecond); err == nil {
 			t.Errorf("round %d: the resolver answers the guest after DEL", round)
 		}
@@ -115,6 +119,27 @@ func TestE2ECNIDelRetires(t *testing.T) {
 			t.Errorf("round %d: CHECK after the re-ADD: %v", round, err)
 		}
 	}
+	// DEL deletes only its own attachment's session: a session another
+	// caller made under the name the attachment would have is left alone
+	// (one request: the daemon checks and deletes as one operation).
+	nsY := runtimeNetns(t, e.w, "y")
+	rtY := &libcni.RuntimeConf{ContainerID: "ctr-y-" + e.w.ID, NetNS: nsY, IfName: "eth0"}
+	if _, err := rtm.add(rtY); err != nil {
+		t.Fatalf("ADD y: %v", err)
+	}
+	y, _ := e.sessionOf(rtY.ContainerID)
+	if err := rtm.del(rtY); err != nil {
+		t.Fatalf("DEL y: %v", err)
+	}
+	e.createNetOnly(y.Name, "--allow", "api.e2e.test")
+	if err := rtm.del(rtY); err != nil {
+		t.Errorf("DEL y with its name taken by another session: %v", err)
+	}
+	if got := e.inspect(y.Name); got.ContainerID != "" || got.Name != y.Name {
+		t.Errorf("DEL y removed or changed the session another caller made under its name: %+v", got)
+	}
+	e.cli("session", "rm", y.Name)
+
 	// SIGTERM right after DELs: the daemon exits once the veths are gone.
 	var doomed []string
 	addSome := func(tag string, n int) []*libcni.RuntimeConf {

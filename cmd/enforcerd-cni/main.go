@@ -163,9 +163,11 @@ func result(info api.SessionInfo, ifname, netns string, mac net.HardwareAddr) (*
 // (its slot's /126, nsmgr.Pool6SlotBits; the plugin imports no nsmgr).
 const guest6Bits = 126
 
-// cmdDel deletes the attachment's session. Gone already (or never made,
-// or the netns gone) is success; a session of that name that is another
-// attachment's is left alone.
+// cmdDel deletes the attachment's session: one request, which the daemon
+// carries out only if the session is this attachment's (its container ID
+// and interface name). Gone already (or never made, or the netns gone) is
+// success; a session of that name that is another attachment's is left
+// alone.
 func cmdDel(args *skel.CmdArgs) error {
 	conf, c, ctx, cancel, err := setup(args)
 	if err != nil {
@@ -173,24 +175,15 @@ func cmdDel(args *skel.CmdArgs) error {
 	}
 	defer cancel()
 	name := sessionName(conf.Name, args.ContainerID, args.IfName)
-	info, err := c.Inspect(ctx, name)
-	if errors.Is(err, api.ErrNotFound) {
-		// (a DEL that the runtime repeats after the session went: the
-		// netns's resolv.conf may still be there)
-		if err := removeNetnsResolvConf(etcNetns, args.Netns, name); err != nil {
-			return types.NewError(types.ErrInternal, "del: "+err.Error(), "")
-		}
-		return nil
-	}
-	if err != nil {
+	err = c.RemoveAttachment(ctx, name, api.AttachmentRef{ContainerID: args.ContainerID, IfName: args.IfName})
+	switch {
+	case errors.Is(err, api.ErrNameTaken):
+		return nil // (another attachment's: not ours to delete)
+	case err != nil && !errors.Is(err, api.ErrNotFound):
 		return daemonError(conf, "del", err)
 	}
-	if !owns(info, args.ContainerID, args.IfName) {
-		return nil
-	}
-	if err := c.Remove(ctx, name); err != nil && !errors.Is(err, api.ErrNotFound) {
-		return daemonError(conf, "del", err)
-	}
+	// Deleted now, or before (a DEL that the runtime repeats after the
+	// session went: the netns's resolv.conf may still be there).
 	if err := removeNetnsResolvConf(etcNetns, args.Netns, name); err != nil {
 		return types.NewError(types.ErrInternal, "del: "+err.Error(), "")
 	}
