@@ -44,6 +44,10 @@ func (m *Manager) retireLink(link netlink.Link) error {
 		m.mu.Unlock()
 		return m.deleteRetired(link)
 	}
+	if m.retiring[idx] != nil {
+		m.mu.Unlock()
+		return nil // (a second Delete: its delete is in flight)
+	}
 	m.retiring[idx] = done
 	m.retireWG.Add(1)
 	m.mu.Unlock()
