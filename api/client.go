@@ -199,6 +199,22 @@ func (c *Client) Remove(ctx context.Context, name string) error {
 	return c.call(ctx, http.MethodDelete, sessionPath(name), nil, nil)
 }
 
+// AttachmentRef names an attachment: the container and its interface,
+// as a session made with netns_path records them (ContainerID, IfName).
+type AttachmentRef struct {
+	ContainerID string
+	IfName      string
+}
+
+// RemoveAttachment deletes one session if it is at's: one request, no
+// inspect before (what enforcerd-cni's DEL sends). A session of that name
+// that is another attachment's is left alone: an error wrapping
+// ErrNameTaken.
+func (c *Client) RemoveAttachment(ctx context.Context, name string, at AttachmentRef) error {
+	q := url.Values{"container_id": {at.ContainerID}, "ifname": {at.IfName}}
+	return c.call(ctx, http.MethodDelete, sessionPath(name)+"?"+q.Encode(), nil, nil)
+}
+
 // RemoveByLabel deletes every session carrying the label and returns
 // their names (those deleted before a failure, with the error).
 func (c *Client) RemoveByLabel(ctx context.Context, key, value string) ([]string, error) {

@@ -10,6 +10,10 @@ import (
 type Engine interface {
 	Create(ctx context.Context, req CreateRequest) (SessionInfo, error)
 	Delete(ctx context.Context, name string) error
+	// DeleteAttachment is Delete of a session only if it is that
+	// attachment's (its container ID and interface name); a session of
+	// that name that is another's is left alone: ErrNameTaken.
+	DeleteAttachment(ctx context.Context, name string, at AttachmentRef) error
 	DeleteByLabel(ctx context.Context, key, value string) ([]string, error)
 	List(labelKey, labelValue string) []SessionInfo
 	Inspect(name string) (SessionInfo, error)

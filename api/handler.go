@@ -302,7 +302,15 @@ func (a *server) inspect(w http.ResponseWriter, r *http.Request) {
 
 func (a *server) delete(w http.ResponseWriter, r *http.Request) {
 	name := r.PathValue("name")
-	if err := a.e.Delete(r.Context(), name); err != nil {
+	q := r.URL.Query()
+	var err error
+	if q.Has("container_id") || q.Has("ifname") {
+		// (only of that attachment: enforcerd-cni's DEL)
+		err = a.e.DeleteAttachment(r.Context(), name, AttachmentRef{ContainerID: q.Get("container_id"), IfName: q.Get("ifname")})
+	} else {
+		err = a.e.Delete(r.Context(), name)
+	}
+	if err != nil {
 		a.fail(w, r, err)
 		return
 	}

@@ -629,17 +629,45 @@ func (e *Engine) sandboxSpec(s *liveSession) container.Spec {
 
 // Delete tears a session down in the fixed order; every step tolerates
 // "already gone", so a partial failure never blocks the rest.
-func (e *Engine) Delete(ctx context.Context, name string) (err error) {
+func (e *Engine) Delete(ctx context.Context, name string) error {
+	return e.deleteIf(ctx, name, nil)
+}
+
+// DeleteAttachment is Delete of a session only if it is at's (the
+// container ID and interface name of its request); another's is left
+// alone, an error wrapping api.ErrNameTaken. The check and the delete are
+// one operation on the session: nothing can take the name in between.
+func (e *Engine) DeleteAttachment(ctx context.Context, name string, at api.AttachmentRef) error {
+	return e.deleteIf(ctx, name, func(rec SessionRecord) error {
+		if rec.Request.ContainerID != at.ContainerID || rec.Request.IfName != at.IfName {
+			return fmt.Errorf("session %q is container %q's %q, not container %q's %q: %w",
+				name, rec.Request.ContainerID, rec.Request.IfName, at.ContainerID, at.IfName, api.ErrNameTaken)
+		}
+		return nil
+	})
+}
+
+// deleteIf is Delete once check (nil: none) passed the session's record.
+func (e *Engine) deleteIf(ctx context.Context, name string, check func(SessionRecord) error) (err error) {
+	s, err := e.reserve(name, true)
+	if err != nil {
+		// (a CNI DEL repeated after the session went is no failure)
+		if check == nil || !errors.Is(err, api.ErrNotFound) {
+			e.recordCall(ctx, name, "delete_failed", nil, err)
+		}
+		return err
+	}
+	defer e.release(name)
+	if check != nil {
+		if err := check(s.rec); err != nil {
+			return err // (not a failed delete: nothing was asked of this session)
+		}
+	}
 	defer func() {
 		if err != nil {
 			e.recordCall(ctx, name, "delete_failed", nil, err)
 		}
 	}()
-	s, err := e.reserve(name, true)
-	if err != nil {
-		return err
-	}
-	defer e.release(name)
 	if err := e.teardown(s.rec, s.rules); err != nil {
 		return err
 	}

@@ -91,8 +91,11 @@ func Open(cfg Config, log *slog.Logger, reg *metrics.Registry) (_ *Engine, err e
 	// A released address is handed out again only once the firewall has
 	// flushed its conntrack entries (in the background, after removal).
 	guestClean := func(g netip.Addr) bool { return fw == nil || fw.FlowsFlushed(g) }
+	// A background veth delete that failed leaves the veth down and its
+	// slot quarantined; the next start's reap removes it.
+	retireFailed := func(err error) { log.Error("background veth delete (the next start reaps it)", "err", err) }
 	if nets, err = nsmgr.New(nsmgr.Config{Prefix: cfg.NamePrefix, Pool: cfg.Pool, Pool6: cfg.Pool6, HostNS: host, GuestClean: guestClean,
-		Prepared: cfg.PreparedNetns}); err != nil {
+		Prepared: cfg.PreparedNetns, RetireFailed: retireFailed}); err != nil {
 		return nil, err
 	}
 	// Before the first kernel change: the table would treat such a link as

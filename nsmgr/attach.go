@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"io/fs"
 	"path/filepath"
+	"time"
 
+	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 )
@@ -65,8 +67,9 @@ func ValidateAttachment(at Attachment) error {
 //
 // The host veth's alias is "<prefix>-<session> attached", so Recover and
 // Reap know the session without a netns file. Delete removes the veth pair
-// (synchronously: the kernel would keep it as long as the runtime keeps its
-// netns) and never the netns. A failure unwinds like Create's.
+// (the kernel would keep it as long as the runtime keeps its netns: the
+// host side down at once, the pair deleted in the background, retire.go)
+// and never the netns. A failure unwinds like Create's.
 //
 // It refuses the daemon's own netns, init's, the netns of any session
 // of this Manager, made (or being made) or attached, and its prepared netns: a veth there would
@@ -116,6 +119,9 @@ func (c *creation) runAttach() error {
 // openNetns opens the runtime's netns and a netlink socket in it, refuses a
 // netns that is not the caller's to give (see Attach), and checks that the
 // interface name is free there, so that a failed add names the right cause.
+// An interface of that name that is the guest side of a veth this Manager
+// is deleting in the background (a DEL just before: retire.go) is waited
+// for, not refused.
 func (c *creation) openNetns() error {
 	path := c.attach.NetnsPath
 	ns, err := netns.GetFromPath(path)
@@ -123,27 +129,64 @@ func (c *creation) openNetns() error {
 		return fmt.Errorf("open netns %s: %w", path, err)
 	}
 	c.nsFD = ns
-	if err := c.m.refuseTarget(ns, path); err != nil {
+	if err := c.m.refuseMade(ns, path); err != nil {
 		return err
 	}
 	if c.guest, err = handleIn(ns); err != nil {
 		return fmt.Errorf("netns %s: %w", path, err)
 	}
-	_, err = c.guest.LinkByName(c.ifname)
-	switch {
-	case err == nil:
-		return &RefusedError{fmt.Sprintf("interface %s exists in netns %s: want another interface name", c.ifname, path)}
-	case !isNotFound(err):
-		return fmt.Errorf("find %s in netns %s: %w", c.ifname, path, err)
+	links, err := c.m.linksIn(c.guest, path)
+	if err != nil {
+		return err
+	}
+	session, err := c.m.sessionWithPeerIn(c.guest, links)
+	if err != nil || session != "" {
+		return refusal(path, "the netns of session "+session, err)
+	}
+	for _, l := range links {
+		if l.Attrs().Name == c.ifname {
+			return &RefusedError{fmt.Sprintf("interface %s exists in netns %s: want another interface name", c.ifname, path)}
+		}
 	}
 	return nil
 }
 
-// refuseTarget fails when ns is the daemon's netns, init's, or the netns of
-// any session of this Manager: one it made, or one a session was attached to
-// (so that attaching cannot add a route to a netns whose policy, --locked
-// included, another session holds).
-func (m *Manager) refuseTarget(ns netns.NsHandle, path string) error {
+// linksIn lists the links of the netns of h (a runtime's netns: lo and
+// little else), first waiting for the background deletes of this
+// Manager's veths that still reach into it (retire.go), so that neither
+// their guest side nor their owner alias is met.
+func (m *Manager) linksIn(h *netlink.Handle, path string) ([]netlink.Link, error) {
+	deadline := time.Now().Add(retireWait)
+	for {
+		links, err := retryDump("links", h.LinkList)
+		if err != nil {
+			return nil, fmt.Errorf("list links in netns %s: %w", path, err)
+		}
+		var wait <-chan struct{}
+		for _, l := range links {
+			if a := l.Attrs(); a.NetNsID >= 0 && a.ParentIndex > 0 {
+				if done := m.retiringDone(a.ParentIndex); done != nil {
+					wait = done
+					break
+				}
+			}
+		}
+		if wait == nil {
+			return links, nil
+		}
+		select {
+		case <-wait:
+		case <-time.After(time.Until(deadline)):
+			return links, nil // (still there: refused below as any session's netns)
+		}
+	}
+}
+
+// refuseMade fails when ns is the daemon's netns, init's, or the netns of
+// a session this Manager made (sessionWithPeerIn covers the netns a session
+// was attached to: attaching must not add a route to a netns whose policy,
+// --locked included, another session holds).
+func (m *Manager) refuseMade(ns netns.NsHandle, path string) error {
 	if same, err := sameNetns(ns, m.cfg.HostNS); err != nil || same {
 		return refusal(path, "the daemon's own netns", err)
 	}
@@ -185,49 +228,62 @@ func (m *Manager) refuseTarget(ns netns.NsHandle, path string) error {
 			return refusal(path, o.what, err)
 		}
 	}
-	session, err := m.sessionWithPeerIn(ns)
-	if err != nil || session != "" {
-		return refusal(path, "the netns of session "+session, err)
-	}
 	return nil
 }
 
-// sessionWithPeerIn returns the session whose host veth has its peer in ns,
-// or "" when none has. This is how an attached session's netns is known
-// (a CNI or bring-your-own netns: the Manager keeps no path of it after
-// Recover, and a /proc/PID/ns/net path may name another netns by now): by
-// the kernel's own link between the two ends of the veth, the peer's netns
-// id as the host's netns sees it. It covers every session with a NIC,
-// daemon-made ones included, of this Manager and of an earlier run of it.
-func (m *Manager) sessionWithPeerIn(ns netns.NsHandle) (string, error) {
-	// The dump first: filling a link's IFLA_LINK_NETNSID gives the peer's
-	// netns an id in the host's netns if it had none, so the id read below
-	// is comparable whenever a veth of ours reaches into ns.
-	links, err := retryDump("links", m.host.LinkList)
-	if err != nil {
-		return "", err
-	}
-	owners := map[int]string{}
+// sessionWithPeerIn returns the session whose host veth has its peer among
+// links, the links of the netns of h, or "" when none has. This is how an
+// attached session's netns is known (a CNI or bring-your-own netns: the
+// Manager keeps no path of it after Recover, and a /proc/PID/ns/net path
+// may name another netns by now): by the kernel's own link between the two
+// ends of a veth, seen from the netns being attached, which holds a few
+// links, rather than from the host's, which holds one per session. A link
+// there whose peer is in the host's netns (its link-netnsid is the id the
+// netns gives the host's) names the peer's ifindex, and that host link's
+// name and owner alias name the session. It covers every session with a
+// NIC, daemon-made ones included, of this Manager and of an earlier run of
+// it.
+func (m *Manager) sessionWithPeerIn(h *netlink.Handle, links []netlink.Link) (string, error) {
+	var peers []int
 	for _, l := range links {
-		a := l.Attrs()
-		if _, ok := parseHostIfaceName(m.cfg.Prefix, a.Name); !ok || a.NetNsID < 0 {
-			continue
-		}
-		if session, _, ok := parseOwnerAlias(m.cfg.Prefix, a.Alias); ok {
-			owners[a.NetNsID] = session
+		if a := l.Attrs(); a.NetNsID >= 0 && a.ParentIndex > 0 {
+			peers = append(peers, a.ParentIndex)
 		}
 	}
-	if len(owners) == 0 {
+	if len(peers) == 0 {
 		return "", nil
 	}
-	id, err := m.host.GetNetNsIdByFd(int(ns))
+	// The dump (linksIn) filled each link's IFLA_LINK_NETNSID, which gives
+	// the peer's netns an id in this one if it had none: the host's id
+	// read here is comparable whenever a veth reaches into the host.
+	id, err := h.GetNetNsIdByFd(int(m.cfg.HostNS))
 	if err != nil {
-		return "", fmt.Errorf("netns id: %w", err)
+		return "", fmt.Errorf("netns id of the host: %w", err)
 	}
 	if id < 0 {
-		return "", nil // no id in the host's netns: no veth of ours reaches it
+		return "", nil // no id here for the host's netns: no veth reaches it
 	}
-	return owners[id], nil
+	for _, l := range links {
+		a := l.Attrs()
+		if a.NetNsID != id || a.ParentIndex <= 0 {
+			continue
+		}
+		peer, err := m.host.LinkByIndex(a.ParentIndex)
+		if isNotFound(err) {
+			continue // deleted meanwhile
+		}
+		if err != nil {
+			return "", fmt.Errorf("peer of %s: %w", a.Name, err)
+		}
+		pa := peer.Attrs()
+		if _, ok := parseHostIfaceName(m.cfg.Prefix, pa.Name); !ok {
+			continue
+		}
+		if session, _, ok := parseOwnerAlias(m.cfg.Prefix, pa.Alias); ok {
+			return session, nil
+		}
+	}
+	return "", nil
 }
 
 func refusal(path, what string, err error) error {
@@ -284,10 +340,12 @@ func (c *creation) configureGuestIPv6() error {
 	})
 }
 
-// deleteAttachedVeth deletes the host veth of slot if its alias names name
-// as attached (the peer goes with it). A missing link, or one that is not
-// this attached session's, is left alone: success.
-func (m *Manager) deleteAttachedVeth(name string, slot int) error {
+// retireAttachedVeth takes the host veth of slot down and deletes it in
+// the background (retire.go) if its alias names name as attached (the peer
+// goes with it). Once it returns, no packet passes the veth either way. A
+// missing link, or one that is not this attached session's, is left alone:
+// success.
+func (m *Manager) retireAttachedVeth(name string, slot int) error {
 	hostName := HostIfaceName(m.cfg.Prefix, slot)
 	link, err := m.host.LinkByName(hostName)
 	if isNotFound(err) {
@@ -299,8 +357,11 @@ func (m *Manager) deleteAttachedVeth(name string, slot int) error {
 	if session, attached, _ := parseOwnerAlias(m.cfg.Prefix, link.Attrs().Alias); !attached || session != name {
 		return nil
 	}
-	if err := m.host.LinkDel(link); err != nil && !isNotFound(err) {
-		return fmt.Errorf("delete link %s: %w", hostName, err)
+	if err := m.host.LinkSetDown(link); err != nil {
+		if isNotFound(err) {
+			return nil
+		}
+		return fmt.Errorf("set link %s down: %w", hostName, err)
 	}
-	return nil
+	return m.retireLink(link)
 }

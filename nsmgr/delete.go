@@ -6,8 +6,11 @@ import "fmt"
 // NIC); it needs no live handle, so it works after a restart. Every step
 // treats "already gone" as success: calling Delete twice is fine.
 //
-// An attached session (see Attach) loses its veth pair, deleted here, and
-// nothing else: its netns is never unmounted or removed.
+// An attached session (see Attach) loses its veth pair and nothing else:
+// its netns is never unmounted or removed. The host side goes down here, so
+// no packet passes once Delete returns, and the pair is deleted in the
+// background (retire.go), its slot quarantined until the kernel has
+// removed it.
 //
 // It removes the session's resolv.conf under Config.EtcNetnsDir (and the
 // directory holding it, when left empty) first.
@@ -38,10 +41,11 @@ func (m *Manager) Delete(name string, slot int) error {
 	}
 	m.mu.Unlock()
 
-	// An attached session's veth goes now: its netns is the runtime's and
-	// may live on. (For a session not known, the alias decides.)
+	// An attached session's veth goes down now and is deleted in the
+	// background (retire.go): its netns is the runtime's and may live on.
+	// (For a session not known, the alias decides.)
 	if slot >= 0 && (!known || s.Attached) {
-		if err := m.deleteAttachedVeth(name, slot); err != nil {
+		if err := m.retireAttachedVeth(name, slot); err != nil {
 			return fmt.Errorf("delete session %s: %w", name, err)
 		}
 	}

@@ -51,6 +51,10 @@ type Config struct {
 	// Fault passed it): an observer for timing the steps (the bench), it
 	// cannot fail one.
 	StepStarted func(step string)
+	// RetireFailed, when set, is told of a background veth delete that
+	// failed (see retire.go): the veth stays down and its slot quarantined
+	// until Reap removes it.
+	RetireFailed func(err error)
 	// NoLinkEcho is a test seam: Create asks no echo of the veth it
 	// creates, as on a kernel before 6.3 (which sends none), so that the
 	// lookups by name that such a kernel needs are exercised here too.
@@ -113,6 +117,10 @@ type Manager struct {
 	prep     preparedPool
 	claimed  int // creates served from the pool
 	fresh    int // creates that found the pool empty
+	// retiring maps the ifindex of each host veth whose background delete
+	// is in flight to a channel closed when it ends (retire.go).
+	retiring map[int]chan struct{}
+	retireWG sync.WaitGroup
 
 	// hostConf is the daemon netns's /proc/sys/net/ipv6/conf, opened once:
 	// the host side's disable_ipv6 is resolved from it (see sysctl.go).
@@ -183,6 +191,7 @@ func New(cfg Config) (*Manager, error) {
 		ipam:      ipam,
 		sessions:  map[string]Session{},
 		creating:  map[string]bool{},
+		retiring:  map[int]chan struct{}{},
 		hostConf:  conf,
 		hostRoute: route,
 		prep: preparedPool{
@@ -196,7 +205,8 @@ func New(cfg Config) (*Manager, error) {
 }
 
 // Close stops the refill of prepared netns and removes the prepared ones
-// (they are no session's), then releases the Manager's sockets and fds. It
+// (they are no session's), waits for the background veth deletes in
+// flight (retire.go), then releases the Manager's sockets and fds. It
 // removes no session; the Manager is unusable afterwards.
 func (m *Manager) Close() error {
 	m.mu.Lock()
@@ -207,6 +217,7 @@ func (m *Manager) Close() error {
 	m.closed = true
 	m.mu.Unlock()
 	err := m.closePrepared()
+	m.waitRetiring()
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.host.Close()

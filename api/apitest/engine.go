@@ -139,6 +139,16 @@ func (f *Engine) Delete(ctx context.Context, name string) error {
 	return nil
 }
 
+func (f *Engine) DeleteAttachment(ctx context.Context, name string, at api.AttachmentRef) error {
+	f.mu.Lock()
+	s, ok := f.sessions[name]
+	f.mu.Unlock()
+	if ok && (s.ContainerID != at.ContainerID || s.IfName != at.IfName) {
+		return fmt.Errorf("session %q is another attachment's: %w", name, api.ErrNameTaken)
+	}
+	return f.Delete(ctx, name)
+}
+
 func (f *Engine) DeleteByLabel(ctx context.Context, key, value string) ([]string, error) {
 	var names []string
 	for _, s := range f.List(key, value) {

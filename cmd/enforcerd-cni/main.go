@@ -67,12 +67,16 @@ func cmdAdd(args *skel.CmdArgs) error {
 	if err != nil {
 		return daemonError(conf, "add", err)
 	}
-	ci, err := inspectIface(args.Netns, args.IfName)
-	if err == nil && ci.MAC == nil {
+	// The netns's resolv.conf is written while the interface is read (file
+	// system work beside a thread in the netns: they share nothing).
+	wrote := make(chan error, 1)
+	go func() { wrote <- writeNetnsResolvConf(etcNetns, args.Netns, info.Name, info.DNS) }()
+	mac, err := ifaceMAC(args.Netns, args.IfName)
+	if err == nil && mac == nil {
 		err = fmt.Errorf("%s in netns %s has no ethernet address", args.IfName, args.Netns)
 	}
-	if err == nil {
-		err = writeNetnsResolvConf(etcNetns, args.Netns, info.Name, info.DNS)
+	if werr := <-wrote; err == nil {
+		err = werr
 	}
 	if err != nil {
 		if rerr := removeNetnsResolvConf(etcNetns, args.Netns, info.Name); rerr != nil {
@@ -84,7 +88,7 @@ func cmdAdd(args *skel.CmdArgs) error {
 		}
 		return types.NewError(types.ErrInternal, "add: "+err.Error(), "")
 	}
-	res, err := result(info, args.IfName, args.Netns, ci.MAC)
+	res, err := result(info, args.IfName, args.Netns, mac)
 	if err != nil {
 		return types.NewError(types.ErrInternal, err.Error(), "")
 	}
@@ -159,9 +163,11 @@ func result(info api.SessionInfo, ifname, netns string, mac net.HardwareAddr) (*
 // (its slot's /126, nsmgr.Pool6SlotBits; the plugin imports no nsmgr).
 const guest6Bits = 126
 
-// cmdDel deletes the attachment's session. Gone already (or never made,
-// or the netns gone) is success; a session of that name that is another
-// attachment's is left alone.
+// cmdDel deletes the attachment's session: one request, which the daemon
+// carries out only if the session is this attachment's (its container ID
+// and interface name). Gone already (or never made, or the netns gone) is
+// success; a session of that name that is another attachment's is left
+// alone.
 func cmdDel(args *skel.CmdArgs) error {
 	conf, c, ctx, cancel, err := setup(args)
 	if err != nil {
@@ -169,24 +175,15 @@ func cmdDel(args *skel.CmdArgs) error {
 	}
 	defer cancel()
 	name := sessionName(conf.Name, args.ContainerID, args.IfName)
-	info, err := c.Inspect(ctx, name)
-	if errors.Is(err, api.ErrNotFound) {
-		// (a DEL that the runtime repeats after the session went: the
-		// netns's resolv.conf may still be there)
-		if err := removeNetnsResolvConf(etcNetns, args.Netns, name); err != nil {
-			return types.NewError(types.ErrInternal, "del: "+err.Error(), "")
-		}
-		return nil
-	}
-	if err != nil {
+	err = c.RemoveAttachment(ctx, name, api.AttachmentRef{ContainerID: args.ContainerID, IfName: args.IfName})
+	switch {
+	case errors.Is(err, api.ErrNameTaken):
+		return nil // (another attachment's: not ours to delete)
+	case err != nil && !errors.Is(err, api.ErrNotFound):
 		return daemonError(conf, "del", err)
 	}
-	if !owns(info, args.ContainerID, args.IfName) {
-		return nil
-	}
-	if err := c.Remove(ctx, name); err != nil && !errors.Is(err, api.ErrNotFound) {
-		return daemonError(conf, "del", err)
-	}
+	// Deleted now, or before (a DEL that the runtime repeats after the
+	// session went: the netns's resolv.conf may still be there).
 	if err := removeNetnsResolvConf(etcNetns, args.Netns, name); err != nil {
 		return types.NewError(types.ErrInternal, "del: "+err.Error(), "")
 	}

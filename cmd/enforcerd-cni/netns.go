@@ -48,21 +48,34 @@ var errNoIface = errors.New("no such interface")
 // with the thread still locked, so the runtime terminates it, and no other
 // goroutine can run in the container's netns.
 func inspectIface(path, ifname string) (containerIface, error) {
+	return readIface(path, ifname, true)
+}
+
+// ifaceMAC reads only what ADD's result needs of ifname in the netns at
+// path: that it exists, and its MAC (nil: not an Ethernet interface).
+func ifaceMAC(path, ifname string) (net.HardwareAddr, error) {
+	ci, err := readIface(path, ifname, false)
+	return ci.MAC, err
+}
+
+// readIface reads ifname in the netns at path as inspectIface says; all
+// false stops after its flags and MAC.
+func readIface(path, ifname string, all bool) (containerIface, error) {
 	type answer struct {
 		ci  containerIface
 		err error
 	}
 	ch := make(chan answer, 1)
 	go func() {
-		runtime.LockOSThread() // never unlocked: see above
-		ci, err := inspectIfaceHere(path, ifname)
+		runtime.LockOSThread() // never unlocked: see inspectIface
+		ci, err := inspectIfaceHere(path, ifname, all)
 		ch <- answer{ci, err}
 	}()
 	a := <-ch
 	return a.ci, a.err
 }
 
-func inspectIfaceHere(path, ifname string) (containerIface, error) {
+func inspectIfaceHere(path, ifname string, all bool) (containerIface, error) {
 	var ci containerIface
 	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err != nil {
@@ -92,6 +105,9 @@ func inspectIfaceHere(path, ifname string) (containerIface, error) {
 	ci.Up = ifr.Uint16()&unix.IFF_UP != 0
 	if ci.MAC, err = hardwareAddr(s, ifname); err != nil {
 		return ci, fmt.Errorf("mac of %s in netns %s: %w", ifname, path, err)
+	}
+	if !all {
+		return ci, nil
 	}
 	if ci.Addr, err = ipv4Addr(s, ifname); err != nil {
 		return ci, fmt.Errorf("address of %s in netns %s: %w", ifname, path, err)

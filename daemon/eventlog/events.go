@@ -605,7 +605,8 @@ func (l *Log) ReadAll(ctx context.Context, key, value string, follow bool) ([]ap
 
 // Close ends a session's ring: its followers' channels are closed, its
 // file is synced and closed (after its queued events are written), and
-// kept for the retention. It returns once the file is closed.
+// kept for the retention. It returns once every event queued before it is
+// written (the sync and close follow on the writer, unwaited for).
 func (l *Log) Close(session string) {
 	done := make(chan struct{})
 	l.mu.Lock()
