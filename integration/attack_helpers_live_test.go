@@ -67,8 +67,7 @@ func atkLocalPort(c net.Conn) uint16 { return c.LocalAddr().(*net.UDPAddr).AddrP
 // same bytes back. The error wraps the socket's (ECONNREFUSED when an ICMP
 // error killed it).
 func atkEcho(c net.Conn, timeout time.Duration) error {
-	msg := make([]byte, 16)
-	rand.Read(msg)
+	msg := world.EchoMessage()
 	c.SetDeadline(time.Now().Add(timeout))
 	defer c.SetDeadline(time.Time{})
 	if _, err := c.Write(msg); err != nil {
