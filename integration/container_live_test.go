@@ -840,6 +840,15 @@ func TestContainerUserNS(t *testing.T) {
 	if r := e.run(t, "uns", "ping -c 1 -W 2 "+sn.gw.String()); r.code == 0 {
 		t.Errorf("ping worked from a user namespace: %s", r)
 	}
+	// A read-only root in a user namespace: its layer dir is a tmpfs its root may search (and
+	// nobody else), holding the writable home; the root itself stays read-only.
+	e.create(t, container.Spec{Name: "unsro", NetnsPath: sn.path, UserNS: true})
+	if got := e.mustRun(t, "unsro", "id -u; echo x > /root/f && cat /root/f; echo y > /tmp/g && cat /tmp/g"); got != "0\nx\ny\n" {
+		t.Errorf("read-only root in a user namespace: %q, want root with a writable home and /tmp", got)
+	}
+	if r := e.run(t, "unsro", "touch /own"); r.code == 0 {
+		t.Errorf("wrote to a read-only root in a user namespace: %s", r)
+	}
 }
 
 // ctBenchManager is a Manager for a benchmark, with its own image and prefix.
