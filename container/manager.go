@@ -37,6 +37,10 @@ type Manager struct {
 	// names serializes Create, Load and Destroy of one name.
 	names keyedMutex
 
+	// cgParents are the "<prefix>" cgroup directories sandboxes are made in, by controller,
+	// computed once (see cgroupParentDirs).
+	cgParents map[string]string
+
 	// keeper is the sandbox pid 1 executable (a sealed memfd, see keeper.go), shared by all.
 	keeper *os.File
 
@@ -76,11 +80,15 @@ func New(cfg Config) (*Manager, error) {
 		}
 		*p = r
 	}
+	parents, err := cgroupParentDirs(cfg.Prefix)
+	if err != nil {
+		return nil, err
+	}
 	keeper, err := newKeeperFile(runtime.GOARCH)
 	if err != nil {
 		return nil, err
 	}
-	return &Manager{cfg: cfg, facts: probeHost(), keeper: keeper, boxes: map[string]*sandbox{}}, nil
+	return &Manager{cfg: cfg, facts: probeHost(), cgParents: parents, keeper: keeper, boxes: map[string]*sandbox{}}, nil
 }
 
 // probeHost measures the facts the config builder needs.
@@ -323,7 +331,7 @@ func (m *Manager) destroyLocked(name string) error {
 			errs = append(errs, fmt.Errorf("destroy sandbox %s: %w", name, err))
 		}
 	}
-	if err := removeCgroup(m.cfg.Prefix, l.id); err != nil {
+	if err := removeCgroup(l.id, m.cgroupPaths(l.id)); err != nil {
 		errs = append(errs, err)
 	}
 	if err := os.RemoveAll(filepath.Join(m.cfg.StateDir, l.id)); err != nil {
@@ -333,7 +341,7 @@ func (m *Manager) destroyLocked(name string) error {
 		errs = append(errs, err)
 	}
 	m.cgMu.Lock()
-	if err := removeCgroupParents(m.cfg.Prefix); err != nil {
+	if err := removeCgroupParents(m.cgParents); err != nil {
 		errs = append(errs, err)
 	}
 	m.cgMu.Unlock()
@@ -420,7 +428,7 @@ func (m *Manager) Reap(keep map[string]bool) ([]string, error) {
 			found[n] = true
 		}
 	}
-	ids, err := cgroupIDs(m.cfg.Prefix)
+	ids, err := cgroupIDs(m.cfg.Prefix, m.cgParents)
 	if err != nil {
 		return nil, err
 	}
@@ -451,8 +459,11 @@ func (m *Manager) CgroupPaths(name string) (map[string]string, error) {
 	if !validName(name, maxNameLen, true) {
 		return nil, fmt.Errorf("sandbox name %q: %w", name, ErrNotFound)
 	}
-	return cgroupPaths(m.cfg.Prefix, m.layout(name).id)
+	return m.cgroupPaths(m.layout(name).id), nil
 }
+
+// cgroupPaths returns the cgroup directories of sandbox id by controller (v1) or under "" (v2).
+func (m *Manager) cgroupPaths(id string) map[string]string { return childPaths(m.cgParents, id) }
 
 // keyedMutex is a set of mutexes by name, made on demand and dropped when unused.
 type keyedMutex struct {
