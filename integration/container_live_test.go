@@ -359,6 +359,27 @@ func TestContainerLifecycle(t *testing.T) {
 	if err != nil || !strings.Contains(string(out), sn.guest.String()) {
 		t.Errorf("session netns after destroy: %v %s", err, out)
 	}
+	// Destroy removes the sandbox's own cgroups; the prefix's parents stay for the next
+	// sandbox until Reap, which removes them once empty.
+	paths, err := e.m.CgroupPaths("life")
+	if err != nil {
+		t.Fatal(err)
+	}
+	parentKept := false
+	for ctrl, p := range paths {
+		if _, err := os.Stat(p); !errors.Is(err, fs.ErrNotExist) {
+			t.Errorf("cgroup %s (%s) left after destroy: %v", p, ctrl, err)
+		}
+		if _, err := os.Stat(filepath.Dir(p)); err == nil {
+			parentKept = true
+		}
+	}
+	if !parentKept {
+		t.Error("the prefix's cgroup parents are gone after destroy, want them kept until Reap")
+	}
+	if gone, err := e.m.Reap(nil); err != nil || len(gone) != 0 {
+		t.Errorf("reap after destroy: %v, removed %v, want nothing left to remove", err, gone)
+	}
 	e.checkNoResidue(t)
 }
 
