@@ -264,6 +264,27 @@ func TestContainerLifecycle(t *testing.T) {
 	if names, err := e.m.List(); err != nil || !slices.Equal(names, []string{"life"}) {
 		t.Errorf("List = %v, %v", names, err)
 	}
+	// A read-only root's layer dir is a tmpfs of its own, as private as a disk-backed one
+	// (root's, 0700); the layer root beside it stays on the disk.
+	layer := filepath.Join(e.cfg.LayerDir, e.cfg.Prefix+"-life")
+	var fsLayer, fsRoot syscall.Statfs_t
+	if err := syscall.Statfs(layer, &fsLayer); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Statfs(e.cfg.LayerDir, &fsRoot); err != nil {
+		t.Fatal(err)
+	}
+	const tmpfsMagic = 0x01021994
+	if fsLayer.Type != tmpfsMagic || fsRoot.Type == tmpfsMagic {
+		t.Errorf("layer dir on fs %#x, layer root on %#x: want the layer dir alone a tmpfs", fsLayer.Type, fsRoot.Type)
+	}
+	fi, err := os.Stat(layer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi.Mode().Perm() != 0o700 || fi.Sys().(*syscall.Stat_t).Uid != 0 {
+		t.Errorf("layer dir %s: mode %v uid %d, want root's, mode 0700", layer, fi.Mode(), fi.Sys().(*syscall.Stat_t).Uid)
+	}
 
 	var times []time.Duration
 	for range 5 {
