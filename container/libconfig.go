@@ -19,7 +19,7 @@ type layout struct {
 	work   string // dir/work
 	lower  string // dir/lower: the image, bind-mounted read-only (the overlay's lower layer)
 	etc    string // dir/etc: resolv.conf, hosts, hostname (bind-mounted read-only); a small tmpfs of its own on a disk-backed layer
-	home   string // dir/home: on a read-only root, the upper layer of root's home (see rootHome); a tmpfs of its own on a disk-backed layer
+	home   string // dir/home: on a read-only root, the upper layer of root's home (see rootHome)
 }
 
 func newLayout(layerDir, prefix, name string) layout {

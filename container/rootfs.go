@@ -49,8 +49,8 @@ func mountIn(dir string, mount func() error) error {
 //
 // A read-only root's layer dir is a tmpfs of the sandbox's own (layerOnTmpfs): its upper layer
 // only ever holds the mount points libcontainer makes before it remounts the root read-only,
-// and root's home (mountRootHome) and the etc files live there too. So one tmpfs mount replaces
-// the directories, the etc tmpfs and the home tmpfs a disk-backed layer needs, the overlay is
+// and root's home (prepareRootHome) and the etc files live there too. So one tmpfs mount replaces
+// the disk directories, the etc tmpfs and the home tmpfs such a layer had before, the overlay is
 // mounted over a tmpfs upper (the disk-backed one costs the upper filesystem's checks: a work
 // dir, whiteout and xattr probes, each a journaled create and unlink) and removing the layer is
 // one unmount. A writable root keeps its upper layer on the disk under LayerDir: what the
@@ -125,7 +125,7 @@ func prepareLayer(image string, l layout, spec Spec) error {
 	}
 	home := false
 	if !spec.Writable {
-		if home, err = prepareRootHome(l, spec, onTmpfs); err != nil {
+		if home, err = prepareRootHome(l, spec); err != nil {
 			return err
 		}
 	}
@@ -171,24 +171,20 @@ const homeOptions = "lowerdir=lower/" + rootHome + ",upperdir=home/upper,workdir
 // prepareRootHome prepares root's home on a read-only root, so that it is writable, as
 // $HOME says (issue 27: ssh could not store host keys, its passwd home /root being read-only
 // while $HOME was /tmp): an overlay of the image's /root, whose contents stay visible (tools an
-// image installed there, dot files), under an upper layer on a tmpfs (the layer's own, else
-// one of the home's own), mounted on the root's /root before libcontainer remounts the root
-// read-only (a mount of its own keeps its own flags). What the sandbox writes there is memory
-// charged to its cgroup, as /tmp is, and never reaches the image. It makes the upper and work
-// dirs and reports whether the overlay is wanted (prepareLayer mounts it with the root's): an
-// image without a real /root directory (none, or a symlink) gets nothing.
-func prepareRootHome(l layout, spec Spec, onTmpfs bool) (bool, error) {
+// image installed there, dot files), under an upper layer on the layer's tmpfs (a read-only
+// root's layer dir is one, see prepareLayer), mounted on the root's /root before libcontainer
+// remounts the root read-only (a mount of its own keeps its own flags). What the sandbox
+// writes there is memory charged to its cgroup, as /tmp is, and never reaches the image. It
+// makes the upper and work dirs and reports whether the overlay is wanted (prepareLayer mounts
+// it with the root's): an image without a real /root directory (none, or a symlink) gets
+// nothing.
+func prepareRootHome(l layout, spec Spec) (bool, error) {
 	var st unix.Stat_t
 	if err := unix.Lstat(filepath.Join(l.lower, rootHome), &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFDIR {
 		return false, nil
 	}
 	if err := os.Mkdir(l.home, 0o700); err != nil {
 		return false, fmt.Errorf("make %s: %w", l.home, err)
-	}
-	if !onTmpfs {
-		if err := unix.Mount("tmpfs", l.home, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=700"); err != nil {
-			return false, fmt.Errorf("mount tmpfs on %s: %w", l.home, err)
-		}
 	}
 	upper, work := filepath.Join(l.home, "upper"), filepath.Join(l.home, "work")
 	for _, d := range []string{upper, work} {
@@ -215,8 +211,9 @@ func prepareRootHome(l layout, spec Spec, onTmpfs bool) (bool, error) {
 // or a root that is not mounted is success. It refuses to remove a dir whose root is still a
 // mount point, so it never deletes through a live overlay.
 func removeLayer(l layout) error {
-	// The root first (it stacks on lower), then the image's bind and the etc and home
-	// tmpfs of a disk-backed layer, then the layer's own tmpfs. A layer dir made before they
+	// The root first (it stacks on lower), then the image's bind, the etc tmpfs of a
+	// disk-backed layer (and the home tmpfs of a layer an earlier version made), then the
+	// layer's own tmpfs. A layer dir made before they
 	// existed has none of them: not a mount point is success.
 	for _, m := range []string{filepath.Join(l.rootfs, rootHome), l.rootfs, l.lower, l.etc, l.home} {
 		if err := unmountAll(m); err != nil {
