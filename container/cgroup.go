@@ -27,14 +27,39 @@ func cgroupPaths(prefix, id string) (map[string]string, error) {
 	return cm.GetPaths(), nil
 }
 
-// removeCgroup kills whatever still runs in sandbox id's cgroups and removes them. Idempotent:
-// missing directories are success. It covers a daemon that died between making the cgroup and
-// saving the container's state.
-func removeCgroup(prefix, id string) error {
-	paths, err := cgroupPaths(prefix, id)
+// cgroupParentDirs returns the "<prefix>" directories sandbox cgroups are made in, by
+// controller (cgroup v1) or under "" (v2), as cgroupPaths places them. The Manager computes
+// them once (New): libcontainer's fs manager finds them by parsing this process's
+// /proc/self/cgroup once per controller, which is most of what a sandbox's removal cost, and
+// they stay the same while the process keeps its own cgroup.
+func cgroupParentDirs(prefix string) (map[string]string, error) {
+	paths, err := cgroupPaths(prefix, prefix+"-x")
 	if err != nil {
-		return err
+		return nil, err
 	}
+	out := make(map[string]string, len(paths))
+	for ctrl, p := range paths {
+		if p != "" {
+			out[ctrl] = filepath.Dir(p)
+		}
+	}
+	return out, nil
+}
+
+// childPaths returns the cgroup directories of sandbox id under the parents of cgroupParentDirs:
+// what cgroupPaths(prefix, id) returns.
+func childPaths(parents map[string]string, id string) map[string]string {
+	out := make(map[string]string, len(parents))
+	for ctrl, d := range parents {
+		out[ctrl] = filepath.Join(d, id)
+	}
+	return out
+}
+
+// removeCgroup kills whatever still runs in the cgroups at paths (one sandbox's, by
+// controller) and removes them. Idempotent: missing directories are success. It covers a
+// daemon that died between making the cgroup and saving the container's state.
+func removeCgroup(id string, paths map[string]string) error {
 	var errs []error
 	for _, p := range uniquePaths(paths) {
 		if err := killCgroup(p); err != nil {
@@ -67,14 +92,9 @@ func killCgroup(dir string) error {
 
 // removeCgroupParents removes the "<prefix>" parent directories when no sandbox is left in
 // them (libcontainer's Destroy leaves them). A parent still in use is left alone.
-func removeCgroupParents(prefix string) error {
-	paths, err := cgroupPaths(prefix, prefix+"-x")
-	if err != nil {
-		return err
-	}
+func removeCgroupParents(parents map[string]string) error {
 	var errs []error
-	for _, p := range uniquePaths(paths) {
-		parent := filepath.Dir(p)
+	for _, parent := range uniquePaths(parents) {
 		err := unix.Rmdir(parent)
 		if err == nil || errors.Is(err, unix.ENOENT) || errors.Is(err, unix.EBUSY) || errors.Is(err, unix.ENOTEMPTY) {
 			continue
@@ -84,20 +104,17 @@ func removeCgroupParents(prefix string) error {
 	return errors.Join(errs...)
 }
 
-// cgroupIDs lists the sandbox ids that have a cgroup under "<prefix>" in any controller.
-func cgroupIDs(prefix string) ([]string, error) {
-	paths, err := cgroupPaths(prefix, prefix+"-x")
-	if err != nil {
-		return nil, err
-	}
+// cgroupIDs lists the sandbox ids that have a cgroup under the "<prefix>" parents in any
+// controller.
+func cgroupIDs(prefix string, parents map[string]string) ([]string, error) {
 	var ids []string
-	for _, p := range uniquePaths(paths) {
-		ents, err := os.ReadDir(filepath.Dir(p))
+	for _, parent := range uniquePaths(parents) {
+		ents, err := os.ReadDir(parent)
 		if errors.Is(err, os.ErrNotExist) {
 			continue
 		}
 		if err != nil {
-			return nil, fmt.Errorf("list cgroup %s: %w", filepath.Dir(p), err)
+			return nil, fmt.Errorf("list cgroup %s: %w", parent, err)
 		}
 		for _, e := range ents {
 			if e.IsDir() && strings.HasPrefix(e.Name(), prefix+"-") {

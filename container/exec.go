@@ -406,10 +406,7 @@ func (m *Manager) pidsMax(box *sandbox) (int64, bool) {
 // or the unified one (v2); "" when unknown. Computed once per sandbox.
 func (m *Manager) pidsDir(box *sandbox) string {
 	box.pidsOnce.Do(func() {
-		paths, err := cgroupPaths(m.cfg.Prefix, box.l.id)
-		if err != nil {
-			return
-		}
+		paths := m.cgroupPaths(box.l.id)
 		box.pidsDir = paths["pids"]
 		if box.pidsDir == "" {
 			box.pidsDir = paths[""]

@@ -15,13 +15,13 @@ import (
 // layout names the host paths of one sandbox; all live under Config.LayerDir/<id>.
 type layout struct {
 	id     string // "<prefix>-<name>": container id, layer dir name and cgroup name
-	dir    string // LayerDir/<id>
+	dir    string // LayerDir/<id>; on a read-only root, a tmpfs of its own (see prepareLayer)
 	rootfs string // dir/rootfs: the overlay mount the sandbox pivots into
 	upper  string // dir/upper
 	work   string // dir/work
 	lower  string // dir/lower: the image, bind-mounted read-only (the overlay's lower layer)
-	etc    string // dir/etc: a small tmpfs holding resolv.conf, hosts, hostname (bind-mounted read-only)
-	home   string // dir/home: on a read-only root, a tmpfs holding the upper layer of root's home (see rootHome)
+	etc    string // dir/etc: resolv.conf, hosts, hostname (bind-mounted read-only); a small tmpfs of its own on a disk-backed layer
+	home   string // dir/home: on a read-only root, the upper layer of root's home (see rootHome)
 }
 
 func newLayout(layerDir, prefix, name string) layout {

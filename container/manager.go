@@ -31,11 +31,15 @@ type Manager struct {
 	facts hostFacts
 
 	// cgMu orders cgroup creation (read side, in Create) against the removal of the shared
-	// "<prefix>" parent directories (write side, in Destroy), so a parent is never removed
+	// "<prefix>" parent directories (write side, in Reap), so a parent is never removed
 	// under a sandbox that is making its cgroup in it.
 	cgMu sync.RWMutex
 	// names serializes Create, Load and Destroy of one name.
 	names keyedMutex
+
+	// cgParents are the "<prefix>" cgroup directories sandboxes are made in, by controller,
+	// computed once (see cgroupParentDirs).
+	cgParents map[string]string
 
 	// keeper is the sandbox pid 1 executable (a sealed memfd, see keeper.go), shared by all.
 	keeper *os.File
@@ -76,11 +80,15 @@ func New(cfg Config) (*Manager, error) {
 		}
 		*p = r
 	}
+	parents, err := cgroupParentDirs(cfg.Prefix)
+	if err != nil {
+		return nil, err
+	}
 	keeper, err := newKeeperFile(runtime.GOARCH)
 	if err != nil {
 		return nil, err
 	}
-	return &Manager{cfg: cfg, facts: probeHost(), keeper: keeper, boxes: map[string]*sandbox{}}, nil
+	return &Manager{cfg: cfg, facts: probeHost(), cgParents: parents, keeper: keeper, boxes: map[string]*sandbox{}}, nil
 }
 
 // probeHost measures the facts the config builder needs.
@@ -281,9 +289,10 @@ func (m *Manager) Close() error {
 	return m.keeper.Close()
 }
 
-// Destroy kills the sandbox and removes its container state, cgroups (and the shared parent
-// directories once empty), overlay mount and layer dir. Idempotent: a name with nothing left is
-// success.
+// Destroy kills the sandbox and removes its container state, cgroups, overlay mount and layer
+// dir. Idempotent: a name with nothing left is success. The shared "<prefix>" cgroup parents
+// stay for the next sandbox (making and removing them was nine mkdirs and nine rmdirs of a
+// create and destroy on a cgroup v1 host); Reap removes them once empty.
 func (m *Manager) Destroy(name string) error {
 	if !validName(name, maxNameLen, true) {
 		return fmt.Errorf("sandbox name %q: use 1 to %d of [a-z0-9-], starting with a letter or digit", name, maxNameLen)
@@ -323,7 +332,7 @@ func (m *Manager) destroyLocked(name string) error {
 			errs = append(errs, fmt.Errorf("destroy sandbox %s: %w", name, err))
 		}
 	}
-	if err := removeCgroup(m.cfg.Prefix, l.id); err != nil {
+	if err := removeCgroup(l.id, m.cgroupPaths(l.id)); err != nil {
 		errs = append(errs, err)
 	}
 	if err := os.RemoveAll(filepath.Join(m.cfg.StateDir, l.id)); err != nil {
@@ -332,11 +341,6 @@ func (m *Manager) destroyLocked(name string) error {
 	if err := removeLayer(l); err != nil {
 		errs = append(errs, err)
 	}
-	m.cgMu.Lock()
-	if err := removeCgroupParents(m.cfg.Prefix); err != nil {
-		errs = append(errs, err)
-	}
-	m.cgMu.Unlock()
 	if len(errs) == 0 {
 		m.mu.Lock()
 		delete(m.boxes, name)
@@ -401,7 +405,8 @@ func (m *Manager) nameOf(id string) (string, bool) {
 
 // Reap destroys every sandbox of this prefix not in keep: those with container state, and the
 // remains of interrupted creates (a layer dir or a cgroup without state). It returns the names
-// it removed, sorted. Call it when no Create of this prefix runs (at daemon start).
+// it removed, sorted; then it removes the "<prefix>" cgroup parents if no sandbox is left in
+// them. Call it when no Create of this prefix runs (at daemon start, at teardown).
 func (m *Manager) Reap(keep map[string]bool) ([]string, error) {
 	found := map[string]bool{}
 	names, err := m.List()
@@ -420,7 +425,7 @@ func (m *Manager) Reap(keep map[string]bool) ([]string, error) {
 			found[n] = true
 		}
 	}
-	ids, err := cgroupIDs(m.cfg.Prefix)
+	ids, err := cgroupIDs(m.cfg.Prefix, m.cgParents)
 	if err != nil {
 		return nil, err
 	}
@@ -442,6 +447,11 @@ func (m *Manager) Reap(keep map[string]bool) ([]string, error) {
 		removed = append(removed, n)
 	}
 	slices.Sort(removed)
+	m.cgMu.Lock()
+	if err := removeCgroupParents(m.cgParents); err != nil {
+		errs = append(errs, err)
+	}
+	m.cgMu.Unlock()
 	return removed, errors.Join(errs...)
 }
 
@@ -451,8 +461,11 @@ func (m *Manager) CgroupPaths(name string) (map[string]string, error) {
 	if !validName(name, maxNameLen, true) {
 		return nil, fmt.Errorf("sandbox name %q: %w", name, ErrNotFound)
 	}
-	return cgroupPaths(m.cfg.Prefix, m.layout(name).id)
+	return m.cgroupPaths(m.layout(name).id), nil
 }
+
+// cgroupPaths returns the cgroup directories of sandbox id by controller (v1) or under "" (v2).
+func (m *Manager) cgroupPaths(id string) map[string]string { return childPaths(m.cgParents, id) }
 
 // keyedMutex is a set of mutexes by name, made on demand and dropped when unused.
 type keyedMutex struct {

@@ -28,10 +28,7 @@ func (e *OOMError) Error() string {
 
 // memoryDir is the sandbox's memory cgroup directory ("" when unknown).
 func (m *Manager) memoryDir(box *sandbox) string {
-	paths, err := cgroupPaths(m.cfg.Prefix, box.l.id)
-	if err != nil {
-		return ""
-	}
+	paths := m.cgroupPaths(box.l.id)
 	if d := paths["memory"]; d != "" {
 		return d
 	}

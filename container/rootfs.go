@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -45,6 +46,15 @@ func mountIn(dir string, mount func() error) error {
 
 // prepareLayer makes the sandbox's layer dir, writes its /etc files and mounts its root. On
 // error it leaves whatever it made for removeLayer (the caller's rollback) to take away.
+//
+// A read-only root's layer dir is a tmpfs of the sandbox's own (layerOnTmpfs): its upper layer
+// only ever holds the mount points libcontainer makes before it remounts the root read-only,
+// and root's home (prepareRootHome) and the etc files live there too. So one tmpfs mount replaces
+// the disk directories, the etc tmpfs and the home tmpfs such a layer had before, the overlay is
+// mounted over a tmpfs upper (the disk-backed one costs the upper filesystem's checks: a work
+// dir, whiteout and xattr probes, each a journaled create and unlink) and removing the layer is
+// one unmount. A writable root keeps its upper layer on the disk under LayerDir: what the
+// sandbox writes there may be large.
 func prepareLayer(image string, l layout, spec Spec) error {
 	st, err := os.Stat(image)
 	if err != nil {
@@ -61,6 +71,13 @@ func prepareLayer(image string, l layout, spec Spec) error {
 	}
 	if err := privateDir(l.dir, spec.UserNS); err != nil {
 		return err
+	}
+	onTmpfs := layerOnTmpfs(spec)
+	if onTmpfs {
+		// The tmpfs's root gets the layer dir's owner and mode (see privateDir).
+		if err := unix.Mount("tmpfs", l.dir, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, layerTmpfsOptions(spec.UserNS)); err != nil {
+			return fmt.Errorf("mount tmpfs on %s: %w", l.dir, err)
+		}
 	}
 	for _, d := range []struct {
 		path string
@@ -80,10 +97,13 @@ func prepareLayer(image string, l layout, spec Spec) error {
 	if hostname == "" {
 		hostname = spec.Name
 	}
-	// The etc files live on a tmpfs of their own: a bind mount shows its source's path within
-	// its filesystem in the sandbox's mountinfo, and on this tmpfs that path is only "/hosts".
-	if err := unix.Mount("tmpfs", l.etc, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "mode=755,size=64k"); err != nil {
-		return fmt.Errorf("mount tmpfs on %s: %w", l.etc, err)
+	// The etc files live on a tmpfs (the layer's own, or one of their own on a disk-backed
+	// layer): a bind mount shows its source's path within its filesystem in the sandbox's
+	// mountinfo, and on a tmpfs that path is only "/etc/hosts" or "/hosts", no host path.
+	if !onTmpfs {
+		if err := unix.Mount("tmpfs", l.etc, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "mode=755,size=64k"); err != nil {
+			return fmt.Errorf("mount tmpfs on %s: %w", l.etc, err)
+		}
 	}
 	files := map[string]string{
 		"resolv.conf": resolvConf(spec.DNS),
@@ -103,16 +123,40 @@ func prepareLayer(image string, l layout, spec Spec) error {
 	if err := unix.Mount("", l.lower, "", unix.MS_BIND|unix.MS_REMOUNT|unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV, ""); err != nil {
 		return fmt.Errorf("make %s read-only: %w", l.lower, err)
 	}
-	err = mountIn(l.dir, func() error {
-		return unix.Mount("overlay", "rootfs", "overlay", unix.MS_NOSUID|unix.MS_NODEV, overlayOptions)
-	})
-	if err != nil {
-		return fmt.Errorf("mount overlay on %s: %w", l.rootfs, err)
-	}
+	home := false
 	if !spec.Writable {
-		return mountRootHome(l, spec)
+		if home, err = prepareRootHome(l, spec); err != nil {
+			return err
+		}
 	}
-	return nil
+	// Both overlays from one thread (see mountIn).
+	return mountIn(l.dir, func() error {
+		if err := unix.Mount("overlay", "rootfs", "overlay", unix.MS_NOSUID|unix.MS_NODEV, overlayOptions); err != nil {
+			return fmt.Errorf("mount overlay on %s: %w", l.rootfs, err)
+		}
+		if !home {
+			return nil
+		}
+		if err := unix.Mount("overlay", filepath.Join("rootfs", rootHome), "overlay", unix.MS_NOSUID|unix.MS_NODEV, homeOptions); err != nil {
+			return fmt.Errorf("mount overlay on %s: %w", filepath.Join(l.rootfs, rootHome), err)
+		}
+		return nil
+	})
+}
+
+// layerOnTmpfs reports whether the sandbox's layer dir is a tmpfs of its own: a read-only
+// root's is (see prepareLayer).
+func layerOnTmpfs(spec Spec) bool { return !spec.Writable }
+
+// layerTmpfsOptions is the mount data of a layer tmpfs: its root private to root as
+// privateDir makes a layer dir (group UserNSHostID may search it for a user-namespaced
+// sandbox). No size: what the sandbox writes there (root's home) is memory charged to its
+// cgroup, as /tmp is.
+func layerTmpfsOptions(userNS bool) string {
+	if userNS {
+		return "mode=710,uid=0,gid=" + strconv.Itoa(UserNSHostID)
+	}
+	return "mode=700,uid=0,gid=0"
 }
 
 // rootHome is root's home in every image enforcerd runs (its passwd entry's home,
@@ -124,28 +168,28 @@ const rootHome = "root"
 // dir as overlayOptions is.
 const homeOptions = "lowerdir=lower/" + rootHome + ",upperdir=home/upper,workdir=home/work,index=off"
 
-// mountRootHome makes root's home writable on a read-only root, so that it is what $HOME
-// says (issue 27: ssh could not store host keys, its passwd home /root being read-only while
-// $HOME was /tmp): an overlay of the image's /root, whose contents stay visible (tools an image
-// installed there, dot files), under a tmpfs upper layer, mounted on the root's /root before
-// libcontainer remounts the root read-only (a mount of its own keeps its own flags). What the
-// sandbox writes there is memory charged to its cgroup, as /tmp is, and never reaches the
-// image. An image without a real /root directory (none, or a symlink) gets nothing.
-func mountRootHome(l layout, spec Spec) error {
+// prepareRootHome prepares root's home on a read-only root, so that it is writable, as
+// $HOME says (issue 27: ssh could not store host keys, its passwd home /root being read-only
+// while $HOME was /tmp): an overlay of the image's /root, whose contents stay visible (tools an
+// image installed there, dot files), under an upper layer on the layer's tmpfs (a read-only
+// root's layer dir is one, see prepareLayer), mounted on the root's /root before libcontainer
+// remounts the root read-only (a mount of its own keeps its own flags). What the sandbox
+// writes there is memory charged to its cgroup, as /tmp is, and never reaches the image. It
+// makes the upper and work dirs and reports whether the overlay is wanted (prepareLayer mounts
+// it with the root's): an image without a real /root directory (none, or a symlink) gets
+// nothing.
+func prepareRootHome(l layout, spec Spec) (bool, error) {
 	var st unix.Stat_t
 	if err := unix.Lstat(filepath.Join(l.lower, rootHome), &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFDIR {
-		return nil
+		return false, nil
 	}
 	if err := os.Mkdir(l.home, 0o700); err != nil {
-		return fmt.Errorf("make %s: %w", l.home, err)
-	}
-	if err := unix.Mount("tmpfs", l.home, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=700"); err != nil {
-		return fmt.Errorf("mount tmpfs on %s: %w", l.home, err)
+		return false, fmt.Errorf("make %s: %w", l.home, err)
 	}
 	upper, work := filepath.Join(l.home, "upper"), filepath.Join(l.home, "work")
 	for _, d := range []string{upper, work} {
 		if err := os.Mkdir(d, 0o700); err != nil {
-			return fmt.Errorf("make %s: %w", d, err)
+			return false, fmt.Errorf("make %s: %w", d, err)
 		}
 	}
 	// The merged home takes the upper dir's owner and mode: the image's /root's, its owner
@@ -155,26 +199,22 @@ func mountRootHome(l layout, spec Spec) error {
 		uid, gid = UserNSHostID+uid, UserNSHostID+gid
 	}
 	if err := os.Chown(upper, uid, gid); err != nil {
-		return fmt.Errorf("chown %s: %w", upper, err)
+		return false, fmt.Errorf("chown %s: %w", upper, err)
 	}
 	if err := os.Chmod(upper, os.FileMode(st.Mode&0o7777)); err != nil {
-		return fmt.Errorf("chmod %s: %w", upper, err)
+		return false, fmt.Errorf("chmod %s: %w", upper, err)
 	}
-	err := mountIn(l.dir, func() error {
-		return unix.Mount("overlay", filepath.Join("rootfs", rootHome), "overlay", unix.MS_NOSUID|unix.MS_NODEV, homeOptions)
-	})
-	if err != nil {
-		return fmt.Errorf("mount overlay on %s: %w", filepath.Join(l.rootfs, rootHome), err)
-	}
-	return nil
+	return true, nil
 }
 
 // removeLayer unmounts the sandbox's root and removes its layer dir. Idempotent: a missing dir
 // or a root that is not mounted is success. It refuses to remove a dir whose root is still a
 // mount point, so it never deletes through a live overlay.
 func removeLayer(l layout) error {
-	// The root first (it stacks on lower), then the image's bind and the etc tmpfs. A layer
-	// dir made before they existed has neither: not a mount point is success.
+	// The root first (it stacks on lower), then the image's bind, the etc tmpfs of a
+	// disk-backed layer (and the home tmpfs of a layer an earlier version made), then the
+	// layer's own tmpfs. A layer dir made before they
+	// existed has none of them: not a mount point is success.
 	for _, m := range []string{filepath.Join(l.rootfs, rootHome), l.rootfs, l.lower, l.etc, l.home} {
 		if err := unmountAll(m); err != nil {
 			return err
@@ -189,6 +229,15 @@ func removeLayer(l layout) error {
 			// Never delete through a mount: lower is the operator's image.
 			return fmt.Errorf("remove layer dir %s: %s is still mounted", l.dir, m)
 		}
+	}
+	if err := unmountAll(l.dir); err != nil {
+		return err
+	}
+	if mounted, err := isMountPoint(l.dir); err != nil || mounted {
+		if err == nil {
+			err = fmt.Errorf("%s is still mounted", l.dir)
+		}
+		return fmt.Errorf("remove layer dir %s: %w", l.dir, err)
 	}
 	if err := os.RemoveAll(l.dir); err != nil {
 		return fmt.Errorf("remove layer dir %s: %w", l.dir, err)

@@ -264,6 +264,27 @@ func TestContainerLifecycle(t *testing.T) {
 	if names, err := e.m.List(); err != nil || !slices.Equal(names, []string{"life"}) {
 		t.Errorf("List = %v, %v", names, err)
 	}
+	// A read-only root's layer dir is a tmpfs of its own, as private as a disk-backed one
+	// (root's, 0700); the layer root beside it stays on the disk.
+	layer := filepath.Join(e.cfg.LayerDir, e.cfg.Prefix+"-life")
+	var fsLayer, fsRoot syscall.Statfs_t
+	if err := syscall.Statfs(layer, &fsLayer); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Statfs(e.cfg.LayerDir, &fsRoot); err != nil {
+		t.Fatal(err)
+	}
+	const tmpfsMagic = 0x01021994
+	if fsLayer.Type != tmpfsMagic || fsRoot.Type == tmpfsMagic {
+		t.Errorf("layer dir on fs %#x, layer root on %#x: want the layer dir alone a tmpfs", fsLayer.Type, fsRoot.Type)
+	}
+	fi, err := os.Stat(layer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi.Mode().Perm() != 0o700 || fi.Sys().(*syscall.Stat_t).Uid != 0 {
+		t.Errorf("layer dir %s: mode %v uid %d, want root's, mode 0700", layer, fi.Mode(), fi.Sys().(*syscall.Stat_t).Uid)
+	}
 
 	var times []time.Duration
 	for range 5 {
@@ -358,6 +379,27 @@ func TestContainerLifecycle(t *testing.T) {
 	out, err := exec.Command("ip", "-n", filepath.Base(sn.path), "-4", "-o", "addr", "show", "dev", "eth0").CombinedOutput()
 	if err != nil || !strings.Contains(string(out), sn.guest.String()) {
 		t.Errorf("session netns after destroy: %v %s", err, out)
+	}
+	// Destroy removes the sandbox's own cgroups; the prefix's parents stay for the next
+	// sandbox until Reap, which removes them once empty.
+	paths, err := e.m.CgroupPaths("life")
+	if err != nil {
+		t.Fatal(err)
+	}
+	parentKept := false
+	for ctrl, p := range paths {
+		if _, err := os.Stat(p); !errors.Is(err, fs.ErrNotExist) {
+			t.Errorf("cgroup %s (%s) left after destroy: %v", p, ctrl, err)
+		}
+		if _, err := os.Stat(filepath.Dir(p)); err == nil {
+			parentKept = true
+		}
+	}
+	if !parentKept {
+		t.Error("the prefix's cgroup parents are gone after destroy, want them kept until Reap")
+	}
+	if gone, err := e.m.Reap(nil); err != nil || len(gone) != 0 {
+		t.Errorf("reap after destroy: %v, removed %v, want nothing left to remove", err, gone)
 	}
 	e.checkNoResidue(t)
 }
@@ -839,6 +881,15 @@ func TestContainerUserNS(t *testing.T) {
 	}
 	if r := e.run(t, "uns", "ping -c 1 -W 2 "+sn.gw.String()); r.code == 0 {
 		t.Errorf("ping worked from a user namespace: %s", r)
+	}
+	// A read-only root in a user namespace: its layer dir is a tmpfs its root may search (and
+	// nobody else), holding the writable home; the root itself stays read-only.
+	e.create(t, container.Spec{Name: "unsro", NetnsPath: sn.path, UserNS: true})
+	if got := e.mustRun(t, "unsro", "id -u; echo x > /root/f && cat /root/f; echo y > /tmp/g && cat /tmp/g"); got != "0\nx\ny\n" {
+		t.Errorf("read-only root in a user namespace: %q, want root with a writable home and /tmp", got)
+	}
+	if r := e.run(t, "unsro", "touch /own"); r.code == 0 {
+		t.Errorf("wrote to a read-only root in a user namespace: %s", r)
 	}
 }
 
