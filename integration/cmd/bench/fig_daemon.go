@@ -420,7 +420,8 @@ func (f *daemonFig) cliLatency(ctx context.Context) error {
 }
 
 // sandbox: a session with a sandbox (network, policy, DNS registration,
-// sandbox) through the API against `runc run -d` of the same image alone.
+// sandbox) through the API against `runc run -d` of the same image alone,
+// the creates in a rotating order (rotated).
 func (f *daemonFig) sandbox(ctx context.Context) error {
 	peer, err := newRuncPeer(ctx, f.cfg.tmp, f.cfg.rootfs, "rd"+f.w.ID)
 	if err != nil {
@@ -436,15 +437,17 @@ func (f *daemonFig) sandbox(ctx context.Context) error {
 			return err
 		}
 		name, id := fmt.Sprintf("x%d", i), fmt.Sprintf("%s-%d", peer.prefix, i)
-		dOurs, err := f.c.createSandbox(ctx, name, f.cfg.rootfs)
-		if err != nil {
+		var dOurs, dPeer, dFloor time.Duration
+		err := rotated(i, func() (err error) {
+			dOurs, err = f.c.createSandbox(ctx, name, f.cfg.rootfs)
 			return err
-		}
-		dPeer, err := peer.Run(id)
-		if err != nil {
+		}, func() (err error) {
+			dPeer, err = peer.Run(id)
 			return err
-		}
-		dFloor, err := lf.Run(name)
+		}, func() (err error) {
+			dFloor, err = lf.Run(name)
+			return err
+		})
 		if err != nil {
 			return err
 		}
