@@ -63,10 +63,6 @@ func (p *ptpPeer) Del(i int) (time.Duration, error) { return p.del(i, p.conf(i))
 // got its address.
 func (p *ptpPeer) Check(i int) error {
 	var res struct {
-		Interfaces []struct {
-			Name    string `json:"name"`
-			Sandbox string `json:"sandbox"`
-		} `json:"interfaces"`
 		IPs []struct {
 			Address string `json:"address"`
 		} `json:"ips"`
@@ -80,25 +76,23 @@ func (p *ptpPeer) Check(i int) error {
 	if len(res.IPs) == 0 || !strings.HasPrefix(res.IPs[0].Address, "10.21.") {
 		return fmt.Errorf("ptp ADD result has no 10.21 address: %s", raw)
 	}
-	for _, itf := range res.Interfaces {
-		if itf.Sandbox != "" {
-			continue
-		}
-		h, err := netlink.NewHandleAt(p.host)
-		if err != nil {
-			return err
-		}
-		_, inHost := h.LinkByName(itf.Name)
-		h.Close()
-		if inHost != nil {
-			return fmt.Errorf("ptp host veth %s is not in the simulated host: %v", itf.Name, inHost)
-		}
-		if _, err := netlink.LinkByName(itf.Name); err == nil {
-			return fmt.Errorf("ptp host veth %s appeared in the real root netns", itf.Name)
-		}
-		return nil
+	name, err := p.hostIface(i)
+	if err != nil {
+		return err
 	}
-	return fmt.Errorf("ptp ADD result names no host interface: %s", raw)
+	h, err := netlink.NewHandleAt(p.host)
+	if err != nil {
+		return err
+	}
+	_, inHost := h.LinkByName(name)
+	h.Close()
+	if inHost != nil {
+		return fmt.Errorf("ptp host veth %s is not in the simulated host: %v", name, inHost)
+	}
+	if _, err := netlink.LinkByName(name); err == nil {
+		return fmt.Errorf("ptp host veth %s appeared in the real root netns", name)
+	}
+	return nil
 }
 
 // Close removes every netns the peer made and its IPAM state.

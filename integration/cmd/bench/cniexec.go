@@ -3,6 +3,8 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -11,6 +13,7 @@ import (
 	"time"
 
 	"github.com/enforcerd/enforcerd/integration/world"
+	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 )
 
@@ -38,6 +41,56 @@ func newCNIExec(label, bin string, host netns.NsHandle, prefix, tag string) cniE
 }
 
 func (p *cniExec) nsName(i int) string { return fmt.Sprintf("%s-%s%d", p.prefix, p.tag, i) }
+
+// hostIface returns the host-side interface the ADD result of session i
+// names (the one without a sandbox).
+func (p *cniExec) hostIface(i int) (string, error) {
+	var res struct {
+		Interfaces []struct {
+			Name    string `json:"name"`
+			Sandbox string `json:"sandbox"`
+		} `json:"interfaces"`
+	}
+	p.mu.Lock()
+	raw := p.prev[i]
+	p.mu.Unlock()
+	if err := json.Unmarshal(raw, &res); err != nil {
+		return "", fmt.Errorf("%s ADD result: %w: %s", p.label, err, raw)
+	}
+	for _, itf := range res.Interfaces {
+		if itf.Sandbox == "" {
+			return itf.Name, nil
+		}
+	}
+	return "", fmt.Errorf("%s ADD result names no host interface: %s", p.label, raw)
+}
+
+// waitGone waits (untimed by the caller's figure) until the host
+// interface name (hostIface's, read before the DEL) is gone from the
+// simulated host, and returns how long that took: a plugin whose DEL
+// deletes the veth in the background so finishes that work before the
+// next timed command starts.
+func (p *cniExec) waitGone(name string, limit time.Duration) (time.Duration, error) {
+	h, err := netlink.NewHandleAt(p.host)
+	if err != nil {
+		return 0, err
+	}
+	defer h.Close()
+	start := time.Now()
+	for {
+		if _, err := h.LinkByName(name); err != nil {
+			var nf netlink.LinkNotFoundError
+			if errors.As(err, &nf) {
+				return time.Since(start), nil
+			}
+			return 0, fmt.Errorf("%s: look up %s: %w", p.label, name, err)
+		}
+		if time.Since(start) > limit {
+			return 0, fmt.Errorf("%s: host interface %s still there %s after DEL", p.label, name, limit)
+		}
+		time.Sleep(200 * time.Microsecond)
+	}
+}
 
 // NewNetns makes the session's named netns (untimed, as in the peer's own
 // measurement: a runtime makes it before calling the plugin).
