@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"time"
 
 	"github.com/enforcerd/enforcerd/nsmgr"
 )
@@ -13,7 +14,7 @@ import (
 // against the simulated host, against the CNI ptp plugin's ADD and DEL into
 // fresh named netns and against the network floor (netFloor: the same
 // kernel objects made with nothing else), interleaved one for one in the
-// same simulated host.
+// same simulated host, the creates in a rotating order (rotated).
 func figSessionNet(ctx context.Context, cfg *config, rep *Report) error {
 	section("1. session network create/delete: nsmgr+netpolicy in-process vs CNI ptp ADD/DEL")
 	e, err := newNetEnv("a")
@@ -46,15 +47,18 @@ func figSessionNet(ctx context.Context, cfg *config, rep *Report) error {
 		if err := peer.NewNetns(ctx, i); err != nil {
 			return err
 		}
-		_, dOurs, err := e.create(fmt.Sprintf("s%d", i))
-		if err != nil {
+		var dOurs split
+		var dPeer, dFloor time.Duration
+		err := rotated(i, func() (err error) {
+			_, dOurs, err = e.create(fmt.Sprintf("s%d", i))
 			return err
-		}
-		dPeer, err := peer.Add(i)
-		if err != nil {
+		}, func() (err error) {
+			dPeer, err = peer.Add(i)
 			return err
-		}
-		dFloor, err := nf.Create(i)
+		}, func() (err error) {
+			dFloor, err = nf.Create(i)
+			return err
+		})
 		if err != nil {
 			return err
 		}
