@@ -143,6 +143,21 @@ func atk6State(t *testing.T, ns netns.NsHandle) string {
 		t.Fatal(err)
 	}
 	defer h.Close()
+	// A settled state: an address still in duplicate address detection
+	// (the world's uplink's link-local for about a second after it came
+	// up) later loses its tentative flag and gains its local route, which
+	// no attack caused.
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		addrs, err := h.AddrList(nil, netlink.FAMILY_V6)
+		if err != nil {
+			t.Fatalf("v6 addresses: %v", err)
+		}
+		if !slices.ContainsFunc(addrs, func(a netlink.Addr) bool {
+			return a.Flags&unix.IFA_F_TENTATIVE != 0 && a.Flags&unix.IFA_F_DADFAILED == 0
+		}) || time.Now().After(deadline) {
+			break
+		}
+	}
 	var lines []string
 	routes, err := h.RouteListFiltered(netlink.FAMILY_V6, &netlink.Route{Table: unix.RT_TABLE_UNSPEC}, netlink.RT_FILTER_TABLE)
 	if err != nil {
