@@ -51,7 +51,10 @@ type Config struct {
 
 // Network makes and removes the sessions' netns, veth pairs and /30s.
 type Network interface {
-	Create(name string, nic bool) (nsmgr.Session, error)
+	// CreateAlongside makes a session's netns and, with nic, its veth
+	// and addresses, running alongside with the session's names and
+	// addresses concurrently (nsmgr.Manager.CreateAlongside).
+	CreateAlongside(name string, nic bool, alongside func(nsmgr.Session) error) (nsmgr.Session, error)
 	// Attach makes a session's interface in a netns the caller made.
 	Attach(name string, at nsmgr.Attachment) (nsmgr.Session, error)
 	Delete(name string, slot int) error

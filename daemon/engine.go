@@ -477,17 +477,51 @@ func (e *Engine) Create(ctx context.Context, req api.CreateRequest) (info api.Se
 	if req.VM && !nicNeeded {
 		return info, badRequest(errors.New("vm with egress none: a VM guest needs an address; give an egress policy (allow, scope, public)"))
 	}
+	rec := SessionRecord{
+		Name:    req.Name,
+		Created: time.Now().UTC(),
+		Request: req,
+		Pinned:  pinned,
+		Sandbox: !req.NetworkOnly,
+		Peers:   peers,
+	}
+	rec.Grants = inherited
+	if grant != nil {
+		rec.Grants = append(rec.Grants, *grant)
+	}
+	s := &liveSession{rec: rec, policy: policy}
+	// A session of its own netns gets its rules while nsmgr makes its
+	// netns and veth (CreateAlongside): the elements need only the slot's
+	// names and addresses, and match nothing until the veth exists.
+	// rulesAdded and rulesErr are the alongside work's, read after
+	// CreateAlongside returned (which waited for it).
+	var rulesAdded bool
+	var rulesErr error
+	addRules := func(ns nsmgr.Session) error {
+		s.rules = e.sessionRules(rec.withNetwork(ns), policy, peerGuests(peers))
+		if rulesErr = e.fw.AddSession(s.rules); rulesErr != nil {
+			return rulesErr
+		}
+		rulesAdded = true
+		return nil
+	}
 	var netSess nsmgr.Session
 	if req.VM {
 		netSess, err = e.createVMNetwork(req)
 	} else if req.NetnsPath != "" {
 		netSess, err = e.nets.Attach(req.Name, nsmgr.Attachment{NetnsPath: req.NetnsPath, IfName: req.IfName})
 	} else {
-		netSess, err = e.nets.Create(req.Name, nicNeeded)
+		netSess, err = e.nets.CreateAlongside(req.Name, nicNeeded, addRules)
 	}
 	if err != nil {
+		if rulesAdded { // the network unwound itself; the rules are ours
+			undo.Push("rules", func() error { return e.fw.RemoveSession(s.rules) })
+		}
 		var ex *nsmgr.ExhaustedError
-		if errors.As(err, &ex) {
+		switch {
+		case rulesErr != nil:
+			return info, fmt.Errorf("add rules of %s: %w", req.Name, rulesErr)
+		case errors.As(err, &ex):
 			return info, api.Classify(ex, api.ErrPoolExhausted)
 		}
 		var refused *nsmgr.RefusedError
@@ -497,34 +531,19 @@ func (e *Engine) Create(ctx context.Context, req api.CreateRequest) (info api.Se
 		return info, fmt.Errorf("create network of %s: %w", req.Name, err)
 	}
 	undo.Push("network", func() error { return e.nets.Delete(req.Name, netSess.Slot) })
-
-	rec := SessionRecord{
-		Name:      req.Name,
-		Created:   time.Now().UTC(),
-		Request:   req,
-		Slot:      netSess.Slot,
-		Netns:     netSess.Netns,
-		NetnsPath: netSess.NetnsPath,
-		HostIface: netSess.HostIface,
-		Guest:     netSess.Guest,
-		Gateway:   netSess.Gateway,
-		Guest6:    netSess.Guest6,
-		Gateway6:  netSess.Gateway6,
-		Pinned:    pinned,
-		Sandbox:   !req.NetworkOnly,
-		Peers:     peers,
-	}
-	rec.Grants = inherited
-	if grant != nil {
-		rec.Grants = append(rec.Grants, *grant)
-	}
-	s := &liveSession{rec: rec, policy: policy}
-	if nicNeeded {
-		s.rules = e.sessionRules(rec, policy, peerGuests(peers))
-		if err = e.fw.AddSession(s.rules); err != nil {
-			return info, fmt.Errorf("add rules of %s: %w", req.Name, err)
-		}
+	if rulesAdded {
 		undo.Push("rules", func() error { return e.fw.RemoveSession(s.rules) })
+	}
+
+	rec = rec.withNetwork(netSess)
+	s.rec = rec
+	if nicNeeded {
+		if !rulesAdded { // a VM's or an attached session's: after its network
+			if err = addRules(netSess); err != nil {
+				return info, fmt.Errorf("add rules of %s: %w", req.Name, err)
+			}
+			undo.Push("rules", func() error { return e.fw.RemoveSession(s.rules) })
+		}
 		if err = e.dns.Register(e.dnsPolicy(s)); err != nil {
 			return info, fmt.Errorf("register %s with the dns proxy: %w", req.Name, err)
 		}
@@ -565,6 +584,13 @@ func (e *Engine) Create(ctx context.Context, req api.CreateRequest) (info api.Se
 	// A session this new has nothing attested and zero counters: answer
 	// without dumping the kernel's sets.
 	return e.summary(s), nil
+}
+
+// withNetwork is rec with the network's fields of ns.
+func (rec SessionRecord) withNetwork(ns nsmgr.Session) SessionRecord {
+	rec.Slot, rec.Netns, rec.NetnsPath, rec.HostIface = ns.Slot, ns.Netns, ns.NetnsPath, ns.HostIface
+	rec.Guest, rec.Gateway, rec.Guest6, rec.Gateway6 = ns.Guest, ns.Gateway, ns.Guest6, ns.Gateway6
+	return rec
 }
 
 func (e *Engine) sessionRules(rec SessionRecord, p netpolicy.Policy, peers []netip.Addr) nft.SessionRules {

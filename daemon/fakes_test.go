@@ -126,7 +126,22 @@ func (f *fakeNetwork) slotAddrs(slot int) (gw, guest netip.Addr) {
 
 func (f *fakeNetwork) slots() int { return 1<<(32-f.pool.Bits())/4 - 1 } // the last /30 is the DNS one
 
-func (f *fakeNetwork) Create(name string, nic bool) (nsmgr.Session, error) {
+// CreateAlongside runs alongside after the network (the real one runs it
+// concurrently; the order of the recorded calls stays the model's), and
+// unwinds the network when it fails, as nsmgr does.
+func (f *fakeNetwork) CreateAlongside(name string, nic bool, alongside func(nsmgr.Session) error) (nsmgr.Session, error) {
+	s, err := f.create(name, nic)
+	if err != nil || !nic || alongside == nil {
+		return s, err
+	}
+	if err := alongside(s); err != nil {
+		delete(f.netns, name)
+		return nsmgr.Session{}, fmt.Errorf("create session %s: %w", name, err)
+	}
+	return s, nil
+}
+
+func (f *fakeNetwork) create(name string, nic bool) (nsmgr.Session, error) {
 	if err := f.in.enter(callNetsCreate); err != nil {
 		return nsmgr.Session{}, err
 	}
@@ -160,7 +175,7 @@ func (f *fakeNetwork) Create(name string, nic bool) (nsmgr.Session, error) {
 
 // Attach is Create with a NIC whose netns is the caller's.
 func (f *fakeNetwork) Attach(name string, at nsmgr.Attachment) (nsmgr.Session, error) {
-	s, err := f.Create(name, true)
+	s, err := f.create(name, true)
 	if err != nil {
 		return s, err
 	}

@@ -51,20 +51,34 @@ func (m *Manager) Create(name string, nic bool) (sess Session, err error) {
 	return m.create(name, nic, nil)
 }
 
-// create is Create, or Attach when at is set.
-func (m *Manager) create(name string, nic bool, at *Attachment) (sess Session, err error) {
-	return m.createWith(name, nic, at, nil)
+// CreateAlongside is Create with alongside run on a goroutine of its own
+// as soon as the session's slot is allocated, concurrently with the rest
+// of the create: it gets the Session as Create would return it (its
+// names and addresses; its kernel objects may not exist yet), for work
+// that needs only those, such as the session's firewall elements.
+// CreateAlongside returns once both ended; an error of alongside fails the
+// create (which then unwinds its own steps). What alongside made is the
+// caller's to undo, also when the create failed after alongside
+// succeeded. Without nic alongside is not run.
+func (m *Manager) CreateAlongside(name string, nic bool, alongside func(Session) error) (sess Session, err error) {
+	return m.createWith(name, nic, nil, nil, alongside)
 }
 
-// createWith is create, or CreateVM when vm is set.
-func (m *Manager) createWith(name string, nic bool, at *Attachment, vm *VMConfig) (sess Session, err error) {
+// create is Create, or Attach when at is set.
+func (m *Manager) create(name string, nic bool, at *Attachment) (sess Session, err error) {
+	return m.createWith(name, nic, at, nil, nil)
+}
+
+// createWith is create, or CreateVM when vm is set, or CreateAlongside
+// when alongside is.
+func (m *Manager) createWith(name string, nic bool, at *Attachment, vm *VMConfig, alongside func(Session) error) (sess Session, err error) {
 	if err := ValidateSessionName(name); err != nil {
 		return Session{}, err
 	}
 	if err := m.begin(name); err != nil {
 		return Session{}, fmt.Errorf("create session %s: %w", name, err)
 	}
-	c := &creation{m: m, name: name, slot: -1, attach: at, vm: vm, ifname: GuestIface, nsFD: netns.None()}
+	c := &creation{m: m, name: name, slot: -1, attach: at, vm: vm, ifname: GuestIface, nsFD: netns.None(), alongside: alongside}
 	if at != nil {
 		c.ifname = at.IfName
 	}
@@ -139,6 +153,9 @@ type creation struct {
 	gw6, guest6   netip.Addr // of the slot's /126; invalid: IPv4-only
 
 	resolvDone chan error // the resolv.conf write in flight (startResolvConf); nil: none
+
+	alongside     func(Session) error // CreateAlongside's; nil: none
+	alongsideDone chan error          // its outcome once started; nil: not started
 }
 
 func (c *creation) close() {
@@ -192,6 +209,7 @@ func (c *creation) run(nic bool) error {
 	if m.cfg.Pool6.IsValid() && c.vm == nil {
 		_, c.gw6, c.guest6 = Slot6Addrs(m.cfg.Pool6, c.slot)
 	}
+	c.startAlongside()
 	steps := []struct {
 		name string
 		fn   func() error
@@ -220,10 +238,31 @@ func (c *creation) run(nic bool) error {
 	}
 	for _, s := range steps {
 		if err := c.step(s.name, s.fn); err != nil {
-			return errors.Join(err, c.waitResolvConf())
+			return errors.Join(err, c.waitResolvConf(), c.waitAlongside())
 		}
 	}
-	return c.waitResolvConf()
+	return errors.Join(c.waitResolvConf(), c.waitAlongside())
+}
+
+// startAlongside starts CreateAlongside's work once the slot is known.
+func (c *creation) startAlongside() {
+	if c.alongside == nil {
+		return
+	}
+	sess := c.m.session(c.name, c.slot)
+	c.alongsideDone = make(chan error, 1)
+	go func() { c.alongsideDone <- c.alongside(sess) }()
+}
+
+// waitAlongside waits for CreateAlongside's work, if started, and returns
+// its error.
+func (c *creation) waitAlongside() error {
+	if c.alongsideDone == nil {
+		return nil
+	}
+	err := <-c.alongsideDone
+	c.alongsideDone = nil
+	return err
 }
 
 func (c *creation) allocate() error {

@@ -130,7 +130,7 @@ func (m *Manager) CreateVM(name string, vm VMConfig) (Session, error) {
 	if err := ValidateVMConfig(m.cfg.Prefix, name, &vm); err != nil {
 		return Session{}, fmt.Errorf("create session %s: %w", name, err)
 	}
-	return m.createWith(name, true, nil, &vm)
+	return m.createWith(name, true, nil, &vm, nil)
 }
 
 // addBridge adds the bridge in the session netns.
