@@ -53,17 +53,9 @@ func (c *enforcerdCLI) doctorCommand(glob *cli.GlobalOpts) *cobra.Command {
 		Args:  cobra.ArbitraryArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			const name = "enforcerd doctor"
-			if err := cli.NoArgs(name, "doctor takes options only", args); err != nil {
+			cfg, err := c.configOfOptions(name, "doctor takes options only", cmd, flags, glob, args)
+			if err != nil {
 				return err
-			}
-			flags.single[optSocket] = &glob.Socket // the global option, as serve takes it
-			src, err := collectServeOptions(cmd.Flags(), flags)
-			if err != nil {
-				return cli.UsageErr(name, "%v", err)
-			}
-			cfg, err := buildServeConfig(src, c.Getenv, c.resolvConf)
-			if err != nil {
-				return cli.UsageErr(name, "%v", err)
 			}
 			for _, d := range unitsDirs {
 				if !filepath.IsAbs(d) {

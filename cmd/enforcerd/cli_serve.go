@@ -19,6 +19,25 @@ the image store (<state-dir>/images, which it may import into) or under
 --images-dir, and choose its network policy, public egress included. Grant
 the group only to those you would let run containers as root.`
 
+// configOfOptions is the configuration serve's options give (serve and
+// doctor take the same ones, and the global --socket): a command line with
+// arguments, or a bad option, is a usage error of the command name.
+func (c *enforcerdCLI) configOfOptions(name, noArgs string, cmd *cobra.Command, flags *serveFlags, glob *cli.GlobalOpts, args []string) (ServeConfig, error) {
+	if err := cli.NoArgs(name, noArgs, args); err != nil {
+		return ServeConfig{}, err
+	}
+	flags.single[optSocket] = &glob.Socket // the global option, wherever it was given
+	src, err := collectServeOptions(cmd.Flags(), flags)
+	if err != nil {
+		return ServeConfig{}, cli.UsageErr(name, "%v", err)
+	}
+	cfg, err := buildServeConfig(src, c.Getenv, c.resolvConf)
+	if err != nil {
+		return ServeConfig{}, cli.UsageErr(name, "%v", err)
+	}
+	return cfg, nil
+}
+
 func (c *enforcerdCLI) serveCommand(glob *cli.GlobalOpts) *cobra.Command {
 	var flags *serveFlags
 	cmd := &cobra.Command{
@@ -28,17 +47,9 @@ func (c *enforcerdCLI) serveCommand(glob *cli.GlobalOpts) *cobra.Command {
 		Args:  cobra.ArbitraryArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			const name = "enforcerd serve"
-			if err := cli.NoArgs(name, "serve takes options only", args); err != nil {
+			cfg, err := c.configOfOptions(name, "serve takes options only", cmd, flags, glob, args)
+			if err != nil {
 				return err
-			}
-			flags.single[optSocket] = &glob.Socket // the global option, wherever it was given
-			src, err := collectServeOptions(cmd.Flags(), flags)
-			if err != nil {
-				return cli.UsageErr(name, "%v", err)
-			}
-			cfg, err := buildServeConfig(src, c.Getenv, c.resolvConf)
-			if err != nil {
-				return cli.UsageErr(name, "%v", err)
 			}
 			if err := c.serve(cfg); err != nil {
 				return cli.LoggedRefusal(name, err, cfg.LogFormat == "json")
