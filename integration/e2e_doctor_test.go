@@ -19,6 +19,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -371,10 +372,16 @@ func (r doctorRun) detail(check string) string {
 }
 
 // cgroupMounts lists the cgroup (v1) and cgroup2 mount points of this
-// mount namespace.
+// mount namespace. It reads the calling thread's mountinfo, not
+// /proc/self's: that is the main thread's view, and a test process's main
+// thread may be one an in-process sandbox create wedged with a file system
+// state of its own (container.mountIn's thread; once such a view listed
+// no cgroup mount).
 func cgroupMounts(t *testing.T) []string {
 	t.Helper()
-	b, err := os.ReadFile("/proc/self/mountinfo")
+	runtime.LockOSThread()
+	b, err := os.ReadFile("/proc/thread-self/mountinfo")
+	runtime.UnlockOSThread()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -387,7 +394,7 @@ func cgroupMounts(t *testing.T) []string {
 		}
 	}
 	if len(out) == 0 {
-		t.Fatal("no cgroup mount in /proc/self/mountinfo")
+		t.Fatalf("no cgroup mount in /proc/thread-self/mountinfo (%d lines):\n%s", strings.Count(string(b), "\n"), b)
 	}
 	return out
 }
