@@ -27,6 +27,9 @@ const overlayOptions = "lowerdir=lower,upperdir=upper,workdir=work,index=off,vol
 // mountIn runs mount with dir as the working directory, on a thread of its own: unshare
 // (CLONE_FS) gives the thread a working directory apart from the process's, and the thread is
 // never handed back to the Go scheduler (its goroutine ends locked, so the runtime ends it).
+// The thread leaves dir before it ends: the runtime does not end the process's main thread
+// but parks it for good, and a parked thread's working directory would pin the layer's
+// tmpfs after its unmount.
 func mountIn(dir string, mount func() error) error {
 	done := make(chan error, 1)
 	go func() {
@@ -39,7 +42,9 @@ func mountIn(dir string, mount func() error) error {
 			done <- fmt.Errorf("chdir %s: %w", dir, err)
 			return
 		}
-		done <- mount()
+		err := mount()
+		_ = unix.Chdir("/")
+		done <- err
 	}()
 	return <-done
 }
