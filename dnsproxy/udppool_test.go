@@ -536,29 +536,7 @@ func BenchmarkUDPPoolExchange(b *testing.B) {
 // query (parse, match, forward over the pool, filter, attest with a fake,
 // pack) against a local upstream that answers from a template.
 func BenchmarkHandleAllowed(b *testing.B) {
-	pc, err := net.ListenPacket("udp4", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer pc.Close()
-	tmpl := new(dns.Msg)
-	tmpl.SetQuestion("a.test.", dns.TypeA)
-	tmpl.Response = true
-	tmpl.Answer = []dns.RR{mustRR("a.test. 60 IN A 198.18.1.10")}
-	answer, _ := tmpl.Pack()
-	go func() {
-		buf := make([]byte, 4096)
-		out := slices.Clone(answer)
-		for {
-			_, from, err := pc.ReadFrom(buf)
-			if err != nil {
-				return
-			}
-			copy(out, buf[:2])
-			pc.WriteTo(out, from)
-		}
-	}()
-	up := netip.MustParseAddrPort(pc.LocalAddr().String())
+	up := templateUpstream(b)
 	tp := newTestProxy(b, []netip.AddrPort{up}, func(c *Config) { c.Events = nil })
 	tp.register(b, guest1, netpolicy.ModeAllowlist, "a.test")
 	q := query("a.test.", dns.TypeA)
@@ -580,29 +558,7 @@ func BenchmarkHandleAllowed(b *testing.B) {
 // up to 64 queries outstanding, against a local upstream that answers from
 // a template.
 func BenchmarkServeUDP(b *testing.B) {
-	upc, err := net.ListenPacket("udp4", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer upc.Close()
-	tmpl := new(dns.Msg)
-	tmpl.SetQuestion("a.test.", dns.TypeA)
-	tmpl.Response = true
-	tmpl.Answer = []dns.RR{mustRR("a.test. 60 IN A 198.18.1.10")}
-	answer, _ := tmpl.Pack()
-	go func() {
-		buf := make([]byte, 4096)
-		out := slices.Clone(answer)
-		for {
-			_, from, err := upc.ReadFrom(buf)
-			if err != nil {
-				return
-			}
-			copy(out, buf[:2])
-			upc.WriteTo(out, from)
-		}
-	}()
-	up := netip.MustParseAddrPort(upc.LocalAddr().String())
+	up := templateUpstream(b)
 	tp := newTestProxy(b, []netip.AddrPort{up}, func(c *Config) { c.Events = nil })
 	lo := netip.MustParseAddr("127.0.0.1")
 	tp.register(b, lo, netpolicy.ModeAllowlist, "a.test")
@@ -660,29 +616,7 @@ func BenchmarkServeUDP(b *testing.B) {
 // (the low-rate path: every goroutine on it wakes from the poller), as
 // the figure's p99 at a fixed low rate sees it.
 func BenchmarkServeUDPPingPong(b *testing.B) {
-	upc, err := net.ListenPacket("udp4", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer upc.Close()
-	tmpl := new(dns.Msg)
-	tmpl.SetQuestion("a.test.", dns.TypeA)
-	tmpl.Response = true
-	tmpl.Answer = []dns.RR{mustRR("a.test. 60 IN A 198.18.1.10")}
-	answer, _ := tmpl.Pack()
-	go func() {
-		buf := make([]byte, 4096)
-		out := slices.Clone(answer)
-		for {
-			_, from, err := upc.ReadFrom(buf)
-			if err != nil {
-				return
-			}
-			copy(out, buf[:2])
-			upc.WriteTo(out, from)
-		}
-	}()
-	up := netip.MustParseAddrPort(upc.LocalAddr().String())
+	up := templateUpstream(b)
 	tp := newTestProxy(b, []netip.AddrPort{up}, func(c *Config) { c.Events = nil })
 	tp.register(b, netip.MustParseAddr("127.0.0.1"), netpolicy.ModeAllowlist, "a.test")
 	pc, err := net.ListenPacket("udp4", "127.0.0.1:0")
@@ -759,4 +693,33 @@ func TestPackUpstreamQueryWire(t *testing.T) {
 	if _, err := packUpstreamQuery(dns.Question{Name: "a..b.", Qtype: dns.TypeA, Qclass: dns.ClassINET}, queryFlags{}, make([]byte, 64)); err == nil {
 		t.Error("a name with an empty label packed, want an error")
 	}
+}
+
+// templateUpstream is a local upstream for the benchmarks that answers
+// every query with one A record of a.test, under the query's ID; it is
+// closed when the benchmark ends.
+func templateUpstream(b *testing.B) netip.AddrPort {
+	pc, err := net.ListenPacket("udp4", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { pc.Close() })
+	tmpl := new(dns.Msg)
+	tmpl.SetQuestion("a.test.", dns.TypeA)
+	tmpl.Response = true
+	tmpl.Answer = []dns.RR{mustRR("a.test. 60 IN A 198.18.1.10")}
+	answer, _ := tmpl.Pack()
+	go func() {
+		buf := make([]byte, 4096)
+		out := slices.Clone(answer)
+		for {
+			_, from, err := pc.ReadFrom(buf)
+			if err != nil {
+				return
+			}
+			copy(out, buf[:2])
+			pc.WriteTo(out, from)
+		}
+	}()
+	return netip.MustParseAddrPort(pc.LocalAddr().String())
 }
